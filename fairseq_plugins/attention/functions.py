@@ -1,0 +1,284 @@
+"""The registry of attention functions: the one seam through which every mechanism enters.
+
+Shape legend: B batch (of keys/values), H heads, T query length, S key length,
+d head dimension (d_h), C = H * d model dimension.  Masks are boolean and broadcastable to
+``(B, H, T, S)``; ``True`` marks a position that may *not* be attended to.
+
+An attention function splits scaled dot-product attention (Vaswani et al. 2017, eq. 1;
+ReLA eq. 1) into the pieces the papers change:
+
+* :meth:`AttentionFunction.score` -- ``f(Q, K^T)``, scaled dot product by default;
+* :meth:`AttentionFunction.normalize` -- the map from scores to weights ``alpha``
+  (softmax, sparsemax, 1.5-entmax, ReLU, ...), responsible for its own masking;
+* :meth:`AttentionFunction.post_aggregate` -- applied to the concatenated heads
+  ``[alpha_1 V_1, ..., alpha_H V_H]`` *before* the output projection ``W_o``
+  (where ReLA puts its (gated) RMSNorm, eq. 3);
+* :meth:`AttentionFunction.fused` -- optional fused kernel computing ``alpha V`` at once,
+  used only by the function that owns it (softmax -> ``scaled_dot_product_attention``).
+
+Every function returns exact zeros for a fully masked (padded) query row -- never NaN --
+and the ReLU family returns exact zeros for a row without any positive score
+(*null attention*, ReLA Section 4).
+"""
+
+import math
+from typing import Dict, Optional, Type
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..modules.norms import GatedNorm, RMSNorm
+
+__all__ = [
+    "AttentionFunction",
+    "ATTENTION_FUNCTIONS",
+    "register_attention_fn",
+    "build_attention_fn",
+    "attention_fn_names",
+]
+
+ATTENTION_FUNCTIONS: Dict[str, Type["AttentionFunction"]] = {}
+
+
+def register_attention_fn(name: str):
+    """Class decorator adding an :class:`AttentionFunction` subclass to the registry.
+
+    Raises:
+        ValueError: ``name`` is already registered.
+    """
+
+    def deco(cls):
+        if name in ATTENTION_FUNCTIONS:
+            raise ValueError(f"attention function {name!r} is already registered")
+        cls.name = name
+        ATTENTION_FUNCTIONS[name] = cls
+        return cls
+
+    return deco
+
+
+def attention_fn_names():
+    """Sorted names of all registered attention functions (the valid ``--*-attention-fn`` values)."""
+    return sorted(ATTENTION_FUNCTIONS)
+
+
+def build_attention_fn(name: str, embed_dim: int, num_heads: int, args=None) -> "AttentionFunction":
+    """Instantiate the registered attention function ``name`` for one attention module.
+
+    Args:
+        name: registry key, e.g. ``"softmax"`` or ``"rela_g"``.
+        embed_dim: model dimension ``C`` (width of the concatenated heads).
+        num_heads: ``H``; ``d_h = C / H``.
+        args: optional namespace with function-specific hyper-parameters
+            (read with ``getattr`` and a default, so any object works).
+
+    Raises:
+        ValueError: unknown ``name`` -- the message lists the valid choices.
+    """
+    if name not in ATTENTION_FUNCTIONS:
+        raise ValueError(
+            f"unknown attention function {name!r}; valid choices: {', '.join(attention_fn_names())}"
+        )
+    return ATTENTION_FUNCTIONS[name](embed_dim, num_heads, args)
+
+
+def _at_least_float32(x: torch.Tensor) -> torch.Tensor:
+    """Upcast half precision to float32 (normalisers are computed at >= float32, as fairseq does)."""
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+
+
+def _null_rows(mask: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """Rows whose every key is masked: ``(B, 1|H, T|1, 1)`` bool, or None if no mask."""
+    if mask is None:
+        return None
+    return mask.all(dim=-1, keepdim=True)
+
+
+class AttentionFunction(nn.Module):
+    """Base class: scaled dot-product scores, softmax-free hooks left to subclasses.
+
+    Args:
+        embed_dim: ``C``; num_heads: ``H``; args: namespace of hyper-parameters or None.
+
+    Subclasses override :meth:`normalize` (required) and optionally :meth:`score`,
+    :meth:`post_aggregate` and :meth:`fused`.  Parameters a function owns (norm gains,
+    gates) live in the function module, i.e. under ``<attention>.attn_fn.`` in the
+    state dict.
+    """
+
+    name = "base"
+    #: False for functions whose weights are not a distribution over keys.
+    is_distribution = True
+
+    def __init__(self, embed_dim: int, num_heads: int, args=None):
+        super().__init__()
+        if embed_dim % num_heads:
+            raise ValueError(f"embed_dim {embed_dim} is not divisible by num_heads {num_heads}")
+        self.embed_dim, self.num_heads = embed_dim, num_heads
+        self.head_dim = embed_dim // num_heads
+        self.scaling = self.head_dim**-0.5
+
+    def score(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        """Scaled dot product ``(q d_h^-1/2) k^T``: q ``(B, H, T, d)``, k ``(B, H, S, d)`` -> ``(B, H, T, S)``."""
+        return torch.matmul(q * self.scaling, k.transpose(-1, -2))
+
+    def normalize(self, scores: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
+        """Scores ``(B, H, T, S)`` and bool mask -> weights ``(B, H, T, S)``, zero where masked."""
+        raise NotImplementedError
+
+    def post_aggregate(self, attn: torch.Tensor) -> torch.Tensor:
+        """Hook on the concatenated heads ``(T, B, C)`` before ``out_proj``; identity by default."""
+        return attn
+
+    def fused(self, q, k, v, mask, dropout_p: float) -> Optional[torch.Tensor]:
+        """Optional fused ``alpha V`` ``(B, H, T, d)``; ``None`` means "use score/normalize"."""
+        return None
+
+
+@register_attention_fn("softmax")
+class SoftmaxAttention(AttentionFunction):
+    """Softmax attention (Vaswani et al. 2017; ReLA Table 1 row 1, eq. 1).
+
+    Numerically equal to fairseq's ``MultiheadAttention``.  When attention weights are not
+    requested it runs through ``torch.nn.functional.scaled_dot_product_attention`` -- the
+    kernel stock fairseq also reaches in training -- which gives zeros on fully masked rows.
+    """
+
+    def normalize(self, scores, mask):
+        dead = _null_rows(mask)
+        if mask is not None:
+            scores = scores.masked_fill(mask, float("-inf"))
+            scores = scores.masked_fill(dead, 0.0)  # avoid softmax over all -inf (NaN)
+        weights = F.softmax(_at_least_float32(scores), dim=-1).type_as(scores)
+        return weights if dead is None else weights.masked_fill(dead, 0.0)
+
+    def fused(self, q, k, v, mask, dropout_p):
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=None if mask is None else ~mask, dropout_p=dropout_p
+        )
+
+
+class _EntmaxAttention(AttentionFunction):
+    """Shared masking for the ``entmax`` package normalisers (computed in float32).
+
+    ``entmax`` crashes on a row that is entirely ``-inf`` (deep-spin/entmax issue #19) and
+    does not support half precision (#30): dead rows are filled with 0 before and zeroed
+    after, and the computation is done in float32.
+    """
+
+    def _transform(self, x):
+        raise NotImplementedError
+
+    def normalize(self, scores, mask):
+        dead = _null_rows(mask)
+        x = _at_least_float32(scores)
+        if mask is not None:
+            x = x.masked_fill(mask, float("-inf")).masked_fill(dead, 0.0)
+        weights = self._transform(x).type_as(scores)
+        return weights if dead is None else weights.masked_fill(dead, 0.0)
+
+
+@register_attention_fn("sparsemax")
+class SparsemaxAttention(_EntmaxAttention):
+    """Sparsemax attention (Martins & Astudillo 2016; ReLA Table 1 row 2) via ``entmax.sparsemax``."""
+
+    def _transform(self, x):
+        from entmax import sparsemax
+
+        return sparsemax(x, dim=-1)
+
+
+@register_attention_fn("entmax15")
+class Entmax15Attention(_EntmaxAttention):
+    """1.5-entmax attention (Peters et al. 2019; ReLA Table 1 row 3) via ``entmax.entmax15``."""
+
+    def _transform(self, x):
+        from entmax import entmax15
+
+        return entmax15(x, dim=-1)
+
+
+class _RectifiedAttention(AttentionFunction):
+    """``alpha = act(f(Q, K^T))`` with masked scores set to 0 before the activation.
+
+    ReLA eq. 3.  Masked positions are filled with 0 *before* ``act`` (as the released code
+    does multiplicatively), so ``act(0) = 0`` for ReLU, GeLU and Leaky ReLU and no ``-inf``
+    ever meets a multiplication.  A row without a positive score is all zeros for ReLU
+    (null attention); GeLU / Leaky ReLU give small negative weights there instead.
+    Subclasses choose ``act`` and the normalisation of the concatenated heads.
+    """
+
+    is_distribution = False
+
+    def activation(self, x):
+        return F.relu(x)
+
+    def build_norm(self):
+        return None
+
+    def __init__(self, embed_dim, num_heads, args=None):
+        super().__init__(embed_dim, num_heads, args)
+        self.eps = float(getattr(args, "rela_norm_eps", 1e-8) if args is not None else 1e-8)
+        self.norm = self.build_norm()
+
+    def normalize(self, scores, mask):
+        if mask is not None:
+            scores = scores.masked_fill(mask, 0.0)
+        return self.activation(scores)
+
+    def post_aggregate(self, attn):
+        return attn if self.norm is None else self.norm(attn)
+
+
+@register_attention_fn("relu")
+class ReluAttention(_RectifiedAttention):
+    """ReLU alone, no normalisation (ReLA Table 1 row 4: "optimization failed" in the paper)."""
+
+
+@register_attention_fn("relu_rmsnorm")
+class ReluRMSNormAttention(_RectifiedAttention):
+    """ReLU + RMSNorm with gain initialised to 1 (ReLA Table 1 row 5, eqs. 3-4)."""
+
+    def build_norm(self):
+        return RMSNorm(self.embed_dim, eps=self.eps)
+
+
+@register_attention_fn("rela_i")
+class RelaIAttention(_RectifiedAttention):
+    """ReLA-i: ReLU + RMSNorm, gain ``g ~ U(±sqrt(3/d_h))`` (ReLA Section 4, footnote 4; Table 1 row 6)."""
+
+    def build_norm(self):
+        return RMSNorm(self.embed_dim, eps=self.eps, gain_init="xavier", fan=self.head_dim)
+
+
+@register_attention_fn("rela_g")
+class RelaGAttention(_RectifiedAttention):
+    """ReLA-g: ReLU + ``sigmoid(w ⊙ z) ⊙ RMSNorm(z)`` (ReLA eq. 5; Table 1 row 7)."""
+
+    def build_norm(self):
+        return GatedNorm(self.embed_dim, norm="rmsnorm", eps=self.eps)
+
+
+@register_attention_fn("rela_g_layernorm")
+class RelaGLayerNormAttention(_RectifiedAttention):
+    """ReLA-g with LayerNorm in place of RMSNorm (ReLA Table 1 row 8)."""
+
+    def build_norm(self):
+        return GatedNorm(self.embed_dim, norm="layernorm", eps=self.eps)
+
+
+@register_attention_fn("rela_g_gelu")
+class RelaGGeluAttention(RelaGAttention):
+    """ReLA-g with GeLU in place of ReLU (ReLA Table 1 row 9)."""
+
+    def activation(self, x):
+        return F.gelu(x)
+
+
+@register_attention_fn("rela_g_leaky_relu")
+class RelaGLeakyReluAttention(RelaGAttention):
+    """ReLA-g with Leaky ReLU (slope 0.01) in place of ReLU (ReLA Table 1 row 10)."""
+
+    def activation(self, x):
+        return F.leaky_relu(x, negative_slope=0.01)

@@ -1,0 +1,201 @@
+"""The one multi-head attention module of the plugin, driven by a registered attention function.
+
+Shape legend: T query length, S key length, B batch, Bk batch of the keys (``B = Bk * beam``
+in beam-searched cross-attention), H heads, d head dim, C = H * d.
+
+fairseq's ``MultiheadAttention.forward`` calls the fused softmax kernel
+(``F.multi_head_attention_forward``) whenever ``incremental_state is None`` -- i.e. in all of
+training -- so overriding only the normaliser would silently train softmax.  This subclass
+owns ``forward`` and keeps everything else of the parent: ``q_proj/k_proj/v_proj/out_proj``
+names and initialisation (stock checkpoints load), the incremental buffers
+(``prev_key``/``prev_value``/``prev_key_padding_mask``), ``reorder_incremental_state`` and
+the beam-size trick of cross-attention.
+"""
+
+from typing import Dict, Optional, Tuple
+
+import torch
+from fairseq.modules import MultiheadAttention
+from torch import Tensor
+
+from .functions import AttentionFunction
+
+__all__ = ["FunctionalMultiheadAttention"]
+
+
+class FunctionalMultiheadAttention(MultiheadAttention):
+    """Multi-head attention whose score/normaliser/post-aggregation come from ``attn_fn``.
+
+    ``MHA(X, Y) = W_o post([alpha_1 V_1, ..., alpha_H V_H])`` with
+    ``alpha_h = normalize(score(Q_h, K_h))`` (Vaswani et al. 2017 eq. 2; ReLA eqs. 1-3).
+
+    Args:
+        embed_dim, num_heads, kdim, vdim, dropout, bias, self_attention,
+        encoder_decoder_attention, q_noise, qn_block_size: as fairseq's ``MultiheadAttention``.
+        attn_fn: the :class:`~fairseq_plugins.attention.functions.AttentionFunction` instance
+            (registered as the submodule ``attn_fn``).
+
+    Raises:
+        ValueError: ``add_bias_kv``/``add_zero_attn``/xformers requested (not supported), or
+            ``attn_fn`` is not an ``AttentionFunction``.
+    """
+
+    def __init__(self, embed_dim, num_heads, attn_fn: AttentionFunction, kdim=None, vdim=None,
+                 dropout=0.0, bias=True, self_attention=False, encoder_decoder_attention=False,
+                 q_noise=0.0, qn_block_size=8, add_bias_kv=False, add_zero_attn=False,
+                 xformers_att_config=None):
+        if add_bias_kv or add_zero_attn or xformers_att_config:
+            raise ValueError(
+                "FunctionalMultiheadAttention does not support add_bias_kv, add_zero_attn or "
+                "xformers_att_config; use the stock 'transformer' arch for those"
+            )
+        if not isinstance(attn_fn, AttentionFunction):
+            raise ValueError(f"attn_fn must be an AttentionFunction, got {type(attn_fn).__name__}")
+        super().__init__(
+            embed_dim, num_heads, kdim=kdim, vdim=vdim, dropout=dropout, bias=bias,
+            self_attention=self_attention, encoder_decoder_attention=encoder_decoder_attention,
+            q_noise=q_noise, qn_block_size=qn_block_size,
+        )
+        if attn_fn.embed_dim != embed_dim or attn_fn.num_heads != num_heads:
+            raise ValueError("attn_fn was built for a different embed_dim/num_heads")
+        self.attn_fn = attn_fn
+
+    def _split_heads(self, x: Tensor) -> Tensor:
+        # (L, B, C) -> (B, H, L, d)
+        L, B, _ = x.shape
+        return x.view(L, B, self.num_heads, self.head_dim).permute(1, 2, 0, 3)
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Optional[Tensor],
+        value: Optional[Tensor],
+        key_padding_mask: Optional[Tensor] = None,
+        incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
+        need_weights: bool = True,
+        static_kv: bool = False,
+        attn_mask: Optional[Tensor] = None,
+        before_softmax: bool = False,
+        need_head_weights: bool = False,
+    ) -> Tuple[Tensor, Optional[Tensor]]:
+        """Attend from ``query`` to ``key``/``value``.
+
+        Args:
+            query: ``(T, B, C)``.  key, value: ``(S, Bk, C)`` or None (self-attention /
+                cached cross-attention).
+            key_padding_mask: ``(Bk, S)``, nonzero = padding.
+            incremental_state: fairseq's decoding cache (beam search).
+            need_weights / need_head_weights: return weights averaged over heads
+                ``(B, T, S)`` / per head ``(H, B, T, S)`` (fairseq's layout).
+            static_kv: keys/values are fixed across steps (cross-attention).
+            attn_mask: ``(T, S)`` -- bool (True = blocked) or float with ``-inf`` at blocked
+                positions (fairseq's future mask); finite additive biases are not supported.
+            before_softmax: not supported (there need not be a softmax).
+
+        Returns:
+            ``(attn (T, B, C), weights or None)``.
+
+        Raises:
+            ValueError: ``before_softmax=True``.
+        """
+        if before_softmax:
+            raise ValueError(
+                f"before_softmax is not supported by attention function {self.attn_fn.name!r}"
+            )
+        need_weights = need_weights or need_head_weights
+        tgt_len, bsz, _ = query.shape
+
+        saved_state = None
+        if incremental_state is not None:
+            saved_state = self._get_input_buffer(incremental_state)
+            if static_kv and "prev_key" in saved_state:
+                key = value = None  # cached cross-attention keys/values
+
+        q = self._split_heads(self.q_proj(query))  # (B, H, T, d)
+        k = v = None
+        if self.self_attention:
+            k = self._split_heads(self.k_proj(query))
+            v = self._split_heads(self.v_proj(query))
+        elif key is not None:
+            if self.encoder_decoder_attention and self.beam_size > 1 and bsz == key.size(1):
+                # keys are (S, Bk*beam, C) with identical beams: keep one copy, (S, Bk, C)
+                key = key.view(key.size(0), -1, self.beam_size, key.size(2))[:, :, 0]
+                value = key if value is None else value.view(
+                    value.size(0), -1, self.beam_size, value.size(2))[:, :, 0]
+                if key_padding_mask is not None:
+                    key_padding_mask = key_padding_mask.view(
+                        -1, self.beam_size, key_padding_mask.size(1))[:, 0]
+            k = self._split_heads(self.k_proj(key))  # (Bk, H, S, d)
+            v = self._split_heads(self.v_proj(value))
+
+        if saved_state is not None:
+            if "prev_key" in saved_state:  # stored as (Bk, H, S, d)
+                prev_k, prev_v = saved_state["prev_key"], saved_state["prev_value"]
+                if static_kv:
+                    k, v = prev_k, prev_v
+                else:
+                    k = torch.cat([prev_k, k], dim=2)
+                    v = torch.cat([prev_v, v], dim=2)
+            key_padding_mask = MultiheadAttention._append_prev_key_padding_mask(
+                key_padding_mask=key_padding_mask,
+                prev_key_padding_mask=saved_state.get("prev_key_padding_mask"),
+                batch_size=k.size(0),
+                src_len=k.size(2),
+                static_kv=static_kv,
+            )
+            saved_state["prev_key"], saved_state["prev_value"] = k, v
+            saved_state["prev_key_padding_mask"] = key_padding_mask
+            self._set_input_buffer(incremental_state, saved_state)
+        assert k is not None and v is not None
+        kv_bsz, src_len = k.size(0), k.size(2)
+        beam = bsz // kv_bsz
+        if beam > 1:
+            # beams of one sentence share keys: treat them as extra queries,
+            # (B, H, T, d) -> (Bk, beam, H, T, d) -> (Bk, H, beam*T, d)
+            q = q.view(kv_bsz, beam, self.num_heads, tgt_len, self.head_dim)
+            q = q.transpose(1, 2).reshape(kv_bsz, self.num_heads, beam * tgt_len, self.head_dim)
+
+        mask = self._build_mask(key_padding_mask, attn_mask, kv_bsz, src_len)  # (Bk|1, 1, T|1, S)
+        fn = self.attn_fn
+        dropout_p = self.dropout_module.p if (
+            self.training or self.dropout_module.apply_during_inference) else 0.0
+        out = None if need_weights or beam > 1 else fn.fused(q, k, v, mask, dropout_p)
+        weights = None
+        if out is None:
+            scores = fn.score(q, k)  # (Bk, H, T', S)
+            if beam > 1 and mask is not None and mask.size(2) > 1:
+                mask = mask.repeat(1, 1, beam, 1)
+            weights = fn.normalize(scores, mask)  # (Bk, H, T', S)
+            out = torch.matmul(self.dropout_module(weights), v)  # (Bk, H, T', d)
+        if beam > 1:
+            out = out.view(kv_bsz, self.num_heads, beam, tgt_len, self.head_dim).transpose(1, 2)
+            if weights is not None:
+                weights = weights.view(kv_bsz, self.num_heads, beam, tgt_len, src_len).transpose(1, 2)
+        # (B, H, T, d) -> (T, B, H, d) -> (T, B, C)
+        out = out.reshape(bsz, self.num_heads, tgt_len, self.head_dim).permute(2, 0, 1, 3)
+        out = out.reshape(tgt_len, bsz, self.embed_dim)
+        out = self.out_proj(fn.post_aggregate(out))
+
+        if not need_weights:
+            return out, None
+        # fairseq layout: (H, B, T, S), averaged over heads unless need_head_weights
+        weights = weights.reshape(bsz, self.num_heads, tgt_len, src_len).transpose(0, 1)
+        return out, (weights if need_head_weights else weights.mean(dim=0))
+
+    @staticmethod
+    def _build_mask(key_padding_mask, attn_mask, kv_bsz: int, src_len: int) -> Optional[Tensor]:
+        """Combine fairseq's masks into one bool mask ``(Bk|1, 1, T|1, S)``, True = blocked."""
+        mask = None
+        if key_padding_mask is not None and key_padding_mask.dim() > 0:
+            mask = key_padding_mask.to(torch.bool).view(kv_bsz, 1, 1, src_len)
+        if attn_mask is not None:
+            am = attn_mask if attn_mask.dtype == torch.bool else torch.isneginf(attn_mask)
+            am = am.view(1, 1, am.size(-2), am.size(-1))
+            mask = am if mask is None else (mask | am)
+        return mask
+
+    def set_attn_fn(self, attn_fn: AttentionFunction):
+        """Replace the attention function (e.g. for analysis); shapes must match."""
+        if attn_fn.embed_dim != self.embed_dim or attn_fn.num_heads != self.num_heads:
+            raise ValueError("attn_fn was built for a different embed_dim/num_heads")
+        self.attn_fn = attn_fn

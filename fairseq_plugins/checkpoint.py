@@ -1,0 +1,125 @@
+"""Safe loading of fairseq checkpoints under torch >= 2.6 (``weights_only=True`` by default).
+
+fairseq stores its configuration in checkpoints as ``argparse.Namespace`` (legacy
+``fairseq-train``) or omegaconf containers (``fairseq-hydra-train``).  torch's restricted
+unpickler refuses those types unless they are allow-listed.  Importing this module (the
+plugin's ``__init__`` does) allow-lists exactly the types listed in :data:`SAFE_GLOBALS` --
+plain data containers whose unpickling runs no user code -- with
+``torch.serialization.add_safe_globals``; ``fairseq-generate``, ``fairseq-interactive`` and
+``torch.load`` then load plugin checkpoints with no environment variable and without
+``weights_only=False``.  Anything else in a checkpoint (e.g. ``os.system`` smuggled into a
+pickle) is still refused by torch before it runs.
+
+:func:`load_checkpoint` is the loader our scripts use: the same restricted unpickler, and a
+refusal message that names the offending global and the file.
+"""
+
+import argparse
+import collections
+import typing
+
+import torch
+
+__all__ = ["SAFE_GLOBALS", "UnsafeCheckpointError", "load_checkpoint", "register_safe_globals"]
+
+
+class UnsafeCheckpointError(RuntimeError):
+    """A checkpoint holds a pickled global outside :data:`SAFE_GLOBALS`; nothing was executed."""
+
+
+def _omegaconf_types():
+    try:
+        import omegaconf
+        from omegaconf import base, nodes
+    except ImportError:  # pragma: no cover - omegaconf ships with fairseq
+        return []
+    return [
+        omegaconf.DictConfig,
+        omegaconf.ListConfig,
+        base.ContainerMetadata,
+        base.Metadata,
+        nodes.AnyNode,
+        nodes.StringNode,
+        nodes.IntegerNode,
+        nodes.FloatNode,
+        nodes.BooleanNode,
+        nodes.EnumNode,
+    ]
+
+
+def _numpy_types():
+    """numpy scalars (e.g. a best validation loss stored as ``numpy.float64``)."""
+    try:
+        import numpy as np
+    except ImportError:  # pragma: no cover
+        return []
+    types = [np.dtype]
+    try:  # numpy >= 2 moved the pickled reconstructor to numpy._core
+        from numpy._core.multiarray import scalar
+    except ImportError:  # pragma: no cover - numpy 1.x
+        from numpy.core.multiarray import scalar
+    types.append(scalar)
+    types += [type(np.dtype(t)) for t in ("float64", "float32", "int64", "int32", "bool")]
+    return types
+
+
+#: Types a fairseq checkpoint may hold besides tensors and builtin containers.
+SAFE_GLOBALS = [
+    argparse.Namespace,
+    collections.defaultdict,
+    typing.Any,
+    # omegaconf metadata records the value types themselves (object_type / ref_type)
+    dict,
+    list,
+    int,
+    float,
+    bool,
+    str,
+    bytes,
+    *_omegaconf_types(),
+    *_numpy_types(),
+]
+
+
+def register_safe_globals():
+    """Allow-list :data:`SAFE_GLOBALS` for ``torch.load(weights_only=True)`` (idempotent).
+
+    A no-op on torch versions without ``torch.serialization.add_safe_globals`` (< 2.4),
+    which do not default to ``weights_only=True`` either.
+    """
+    add = getattr(torch.serialization, "add_safe_globals", None)
+    if add is not None:
+        add(SAFE_GLOBALS)
+
+
+def load_checkpoint(path: str, map_location="cpu") -> dict:
+    """Load a fairseq checkpoint with torch's restricted (weights-only) unpickler.
+
+    Args:
+        path: checkpoint file (``checkpoint_last.pt``, an averaged checkpoint, ...).
+        map_location: as for ``torch.load``.
+
+    Returns:
+        The checkpoint state dict (keys ``model``, ``cfg``/``args``, ``extra_state``, ...).
+
+    Raises:
+        UnsafeCheckpointError: the pickle references a global that is not allow-listed
+            (nothing from it was executed); the message names the global and the file.
+        FileNotFoundError: ``path`` does not exist.
+    """
+    register_safe_globals()
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as err:  # torch raises pickle.UnpicklingError (wrapped as RuntimeError in some versions)
+        msg = str(err)
+        if "weights_only" not in msg and "Unsupported global" not in msg:
+            raise
+        bad = [line.strip() for line in msg.splitlines() if "GLOBAL" in line or "Unsupported" in line]
+        raise UnsafeCheckpointError(
+            f"refusing to load {path}: it holds a pickled object outside the allow-list of "
+            f"fairseq checkpoint types ({'; '.join(bad[:2]) or msg.splitlines()[0]}). Nothing from "
+            "it was executed. Only load checkpoints you trust; see fairseq_plugins.checkpoint.SAFE_GLOBALS."
+        ) from None
+
+
+register_safe_globals()

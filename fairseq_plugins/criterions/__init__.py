@@ -1,0 +1,1 @@
+"""Criterions (cross-entropy plus auxiliary terms reported by modules) -- see issue 3."""

@@ -1,0 +1,3 @@
+"""Models and architecture presets registered with fairseq."""
+
+from . import transformer  # noqa: F401

@@ -1,0 +1,198 @@
+"""A fairseq Transformer whose three attention types each take a registered attention function.
+
+One model, ``attention_transformer``; the papers' settings are architecture presets
+(``rela_transformer``, ``rela_transformer_iwslt_de_en``, ``rela_transformer_small``).
+The attention function is chosen per attention type:
+
+* ``--encoder-attention-fn`` (encoder self-attention),
+* ``--decoder-attention-fn`` (decoder self-attention),
+* ``--cross-attention-fn`` (encoder-decoder attention),
+
+each one of :func:`fairseq_plugins.attention.attention_fn_names`.  With all three set to
+``softmax`` the model is numerically fairseq's stock ``transformer`` (same parameter names,
+shapes and initialisation order), which is the baseline of ReLA Table 1 row 1.
+
+Only the layer factories are overridden (``build_encoder_layer``/``build_decoder_layer`` and
+the layers' ``build_self_attention``/``build_encoder_attention``); fairseq's classes do the rest.
+"""
+
+from fairseq.distributed import fsdp_wrap
+from fairseq.models import register_model, register_model_architecture
+from fairseq.models.transformer import (
+    TransformerDecoderBase,
+    TransformerEncoderBase,
+    TransformerModel,
+)
+from fairseq.models.transformer.transformer_legacy import (
+    base_architecture,
+    transformer_iwslt_de_en,
+)
+from fairseq.modules.transformer_layer import (
+    TransformerDecoderLayerBase,
+    TransformerEncoderLayerBase,
+)
+from fairseq.modules.checkpoint_activations import checkpoint_wrapper
+
+from ..attention import FunctionalMultiheadAttention, attention_fn_names, build_attention_fn
+
+__all__ = ["AttentionTransformerModel", "ATTENTION_TYPES"]
+
+#: attention type -> (command-line option, attribute on args/cfg)
+ATTENTION_TYPES = {
+    "encoder": ("--encoder-attention-fn", "encoder_attention_fn"),
+    "decoder": ("--decoder-attention-fn", "decoder_attention_fn"),
+    "cross": ("--cross-attention-fn", "cross_attention_fn"),
+}
+
+
+def _attention(cfg, kind: str, embed_dim: int, num_heads: int, quant_noise, qn_block_size, **kw):
+    """Build the :class:`FunctionalMultiheadAttention` for attention type ``kind``."""
+    fn = build_attention_fn(getattr(cfg, ATTENTION_TYPES[kind][1]), embed_dim, num_heads, cfg)
+    return FunctionalMultiheadAttention(
+        embed_dim, num_heads, fn, dropout=cfg.attention_dropout,
+        q_noise=quant_noise, qn_block_size=qn_block_size, **kw,
+    )
+
+
+class AttentionEncoderLayer(TransformerEncoderLayerBase):
+    """fairseq's encoder layer with the self-attention built from ``cfg.encoder_attention_fn``."""
+
+    def build_self_attention(self, embed_dim, cfg):
+        return _attention(cfg, "encoder", embed_dim, cfg.encoder.attention_heads,
+                          self.quant_noise, self.quant_noise_block_size, self_attention=True)
+
+
+class AttentionDecoderLayer(TransformerDecoderLayerBase):
+    """fairseq's decoder layer with self- and cross-attention built from the chosen functions."""
+
+    def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
+        return _attention(cfg, "decoder", embed_dim, cfg.decoder.attention_heads,
+                          self.quant_noise, self.quant_noise_block_size,
+                          add_bias_kv=add_bias_kv, add_zero_attn=add_zero_attn,
+                          self_attention=not cfg.cross_self_attention)
+
+    def build_encoder_attention(self, embed_dim, cfg):
+        return _attention(cfg, "cross", embed_dim, cfg.decoder.attention_heads,
+                          self.quant_noise, self.quant_noise_block_size,
+                          kdim=cfg.encoder.embed_dim, vdim=cfg.encoder.embed_dim,
+                          encoder_decoder_attention=True)
+
+
+def _wrap(layer, cfg):
+    """Activation checkpointing and FSDP wrapping exactly as fairseq's layer factories do."""
+    if cfg.checkpoint_activations:
+        layer = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations)
+    min_params_to_wrap = cfg.min_params_to_wrap if not cfg.checkpoint_activations else 0
+    return fsdp_wrap(layer, min_num_params=min_params_to_wrap)
+
+
+class AttentionTransformerEncoder(TransformerEncoderBase):
+    """Transformer encoder whose layers are :class:`AttentionEncoderLayer`."""
+
+    def build_encoder_layer(self, cfg):
+        return _wrap(AttentionEncoderLayer(cfg, return_fc=self.return_fc), cfg)
+
+
+class AttentionTransformerDecoder(TransformerDecoderBase):
+    """Transformer decoder whose layers are :class:`AttentionDecoderLayer`."""
+
+    def build_decoder_layer(self, cfg, no_encoder_attn=False):
+        return _wrap(AttentionDecoderLayer(cfg, no_encoder_attn), cfg)
+
+
+@register_model("attention_transformer")
+class AttentionTransformerModel(TransformerModel):
+    """Transformer (Vaswani et al. 2017) with a selectable attention function per attention type.
+
+    Raises (at start-up, from :meth:`build_model`):
+        ValueError: an unknown attention function name (the message lists the valid choices).
+    """
+
+    @classmethod
+    def add_args(cls, parser):
+        super().add_args(parser)
+        names = attention_fn_names()
+        for kind, (flag, _) in ATTENTION_TYPES.items():
+            parser.add_argument(
+                flag, choices=names, metavar="FN",
+                help=f"attention function of the {kind} attention; one of: {', '.join(names)}",
+            )
+        parser.add_argument("--rela-norm-eps", type=float, metavar="EPS",
+                            help="epsilon of ReLA's (gated) RMSNorm (released code: 1e-8)")
+
+    @classmethod
+    def build_model(cls, args, task):
+        attention_transformer_base(args)
+        valid = attention_fn_names()
+        for kind, (flag, attr) in ATTENTION_TYPES.items():
+            name = getattr(args, attr)
+            if name not in valid:
+                raise ValueError(f"{flag} {name!r} is not a registered attention function; "
+                                 f"valid choices: {', '.join(valid)}")
+        return super().build_model(args, task)
+
+    @classmethod
+    def build_encoder(cls, cfg, src_dict, embed_tokens):
+        return AttentionTransformerEncoder(cfg, src_dict, embed_tokens)
+
+    @classmethod
+    def build_decoder(cls, cfg, tgt_dict, embed_tokens):
+        return AttentionTransformerDecoder(
+            cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention)
+
+
+def _set_attention_fns(args, default: str):
+    for _, attr in ATTENTION_TYPES.values():
+        if getattr(args, attr, None) is None:
+            setattr(args, attr, default)
+    args.rela_norm_eps = getattr(args, "rela_norm_eps", None) or 1e-8
+
+
+@register_model_architecture("attention_transformer", "attention_transformer")
+def attention_transformer_base(args):
+    """Transformer base with softmax everywhere unless a flag says otherwise."""
+    _set_attention_fns(args, "softmax")
+    base_architecture(args)
+
+
+@register_model_architecture("attention_transformer", "rela_transformer")
+def rela_transformer(args):
+    """ReLA paper setting (Section 5): Transformer base, ReLA-g in all three attention types."""
+    _set_attention_fns(args, "rela_g")
+    base_architecture(args)
+
+
+@register_model_architecture("attention_transformer", "rela_transformer_iwslt_de_en")
+def rela_transformer_iwslt_de_en(args):
+    """fairseq's ``transformer_iwslt_de_en`` sizes (6+6 layers, 4 heads, d 512, FFN 1024), ReLA-g."""
+    _set_attention_fns(args, "rela_g")
+    transformer_iwslt_de_en(args)
+
+
+def small_preset(args):
+    """The CPU preset used for results here: 3+3 layers, d 256, 4 heads (d_h 64), FFN 1024,
+    all embeddings shared (needs a joined dictionary), dropout 0.1."""
+    args.encoder_embed_dim = getattr(args, "encoder_embed_dim", 256)
+    args.encoder_ffn_embed_dim = getattr(args, "encoder_ffn_embed_dim", 1024)
+    args.encoder_attention_heads = getattr(args, "encoder_attention_heads", 4)
+    args.encoder_layers = getattr(args, "encoder_layers", 3)
+    args.decoder_embed_dim = getattr(args, "decoder_embed_dim", 256)
+    args.decoder_ffn_embed_dim = getattr(args, "decoder_ffn_embed_dim", 1024)
+    args.decoder_attention_heads = getattr(args, "decoder_attention_heads", 4)
+    args.decoder_layers = getattr(args, "decoder_layers", 3)
+    args.share_all_embeddings = getattr(args, "share_all_embeddings", True)
+    base_architecture(args)
+
+
+@register_model_architecture("attention_transformer", "rela_transformer_small")
+def rela_transformer_small(args):
+    """CPU-sized ReLA-g Transformer (see :func:`small_preset`)."""
+    _set_attention_fns(args, "rela_g")
+    small_preset(args)
+
+
+@register_model_architecture("transformer", "stock_transformer_small")
+def stock_transformer_small(args):
+    """fairseq's stock ``transformer`` model at the CPU preset's sizes (the unmodified baseline
+    that ``rela_transformer_small`` with ``softmax`` everywhere must equal)."""
+    small_preset(args)

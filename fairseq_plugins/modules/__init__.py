@@ -1,0 +1,3 @@
+"""Building blocks used by the attention functions (normalisation layers, ...)."""
+
+from .norms import GatedNorm, RMSNorm  # noqa: F401

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Set up the environment and run the whole test suite (what CI runs via .ci/run).
+# Usage: bash scripts/test.sh [pytest args...]
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+bash "$ROOT/scripts/setup_env.sh"
+cd "$ROOT"
+set +e
+"$ROOT/.venv/bin/python" -m pytest -ra "$@"
+rc=$?
+set -e
+if [ "$rc" -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi
+exit "$rc"

@@ -1,0 +1,239 @@
+"""The attention seam: every registered function, against fairseq's stock attention."""
+
+import math
+
+import pytest
+import torch
+from fairseq.modules import MultiheadAttention
+
+from fairseq_plugins.attention import (
+    ATTENTION_FUNCTIONS,
+    AttentionFunction,
+    FunctionalMultiheadAttention,
+    attention_fn_names,
+    build_attention_fn,
+    register_attention_fn,
+)
+
+ALL = attention_fn_names()
+RELU_FAMILY = ["relu", "relu_rmsnorm", "rela_i", "rela_g", "rela_g_layernorm"]
+EXPECTED = {"softmax", "sparsemax", "entmax15", "relu", "relu_rmsnorm", "rela_i", "rela_g",
+            "rela_g_layernorm", "rela_g_gelu", "rela_g_leaky_relu"}
+
+C, H = 16, 4
+
+
+def mha(name, dtype=torch.float32, seed=0, **kw):
+    torch.manual_seed(seed)
+    m = FunctionalMultiheadAttention(C, H, build_attention_fn(name, C, H), **kw).to(dtype)
+    for p in m.parameters():  # make norm gains/gates non-trivial so they are exercised
+        if p.dim() == 1 and p.numel() == C and not kw.get("keep_init"):
+            p.data.uniform_(0.5, 1.5)
+    return m
+
+
+def test_registry_holds_table1_functions():
+    assert EXPECTED <= set(ALL)
+
+
+def test_unknown_function_lists_choices():
+    with pytest.raises(ValueError) as e:
+        build_attention_fn("softmaxx", C, H)
+    for name in EXPECTED:
+        assert name in str(e.value)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_gradcheck_float64(name):
+    m = mha(name, torch.float64, self_attention=True).eval()
+    x = torch.randn(5, 2, C, dtype=torch.float64, requires_grad=True)
+    kpm = torch.tensor([[False] * 5, [True, True, False, False, False]])
+
+    def f(x):
+        return m(x, x, x, key_padding_mask=kpm, need_weights=False)[0]
+
+    assert torch.autograd.gradcheck(f, (x,), eps=1e-6, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ALL)
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_padding_equals_truncation(name, need_weights):
+    """Cross-attention to S keys of which the last P are padding == attention to S-P keys."""
+    m = mha(name, encoder_decoder_attention=True).eval()
+    q, kv = torch.randn(4, 2, C), torch.randn(6, 2, C)
+    kpm = torch.zeros(2, 6, dtype=torch.bool)
+    kpm[1, 4:] = True
+    out, _ = m(q, kv, kv, key_padding_mask=kpm, need_weights=need_weights)
+    ref0, _ = m(q[:, :1], kv[:, :1], kv[:, :1], need_weights=need_weights)
+    ref1, _ = m(q[:, 1:], kv[:4, 1:], kv[:4, 1:], need_weights=need_weights)
+    torch.testing.assert_close(out[:, :1], ref0, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out[:, 1:], ref1, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_fully_padded_rows_are_exact_zeros(name):
+    fn = build_attention_fn(name, C, H)
+    scores = torch.randn(2, H, 3, 5)
+    mask = torch.zeros(2, 1, 1, 5, dtype=torch.bool)
+    mask[1] = True  # every key of batch item 1 is padding
+    w = fn.normalize(scores, mask)
+    assert torch.isfinite(w).all()
+    assert torch.equal(w[1], torch.zeros_like(w[1]))
+    assert (w[0] != 0).any()
+    # and through the module, fused path included (need_weights False) and backward
+    m = mha(name, encoder_decoder_attention=True).train()
+    m.dropout_module.p = 0.0
+    q = torch.randn(3, 2, C, requires_grad=True)
+    kv = torch.randn(5, 2, C)
+    out, _ = m(q, kv, kv, key_padding_mask=mask.view(2, 5), need_weights=False)
+    out.sum().backward()
+    assert torch.isfinite(out).all() and torch.isfinite(q.grad).all()
+
+
+@pytest.mark.parametrize("name", RELU_FAMILY)
+def test_null_attention_rows(name):
+    """ReLA: a query with no positive score attends to nothing -- exact zeros, no NaN."""
+    fn = build_attention_fn(name, C, H)
+    scores = torch.randn(1, H, 4, 6)
+    scores[0, 1, 2] = -scores[0, 1, 2].abs() - 0.1  # head 1, query 2: all negative
+    w = fn.normalize(scores, None)
+    assert torch.equal(w[0, 1, 2], torch.zeros(6))
+    assert (w >= 0).all() and torch.isfinite(w).all()
+    # the (gated) RMSNorm keeps a zero head-concatenation at zero (eps), no NaN
+    z = fn.post_aggregate(torch.zeros(2, 1, C))
+    assert torch.isfinite(z).all()
+    if name != "rela_g_layernorm":  # LayerNorm(0) = its bias (0 at init)
+        assert torch.equal(z, torch.zeros_like(z))
+
+
+@pytest.mark.parametrize("name", ["sparsemax", "entmax15"] + RELU_FAMILY)
+def test_sparse_functions_produce_exact_zeros(name):
+    fn = build_attention_fn(name, C, H)
+    w = fn.normalize(torch.randn(2, H, 8, 8) * 3, None)
+    assert (w == 0).float().mean() > 0.2
+
+
+def _stock_and_ours(**kw):
+    torch.manual_seed(0)
+    stock = MultiheadAttention(C, H, **kw)
+    ours = FunctionalMultiheadAttention(C, H, build_attention_fn("softmax", C, H), **kw)
+    ours.load_state_dict(stock.state_dict())
+    return stock.eval(), ours.eval()
+
+
+@pytest.mark.parametrize("kind", ["self", "cross"])
+def test_softmax_parity_with_stock_full(kind):
+    kw = {"self_attention": True} if kind == "self" else {"encoder_decoder_attention": True}
+    stock, ours = _stock_and_ours(**kw)
+    q = torch.randn(5, 3, C)
+    kv = q if kind == "self" else torch.randn(7, 3, C)
+    kpm = torch.zeros(3, kv.size(0), dtype=torch.bool)
+    kpm[2, -2:] = True  # (left padding + causal mask gives all-masked rows: NaN in stock, 0 here)
+    am = torch.triu(torch.full((5, 5), float("-inf")), 1) if kind == "self" else None
+    for nw in (False, True):
+        a, wa = stock(q, kv, kv, key_padding_mask=kpm, attn_mask=am, need_weights=nw)
+        b, wb = ours(q, kv, kv, key_padding_mask=kpm, attn_mask=am, need_weights=nw)
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+        if nw:
+            torch.testing.assert_close(wa, wb, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_softmax_parity_with_stock_incremental(beam):
+    """Step-by-step decoding (self + cross attention, beam-size trick, reordering) == stock."""
+    torch.manual_seed(1)
+    mods = {}
+    for kind, kw in (("self", {"self_attention": True}), ("cross", {"encoder_decoder_attention": True})):
+        mods[kind] = _stock_and_ours(**kw)
+    bsz, S, T = 2, 6, 4
+    enc = torch.randn(S, bsz, C).repeat_interleave(beam, dim=1)  # (S, bsz*beam, C)
+    kpm = torch.zeros(bsz * beam, S, dtype=torch.bool)
+    kpm[-beam:, :2] = True
+    xs = torch.randn(T, bsz * beam, C)
+    outs = []
+    for which in (0, 1):
+        state = {}
+        for m in (mods["self"][which], mods["cross"][which]):
+            m.set_beam_size(beam)
+        ys = []
+        for t in range(T):
+            x = xs[t : t + 1]
+            h, _ = mods["self"][which](x, x, x, incremental_state=state, need_weights=False)
+            y, _ = mods["cross"][which](h, enc, enc, key_padding_mask=kpm, incremental_state=state,
+                                        static_kv=True, need_weights=True)
+            ys.append(y)
+            if beam > 1:  # shuffle hypotheses inside each sentence, as beam search does
+                order = torch.arange(bsz * beam).view(bsz, beam).flip(1).reshape(-1)
+                for m in (mods["self"][which], mods["cross"][which]):
+                    m.reorder_incremental_state(state, order)
+        outs.append(torch.cat(ys))
+    torch.testing.assert_close(outs[0], outs[1], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_incremental_equals_full_decoding(name):
+    """Causal self-attention step by step with the cache == one full pass with the future mask."""
+    m = mha(name, torch.float64, self_attention=True).eval()
+    x = torch.randn(6, 2, C, dtype=torch.float64)
+    future = torch.triu(torch.full((6, 6), float("-inf"), dtype=torch.float64), 1)
+    full, _ = m(x, x, x, attn_mask=future, need_weights=False)
+    state, steps = {}, []
+    for t in range(6):
+        y, _ = m(x[t : t + 1], x[t : t + 1], x[t : t + 1], incremental_state=state, need_weights=False)
+        steps.append(y)
+    torch.testing.assert_close(torch.cat(steps), full, rtol=1e-10, atol=1e-12)
+
+
+def test_rela_i_gain_init_range():
+    d_model, heads = 512, 8
+    fn = build_attention_fn("rela_i", d_model, heads)
+    g = fn.norm.weight
+    bound = math.sqrt(3.0 / (d_model // heads))
+    assert g.abs().max() <= bound
+    assert g.abs().max() > 0.9 * bound and g.min() < 0 < g.max()  # spans the range
+    assert abs(g.var().item() - bound**2 / 3) < 0.25 * bound**2 / 3  # variance of U(-b, b)
+    assert torch.equal(build_attention_fn("relu_rmsnorm", d_model, heads).norm.weight,
+                       torch.ones(d_model))
+
+
+def test_rela_g_matches_equation_5():
+    fn = build_attention_fn("rela_g", C, H)
+    z = torch.randn(3, 2, C)
+    rms = z.pow(2).mean(-1, keepdim=True).add(1e-8).sqrt()
+    expected = torch.sigmoid(fn.norm.gate * z) * (z / rms) * fn.norm.norm.weight
+    torch.testing.assert_close(fn.post_aggregate(z), expected)
+
+
+@pytest.fixture
+def zero_fn():
+    @register_attention_fn("_test_zero")
+    class ZeroAttention(AttentionFunction):
+        calls = 0
+
+        def normalize(self, scores, mask):
+            ZeroAttention.calls += 1
+            return torch.zeros_like(scores)
+
+    yield ZeroAttention
+    del ATTENTION_FUNCTIONS["_test_zero"]
+
+
+@pytest.mark.parametrize("kind", ["self", "cross"])
+def test_chosen_function_runs_in_training(zero_fn, kind):
+    """No fused softmax path replaces the chosen function: zero weights => output = out_proj bias."""
+    kw = {"self_attention": True} if kind == "self" else {"encoder_decoder_attention": True}
+    m = FunctionalMultiheadAttention(C, H, build_attention_fn("_test_zero", C, H), dropout=0.1, **kw)
+    m.train()
+    x = torch.randn(5, 2, C)
+    out, _ = m(x, x, x, need_weights=False)
+    assert zero_fn.calls == 1
+    torch.testing.assert_close(out, m.out_proj.bias.expand_as(out))
+
+
+def test_unsupported_options_fail_clearly():
+    with pytest.raises(ValueError, match="add_bias_kv"):
+        FunctionalMultiheadAttention(C, H, build_attention_fn("softmax", C, H), add_bias_kv=True)
+    m = mha("relu", self_attention=True)
+    x = torch.randn(2, 1, C)
+    with pytest.raises(ValueError, match="before_softmax"):
+        m(x, x, x, before_softmax=True)
