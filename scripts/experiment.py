@@ -1,0 +1,250 @@
+#!/usr/bin/env python
+"""Run one translation experiment end to end, resumably, and record its provenance.
+
+prep (data-prep/<corpus>/prepare.sh, idempotent) -> fairseq-train (resumes from
+checkpoint_last.pt) -> average the last N checkpoints (scripts/average_checkpoints.py) ->
+fairseq-generate + sacrebleu on each test set (scripts/evaluate.sh) -> ``result.json``.
+
+Every stage is skipped when its output is complete, so a killed run continues where it
+stopped.  ``result.json`` carries: commands, config, git commit, data, sacrebleu signature,
+hardware, number of updates and wall time (summed over all invocations).
+
+Usage (from the repo root):
+    python scripts/experiment.py --out runs/demo/rela_g --arch rela_transformer_small \
+        --fns rela_g rela_g rela_g [--budget configs/multi30k/small_cpu.yaml] [--src en --tgt de]
+        [--max-update N]
+
+Raises SystemExit with a message on bad input (unknown arch/function are checked by
+fairseq at start-up and listed with their valid choices).
+"""
+
+import argparse
+import json
+import os
+import platform
+import re
+import shlex
+import subprocess
+import sys
+import time
+
+import yaml
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BIN = os.path.dirname(sys.executable)
+
+
+def log(msg):
+    print(f"[experiment] {msg}", flush=True)
+
+
+def git_commit():
+    """``<sha>`` or ``<sha>+dirty`` of the repo (``unknown`` outside git)."""
+    try:
+        sha = subprocess.check_output(["git", "rev-parse", "HEAD"], cwd=ROOT, text=True).strip()
+        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "fairseq_plugins", "scripts",
+                                "configs", "data-prep"], cwd=ROOT).returncode != 0
+        return sha + ("+dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def hardware():
+    cpu = platform.processor() or "unknown"
+    try:
+        with open("/proc/cpuinfo") as f:
+            names = [l.split(":", 1)[1].strip() for l in f if l.startswith("model name")]
+        cpu = names[0] if names else cpu
+    except OSError:
+        pass
+    import torch
+
+    dev = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu only"
+    return {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "accelerator": dev, "torch": torch.__version__, "python": platform.python_version()}
+
+
+def flags(mapping):
+    """YAML mapping -> fairseq CLI flags (``true`` = bare flag, ``false``/None = omitted)."""
+    out = []
+    for k, v in mapping.items():
+        if v is True:
+            out.append(f"--{k}")
+        elif v is False or v is None:
+            continue
+        else:
+            out += [f"--{k}", str(v)]
+    return out
+
+
+def write_json(path, obj):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=2, sort_keys=True)
+    os.replace(tmp, path)
+
+
+def run(cmd, logfile=None):
+    log("$ " + " ".join(shlex.quote(c) for c in cmd))
+    if logfile is None:
+        subprocess.run(cmd, check=True, cwd=ROOT)
+        return
+    with open(logfile, "a") as f:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for line in proc.stdout:
+            f.write(line)
+            if " | train_inner | " in line or " | valid | " in line or "done training" in line:
+                print("   " + line.rstrip()[20:], flush=True)
+        if proc.wait() != 0:
+            raise subprocess.CalledProcessError(proc.returncode, cmd)
+
+
+def loss_curve(train_log):
+    """(updates, train loss) pairs and valid losses parsed from fairseq's simple log format."""
+    curve, valid = [], []
+    if not os.path.exists(train_log):
+        return curve, valid
+    for line in open(train_log):
+        m = re.search(r"\| train_inner \|.*?loss=([\d.naif]+).*?num_updates=(\d+)", line)
+        if m:
+            curve.append((int(m.group(2)), float(m.group(1))))
+        m = re.search(r"\| valid \|.*?\| loss ([\d.naif]+) .*?\| num_updates (\d+)", line)
+        if m:
+            valid.append((int(m.group(2)), float(m.group(1))))
+    return curve, valid
+
+
+def prepare_data(budget, src, tgt):
+    data = budget["data"]
+    corpus = data["corpus"]
+    out = os.path.join(ROOT, "data-bin", f"{corpus}_en_de")
+    cmd = ["bash", os.path.join(ROOT, "data-prep", corpus, "prepare.sh"), "--out", out,
+           "--bpe-merges", str(data["bpe-merges"])]
+    if data.get("train-lines"):
+        cmd += ["--train-lines", str(data["train-lines"])]
+    run(cmd)
+    return out
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True, help="run directory (checkpoints, logs, result.json)")
+    p.add_argument("--arch", required=True)
+    p.add_argument("--fns", nargs=3, metavar=("ENC", "DEC", "CROSS"),
+                   help="attention functions for encoder self / decoder self / cross attention")
+    p.add_argument("--budget", default=os.path.join(ROOT, "configs", "multi30k", "small_cpu.yaml"))
+    p.add_argument("--src", default="en", choices=["en", "de"])
+    p.add_argument("--tgt", default="de", choices=["en", "de"])
+    p.add_argument("--max-update", type=int, help="override the budget's max-update")
+    p.add_argument("--name", default=None, help="label stored in result.json")
+    p.add_argument("--extra", default="", help="extra fairseq-train flags (quoted)")
+    a = p.parse_args(argv)
+    if a.src == a.tgt:
+        p.error("--src and --tgt must differ (valid: en->de, de->en)")
+    if not os.path.exists(a.budget):
+        p.error(f"budget config not found: {a.budget}")
+    budget = yaml.safe_load(open(a.budget))
+    train_cfg = dict(budget["train"])
+    if a.max_update:
+        train_cfg["max-update"] = a.max_update
+    os.makedirs(a.out, exist_ok=True)
+    out = os.path.abspath(a.out)
+    state_path = os.path.join(out, "state.json")
+    state = json.load(open(state_path)) if os.path.exists(state_path) else {"wall_s": {}}
+
+    prep = prepare_data(budget, a.src, a.tgt)
+    data_bin = os.path.join(prep, "bin")
+    ckpt_dir = os.path.join(out, "checkpoints")
+    train_cmd = [os.path.join(BIN, "fairseq-train"), data_bin, "--user-dir", os.path.join(ROOT, "fairseq_plugins"),
+                 "--arch", a.arch, "--source-lang", a.src, "--target-lang", a.tgt,
+                 "--save-dir", ckpt_dir, *flags(train_cfg)]
+    if a.fns:
+        train_cmd += ["--encoder-attention-fn", a.fns[0], "--decoder-attention-fn", a.fns[1],
+                      "--cross-attention-fn", a.fns[2]]
+    import torch
+
+    if not torch.cuda.is_available():
+        train_cmd.append("--cpu")
+    train_cmd += shlex.split(a.extra)
+
+    # 1. train (fairseq resumes from checkpoint_last.pt; a finished run exits at once)
+    t0 = time.time()
+    try:
+        run(train_cmd, logfile=os.path.join(out, "train.log"))
+    except subprocess.CalledProcessError:
+        # e.g. fairseq's FloatingPointError on a diverged run: record it, with the loss curve
+        curve, valid = loss_curve(os.path.join(out, "train.log"))
+        tail = open(os.path.join(out, "train.log")).read().splitlines()[-5:]
+        write_json(os.path.join(out, "result.json"), {
+            "name": a.name or os.path.basename(out), "status": "failed", "error_tail": tail,
+            "arch": a.arch, "attention_fns": a.fns, "commands": {"train": " ".join(train_cmd)},
+            "git_commit": git_commit(), "hardware": hardware(), "loss_curve": curve, "valid_loss": valid,
+            "updates": curve[-1][0] if curve else 0, "wall_s": state["wall_s"], "scores": {},
+            "time": time.strftime("%Y-%m-%d %H:%M:%S")})
+        log(f"training failed; see {os.path.join(out, 'train.log')}")
+        raise
+    state["wall_s"]["train"] = state["wall_s"].get("train", 0.0) + time.time() - t0
+    write_json(state_path, state)
+
+    from fairseq_plugins.checkpoint import load_checkpoint
+
+    last = load_checkpoint(os.path.join(ckpt_dir, "checkpoint_last.pt"))
+    updates = int(last["optimizer_history"][-1]["num_updates"])
+    curve, valid = loss_curve(os.path.join(out, "train.log"))
+
+    # 2. average the last N update checkpoints
+    n_avg = int(budget["average"]["num-update-checkpoints"])
+    avg = os.path.join(out, f"average_last{n_avg}.pt")
+    if not os.path.exists(avg) or os.path.getmtime(avg) < os.path.getmtime(os.path.join(ckpt_dir, "checkpoint_last.pt")):
+        t0 = time.time()
+        run([sys.executable, os.path.join(ROOT, "scripts", "average_checkpoints.py"), "--inputs", ckpt_dir,
+             "--num-update-checkpoints", str(n_avg), "--output", avg])
+        state["wall_s"]["average"] = time.time() - t0
+
+    # 3. generate + score each test set
+    gen = budget["generate"]
+    eval_dir = os.path.join(out, "eval")
+    scores = {}
+    subsets = budget["data"]["subsets"]
+    missing = [s for s in subsets if not os.path.exists(os.path.join(eval_dir, f"{s}.json"))
+               or os.path.getmtime(os.path.join(eval_dir, f"{s}.json")) < os.path.getmtime(avg)]
+    if missing:
+        t0 = time.time()
+        run(["bash", os.path.join(ROOT, "scripts", "evaluate.sh"), "--checkpoint", avg, "--data-bin", data_bin,
+             "--prep-dir", prep, "--src", a.src, "--tgt", a.tgt, "--subsets", ",".join(missing),
+             "--beam", str(gen["beam"]), "--lenpen", str(gen["lenpen"]), "--batch-size", str(gen["batch-size"]),
+             "--out", eval_dir])
+        state["wall_s"]["evaluate"] = time.time() - t0
+    for s in subsets:
+        scores[s] = json.load(open(os.path.join(eval_dir, f"{s}.json")))
+
+    result = {
+        "name": a.name or os.path.basename(out),
+        "arch": a.arch,
+        "attention_fns": dict(zip(["encoder", "decoder", "cross"], a.fns)) if a.fns else "arch default",
+        "direction": f"{a.src}-{a.tgt}",
+        "commands": {"train": " ".join(shlex.quote(c) for c in train_cmd),
+                     "reproduce": " ".join(shlex.quote(c) for c in ["python", "scripts/experiment.py"] + list(argv or sys.argv[1:]))},
+        "config": {"budget_file": os.path.relpath(a.budget, ROOT), "budget": budget, "train": train_cfg},
+        "git_commit": git_commit(),
+        "data": {"corpus": budget["data"]["corpus"], "prep_dir": os.path.relpath(prep, ROOT),
+                 "prep_stamp": open(os.path.join(prep, "bin", ".done")).read().strip()
+                 if os.path.exists(os.path.join(prep, "bin", ".done")) else None},
+        "hardware": hardware(),
+        "updates": updates,
+        "wall_s": state["wall_s"],
+        "loss_curve": curve,
+        "valid_loss": valid,
+        "scores": scores,
+        "status": "done",
+        "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+    write_json(os.path.join(out, "result.json"), result)
+    for s in subsets:
+        log(f"{result['name']} {s}: SacreBLEU {scores[s]['bleu']:.2f} (tokenized {scores[s].get('tok_bleu')}) "
+            f"{scores[s]['signature']}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
