@@ -115,7 +115,7 @@ def render(rows, budget_file):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--rows", help="comma-separated row ids (default: all, in order)")
+    p.add_argument("--rows", help="comma-separated row ids, run in this order (default: all, 1..13)")
     p.add_argument("--max-rows", type=int, help="stop after running this many rows")
     p.add_argument("--budget", default=os.path.join(ROOT, "configs", "multi30k", "small_cpu.yaml"))
     p.add_argument("--render-only", action="store_true")
@@ -127,9 +127,8 @@ def main():
     if bad:
         p.error(f"unknown row ids {bad}; valid: {ids}")
     done = 0
-    for r in rows:
-        if a.render_only or r["id"] not in todo:
-            continue
+    by_id = {r["id"]: r for r in rows}
+    for r in ([] if a.render_only else [by_id[i] for i in todo]):  # in the order given
         if a.max_rows is not None and done >= a.max_rows:
             break
         out = os.path.join(RUNS, f"row{r['id']}")
