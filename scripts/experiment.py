@@ -90,7 +90,8 @@ def run(cmd, logfile=None):
         subprocess.run(cmd, check=True, cwd=ROOT)
         return
     with open(logfile, "a") as f:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        env = dict(os.environ, PYTHONUNBUFFERED="1")  # progress lines as they happen
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
         for line in proc.stdout:
             f.write(line)
             if " | train_inner | " in line or " | valid | " in line or "done training" in line:
