@@ -33,7 +33,8 @@ import argparse
 import os
 import re
 import sys
-import tempfile
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from atomic import atomic_path  # noqa: E402
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO_ROOT not in sys.path:
@@ -151,23 +152,11 @@ def average_checkpoints(paths):
 
 
 def save_atomic(state, output):
-    """``torch.save(state)`` to a temp file next to ``output``, then ``os.replace``."""
+    """``torch.save`` to ``output`` atomically (see scripts/atomic.py)."""
     import torch
 
-    directory = os.path.dirname(os.path.abspath(output))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(output) + ".", suffix=".tmp", dir=directory)
-    os.close(fd)
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
+    with atomic_path(output) as tmp:
         torch.save(state, tmp)
-        os.replace(tmp, output)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def main(argv=None):

@@ -28,7 +28,8 @@ import io
 import os
 import re
 import sys
-import tempfile
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from atomic import atomic_path, write_lines_atomic  # noqa: E402
 
 __all__ = ["ExtractError", "parse_hypotheses", "detokenize", "main"]
 
@@ -97,21 +98,7 @@ def detokenize(texts, lang):
 
 
 def _write_atomic(path, lines):
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=directory)
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; use the usual umask-based mode
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            for line in lines:
-                f.write(line + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    write_lines_atomic(path, lines)
 
 
 def main(argv=None):

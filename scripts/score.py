@@ -30,7 +30,8 @@ import argparse
 import json
 import os
 import sys
-import tempfile
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from atomic import atomic_path, write_lines_atomic  # noqa: E402
 
 __all__ = ["LineCountError", "read_lines", "score_files", "write_json_atomic", "main"]
 
@@ -108,22 +109,10 @@ def score_files(hyp, ref, tok_hyp=None, tok_ref=None):
 
 
 def write_json_atomic(path, obj):
-    """Write ``obj`` as JSON to ``path`` via a temp file in the same directory + ``os.replace``."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=directory)
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; use the usual umask-based mode
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(obj, f, indent=2, ensure_ascii=False)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    """Write ``obj`` as JSON to ``path`` atomically (see scripts/atomic.py)."""
+    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=2, ensure_ascii=False)
+        f.write("\n")
 
 
 def main(argv=None):

@@ -35,19 +35,27 @@ def prepared(tmp_path_factory):
     return out
 
 
+def train_cmd(prepared, save_dir, *extra):
+    """fairseq-train of a tiny (2+2 layers, d 64) ReLA-g model on the prepared slice."""
+    return [os.path.join(BIN, "fairseq-train"), str(prepared / "bin"), "--user-dir", "fairseq_plugins",
+            "--arch", "rela_transformer_small", "--encoder-layers", "2", "--decoder-layers", "2",
+            "--encoder-embed-dim", "64", "--decoder-embed-dim", "64", "--encoder-ffn-embed-dim", "128",
+            "--decoder-ffn-embed-dim", "128", "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
+            "--source-lang", "en", "--target-lang", "de", "--optimizer", "adam", "--adam-betas", "(0.9,0.98)",
+            "--lr", "0.003", "--criterion", "label_smoothed_cross_entropy", "--max-tokens", "2000",
+            "--save-dir", str(save_dir), "--cpu", "--no-epoch-checkpoints", "--log-format", "simple",
+            "--num-workers", "0", *extra]
+
+
+SCHEDULE = ("--lr-scheduler", "inverse_sqrt", "--warmup-updates", "50", "--label-smoothing", "0.1",
+            "--dropout", "0.1", "--seed", "1", "--save-interval-updates", "80", "--keep-interval-updates", "2",
+            "--log-interval", "20")
+
+
 @pytest.fixture(scope="module")
 def trained(prepared, tmp_path_factory):
     ck = tmp_path_factory.mktemp("ck")
-    log = sh([os.path.join(BIN, "fairseq-train"), str(prepared / "bin"), "--user-dir", "fairseq_plugins",
-              "--arch", "rela_transformer_small", "--encoder-layers", "2", "--decoder-layers", "2",
-              "--encoder-embed-dim", "64", "--decoder-embed-dim", "64", "--encoder-ffn-embed-dim", "128",
-              "--decoder-ffn-embed-dim", "128", "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
-              "--source-lang", "en", "--target-lang", "de", "--optimizer", "adam", "--adam-betas", "(0.9,0.98)",
-              "--lr", "0.003", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "50",
-              "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1", "--dropout", "0.1",
-              "--max-tokens", "2000", "--max-update", "240", "--save-dir", str(ck), "--cpu", "--seed", "1",
-              "--save-interval-updates", "80", "--keep-interval-updates", "2", "--no-epoch-checkpoints",
-              "--log-format", "simple", "--log-interval", "20", "--num-workers", "0"])
+    log = sh(train_cmd(prepared, ck, "--max-update", "240", *SCHEDULE))
     return ck, log
 
 
@@ -65,13 +73,7 @@ def test_resume_from_checkpoint_last(trained, prepared):
 
     d = tempfile.mkdtemp()
     shutil.copy(ck / "checkpoint_last.pt", d)
-    log = sh([os.path.join(BIN, "fairseq-train"), str(prepared / "bin"), "--user-dir", "fairseq_plugins",
-              "--arch", "rela_transformer_small", "--encoder-layers", "2", "--decoder-layers", "2",
-              "--encoder-embed-dim", "64", "--decoder-embed-dim", "64", "--encoder-ffn-embed-dim", "128",
-              "--decoder-ffn-embed-dim", "128", "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
-              "--source-lang", "en", "--target-lang", "de", "--optimizer", "adam", "--lr", "0.003",
-              "--criterion", "label_smoothed_cross_entropy", "--max-tokens", "2000", "--max-update", "250",
-              "--save-dir", d, "--cpu", "--no-epoch-checkpoints", "--log-format", "simple", "--num-workers", "0"])
+    log = sh(train_cmd(prepared, d, "--max-update", "250", *SCHEDULE))  # the same command, longer
     assert "Loaded checkpoint" in log and "num_updates 250" in log.replace("=", " ")
 
 
