@@ -191,6 +191,8 @@ def main(argv=None):
 
     last = load_checkpoint(os.path.join(ckpt_dir, "checkpoint_last.pt"))
     updates = int(last["optimizer_history"][-1]["num_updates"])
+    # fairseq's own cumulative training time, which survives kills and resumes
+    state["wall_s"]["train_fairseq_cumulative"] = float(last["extra_state"].get("previous_training_time", 0.0))
     curve, valid = loss_curve(os.path.join(out, "train.log"))
 
     # 2. average the last N update checkpoints

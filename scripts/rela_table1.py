@@ -40,12 +40,27 @@ def row_failed(res, vocab_size):
     return not math.isfinite(last) or last > 0.9 * math.log2(vocab_size)
 
 
+def train_minutes(res):
+    """Cumulative training wall time in minutes: fairseq's own counter (kept in the checkpoint
+    across kills/resumes) when recorded, else the runner's sum over completed invocations."""
+    from_ckpt = res["wall_s"].get("train_fairseq_cumulative")
+    if from_ckpt:
+        return from_ckpt / 60
+    ckpt = os.path.join(RUNS, res.get("_row", ""), "checkpoints", "checkpoint_last.pt")
+    if res.get("_row") and os.path.exists(ckpt):
+        sys.path.insert(0, ROOT)
+        from fairseq_plugins.checkpoint import load_checkpoint
+
+        return float(load_checkpoint(ckpt)["extra_state"].get("previous_training_time", 0.0)) / 60
+    return res["wall_s"].get("train", 0.0) / 60
+
+
 def render(rows, budget_file):
     results = {}
     for r in rows:
         path = os.path.join(RUNS, f"row{r['id']}", "result.json")
         if os.path.exists(path):
-            results[r["id"]] = json.load(open(path))
+            results[r["id"]] = dict(json.load(open(path)), _row=f"row{r['id']}")
     vocab = None
     dict_path = os.path.join(ROOT, "data-bin", "multi30k_en_de", "bin", "dict.en.txt")
     if os.path.exists(dict_path):
@@ -58,7 +73,9 @@ def render(rows, budget_file):
         "Ours: Multi30k Task 1 En→De (29K training pairs), 3+3-layer d=256 model, every row trained "
         f"with the same budget (`{os.path.relpath(budget_file, ROOT)}`), last checkpoints averaged, "
         "beam 4, length penalty 0.6, detokenised SacreBLEU on test_2016_flickr / test_2017_flickr "
-        "(tokenized BLEU in brackets). Multi30k BLEU is not comparable in absolute value with WMT14; "
+        "(tokenized BLEU in brackets). Train wall = fairseq's cumulative training time on 2 CPU cores; rows "
+        "that shared the machine with other jobs (see each row's notes) ran slower than they would alone. "
+        "Multi30k BLEU is not comparable in absolute value with WMT14; "
         "compare rows with row 1, which is fairseq's stock `transformer` at the same size.",
         "",
         "Regenerate: `python scripts/rela_table1.py` (runs missing rows, resumes unfinished ones, "
@@ -68,7 +85,7 @@ def render(rows, budget_file):
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        paper = "–" if r["paper"] is None else f"{r['paper']} ({r['paper_tok']})"
+        paper = "–" if r["paper"] is None else f"{r['paper']:.1f} ({r['paper_tok']:.2f})"
         res = results.get(r["id"])
         if res is None:
             lines.append(f"| {r['id']} | {r['name']} | {paper} | not run yet | not run yet | | | pending |")
@@ -81,7 +98,7 @@ def render(rows, budget_file):
         cells = cells or ["–", "–"]
         status = "failed to train (see loss curve below)" if failed else "done"
         lines.append(f"| {r['id']} | {r['name']} | {paper} | {cells[0]} | {cells[1]} | {res['updates']} | "
-                     f"{res['wall_s'].get('train', 0) / 60:.1f} min | {status} |")
+                     f"{train_minutes(res):.1f} min | {status} |")
     lines += ["", "## Provenance", ""]
     if results:
         any_res = next((x for x in results.values() if x.get("scores")), next(iter(results.values())))
