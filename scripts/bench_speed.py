@@ -185,9 +185,8 @@ def main():
               f"- wall time: {time.time() - t_start:.0f} s; measured {time.strftime('%Y-%m-%d %H:%M:%S')}",
               ""]
     os.makedirs(os.path.dirname(a.out), exist_ok=True)
-    with open(a.out + ".tmp", "w") as f:
+    with experiment.atomic_path(a.out) as tmp, open(tmp, "w") as f:
         f.write("\n".join(lines))
-    os.replace(a.out + ".tmp", a.out)
     print("\n".join(lines))
 
 

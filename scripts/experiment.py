@@ -7,7 +7,8 @@ fairseq-generate + sacrebleu on each test set (scripts/evaluate.sh) -> ``result.
 
 Every stage is skipped when its output is complete, so a killed run continues where it
 stopped.  ``result.json`` carries: commands, config, git commit, data, sacrebleu signature,
-hardware, number of updates and wall time (summed over all invocations).
+hardware, number of updates and wall time (fairseq's cumulative training time, which survives
+kills and resumes, plus the runner-timed stages).
 
 Usage (from the repo root):
     python scripts/experiment.py --out runs/demo/rela_g --arch rela_transformer_small \
@@ -29,6 +30,9 @@ import sys
 import time
 
 import yaml
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from atomic import atomic_path  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.dirname(sys.executable)
@@ -78,10 +82,9 @@ def flags(mapping):
 
 
 def write_json(path, obj):
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
+    """Write ``obj`` as JSON to ``path`` atomically."""
+    with atomic_path(path) as tmp, open(tmp, "w") as f:
         json.dump(obj, f, indent=2, sort_keys=True)
-    os.replace(tmp, path)
 
 
 def run(cmd, logfile=None):

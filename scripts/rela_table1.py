@@ -55,6 +55,14 @@ def train_minutes(res):
     return res["wall_s"].get("train", 0.0) / 60
 
 
+def resumes(res):
+    """How often the row's training restarted from a checkpoint (from its train.log, if present)."""
+    log = os.path.join(RUNS, res.get("_row", ""), "train.log")
+    if not (res.get("_row") and os.path.exists(log)):
+        return "?"
+    return sum(1 for line in open(log) if "Loaded checkpoint" in line and "@ 0 updates" not in line)
+
+
 def render(rows, budget_file):
     results = {}
     for r in rows:
@@ -74,7 +82,8 @@ def render(rows, budget_file):
         f"with the same budget (`{os.path.relpath(budget_file, ROOT)}`), last checkpoints averaged, "
         "beam 4, length penalty 0.6, detokenised SacreBLEU on test_2016_flickr / test_2017_flickr "
         "(tokenized BLEU in brackets). Train wall = fairseq's cumulative training time on 2 CPU cores; rows "
-        "that shared the machine with other jobs (see each row's notes) ran slower than they would alone. "
+        "that shared the machine with other jobs, or were killed and resumed (counted per row below), "
+        "ran slower than they would alone. "
         "Multi30k BLEU is not comparable in absolute value with WMT14; "
         "compare rows with row 1, which is fairseq's stock `transformer` at the same size.",
         "",
@@ -91,11 +100,8 @@ def render(rows, budget_file):
             lines.append(f"| {r['id']} | {r['name']} | {paper} | not run yet | not run yet | | | pending |")
             continue
         failed = res.get("status") == "failed" or (vocab is not None and row_failed(res, vocab))
-        cells = []
-        for s in (SETS if not failed else []):
-            sc = res["scores"][s]
-            cells.append("–" if failed else f"{sc['bleu']:.2f} ({sc['tok_bleu']:.2f})")
-        cells = cells or ["–", "–"]
+        cells = ["–", "–"] if failed else [
+            f"{res['scores'][s]['bleu']:.2f} ({res['scores'][s]['tok_bleu']:.2f})" for s in SETS]
         status = "failed to train (see loss curve below)" if failed else "done"
         lines.append(f"| {r['id']} | {r['name']} | {paper} | {cells[0]} | {cells[1]} | {res['updates']} | "
                      f"{train_minutes(res):.1f} min | {status} |")
@@ -116,17 +122,18 @@ def render(rows, budget_file):
         lines += [f"- git commit: `{res['git_commit']}`; finished {res['time']}",
                   f"- attention functions: {res['attention_fns']}",
                   f"- command: `{res['commands']['train']}`",
-                  f"- updates: {res['updates']}; wall time (s): {res['wall_s']}",
+                  f"- updates: {res['updates']}; training time {train_minutes(res) * 60:.0f} s (fairseq cumulative); "
+                  f"resumed {resumes(res)} time(s); runner-timed stages of the last invocation (s): "
+                  + ", ".join(f"{k} {v:.0f}" for k, v in sorted(res['wall_s'].items())
+                              if k != "train_fairseq_cumulative"),
                   "- validation loss (update, loss): " + ", ".join(f"({u}, {l:.3f})" for u, l in res["valid_loss"]),
                   "- training loss curve (update, loss): "
                   + ", ".join(f"({u}, {l:.2f})" for u, l in res["loss_curve"][:: max(1, len(res["loss_curve"]) // 10)]),
                   ""]
     lines += ["", "_Rendered by scripts/rela_table1.py; git commit of each row above._", ""]
     os.makedirs(os.path.dirname(OUT), exist_ok=True)
-    tmp = OUT + ".tmp"
-    with open(tmp, "w") as f:
+    with experiment.atomic_path(OUT) as tmp, open(tmp, "w") as f:
         f.write("\n".join(lines))
-    os.replace(tmp, OUT)
     print(f"[table1] wrote {OUT} ({len(results)}/{len(rows)} rows)")
 
 
