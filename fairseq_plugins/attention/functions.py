@@ -28,7 +28,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..modules.auxiliary import AuxiliaryBuffer
 from ..modules.norms import GatedNorm, RMSNorm
+from .stats import ROW_EPS, entropy_from_terms, row_mass_terms, valid_keys
 
 __all__ = [
     "AttentionFunction",
@@ -102,9 +104,16 @@ class AttentionFunction(nn.Module):
         embed_dim: ``C``; num_heads: ``H``; args: namespace of hyper-parameters or None.
 
     Subclasses override :meth:`normalize` (required) and optionally :meth:`score`,
-    :meth:`post_aggregate` and :meth:`fused`.  Parameters a function owns (norm gains,
-    gates) live in the function module, i.e. under ``<attention>.attn_fn.`` in the
-    state dict.
+    :meth:`post_aggregate`, :meth:`fused` and :meth:`observe`.  Parameters a function owns
+    (norm gains, gates) live in the function module, i.e. under ``<attention>.attn_fn.`` in
+    the state dict.
+
+    Statistics and auxiliary losses go to ``self.aux`` (an
+    :class:`~fairseq_plugins.modules.auxiliary.AuxiliaryBuffer`), which the criterion
+    ``label_smoothed_cross_entropy_with_reg`` collects.  With ``args.attention_entropy`` set
+    (``--attention-entropy``) every function logs, in evaluation mode, the mean entropy of its
+    (renormalised) weights ``attn_entropy`` and its null-attention rate ``attn_null_rate``
+    (ReLUFormer Tables 3 and 5); the fused path is then skipped so the weights exist.
     """
 
     name = "base"
@@ -118,6 +127,8 @@ class AttentionFunction(nn.Module):
         self.embed_dim, self.num_heads = embed_dim, num_heads
         self.head_dim = embed_dim // num_heads
         self.scaling = self.head_dim**-0.5
+        self.track_entropy = bool(getattr(args, "attention_entropy", False)) if args is not None else False
+        self.aux = AuxiliaryBuffer()
 
     def score(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
         """Scaled dot product ``(q d_h^-1/2) k^T``: q ``(B, H, T, d)``, k ``(B, H, S, d)`` -> ``(B, H, T, S)``."""
@@ -134,6 +145,30 @@ class AttentionFunction(nn.Module):
     def fused(self, q, k, v, mask, dropout_p: float) -> Optional[torch.Tensor]:
         """Optional fused ``alpha V`` ``(B, H, T, d)``; ``None`` means "use score/normalize"."""
         return None
+
+    def wants_weights(self) -> bool:
+        """True when :meth:`observe` needs the weights, so the caller must not use :meth:`fused`."""
+        return self.track_entropy and not self.training
+
+    def observe(self, weights: torch.Tensor, mask: Optional[torch.Tensor]) -> None:
+        """Called by the attention module with the weights ``(B, H, T, S)`` (before dropout).
+
+        The default records ``attn_entropy`` (mean ``H(s_bar)`` over non-null rows, nats) and
+        ``attn_null_rate`` (fraction of attendable rows with zero mass) when entropy tracking
+        is on and the module is in evaluation mode.
+        """
+        if self.wants_weights():
+            row_sum, row_slogs = row_mass_terms(weights.detach())
+            n = valid_keys(mask, weights.size(-1)).to(weights.device)
+            self._record_entropy(row_sum, row_slogs, n)
+
+    def _record_entropy(self, row_sum, row_slogs, n):
+        """Record entropy / null-rate statistics; ``n`` ``(B|1, H|1, T|1, 1)`` valid keys."""
+        valid = (n.squeeze(-1) > 0).expand_as(row_sum)
+        live = valid & (row_sum > 0)
+        ent = entropy_from_terms(row_sum, row_slogs).detach()
+        self.aux.record("attn_entropy", torch.where(live, ent, 0.0).sum(), live.sum(), False)
+        self.aux.record("attn_null_rate", (valid & ~live).sum().float(), valid.sum(), False)
 
 
 @register_attention_fn("softmax")
@@ -282,3 +317,94 @@ class RelaGLeakyReluAttention(RelaGAttention):
 
     def activation(self, x):
         return F.leaky_relu(x, negative_slope=0.01)
+
+
+class _ReluFormerBase(AttentionFunction):
+    """ReLU attention with ReLUFormer's variance-reduction factor and regulariser.
+
+    ReLUFormer (Shen et al. 2023), eq. 6: ``s_ij = ReLU(q_i . k_j) / (gamma sqrt(n_i / 2))``
+    with ``q`` scaled by ``d_h^-1/2`` and ``n_i`` the number of keys query ``i`` may attend to
+    (padding not counted; ``i + 1`` under the causal mask, also when decoding incrementally,
+    where it is the cache length).  ``h_i = sum_j s_ij v_j``; no normalisation follows.
+
+    In training it records the two terms of eq. 7 per query row, averaged over rows and
+    heads (the criterion then averages over layers):
+
+    * ``reluformer_norm = |log sum_j s_ij|`` -- the absolute value the text describes;
+    * ``reluformer_entropy = max(H(s_bar_i) - c log n_i, 0)`` with ``s_bar = s / sum s``
+      (Appendix A: ``c = 0.7``).
+
+    ``log`` uses ``max(sum s, ROW_EPS)`` (``1e-6``), so a null row is finite: it contributes the
+    constant ``|log 1e-6|`` with zero gradient to the first term and 0 to the second.  Rows
+    whose every key is masked are excluded.  The entropy (nats) and the null rate are logged
+    too, in training and evaluation.
+
+    Hyper-parameters (``args``): ``reluformer_gamma`` (``--reluformer-gamma``, default 1.0;
+    not given in the paper), ``reluformer_entropy_c`` (``--reluformer-entropy-c``, 0.7).
+    """
+
+    is_distribution = False
+    #: False for the "- scale factor" ablation (ReLUFormer Table 5).
+    use_scale = True
+
+    def __init__(self, embed_dim, num_heads, args=None):
+        super().__init__(embed_dim, num_heads, args)
+        self.gamma = float(getattr(args, "reluformer_gamma", None) or 1.0)
+        c = getattr(args, "reluformer_entropy_c", None)
+        self.entropy_c = 0.7 if c is None else float(c)
+        if self.gamma <= 0:
+            raise ValueError(f"--reluformer-gamma must be > 0, got {self.gamma}")
+
+    def row_scale(self, n: torch.Tensor) -> torch.Tensor:
+        """``1 / (gamma sqrt(n / 2))`` for ``n`` ``(B|1, H|1, T|1, 1)``; 0 where ``n = 0``."""
+        if not self.use_scale:
+            return torch.ones_like(n)
+        return torch.where(n > 0, 1.0 / (self.gamma * torch.sqrt(n.clamp_min(1.0) / 2.0)), 0.0)
+
+    def normalize(self, scores, mask):
+        n = valid_keys(mask, scores.size(-1)).to(scores.device)
+        if mask is not None:
+            scores = scores.masked_fill(mask, 0.0)
+        return F.relu(scores) * self.row_scale(n).to(scores.dtype)
+
+    def wants_weights(self):
+        return False  # its own statistics are recorded by observe()/fused()
+
+    def observe(self, weights, mask):
+        row_sum, row_slogs = row_mass_terms(weights)
+        self.record_terms(row_sum, row_slogs, valid_keys(mask, weights.size(-1)).to(weights.device))
+
+    def record_terms(self, row_sum: torch.Tensor, row_slogs: torch.Tensor, n: torch.Tensor) -> None:
+        """Record eq. 7's two terms (differentiable) and the statistics.
+
+        Args:
+            row_sum, row_slogs: ``(B, H, T)`` float32 ``sum_j s_j`` and ``sum_j s_j log s_j``.
+            n: ``(B|1, H|1, T|1, 1)`` valid keys per query.
+        """
+        if not self.aux.enabled:
+            return
+        n = n.squeeze(-1).expand_as(row_sum)
+        valid = n > 0
+        log_mass = torch.log(row_sum.clamp_min(ROW_EPS))
+        norm_term = log_mass.abs()
+        ent = entropy_from_terms(row_sum, row_slogs)
+        margin = F.relu(ent - self.entropy_c * torch.log(n.clamp_min(1.0)))
+        count = valid.sum()
+        self.aux.record("reluformer_norm", torch.where(valid, norm_term, 0.0).sum(), count, True)
+        self.aux.record("reluformer_entropy", torch.where(valid, margin, 0.0).sum(), count, True)
+        live = valid & (row_sum > 0)
+        self.aux.record("attn_entropy", torch.where(live, ent, 0.0).detach().sum(), live.sum(), False)
+        self.aux.record("attn_null_rate", (valid & ~live).sum().float(), count, False)
+
+
+@register_attention_fn("reluformer")
+class ReluFormerAttention(_ReluFormerBase):
+    """ReLUFormer attention (Shen et al. 2023, eq. 6, regulariser eq. 7); see :class:`_ReluFormerBase`."""
+
+
+@register_attention_fn("reluformer_noscale")
+class ReluFormerNoScaleAttention(_ReluFormerBase):
+    """ReLUFormer without the variance-reduction factor (Table 5 "- scale factor"):
+    ``s_ij = ReLU(q_i . k_j)``, regulariser terms still recorded."""
+
+    use_scale = False

@@ -159,13 +159,15 @@ class FunctionalMultiheadAttention(MultiheadAttention):
         fn = self.attn_fn
         dropout_p = self.dropout_module.p if (
             self.training or self.dropout_module.apply_during_inference) else 0.0
-        out = None if need_weights or beam > 1 else fn.fused(q, k, v, mask, dropout_p)
+        use_fused = not (need_weights or beam > 1 or fn.wants_weights())
+        out = fn.fused(q, k, v, mask, dropout_p) if use_fused else None
         weights = None
         if out is None:
             scores = fn.score(q, k)  # (Bk, H, T', S)
             if beam > 1 and mask is not None and mask.size(2) > 1:
                 mask = mask.repeat(1, 1, beam, 1)
             weights = fn.normalize(scores, mask)  # (Bk, H, T', S)
+            fn.observe(weights, mask)
             out = torch.matmul(self.dropout_module(weights), v)  # (Bk, H, T', d)
         if beam > 1:
             out = out.view(kv_bsz, self.num_heads, beam, tgt_len, self.head_dim).transpose(1, 2)

@@ -34,6 +34,7 @@ from fairseq.modules.transformer_layer import (
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 
 from ..attention import FunctionalMultiheadAttention, attention_fn_names, build_attention_fn
+from ..modules.ffn import FFN_ACTIVATIONS, configure_ffn
 
 __all__ = ["AttentionTransformerModel", "ATTENTION_TYPES"]
 
@@ -55,7 +56,12 @@ def _attention(cfg, kind: str, embed_dim: int, num_heads: int, quant_noise, qn_b
 
 
 class AttentionEncoderLayer(TransformerEncoderLayerBase):
-    """fairseq's encoder layer with the self-attention built from ``cfg.encoder_attention_fn``."""
+    """fairseq's encoder layer with the self-attention built from ``cfg.encoder_attention_fn``
+    and the FFN options of :func:`~fairseq_plugins.modules.ffn.configure_ffn`."""
+
+    def __init__(self, cfg, return_fc=False):
+        super().__init__(cfg, return_fc=return_fc)
+        configure_ffn(self, cfg)
 
     def build_self_attention(self, embed_dim, cfg):
         return _attention(cfg, "encoder", embed_dim, cfg.encoder.attention_heads,
@@ -63,7 +69,13 @@ class AttentionEncoderLayer(TransformerEncoderLayerBase):
 
 
 class AttentionDecoderLayer(TransformerDecoderLayerBase):
-    """fairseq's decoder layer with self- and cross-attention built from the chosen functions."""
+    """fairseq's decoder layer with self- and cross-attention built from the chosen functions
+    and the FFN options of :func:`~fairseq_plugins.modules.ffn.configure_ffn`."""
+
+    def __init__(self, cfg, no_encoder_attn=False, add_bias_kv=False, add_zero_attn=False):
+        super().__init__(cfg, no_encoder_attn=no_encoder_attn, add_bias_kv=add_bias_kv,
+                         add_zero_attn=add_zero_attn)
+        configure_ffn(self, cfg)
 
     def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
         return _attention(cfg, "decoder", embed_dim, cfg.decoder.attention_heads,
@@ -119,6 +131,20 @@ class AttentionTransformerModel(TransformerModel):
             )
         parser.add_argument("--rela-norm-eps", type=float, metavar="EPS",
                             help="epsilon of ReLA's (gated) RMSNorm (released code: 1e-8)")
+        parser.add_argument("--reluformer-gamma", type=float, metavar="G",
+                            help="gamma of ReLUFormer's variance-reduction factor "
+                                 "gamma*sqrt(n/2) (eq. 6; default 1.0)")
+        parser.add_argument("--reluformer-entropy-c", type=float, metavar="C",
+                            help="entropy bound C = c*log(n) of ReLUFormer eq. 7 (default 0.7)")
+        parser.add_argument("--attention-entropy", action="store_true",
+                            help="log the mean attention entropy and null rate of every "
+                                 "attention in evaluation (validation) mode")
+        parser.add_argument("--ffn-activation", choices=sorted(FFN_ACTIVATIONS),
+                            help="FFN activation over the d_ff slots (ReLUFormer Table 1); "
+                                 "default: --activation-fn")
+        parser.add_argument("--ffn-output-layernorm", action="store_true",
+                            help="LayerNorm on the FFN output, LN(act(X W1) W2) "
+                                 "(ReLUFormer Section 3.2)")
 
     @classmethod
     def build_model(cls, args, task):
@@ -188,6 +214,36 @@ def small_preset(args):
 def rela_transformer_small(args):
     """CPU-sized ReLA-g Transformer (see :func:`small_preset`)."""
     _set_attention_fns(args, "rela_g")
+    small_preset(args)
+
+
+def _reluformer(args):
+    _set_attention_fns(args, "reluformer")
+    args.reluformer_gamma = getattr(args, "reluformer_gamma", None) or 1.0
+    if getattr(args, "reluformer_entropy_c", None) is None:
+        args.reluformer_entropy_c = 0.7
+
+
+@register_model_architecture("attention_transformer", "reluformer")
+def reluformer(args):
+    """ReLUFormer (Shen et al. 2023): Transformer base, ReLUFormer attention (eq. 6) in encoder
+    self, decoder self and cross attention, ReLU FFN.  Train with the criterion
+    ``label_smoothed_cross_entropy_with_reg`` (eq. 7)."""
+    _reluformer(args)
+    base_architecture(args)
+
+
+@register_model_architecture("attention_transformer", "reluformer_iwslt_de_en")
+def reluformer_iwslt_de_en(args):
+    """ReLUFormer at the paper's IWSLT14 size (App. A.2: 6+6 layers, 4 heads, d 512, FFN 1024)."""
+    _reluformer(args)
+    transformer_iwslt_de_en(args)
+
+
+@register_model_architecture("attention_transformer", "reluformer_small")
+def reluformer_small(args):
+    """CPU-sized ReLUFormer, same sizes as ``rela_transformer_small`` (see :func:`small_preset`)."""
+    _reluformer(args)
     small_preset(args)
 
 

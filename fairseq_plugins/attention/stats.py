@@ -1,0 +1,58 @@
+"""Per-query-row statistics of attention weights: mass, entropy, null attention, valid keys.
+
+Shape legend: B batch, H heads, T query length, S key length.  Masks are bool, broadcastable
+to ``(B, H, T, S)``, ``True`` = blocked.
+
+Everything is computed from two row sums of the (non-negative) weights ``s``:
+``row_sum = sum_j s_j`` and ``row_slogs = sum_j s_j log s_j`` (``0 log 0 = 0``), so the
+fused ReLU kernel can produce them without materialising ``s``.  With ``s_bar = s / sum s``
+(ReLUFormer Section 4.2: ReLU weights are renormalised before measuring entropy),
+
+    H(s_bar) = log(sum s) - (sum_j s_j log s_j) / sum s.
+
+A *null* row (``sum s = 0``: no positive score, ReLA Section 4) has no distribution; its
+entropy is undefined and it is excluded from entropy means and counted by the null rate.
+"""
+
+from typing import Optional, Tuple
+
+import torch
+
+__all__ = ["valid_keys", "row_mass_terms", "entropy_from_terms", "ROW_EPS"]
+
+#: floor of ``sum s`` inside logarithms: ``log(max(sum s, ROW_EPS))``.  Rows above it are exact;
+#: a null row gets ``|log ROW_EPS| = 13.8`` in ReLUFormer's normalisation term (a constant with
+#: zero gradient, since ReLU passes no gradient to non-positive scores) instead of ``inf``.
+ROW_EPS = 1e-6
+
+
+def valid_keys(mask: Optional[torch.Tensor], src_len: int) -> torch.Tensor:
+    """Number of keys each query may attend to, ``n`` of ReLUFormer eq. 6.
+
+    Args:
+        mask: bool ``(B|1, H|1, T|1, S)`` (True = blocked) or None.
+        src_len: ``S``.
+
+    Returns:
+        float32 ``(B|1, H|1, T|1, 1)``, or a ``(1, 1, 1, 1)`` tensor holding ``S`` when
+        ``mask`` is None.  Padding is not counted; under a causal mask query ``i`` gets
+        ``i + 1`` (and during incremental decoding the cache length, which is the same).
+    """
+    if mask is None:
+        return torch.full((1, 1, 1, 1), float(src_len))
+    return (~mask).sum(dim=-1, keepdim=True, dtype=torch.float32)
+
+
+def row_mass_terms(weights: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(row_sum, row_slogs)`` of non-negative weights ``(B, H, T, S)`` -> two ``(B, H, T)``
+    tensors of at least float32 precision (half is upcast, float64 kept); negative weights
+    (GeLU / Leaky ReLU variants) are clamped to 0 first."""
+    s = weights.float() if weights.dtype in (torch.float16, torch.bfloat16) else weights
+    s = s.clamp_min(0.0)
+    return s.sum(dim=-1), torch.special.xlogy(s, s).sum(dim=-1)
+
+
+def entropy_from_terms(row_sum: torch.Tensor, row_slogs: torch.Tensor) -> torch.Tensor:
+    """``H(s_bar)`` in nats from the two row sums (any shape); meaningless on null rows."""
+    z = row_sum.clamp_min(ROW_EPS)
+    return torch.log(z) - row_slogs / z

@@ -1,0 +1,99 @@
+"""Label-smoothed cross-entropy plus the auxiliary terms the model's modules report.
+
+Registered as ``--criterion label_smoothed_cross_entropy_with_reg``.  Used by ReLUFormer
+(Shen et al. 2023, eq. 7: ``|log sum s| + max(H(s_bar) - C, 0)``) and by any module that records
+into an :class:`~fairseq_plugins.modules.auxiliary.AuxiliaryBuffer`.
+
+Scaling follows fairseq's convention (as ``latent_depth`` does): the criterion returns a *sum*
+over the ``sample_size`` target tokens (or sentences with ``--sentence-avg``) and the trainer
+divides by ``sample_size``.  An auxiliary term is a mean (over query rows and heads, then over
+attention modules, i.e. layers and attention types), so it is added as
+``reg_weight * mean * sample_size``: after the trainer's division the objective is
+``CE/token + reg_weight * mean`` whatever the batch size, and ``sample_size`` is untouched.
+
+Logged per term under its own name (nats, means per query row): every loss term (e.g.
+``reluformer_norm``, ``reluformer_entropy``), their weighted sum ``reg_loss``, and statistics
+(``attn_entropy``, ``attn_null_rate``).  ``loss`` is the optimised total in base 2 as fairseq
+logs it; ``nll_loss``/``ppl`` are the plain translation terms.
+"""
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+from fairseq import metrics, utils
+from fairseq.criterions import register_criterion
+from fairseq.criterions.label_smoothed_cross_entropy import (
+    LabelSmoothedCrossEntropyCriterion,
+    LabelSmoothedCrossEntropyCriterionConfig,
+)
+
+from ..modules.auxiliary import clear_auxiliary, collect_auxiliary
+
+__all__ = ["LabelSmoothedCrossEntropyWithRegCriterion"]
+
+_PREFIX = "aux_"
+
+
+@dataclass
+class LabelSmoothedCrossEntropyWithRegConfig(LabelSmoothedCrossEntropyCriterionConfig):
+    reg_weight: float = field(
+        default=1.0,
+        metadata={"help": "weight lambda of the auxiliary losses reported by modules "
+                          "(ReLUFormer eq. 7 regulariser); 0 logs them without training on them"},
+    )
+
+
+@register_criterion("label_smoothed_cross_entropy_with_reg",
+                    dataclass=LabelSmoothedCrossEntropyWithRegConfig)
+class LabelSmoothedCrossEntropyWithRegCriterion(LabelSmoothedCrossEntropyCriterion):
+    """``CE_ls + reg_weight * sum_k mean_k`` over the auxiliary losses ``k`` of the model.
+
+    Args:
+        task, sentence_avg, label_smoothing, ignore_prefix_size, report_accuracy: as fairseq's
+            ``label_smoothed_cross_entropy``.
+        reg_weight: ``lambda`` (float, >= 0).
+
+    Raises:
+        ValueError: ``reg_weight < 0``.
+    """
+
+    def __init__(self, task, sentence_avg, label_smoothing, ignore_prefix_size=0,
+                 report_accuracy=False, reg_weight=1.0):
+        super().__init__(task, sentence_avg, label_smoothing,
+                         ignore_prefix_size=ignore_prefix_size, report_accuracy=report_accuracy)
+        if reg_weight < 0:
+            raise ValueError(f"--reg-weight must be >= 0, got {reg_weight}")
+        self.reg_weight = float(reg_weight)
+
+    def forward(self, model, sample, reduce=True):
+        """Loss (sum over ``sample_size``), ``sample_size``, logging output."""
+        clear_auxiliary(model)  # terms of any forward pass outside the criterion
+        loss, sample_size, logging_output = super().forward(model, sample, reduce=reduce)
+        aux = collect_auxiliary(model)
+        reg = None
+        for name, (mean, is_loss, _) in aux.items():
+            logging_output[_PREFIX + name] = utils.item(mean.detach()) * sample_size
+            if is_loss:
+                reg = mean if reg is None else reg + mean
+        if reg is not None:
+            logging_output[_PREFIX + "reg_loss"] = utils.item(reg.detach()) * sample_size
+            if reduce:
+                loss = loss + self.reg_weight * reg.to(loss.dtype) * sample_size
+                logging_output["loss"] = loss.data
+        return loss, sample_size, logging_output
+
+    @classmethod
+    def reduce_metrics(cls, logging_outputs) -> None:
+        """fairseq's metrics plus each auxiliary term averaged per ``sample_size``."""
+        super().reduce_metrics(logging_outputs)
+        sample_size = sum(log.get("sample_size", 0) for log in logging_outputs)
+        names = sorted({k for log in logging_outputs for k in log if k.startswith(_PREFIX)})
+        for key in names:
+            total = sum(log.get(key, 0) for log in logging_outputs)
+            if sample_size > 0:
+                metrics.log_scalar(key[len(_PREFIX):], total / sample_size, sample_size, round=4)
+
+    @staticmethod
+    def logging_outputs_can_be_summed() -> bool:
+        return True

@@ -1,0 +1,90 @@
+"""Auxiliary losses and statistics that modules report to the criterion.
+
+A module that computes an auxiliary term during ``forward`` (ReLUFormer's regulariser, eq. 7;
+the flexible-attention gate term) records it in its :class:`AuxiliaryBuffer`; the criterion
+``label_smoothed_cross_entropy_with_reg`` collects every buffer of the model after the forward
+pass with :func:`collect_auxiliary` and empties them.  Nothing is global: the buffers live on
+the modules, so two models in one process never mix their terms.
+
+A record is a *sum* over items (e.g. query rows x heads) plus the item *count*; the criterion
+turns it into a per-module mean and averages the means over modules (i.e. over layers and
+attention types).  Records are either losses (added to the training objective) or statistics
+(logged only, e.g. attention entropy).
+"""
+
+from typing import Dict, Iterable, Tuple, Union
+
+import torch
+import torch.nn as nn
+
+__all__ = ["AuxiliaryBuffer", "collect_auxiliary", "clear_auxiliary"]
+
+Number = Union[float, torch.Tensor]
+
+
+class AuxiliaryBuffer:
+    """Running ``(sum, count, is_loss)`` per name for one module; not an ``nn.Module``, not saved.
+
+    ``enabled`` switches recording off (e.g. for speed benchmarks); it is on by default.
+    """
+
+    def __init__(self):
+        self.enabled = True
+        self._records: Dict[str, Tuple[Number, Number, bool]] = {}
+
+    def record(self, name: str, total: Number, count: Number, is_loss: bool) -> None:
+        """Add ``total`` (sum over ``count`` items) under ``name``.
+
+        Raises:
+            ValueError: ``name`` was recorded before with a different ``is_loss``.
+        """
+        if not self.enabled:
+            return
+        if name in self._records:
+            t, c, kind = self._records[name]
+            if kind != is_loss:
+                raise ValueError(f"auxiliary record {name!r} mixes losses and statistics")
+            total, count = t + total, c + count
+        self._records[name] = (total, count, is_loss)
+
+    def pop(self) -> Dict[str, Tuple[Number, Number, bool]]:
+        """Return and clear the records."""
+        out, self._records = self._records, {}
+        return out
+
+    def __bool__(self):
+        return bool(self._records)
+
+
+def _buffers(model: nn.Module) -> Iterable[AuxiliaryBuffer]:
+    for m in model.modules():
+        buf = getattr(m, "aux", None)
+        if isinstance(buf, AuxiliaryBuffer):
+            yield buf
+
+
+def collect_auxiliary(model: nn.Module) -> Dict[str, Tuple[torch.Tensor, bool, int]]:
+    """Pop every module's records and average them: per module ``sum / count``, then the mean
+    over the modules that reported the name.
+
+    Returns:
+        ``{name: (mean (0-dim tensor, keeps the graph), is_loss, number of modules)}``.
+        Modules whose count is 0 (e.g. every row masked) are skipped.
+    """
+    acc: Dict[str, list] = {}
+    for buf in _buffers(model):
+        for name, (total, count, is_loss) in buf.pop().items():
+            count = torch.as_tensor(count, dtype=torch.float32)
+            if float(count) <= 0:
+                continue
+            mean = torch.as_tensor(total, dtype=torch.float32) / count.to(
+                torch.as_tensor(total).device)
+            acc.setdefault(name, [[], is_loss])[0].append(mean)
+    return {name: (torch.stack(means).mean(), is_loss, len(means))
+            for name, (means, is_loss) in acc.items()}
+
+
+def clear_auxiliary(model: nn.Module) -> None:
+    """Drop all pending records (e.g. after a forward pass whose terms are not used)."""
+    for buf in _buffers(model):
+        buf.pop()

@@ -1,0 +1,240 @@
+"""ReLUFormer (Shen et al. 2023): eq. 6 scale factor with per-query n, eq. 7 regulariser,
+the criterion that collects it, and the FFN key-value-memory variants (Section 3)."""
+
+import argparse
+import math
+
+import pytest
+import torch
+import torch.nn as nn
+
+from fairseq_plugins.attention import FunctionalMultiheadAttention, build_attention_fn
+from fairseq_plugins.attention.stats import ROW_EPS, entropy_from_terms, row_mass_terms, valid_keys
+from fairseq_plugins.criterions import LabelSmoothedCrossEntropyWithRegCriterion
+from fairseq_plugins.modules import LinearThenLayerNorm, collect_auxiliary
+from fairseq_plugins.modules.ffn import softmax_over_slots
+
+from helpers import build, toy_batch
+
+C, H = 8, 2
+
+
+def fn(name="reluformer", **args):
+    return build_attention_fn(name, C, H, argparse.Namespace(**args))
+
+
+def captured_n(f):
+    """Wrap ``f.row_scale`` to record the ``n`` it is called with."""
+    seen = []
+    orig = f.row_scale
+
+    def spy(n):
+        seen.append(n.detach().clone())
+        return orig(n)
+
+    f.row_scale = spy
+    return seen
+
+
+def test_scale_factor_hand_computed():
+    """s_j = ReLU(score_j) / (gamma sqrt(n/2)) with n = unmasked keys (padding not counted)."""
+    f = fn(reluformer_gamma=2.0)
+    scores = torch.tensor([1.0, -1.0, 2.0, 5.0]).view(1, 1, 1, 4)
+    mask = torch.tensor([False, False, False, True]).view(1, 1, 1, 4)  # last key is padding
+    w = f.normalize(scores, mask)
+    denom = 2.0 * math.sqrt(3 / 2)
+    torch.testing.assert_close(w.view(-1), torch.tensor([1 / denom, 0.0, 2 / denom, 0.0]))
+    no_scale = fn("reluformer_noscale").normalize(scores, mask)
+    torch.testing.assert_close(no_scale.view(-1), torch.tensor([1.0, 0.0, 2.0, 0.0]))
+
+
+def test_n_per_query_encoder_padding_and_cross():
+    """Encoder self / cross attention: every query of a sentence sees its non-pad keys."""
+    m = FunctionalMultiheadAttention(C, H, fn(), encoder_decoder_attention=True)
+    seen = captured_n(m.attn_fn)
+    q, kv = torch.randn(3, 2, C), torch.randn(5, 2, C)
+    kpm = torch.tensor([[True, False, False, False, False], [False] * 5])  # left padding
+    m(q, kv, kv, key_padding_mask=kpm, need_weights=False)
+    assert seen[-1].view(2, -1).tolist() == [[4.0], [5.0]]
+
+
+def test_n_per_query_causal_full_and_incremental():
+    """Decoder self-attention: n_i = i + 1, in the full pass and step by step."""
+    m = FunctionalMultiheadAttention(C, H, fn(), self_attention=True).eval()
+    seen = captured_n(m.attn_fn)
+    x = torch.randn(5, 1, C)
+    future = torch.triu(torch.full((5, 5), float("-inf")), 1)
+    m(x, x, x, attn_mask=future, need_weights=False)
+    assert seen[-1].view(-1).tolist() == [1.0, 2.0, 3.0, 4.0, 5.0]
+    state = {}
+    for t in range(5):
+        m(x[t:t + 1], x[t:t + 1], x[t:t + 1], incremental_state=state, need_weights=False)
+        assert seen[-1].view(-1).tolist() == [t + 1.0]
+
+
+def test_valid_keys_shapes():
+    assert valid_keys(None, 7).view(-1).tolist() == [7.0]
+    mask = torch.tensor([[False, True, False]]).view(1, 1, 1, 3)
+    assert valid_keys(mask, 3).shape == (1, 1, 1, 1) and valid_keys(mask, 3).item() == 2.0
+
+
+def test_entropy_with_zeros():
+    """0 log 0 = 0: H([.5, .5, 0]) = log 2; one non-zero weight has entropy 0."""
+    s = torch.tensor([[0.5, 0.5, 0.0], [0.0, 0.3, 0.0]])
+    row_sum, row_slogs = row_mass_terms(s)
+    ent = entropy_from_terms(row_sum, row_slogs)
+    torch.testing.assert_close(ent, torch.tensor([math.log(2), 0.0]))
+    # renormalised: [0.5, 0.25] and [2/3, 1/3] have the same entropy
+    a = entropy_from_terms(*row_mass_terms(torch.tensor([0.5, 0.25])))
+    b = entropy_from_terms(*row_mass_terms(torch.tensor([2 / 3, 1 / 3])))
+    torch.testing.assert_close(a, b)
+
+
+def _terms(f, weights, mask):
+    f.aux.pop()
+    f.observe(weights, mask)
+    return {k: (t, c) for k, (t, c, _) in f.aux.pop().items()}
+
+
+def test_regulariser_value_hand_computed():
+    """eq. 7 on one row s = [0.5, 0.25, 0]: |log 0.75| + max(H([2/3, 1/3]) - c log 3, 0)."""
+    f = fn(reluformer_entropy_c=0.1)
+    w = torch.tensor([0.5, 0.25, 0.0]).view(1, 1, 1, 3)
+    t = _terms(f, w, None)
+    h = -(2 / 3) * math.log(2 / 3) - (1 / 3) * math.log(1 / 3)
+    assert float(t["reluformer_norm"][0]) == pytest.approx(abs(math.log(0.75)), rel=1e-6)
+    assert float(t["reluformer_entropy"][0]) == pytest.approx(h - 0.1 * math.log(3), rel=1e-6)
+    assert float(t["attn_entropy"][0]) == pytest.approx(h, rel=1e-6)
+    # with c = 0.7 the bound 0.7 log 3 = 0.769 exceeds H = 0.637: the margin term is 0
+    assert float(_terms(fn(), w, None)["reluformer_entropy"][0]) == 0.0
+
+
+def test_regulariser_gradient_matches_finite_differences():
+    f = fn(reluformer_entropy_c=0.1)
+
+    def reg(scores):
+        w = f.normalize(scores, None)
+        t = _terms(f, w, None)
+        return (t["reluformer_norm"][0] + t["reluformer_entropy"][0]) / t["reluformer_norm"][1]
+
+    torch.manual_seed(0)
+    scores = (torch.rand(1, 2, 3, 4, dtype=torch.float64) + 0.1).requires_grad_()
+    assert torch.autograd.gradcheck(reg, (scores,))
+
+
+def test_null_and_fully_masked_rows_are_finite():
+    f = fn()
+    scores = torch.tensor([[-1.0, -2.0, -3.0], [1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]).view(1, 1, 3, 3)
+    mask = torch.tensor([False, False, True]).view(1, 1, 3, 1).expand(1, 1, 3, 3)  # row 2 all masked
+    scores.requires_grad_()
+    w = f.normalize(scores, mask)
+    assert torch.equal(w[0, 0, 2], torch.zeros(3))
+    t = _terms(f, w, mask)
+    assert int(t["reluformer_norm"][1]) == 2  # the fully masked row is excluded
+    # null row: constant |log eps|, never inf/NaN
+    assert float(t["reluformer_norm"][0]) == pytest.approx(
+        abs(math.log(ROW_EPS)) + abs(math.log(float(w[0, 0, 1].sum()))), rel=1e-5)
+    assert float(t["attn_null_rate"][0]) == 1.0 and int(t["attn_null_rate"][1]) == 2
+    assert int(t["attn_entropy"][1]) == 1  # entropy averaged over the non-null row only
+    (t["reluformer_norm"][0] + t["reluformer_entropy"][0]).backward()
+    assert torch.isfinite(scores.grad).all() and torch.equal(scores.grad[0, 0, 0], torch.zeros(3))
+
+
+def test_bad_gamma_is_rejected():
+    with pytest.raises(ValueError, match="gamma"):
+        fn(reluformer_gamma=-1.0)
+
+
+def _criterion(task, reg_weight):
+    return LabelSmoothedCrossEntropyWithRegCriterion(task, sentence_avg=False, label_smoothing=0.1,
+                                                     reg_weight=reg_weight)
+
+
+def _sample(task):
+    src, src_lengths, prev = toy_batch(task, bsz=3, src_len=7, tgt_len=6)
+    target = torch.cat([prev[:, 1:], torch.full((3, 1), task.target_dictionary.eos())], 1)
+    return {"net_input": {"src_tokens": src, "src_lengths": src_lengths,
+                          "prev_output_tokens": prev},
+            "target": target, "ntokens": target.numel()}
+
+
+def test_criterion_adds_weighted_mean_scaled_by_sample_size():
+    torch.manual_seed(0)
+    model, task = build("reluformer_small", encoder_layers=1, decoder_layers=1)
+    model.train()
+    sample = _sample(task)
+    torch.manual_seed(1)
+    loss0, ss0, log0 = _criterion(task, 0.0)(model, sample)
+    torch.manual_seed(1)
+    loss2, ss2, log2 = _criterion(task, 2.0)(model, sample)
+    assert ss0 == ss2 == sample["ntokens"]  # sample_size is not replaced by 1
+    for name in ("reluformer_norm", "reluformer_entropy", "attn_entropy", "attn_null_rate", "reg_loss"):
+        assert "aux_" + name in log2
+    reg = log2["aux_reg_loss"] / ss2
+    assert reg == pytest.approx((log2["aux_reluformer_norm"] + log2["aux_reluformer_entropy"]) / ss2)
+    assert float(loss2) == pytest.approx(float(loss0) + 2.0 * reg * ss2, rel=1e-5)
+    # one forward pass leaves nothing behind in the buffers
+    assert collect_auxiliary(model) == {}
+
+
+def test_criterion_terms_are_averaged_over_layers_and_differentiable():
+    torch.manual_seed(0)
+    model, task = build("reluformer_small", encoder_layers=2, decoder_layers=1)
+    sample = _sample(task)
+    model(**sample["net_input"])
+    aux = collect_auxiliary(model)
+    # 2 encoder self + 1 decoder self + 1 cross attention modules reported
+    assert aux["reluformer_norm"][2] == 4 and aux["reluformer_norm"][1] is True
+    assert aux["attn_entropy"][1] is False
+    aux["reluformer_norm"][0].backward()
+    grads = [p.grad for n, p in model.named_parameters() if "q_proj" in n]
+    assert all(g is not None and g.abs().sum() > 0 for g in grads)
+
+
+def test_softmax_model_logs_entropy_only_in_validation():
+    model, task = build(
+        "rela_transformer_small", encoder_attention_fn="softmax", decoder_attention_fn="softmax",
+        cross_attention_fn="softmax", attention_entropy=True)
+    sample = _sample(task)
+    crit = _criterion(task, 1.0)
+    model.train()
+    _, _, log_train = crit(model, sample)
+    assert "aux_attn_entropy" not in log_train
+    model.eval()
+    with torch.no_grad():
+        _, _, log_eval = crit(model, sample)
+    ent = log_eval["aux_attn_entropy"] / log_eval["sample_size"]
+    assert 0.0 < ent <= math.log(7) + 1e-6  # softmax entropy is bounded by log(source length)
+    assert "aux_reg_loss" not in log_eval
+
+
+def test_ffn_softmax_activation_and_output_layernorm():
+    model, _ = build("reluformer_small", ffn_activation="softmax", ffn_output_layernorm=True)
+    layer = model.encoder.layers[0]
+    assert layer.activation_fn is softmax_over_slots
+    assert isinstance(layer.fc2, LinearThenLayerNorm)
+    names = dict(model.named_parameters())
+    assert "encoder.layers.0.fc2.norm.weight" in names and "decoder.layers.0.fc2.weight" in names
+    h = layer.activation_fn(layer.fc1(torch.randn(3, 2, 16)))
+    torch.testing.assert_close(h.sum(-1), torch.ones(3, 2))  # a distribution over the d_ff slots
+    out = layer.fc2(h)
+    torch.testing.assert_close(out.mean(-1), torch.zeros(3, 2), atol=1e-5, rtol=0)  # LN output
+    plain, _ = build("reluformer_small")
+    assert type(plain.encoder.layers[0].fc2) is nn.Linear
+    assert plain.encoder.layers[0].activation_fn is not softmax_over_slots
+
+
+def test_ffn_layernorm_keeps_the_linear_parameters():
+    lin = nn.Linear(4, 3)
+    wrapped = LinearThenLayerNorm.from_linear(lin)
+    assert wrapped.weight is lin.weight and wrapped.bias is lin.bias
+    x = torch.randn(2, 4)
+    torch.testing.assert_close(wrapped(x), torch.nn.functional.layer_norm(lin(x), (3,)))
+
+
+def test_reluformer_archs_use_reluformer_everywhere():
+    for arch in ("reluformer", "reluformer_iwslt_de_en", "reluformer_small"):
+        model, _ = build(arch, encoder_layers=1, decoder_layers=1)
+        kinds = {type(m.attn_fn).__name__ for m in model.modules()
+                 if isinstance(m, FunctionalMultiheadAttention)}
+        assert kinds == {"ReluFormerAttention"}, (arch, kinds)
