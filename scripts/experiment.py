@@ -118,16 +118,69 @@ def loss_curve(train_log):
     return curve, valid
 
 
-def prepare_data(budget, src, tgt):
+def _merge(base, over):
+    """Deep-merge two YAML mappings (``over`` wins; nested mappings are merged key by key)."""
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def load_budget(path):
+    """Read a budget YAML; a top-level ``base: other.yaml`` (relative to the repo root) is loaded
+    first and overridden key by key, so variants state only what differs.
+
+    Raises:
+        SystemExit: the file (or a base) does not exist, or bases form a cycle.
+    """
+    seen = []
+    chain = []
+    while path:
+        path = path if os.path.isabs(path) else os.path.join(ROOT, path)
+        if path in seen:
+            raise SystemExit(f"budget bases form a cycle: {seen + [path]}")
+        if not os.path.exists(path):
+            raise SystemExit(f"budget config not found: {path}")
+        seen.append(path)
+        cfg = yaml.safe_load(open(path)) or {}
+        chain.append(cfg)
+        path = cfg.get("base")
+    budget = {}
+    for cfg in reversed(chain):
+        budget = _merge(budget, {k: v for k, v in cfg.items() if k != "base"})
+    return budget
+
+
+def last_valid_metrics(train_log):
+    """``{metric: value}`` of the last ``| valid |`` line of a fairseq simple-format log
+    (e.g. ``loss``, ``nll_loss``, ``attn_entropy``); empty if there is none."""
+    last = None
+    if os.path.exists(train_log):
+        for line in open(train_log):
+            if " | valid | " in line:
+                last = line
+    if last is None:
+        return {}
+    out = {}
+    for m in re.finditer(r"\| ([a-z_0-9]+) (-?[\d.]+(?:e-?\d+)?|nan|inf)\b", last):
+        out[m.group(1)] = float(m.group(2))
+    return out
+
+
+def prepare_data(budget):
+    """Run ``data-prep/<corpus>/prepare.sh`` (idempotent) and return the prep dir holding
+    ``bin/``, ``raw/`` and ``tok/``: ``<data.out>[/<data.variant>]``."""
     data = budget["data"]
     corpus = data["corpus"]
-    out = os.path.join(ROOT, "data-bin", f"{corpus}_en_de")
-    cmd = ["bash", os.path.join(ROOT, "data-prep", corpus, "prepare.sh"), "--out", out,
-           "--bpe-merges", str(data["bpe-merges"])]
+    out = os.path.join(ROOT, data.get("out", os.path.join("data-bin", f"{corpus}_en_de")))
+    cmd = ["bash", os.path.join(ROOT, "data-prep", corpus, "prepare.sh"), "--out", out]
+    if data.get("bpe-merges"):
+        cmd += ["--bpe-merges", str(data["bpe-merges"])]
     if data.get("train-lines"):
         cmd += ["--train-lines", str(data["train-lines"])]
+    cmd += flags(data.get("prep-flags") or {})
     run(cmd)
-    return out
+    return os.path.join(out, data["variant"]) if data.get("variant") else out
 
 
 def main(argv=None):
@@ -145,9 +198,7 @@ def main(argv=None):
     a = p.parse_args(argv)
     if a.src == a.tgt:
         p.error("--src and --tgt must differ (valid: en->de, de->en)")
-    if not os.path.exists(a.budget):
-        p.error(f"budget config not found: {a.budget}")
-    budget = yaml.safe_load(open(a.budget))
+    budget = load_budget(a.budget)
     train_cfg = dict(budget["train"])
     if a.max_update:
         train_cfg["max-update"] = a.max_update
@@ -156,7 +207,7 @@ def main(argv=None):
     state_path = os.path.join(out, "state.json")
     state = json.load(open(state_path)) if os.path.exists(state_path) else {"wall_s": {}}
 
-    prep = prepare_data(budget, a.src, a.tgt)
+    prep = prepare_data(budget)
     data_bin = os.path.join(prep, "bin")
     ckpt_dir = os.path.join(out, "checkpoints")
     train_cmd = [os.path.join(BIN, "fairseq-train"), data_bin, "--user-dir", os.path.join(ROOT, "fairseq_plugins"),
@@ -219,7 +270,7 @@ def main(argv=None):
         run(["bash", os.path.join(ROOT, "scripts", "evaluate.sh"), "--checkpoint", avg, "--data-bin", data_bin,
              "--prep-dir", prep, "--src", a.src, "--tgt", a.tgt, "--subsets", ",".join(missing),
              "--beam", str(gen["beam"]), "--lenpen", str(gen["lenpen"]), "--batch-size", str(gen["batch-size"]),
-             "--out", eval_dir])
+             "--out", eval_dir] + (["--extra", " ".join(flags(gen["extra"]))] if gen.get("extra") else []))
         state["wall_s"]["evaluate"] = time.time() - t0
     for s in subsets:
         scores[s] = json.load(open(os.path.join(eval_dir, f"{s}.json")))
@@ -241,6 +292,7 @@ def main(argv=None):
         "wall_s": state["wall_s"],
         "loss_curve": curve,
         "valid_loss": valid,
+        "valid_last": last_valid_metrics(os.path.join(out, "train.log")),
         "scores": scores,
         "status": "done",
         "time": time.strftime("%Y-%m-%d %H:%M:%S"),

@@ -1,0 +1,103 @@
+"""The experiment/table runners: budget inheritance, log parsing, spec checks, rendering."""
+
+import json
+import os
+import sys
+
+import pytest
+import yaml
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+import experiment  # noqa: E402
+import run_table  # noqa: E402
+
+CONFIGS = os.path.join(ROOT, "configs")
+
+
+def test_budget_base_is_merged_key_by_key(tmp_path):
+    base = tmp_path / "base.yaml"
+    base.write_text("train: {lr: 0.001, max-update: 400}\ndata: {corpus: multi30k, subsets: [test]}\n")
+    child = tmp_path / "child.yaml"
+    child.write_text(f"base: {base}\ntrain: {{max-update: 10}}\ndata: {{variant: L128}}\n")
+    b = experiment.load_budget(str(child))
+    assert b["train"] == {"lr": 0.001, "max-update": 10}
+    assert b["data"] == {"corpus": "multi30k", "subsets": ["test"], "variant": "L128"}
+    assert "base" not in b
+
+
+def test_budget_cycle_and_missing_file_fail_clearly(tmp_path):
+    a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    a.write_text(f"base: {b}\n")
+    b.write_text(f"base: {a}\n")
+    with pytest.raises(SystemExit, match="cycle"):
+        experiment.load_budget(str(a))
+    with pytest.raises(SystemExit, match="not found"):
+        experiment.load_budget(str(tmp_path / "nope.yaml"))
+
+
+def test_last_valid_metrics_parses_aux_terms(tmp_path):
+    log = tmp_path / "train.log"
+    log.write_text(
+        "2026 | INFO | valid | epoch 001 | valid on 'valid' subset | loss 9.1 | nll_loss 8.2 | num_updates 50\n"
+        "2026 | INFO | train_inner | epoch 002: loss=7.0, num_updates=60\n"
+        "2026 | INFO | valid | epoch 002 | valid on 'valid' subset | loss 7.269 | nll_loss 6.343 | "
+        "attn_entropy 1.2345 | attn_null_rate 0 | reluformer_norm 3.1e-05 | num_updates 100\n")
+    m = experiment.last_valid_metrics(str(log))
+    assert m["loss"] == 7.269 and m["attn_entropy"] == 1.2345 and m["num_updates"] == 100
+    assert m["attn_null_rate"] == 0.0 and m["reluformer_norm"] == pytest.approx(3.1e-05)
+
+
+@pytest.mark.parametrize("table", sorted(
+    os.path.join(d, f) for d, _, fs in os.walk(CONFIGS) for f in fs
+    if f.startswith("table") and f.endswith(".yaml")))
+def test_every_table_spec_loads(table):
+    """Every shipped table names existing budgets, archs and attention functions."""
+    import fairseq_plugins  # noqa: F401
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    from fairseq_plugins.attention import attention_fn_names
+
+    spec = run_table.load_table(table)
+    for r in spec["rows"]:
+        assert r["arch"] in ARCH_MODEL_REGISTRY, r
+        assert set(r.get("fns") or []) <= set(attention_fn_names()), r
+
+
+def test_spec_with_wrong_subsets_is_rejected(tmp_path):
+    spec = yaml.safe_load(open(os.path.join(CONFIGS, "rela", "table1.yaml")))
+    spec["subsets"] = {"test": "x"}
+    path = tmp_path / "t.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    with pytest.raises(SystemExit, match="differ"):
+        run_table.load_table(str(path))
+
+
+def test_render_shows_finished_rows_and_marks_divergence(tmp_path):
+    spec = yaml.safe_load(open(os.path.join(CONFIGS, "rela", "table1.yaml")))
+    spec.update(out=str(tmp_path / "out.md"), runs=str(tmp_path / "runs"), metrics=["attn_entropy"])
+    spec["rows"] = spec["rows"][:3]
+    path = tmp_path / "t.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    spec = run_table.load_table(str(path))
+
+    def result(valid_loss):
+        return {"name": "x", "status": "done", "arch": "a", "attention_fns": "arch default",
+                "commands": {"train": "fairseq-train ..."}, "git_commit": "abc", "hardware": {"cpu": "c"},
+                "data": {"corpus": "multi30k"}, "updates": 400, "time": "t",
+                "wall_s": {"train_fairseq_cumulative": 120.0}, "loss_curve": [[10, 9.0]],
+                "valid_loss": [[400, valid_loss]], "valid_last": {"attn_entropy": 1.5},
+                "scores": {s: {"bleu": 21.5, "tok_bleu": 22.0, "signature": "nrefs:1|sig"}
+                           for s in ("test", "test1")}}
+
+    for rid, loss in ((1, 5.0), (2, float("nan"))):
+        d = tmp_path / "runs" / f"row{rid}"
+        d.mkdir(parents=True)
+        (d / "result.json").write_text(json.dumps(result(loss)))
+    run_table.render(spec)
+    text = (tmp_path / "out.md").read_text()
+    rows = [l for l in text.splitlines() if l.startswith("| ")]
+    assert "21.50 (22.00)" in rows[1] and "1.500" in rows[1] and "2.0 min" in rows[1]
+    assert "| – | – |" in rows[2] and "failed to train" in rows[2]
+    assert "not run yet" in rows[3]
+    assert "nrefs:1|sig" in text
