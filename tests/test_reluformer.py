@@ -238,3 +238,16 @@ def test_reluformer_archs_use_reluformer_everywhere():
         kinds = {type(m.attn_fn).__name__ for m in model.modules()
                  if isinstance(m, FunctionalMultiheadAttention)}
         assert kinds == {"ReluFormerAttention"}, (arch, kinds)
+
+
+def test_records_do_not_pile_up_without_the_regularised_criterion():
+    """Each model forward starts from empty buffers, so a criterion that never collects the
+    terms (plain label-smoothed CE) does not keep graphs of earlier steps alive."""
+    model, task = build("reluformer_small", encoder_layers=1, decoder_layers=1)
+    sample = _sample(task)
+    attn = model.encoder.layers[0].self_attn.attn_fn
+    counts = []
+    for _ in range(3):
+        model(**sample["net_input"])[0].sum().backward()
+        counts.append(int(attn.aux._records["reluformer_norm"][1]))
+    assert counts[0] > 0 and counts == [counts[0]] * 3

@@ -34,6 +34,7 @@ from fairseq.modules.transformer_layer import (
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 
 from ..attention import FunctionalMultiheadAttention, attention_fn_names, build_attention_fn
+from ..modules.auxiliary import clear_auxiliary
 from ..modules.ffn import FFN_ACTIVATIONS, configure_ffn
 
 __all__ = ["AttentionTransformerModel", "ATTENTION_TYPES"]
@@ -156,6 +157,13 @@ class AttentionTransformerModel(TransformerModel):
                 raise ValueError(f"{flag} {name!r} is not a registered attention function; "
                                  f"valid choices: {', '.join(valid)}")
         return super().build_model(args, task)
+
+    def forward(self, *args, **kwargs):
+        """fairseq's forward, after dropping the auxiliary records of any earlier pass, so that
+        terms recorded with a graph never pile up across steps when the criterion does not
+        collect them (e.g. plain ``label_smoothed_cross_entropy``)."""
+        clear_auxiliary(self)
+        return super().forward(*args, **kwargs)
 
     @classmethod
     def build_encoder(cls, cfg, src_dict, embed_tokens):
