@@ -12,6 +12,6 @@ nothing else:
 """
 
 from . import checkpoint  # noqa: F401  (registers safe globals for torch.load)
-from . import attention, criterions, modules, models  # noqa: F401
+from . import analysis, attention, criterions, modules, models  # noqa: F401
 
 __version__ = "0.1.0"

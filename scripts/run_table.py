@@ -16,7 +16,10 @@ Table spec (YAML): ``title``, ``intro`` (Markdown), ``out``, ``runs``, ``budget`
 ``paper_label``, optional ``metrics`` (final-validation metrics shown as columns, e.g.
 ``attn_entropy``), and ``rows``: ``id``, ``name``, ``arch``, optional ``fns`` (encoder, decoder,
 cross), ``extra`` (fairseq-train flags), ``run`` (reuse a directory), ``budget`` (a row-specific
-budget, e.g. one per document length; same subsets), ``paper`` (shown verbatim).
+budget, e.g. one per document length; same subsets), ``paper`` (shown verbatim).  Optional
+``analyses``: ``[{name, script, key}]`` -- after a row is trained, ``script`` is run as
+``python SCRIPT --checkpoint <averaged ckpt> --data-bin <bin> --src S --tgt T --json
+<run>/analysis_<name>.json`` (once) and ``json[key][0]`` is shown as a column.
 
 A row whose training diverges or does not learn (final validation loss NaN or above 90% of
 the loss of a uniform prediction) is reported as "–" with its loss curve, as the papers do.
@@ -110,9 +113,38 @@ def _vocab(spec, row):
     return sum(1 for _ in open(path)) + 4 if os.path.exists(path) else None
 
 
+def run_analyses(spec, row):
+    """Run the table's analyses on a finished row (skipping those already done)."""
+    rdir = run_dir(spec, row)
+    res_path = os.path.join(rdir, "result.json")
+    if not os.path.exists(res_path):
+        return
+    res = json.load(open(res_path))
+    if res.get("status") != "done":
+        return
+    n_avg = int(row["_budget"]["average"]["num-update-checkpoints"])
+    ckpt = os.path.join(rdir, f"average_last{n_avg}.pt")
+    for an in spec.get("analyses") or []:
+        out = os.path.join(rdir, f"analysis_{an['name']}.json")
+        if os.path.exists(out) and os.path.getmtime(out) >= os.path.getmtime(ckpt):
+            continue
+        experiment.run([sys.executable, os.path.join(ROOT, an["script"]), "--checkpoint", ckpt,
+                        "--data-bin", os.path.join(ROOT, res["data"]["prep_dir"], "bin"),
+                        "--src", spec["src"], "--tgt", spec["tgt"], "--json", out])
+
+
+def _analysis_cells(spec, row):
+    cells = []
+    for an in spec.get("analyses") or []:
+        path = os.path.join(run_dir(spec, row), f"analysis_{an['name']}.json")
+        cells.append(f"{json.load(open(path))[an['key']][0]:.3f}" if os.path.exists(path) else "n/a")
+    return cells
+
+
 def render(spec):
     """Write the Markdown table ``spec['out']`` (atomically) from the finished rows."""
     rows, subsets, metrics = spec["rows"], spec["subsets"], spec.get("metrics") or []
+    analyses = [an["name"] for an in spec.get("analyses") or []]
     results = {}
     for r in rows:
         path = os.path.join(run_dir(spec, r), "result.json")
@@ -126,14 +158,14 @@ def render(spec):
              f"{spec['src']}→{spec['tgt']}. Train wall = fairseq's cumulative training time; rows that "
              "shared the machine with other jobs, or were killed and resumed, ran slower than alone.", ""]
     head = ["ID", "Model", spec["paper_label"]] + [f"ours {lab}" for lab in subsets.values()] \
-        + [f"valid {m}" for m in metrics] + ["updates", "train wall", "status"]
+        + [f"valid {m}" for m in metrics] + analyses + ["updates", "train wall", "status"]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         paper = "–" if r.get("paper") is None else str(r["paper"])
         res = results.get(r["id"])
         if res is None:
             lines.append("| " + " | ".join([str(r["id"]), r["name"], paper] + ["not run yet"] * len(subsets)
-                                           + [""] * (len(metrics) + 2) + ["pending"]) + " |")
+                                           + [""] * (len(metrics) + len(analyses) + 2) + ["pending"]) + " |")
             continue
         failed = res.get("status") == "failed" or row_failed(res, _vocab(spec, r))
         cells = ["–"] * len(subsets) if failed else [
@@ -141,7 +173,8 @@ def render(spec):
         last = res.get("valid_last", {})
         mcells = [f"{last[m]:.3f}" if m in last else "n/a" for m in metrics]
         status = "failed to train (see loss curve below)" if failed else "done"
-        lines.append("| " + " | ".join([str(r["id"]), r["name"], paper] + cells + mcells + [
+        lines.append("| " + " | ".join([str(r["id"]), r["name"], paper] + cells + mcells
+                                       + _analysis_cells(spec, r) + [
             str(res["updates"]), f"{train_seconds(res, run_dir(spec, r)) / 60:.1f} min", status]) + " |")
     lines += ["", "SacreBLEU (detokenised) with tokenized BLEU in brackets.", "", "## Provenance", ""]
     if results:
@@ -214,6 +247,11 @@ def main(argv=None, default_table=None):
         print(f"[table] row {r['id']} took {(time.time() - t0) / 60:.1f} min")
         done += 1
         render(spec)
+    for r in ([] if a.render_only else [by_id[i] for i in todo]):
+        try:
+            run_analyses(spec, r)
+        except Exception as err:  # an analysis failure must not lose the table
+            print(f"[table] analyses of row {r['id']} raised {type(err).__name__}: {err}", file=sys.stderr)
     render(spec)
 
 

@@ -251,3 +251,28 @@ def test_records_do_not_pile_up_without_the_regularised_criterion():
         model(**sample["net_input"])[0].sum().backward()
         counts.append(int(attn.aux._records["reluformer_norm"][1]))
     assert counts[0] > 0 and counts == [counts[0]] * 3
+
+
+def test_ffn_variance_ratio_matches_direct_computation():
+    from fairseq_plugins.analysis import ffn_variance_ratios
+
+    torch.manual_seed(0)
+    model, task = build("reluformer_small", encoder_layers=1, decoder_layers=1)
+    sample = _sample(task)
+    pad = task.source_dictionary.pad()
+    res = ffn_variance_ratios(model, [sample], pad)
+    assert len(res["encoder"]) == 1 and len(res["decoder"]) == 1
+    # direct: run the encoder layer's FFN on its input captured by hand
+    layer = model.encoder.layers[0]
+    seen = {}
+    h = layer.fc1.register_forward_pre_hook(lambda m, i: seen.setdefault("x", i[0]))
+    model.eval()
+    with torch.no_grad():
+        model(**sample["net_input"])
+        x = seen["x"]
+        y = layer.fc2(layer.activation_fn(layer.fc1(x)))
+    h.remove()
+    mask = sample["net_input"]["src_tokens"].ne(pad).t()
+    expect = (y.var(-1, unbiased=False) / x.var(-1, unbiased=False))[mask].mean()
+    assert res["encoder"][0] == pytest.approx(float(expect), rel=1e-5)
+    assert res["mean"][0] == pytest.approx((res["encoder"][0] + res["decoder"][0]) / 2)

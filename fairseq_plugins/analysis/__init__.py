@@ -1,0 +1,3 @@
+"""Analyses of trained models (pure functions on models / attention tensors)."""
+
+from .ffn_variance import ffn_variance_ratios  # noqa: F401
