@@ -276,3 +276,33 @@ def test_ffn_variance_ratio_matches_direct_computation():
     expect = (y.var(-1, unbiased=False) / x.var(-1, unbiased=False))[mask].mean()
     assert res["encoder"][0] == pytest.approx(float(expect), rel=1e-5)
     assert res["mean"][0] == pytest.approx((res["encoder"][0] + res["decoder"][0]) / 2)
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_fused_kernel_path_equals_weights_path(monkeypatch, chunked):
+    """need_weights=False (kernel, statistics from row sums) == need_weights=True (weights
+    materialised): same output, same recorded eq. 7 terms, same gradients; with padding and
+    the causal mask."""
+    from fairseq_plugins.attention import kernels
+
+    if chunked:  # force the chunked kernel at this small size
+        monkeypatch.setattr(kernels, "SMALL_TS", 0)
+        monkeypatch.setattr(kernels, "MIN_SCORES", 0)
+    torch.manual_seed(0)
+    m = FunctionalMultiheadAttention(C, H, fn(), self_attention=True).double()
+    x = torch.randn(9, 2, C, dtype=torch.float64)
+    kpm = torch.zeros(2, 9, dtype=torch.bool)
+    kpm[1, 6:] = True
+    future = torch.triu(torch.full((9, 9), float("-inf"), dtype=torch.float64), 1)
+    outs, terms, grads = [], [], []
+    for need in (False, True):
+        m.zero_grad()
+        y, _ = m(x, x, x, key_padding_mask=kpm, attn_mask=future, need_weights=need)
+        rec = m.attn_fn.aux.pop()
+        (y.square().sum() + rec["reluformer_norm"][0] + rec["reluformer_entropy"][0]).backward()
+        outs.append(y.detach())
+        terms.append({k: float(v[0]) for k, v in rec.items()})
+        grads.append(m.q_proj.weight.grad.clone())
+    torch.testing.assert_close(outs[0], outs[1])
+    assert terms[0] == pytest.approx(terms[1], rel=1e-9)
+    torch.testing.assert_close(grads[0], grads[1])

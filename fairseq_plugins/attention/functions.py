@@ -370,6 +370,23 @@ class _ReluFormerBase(AttentionFunction):
     def wants_weights(self):
         return False  # its own statistics are recorded by observe()/fused()
 
+    def fused(self, q, k, v, mask, dropout_p):
+        """``s V`` through :func:`~fairseq_plugins.attention.kernels.relu_attention` (chunked,
+        scores recomputed in backward, for long inputs; the plain path at sentence lengths),
+        which also returns the row sums eq. 7 needs, so the weights are never materialised."""
+        from .kernels import relu_attention
+
+        T = q.size(2)
+        n = valid_keys(mask, k.size(2)).to(q.device)  # (B|1, 1, T|1, 1)
+        r = self.row_scale(n).to(q.dtype)
+        r = r.expand(r.size(0), r.size(1), T, 1)
+        need = self.aux.enabled
+        out = relu_attention(q * self.scaling, k, v, r, mask=mask, dropout_p=dropout_p, need_stats=need)
+        if need:
+            out, (row_sum, row_slogs) = out
+            self.record_terms(row_sum, row_slogs, n)
+        return out
+
     def observe(self, weights, mask):
         row_sum, row_slogs = row_mass_terms(weights)
         self.record_terms(row_sum, row_slogs, valid_keys(mask, weights.size(-1)).to(weights.device))
