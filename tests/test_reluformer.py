@@ -11,7 +11,7 @@ import torch.nn as nn
 from fairseq_plugins.attention import FunctionalMultiheadAttention, build_attention_fn
 from fairseq_plugins.attention.stats import ROW_EPS, entropy_from_terms, row_mass_terms, valid_keys
 from fairseq_plugins.criterions import LabelSmoothedCrossEntropyWithRegCriterion
-from fairseq_plugins.modules import LinearThenLayerNorm, collect_auxiliary
+from fairseq_plugins.modules import LinearThenLayerNorm, collect_auxiliary, enable_auxiliary
 from fairseq_plugins.modules.ffn import softmax_over_slots
 
 from helpers import build, toy_batch
@@ -20,7 +20,9 @@ C, H = 8, 2
 
 
 def fn(name="reluformer", **args):
-    return build_attention_fn(name, C, H, argparse.Namespace(**args))
+    f = build_attention_fn(name, C, H, argparse.Namespace(**args))
+    f.aux.enabled = True  # as the criterion does
+    return f
 
 
 def captured_n(f):
@@ -181,6 +183,7 @@ def test_criterion_terms_are_averaged_over_layers_and_differentiable():
     torch.manual_seed(0)
     model, task = build("reluformer_small", encoder_layers=2, decoder_layers=1)
     sample = _sample(task)
+    enable_auxiliary(model)
     model(**sample["net_input"])
     aux = collect_auxiliary(model)
     # 2 encoder self + 1 decoder self + 1 cross attention modules reported
@@ -246,6 +249,7 @@ def test_records_do_not_pile_up_without_the_regularised_criterion():
     model, task = build("reluformer_small", encoder_layers=1, decoder_layers=1)
     sample = _sample(task)
     attn = model.encoder.layers[0].self_attn.attn_fn
+    enable_auxiliary(model)
     counts = []
     for _ in range(3):
         model(**sample["net_input"])[0].sum().backward()
@@ -306,3 +310,12 @@ def test_fused_kernel_path_equals_weights_path(monkeypatch, chunked):
     torch.testing.assert_close(outs[0], outs[1])
     assert terms[0] == pytest.approx(terms[1], rel=1e-9)
     torch.testing.assert_close(grads[0], grads[1])
+
+
+def test_nothing_is_recorded_without_a_collector():
+    """Generation and plain criteria never enable the buffers: no terms, no extra work."""
+    model, task = build("reluformer_small", encoder_layers=1, decoder_layers=1, attention_entropy=True)
+    model.eval()
+    with torch.no_grad():
+        model(**_sample(task)["net_input"])
+    assert collect_auxiliary(model) == {}

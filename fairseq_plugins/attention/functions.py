@@ -113,7 +113,9 @@ class AttentionFunction(nn.Module):
     ``label_smoothed_cross_entropy_with_reg`` collects.  With ``args.attention_entropy`` set
     (``--attention-entropy``) every function logs, in evaluation mode, the mean entropy of its
     (renormalised) weights ``attn_entropy`` and its null-attention rate ``attn_null_rate``
-    (ReLUFormer Tables 3 and 5); the fused path is then skipped so the weights exist.
+    (ReLUFormer Tables 3 and 5); the fused path is then skipped so the weights exist.  Nothing
+    is recorded unless the buffer is enabled (the criterion enables it), so generation is
+    not slowed down.
     """
 
     name = "base"
@@ -148,7 +150,7 @@ class AttentionFunction(nn.Module):
 
     def wants_weights(self) -> bool:
         """True when :meth:`observe` needs the weights, so the caller must not use :meth:`fused`."""
-        return self.track_entropy and not self.training
+        return self.track_entropy and not self.training and self.aux.enabled
 
     def observe(self, weights: torch.Tensor, mask: Optional[torch.Tensor]) -> None:
         """Called by the attention module with the weights ``(B, H, T, S)`` (before dropout).
@@ -388,6 +390,8 @@ class _ReluFormerBase(AttentionFunction):
         return out
 
     def observe(self, weights, mask):
+        if not self.aux.enabled:
+            return
         row_sum, row_slogs = row_mass_terms(weights)
         self.record_terms(row_sum, row_slogs, valid_keys(mask, weights.size(-1)).to(weights.device))
 

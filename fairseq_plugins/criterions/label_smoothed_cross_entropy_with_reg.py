@@ -28,7 +28,7 @@ from fairseq.criterions.label_smoothed_cross_entropy import (
     LabelSmoothedCrossEntropyCriterionConfig,
 )
 
-from ..modules.auxiliary import clear_auxiliary, collect_auxiliary
+from ..modules.auxiliary import clear_auxiliary, collect_auxiliary, enable_auxiliary
 
 __all__ = ["LabelSmoothedCrossEntropyWithRegCriterion"]
 
@@ -68,6 +68,7 @@ class LabelSmoothedCrossEntropyWithRegCriterion(LabelSmoothedCrossEntropyCriteri
 
     def forward(self, model, sample, reduce=True):
         """Loss (sum over ``sample_size``), ``sample_size``, logging output."""
+        enable_auxiliary(model)  # modules record only while a collector is there
         clear_auxiliary(model)  # terms of any forward pass outside the criterion
         loss, sample_size, logging_output = super().forward(model, sample, reduce=reduce)
         aux = collect_auxiliary(model)

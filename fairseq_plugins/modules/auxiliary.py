@@ -2,8 +2,9 @@
 
 A module that computes an auxiliary term during ``forward`` (ReLUFormer's regulariser, eq. 7;
 the flexible-attention gate term) records it in its :class:`AuxiliaryBuffer`; the criterion
-``label_smoothed_cross_entropy_with_reg`` collects every buffer of the model after the forward
-pass with :func:`collect_auxiliary` and empties them.  Nothing is global: the buffers live on
+``label_smoothed_cross_entropy_with_reg`` switches recording on (:func:`enable_auxiliary`),
+collects every buffer of the model after the forward pass with :func:`collect_auxiliary` and
+empties them.  Nothing is global: the buffers live on
 the modules, so two models in one process never mix their terms.
 
 A record is a *sum* over items (e.g. query rows x heads) plus the item *count*; the criterion
@@ -17,7 +18,7 @@ from typing import Dict, Iterable, Tuple, Union
 import torch
 import torch.nn as nn
 
-__all__ = ["AuxiliaryBuffer", "collect_auxiliary", "clear_auxiliary"]
+__all__ = ["AuxiliaryBuffer", "collect_auxiliary", "clear_auxiliary", "enable_auxiliary"]
 
 Number = Union[float, torch.Tensor]
 
@@ -25,11 +26,13 @@ Number = Union[float, torch.Tensor]
 class AuxiliaryBuffer:
     """Running ``(sum, count, is_loss)`` per name for one module; not an ``nn.Module``, not saved.
 
-    ``enabled`` switches recording off (e.g. for speed benchmarks); it is on by default.
+    Recording is off until a collector switches it on with :func:`enable_auxiliary` (the
+    criterion does so before every forward pass), so generation and criteria that ignore the
+    terms pay nothing for them.
     """
 
     def __init__(self):
-        self.enabled = True
+        self.enabled = False
         self._records: Dict[str, Tuple[Number, Number, bool]] = {}
 
     def record(self, name: str, total: Number, count: Number, is_loss: bool) -> None:
@@ -82,6 +85,12 @@ def collect_auxiliary(model: nn.Module) -> Dict[str, Tuple[torch.Tensor, bool, i
             acc.setdefault(name, [[], is_loss])[0].append(mean)
     return {name: (torch.stack(means).mean(), is_loss, len(means))
             for name, (means, is_loss) in acc.items()}
+
+
+def enable_auxiliary(model: nn.Module, enabled: bool = True) -> None:
+    """Switch recording on (or off) in every buffer of ``model``."""
+    for buf in _buffers(model):
+        buf.enabled = enabled
 
 
 def clear_auxiliary(model: nn.Module) -> None:

@@ -13,6 +13,7 @@ import math
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 __all__ = ["RMSNorm", "GatedNorm"]
 
@@ -56,9 +57,9 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # statistics in float32 at least, so bf16/fp16 inputs do not under/overflow
+        # (torch's fused rms_norm: z * rsqrt(mean(z^2) + eps), exactly the released formula)
         xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
-        rms_inv = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (xf * rms_inv).type_as(x) * self.weight
+        return F.rms_norm(xf, (self.dim,), eps=self.eps).type_as(x) * self.weight
 
     def extra_repr(self) -> str:
         return f"{self.dim}, eps={self.eps}, gain_init={self.gain_init}"
