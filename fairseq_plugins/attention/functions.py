@@ -184,8 +184,11 @@ class SoftmaxAttention(AttentionFunction):
 
     def normalize(self, scores, mask):
         dead = _null_rows(mask)
+        if dead is not None and not bool(dead.any()):
+            dead = None  # the common case: one masked_fill, as stock fairseq does
         if mask is not None:
             scores = scores.masked_fill(mask, float("-inf"))
+        if dead is not None:
             scores = scores.masked_fill(dead, 0.0)  # avoid softmax over all -inf (NaN)
         weights = F.softmax(_at_least_float32(scores), dim=-1).type_as(scores)
         return weights if dead is None else weights.masked_fill(dead, 0.0)
