@@ -60,8 +60,11 @@ import os
 import re
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts"))
-from atomic import write_lines_atomic  # noqa: E402
+# tokenize, learn-bpe, apply-bpe, count-bin, versions and the line reading/writing are shared
+# with multi30k/m30k_tools.py: data-prep/common/text_tools.py.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+import text_tools  # noqa: E402
+from text_tools import read_lines, write_lines_atomic  # noqa: E402
 
 SPLITS = ("train", "valid", "test")
 LANGS = ("en", "de")
@@ -438,12 +441,6 @@ def pack_split(docids, src_bpe, tgt_bpe, limit):
 # Subcommands
 # ---------------------------------------------------------------------------------------------
 
-def _read_lines(path):
-    """Lines of ``path`` split on ``\\n`` only, without the newline."""
-    with open(path, encoding="utf-8", newline="\n") as f:
-        return [line[:-1] if line.endswith("\n") else line for line in f]
-
-
 def _write_split(sent_dir, split, docs):
     en, de, ids = [], [], []
     for docid, pairs in docs:
@@ -509,86 +506,17 @@ def cmd_maruf_files(args):
     return 0
 
 
-def cmd_tokenize(args):
-    from sacremoses import MosesTokenizer
-
-    tok = MosesTokenizer(lang=args.lang)
-    out = [tok.tokenize(line, escape=False, return_str=True) for line in _read_lines(args.input)]
-    for i, line in enumerate(out):
-        if "\n" in line or "\r" in line:
-            sys.exit(f"tokenize: line {i + 1} of {args.input} contains a line break after tokenisation")
-    write_lines_atomic(args.output, out)
-    return 0
-
-
-def cmd_learn_bpe(args):
-    import io
-
-    from subword_nmt.learn_bpe import learn_bpe
-
-    lines = []
-    for path in args.inputs:
-        lines.extend(line + "\n" for line in _read_lines(path))
-    codes = io.StringIO()
-    learn_bpe(lines, codes, args.merges, min_frequency=2)
-    write_lines_atomic(args.output, codes.getvalue().splitlines())
-    return 0
-
-
-_BPE = None
-
-
-def _init_bpe(codes_path):
-    global _BPE
-    from subword_nmt.apply_bpe import BPE
-
-    with open(codes_path, encoding="utf-8") as f:
-        _BPE = BPE(f)
-
-
-def _apply_chunk(lines):
-    return [_BPE.process_line(line) for line in lines]
-
-
-def cmd_apply_bpe(args):
-    if len(args.files) % 2:
-        sys.exit("apply-bpe: expected pairs of IN OUT files")
-    pairs = list(zip(args.files[0::2], args.files[1::2]))
-    chunk = 2000
-    pool = None
-    if args.workers > 1:
-        import multiprocessing
-
-        pool = multiprocessing.Pool(args.workers, initializer=_init_bpe, initargs=(args.codes,))
-    else:
-        _init_bpe(args.codes)
-    try:
-        for src, dst in pairs:
-            lines = _read_lines(src)
-            chunks = [lines[i:i + chunk] for i in range(0, len(lines), chunk)]
-            parts = pool.map(_apply_chunk, chunks) if pool is not None else [_apply_chunk(c) for c in chunks]
-            out = [line for part in parts for line in part]
-            if len(out) != len(lines) or any("\n" in line for line in out):
-                sys.exit(f"apply-bpe: line count changed for {src}")
-            write_lines_atomic(dst, out)
-    finally:
-        if pool is not None:
-            pool.close()
-            pool.join()
-    return 0
-
-
 def cmd_pack(args):
     out, limit = args.out, args.length
     ldir = os.path.join(out, f"L{limit}")
     for sub in ("bpe", "tok", "raw"):
         os.makedirs(os.path.join(ldir, sub), exist_ok=True)
     for split in SPLITS:
-        docids = _read_lines(os.path.join(out, "sent", f"{split}.docids"))
+        docids = read_lines(os.path.join(out, "sent", f"{split}.docids"))
         text = {}
         for level, d in (("bpe", "bpe"), ("tok", "tok"), ("raw", "sent")):
             for lang in LANGS:
-                text[level, lang] = _read_lines(os.path.join(out, d, f"{split}.{lang}"))
+                text[level, lang] = read_lines(os.path.join(out, d, f"{split}.{lang}"))
                 if len(text[level, lang]) != len(docids):
                     sys.exit(f"pack: {d}/{split}.{lang} has {len(text[level, lang])} lines, "
                              f"sent/{split}.docids has {len(docids)}")
@@ -607,7 +535,7 @@ def cmd_pack(args):
 
 def _map_rows(path):
     rows = []
-    for line in _read_lines(path):
+    for line in read_lines(path):
         i, docid, s, e, n, ns, nt, over = line.split("\t")
         rows.append((docid, int(s), int(e), int(ns), int(nt), int(over)))
     return rows
@@ -626,7 +554,7 @@ def cmd_stats(args):
                             "has at most L BPE tokens on each side unless it is one over-length sentence",
              "packed": {}}
     for split in SPLITS:
-        ntok = {lang: sum(len(x.split()) for x in _read_lines(os.path.join(out, "bpe", f"{split}.{lang}")))
+        ntok = {lang: sum(len(x.split()) for x in read_lines(os.path.join(out, "bpe", f"{split}.{lang}")))
                 for lang in LANGS}
         stats["splits"][split]["bpe_tokens"] = ntok
     summary = []
@@ -669,30 +597,6 @@ def cmd_stats(args):
     return 0
 
 
-def cmd_count_bin(args):
-    from fairseq.data import indexed_dataset
-
-    status = 0
-    for prefix in args.prefixes:
-        if not indexed_dataset.MMapIndexedDataset.exists(prefix):
-            print(f"count-bin: no mmap dataset {prefix}.bin/.idx", file=sys.stderr)
-            status = 1
-            continue
-        print(f"{prefix}\t{len(indexed_dataset.MMapIndexedDataset(prefix))}")
-    return status
-
-
-def cmd_versions(args):
-    from importlib.metadata import PackageNotFoundError, version
-
-    for dist in ("sacremoses", "subword-nmt"):
-        try:
-            print(f"{dist}={version(dist)}")
-        except PackageNotFoundError:
-            print(f"{dist}=unknown")
-    return 0
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     names = "{read-sources,maruf-files,tokenize,learn-bpe,apply-bpe,pack,stats,count-bin,versions}"
@@ -706,21 +610,7 @@ def main(argv=None):
     p.set_defaults(func=cmd_read_sources)
     p = sub.add_parser("maruf-files", help="list the upstream Maruf files and their sha256")
     p.set_defaults(func=cmd_maruf_files)
-    p = sub.add_parser("tokenize", help="Moses-tokenise a file (no XML escaping, case kept)")
-    p.add_argument("--lang", required=True, choices=list(LANGS))
-    p.add_argument("--input", required=True)
-    p.add_argument("--output", required=True)
-    p.set_defaults(func=cmd_tokenize)
-    p = sub.add_parser("learn-bpe", help="learn joint BPE codes")
-    p.add_argument("--merges", type=int, required=True)
-    p.add_argument("--output", required=True)
-    p.add_argument("inputs", nargs="+", metavar="TOK")
-    p.set_defaults(func=cmd_learn_bpe)
-    p = sub.add_parser("apply-bpe", help="apply BPE codes to files")
-    p.add_argument("--codes", required=True)
-    p.add_argument("--workers", type=int, default=1)
-    p.add_argument("files", nargs="+", metavar="IN OUT")
-    p.set_defaults(func=cmd_apply_bpe)
+    text_tools.add_subcommands(sub, ["tokenize", "learn-bpe", "apply-bpe"])
     p = sub.add_parser("pack", help="pack sentences into documents of at most L tokens")
     p.add_argument("--out", required=True)
     p.add_argument("--length", type=int, required=True)
@@ -729,11 +619,7 @@ def main(argv=None):
     p.add_argument("--out", required=True)
     p.add_argument("--lengths", required=True)
     p.set_defaults(func=cmd_stats)
-    p = sub.add_parser("count-bin", help="count sentences of fairseq mmap datasets")
-    p.add_argument("prefixes", nargs="+", metavar="PREFIX")
-    p.set_defaults(func=cmd_count_bin)
-    p = sub.add_parser("versions", help="print tool versions")
-    p.set_defaults(func=cmd_versions)
+    text_tools.add_subcommands(sub, ["count-bin", "versions"])
     args = parser.parse_args(argv)
     return args.func(args)
 

@@ -26,22 +26,26 @@
 # re-running is cheap and changing --bpe-merges or --lengths redoes exactly the affected stages.
 # Every output file is written to a temp file and moved into place (bin dirs are built in a temp
 # dir and swapped in): a failed run leaves no half-written output behind.
+#
+# Shared with data-prep/multi30k/prepare.sh: the shell helpers and the tok/bpe stages in
+# data-prep/common/prep_lib.sh, and the Python side of tokenize/learn-bpe/apply-bpe/count-bin/versions
+# in data-prep/common/text_tools.py (longdoc_tools.py registers those subcommands).
 set -euo pipefail
 
-PROG="data-prep/long_documents/prepare.sh"
-SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-REPO="$(cd "$SCRIPT_DIR/../.." && pwd)"
-TOOLS="$SCRIPT_DIR/longdoc_tools.py"
-
-UPSTREAM_COMMIT="b30c31c8b1014f9cb1ec190658fc2369a6fd015c"
-UPSTREAM_BASE="https://raw.githubusercontent.com/sameenmaruf/selective-attn/${UPSTREAM_COMMIT}/data"
-# A mirror of data/ may be given with MARUF_BASE_URL (any URL curl/wget accept, e.g.
-# file:///path/to/dir holding {Europarl7,IWSLT2017,NC-2016}/...); the sha256 checks still apply.
-UPSTREAM_BASE="${MARUF_BASE_URL:-$UPSTREAM_BASE}"
+LOG_TAG=long_docs
+# shellcheck source=../common/prep_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../common/prep_lib.sh"   # sets REPO (the repo root)
+TOOLS="$REPO/data-prep/long_documents/longdoc_tools.py"
 SPLITS=(train valid test)
 LANGS=(en de)
 DEFAULT_LENGTHS="128 256 512 1024 2048"
 
+UPSTREAM_COMMIT="b30c31c8b1014f9cb1ec190658fc2369a6fd015c"
+# A mirror of data/ may be given with MARUF_BASE_URL (any URL curl/wget accept, e.g.
+# file:///path/to/dir holding {Europarl7,IWSLT2017,NC-2016}/...); the sha256 checks still apply.
+UPSTREAM_BASE="${MARUF_BASE_URL:-https://raw.githubusercontent.com/sameenmaruf/selective-attn/${UPSTREAM_COMMIT}/data}"
+
+PROG="data-prep/long_documents/prepare.sh"
 usage() {
   cat <<EOF
 Usage: $PROG [options]
@@ -95,16 +99,10 @@ The last line printed on stdout is the absolute path of <out>.
 EOF
 }
 
-log() { echo "[long_docs] $*"; }
-die() { echo "[long_docs] ERROR: $*" >&2; exit 1; }
-q() { printf '%q' "$1"; }
-is_posint() { [[ "$1" =~ ^[0-9]+$ ]] && (( 10#$1 > 0 )); }
-
 # ---------------------------------------------------------------------------------------------
 # Arguments
 # ---------------------------------------------------------------------------------------------
 DATA_DIR=""
-DATA_DIR_GIVEN=0
 TRAIN_DIR=""
 OUT=""
 LENGTHS="$DEFAULT_LENGTHS"
@@ -115,37 +113,9 @@ DRY_RUN=0
 CHECKSUM=1
 
 VALID_OPTS="--data-dir, --download, --train-dir, --out, --lengths, --bpe-merges, --workers, --no-checksum, --dry-run, --help"
-while (( $# )); do
-  arg="$1"
-  if [[ "$arg" == --*=* ]]; then       # accept --opt=value as well as --opt value
-    set -- "${arg%%=*}" "${arg#*=}" "${@:2}"
-    arg="$1"
-  fi
-  case "$arg" in
-    --data-dir|--train-dir|--out|--lengths|--bpe-merges|--workers)
-      (( $# >= 2 )) || die "$arg needs a value (see --help)"
-      val="$2"; shift 2
-      case "$arg" in
-        --data-dir) DATA_DIR="$val"; DATA_DIR_GIVEN=1 ;;
-        --train-dir) TRAIN_DIR="$val" ;;
-        --out) OUT="$val" ;;
-        --lengths) LENGTHS="$val" ;;
-        --bpe-merges) BPE_MERGES="$val" ;;
-        --workers) WORKERS="$val" ;;
-      esac
-      ;;
-    --download) DOWNLOAD=1; shift ;;
-    --dry-run) DRY_RUN=1; shift ;;
-    --no-checksum) CHECKSUM=0; shift ;;
-    -h|--help) usage; exit 0 ;;
-    *) die "unknown option '$arg'; valid options: $VALID_OPTS" ;;
-  esac
-done
-
-is_posint "$BPE_MERGES" || die "--bpe-merges must be a positive integer (got '$BPE_MERGES')"
-BPE_MERGES=$((10#$BPE_MERGES))
-is_posint "$WORKERS" || die "--workers must be a positive integer (got '$WORKERS')"
-WORKERS=$((10#$WORKERS))
+VALUE_OPTS="--data-dir=DATA_DIR --train-dir=TRAIN_DIR --lengths=LENGTHS"   # (+ --out, --bpe-merges, --workers)
+FLAG_OPTS="--download=DOWNLOAD=1"                                       # (+ --dry-run, --no-checksum)
+parse_options "$@"
 # --lengths: positive integers separated by spaces or commas; duplicates dropped, sorted.
 L_LIST=()
 for l in ${LENGTHS//,/ }; do
@@ -157,7 +127,7 @@ mapfile -t L_LIST < <(printf '%s\n' "${L_LIST[@]}" | sort -n -u)
 LENGTHS="${L_LIST[*]}"
 
 DEFAULT_DATA_DIR="$REPO/../shared/data"
-if (( DATA_DIR_GIVEN )); then
+if given --data-dir; then
   [[ -d "$DATA_DIR" ]] || die "--data-dir '$DATA_DIR' is not a directory"
 elif [[ -d "$DEFAULT_DATA_DIR" ]]; then
   DATA_DIR="$DEFAULT_DATA_DIR"
@@ -179,83 +149,41 @@ if [[ -n "$TRAIN_DIR" ]]; then
 fi
 
 OUT="${OUT:-$REPO/data-bin/long_docs_en_de}"
-if [[ -d "$OUT" ]]; then OUT="$(cd "$OUT" && pwd)"
-elif [[ "$OUT" != /* ]]; then OUT="$PWD/$OUT"; fi
-OUT="${OUT%/}"
+abs_out
 MARUF_DIR=""
 (( DOWNLOAD )) && MARUF_DIR="$OUT/download"
 
-# Python interpreter providing sacremoses, subword_nmt and fairseq.
-have_modules() { "$1" -c 'import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in ("sacremoses", "subword_nmt", "fairseq", "fairseq_cli")))' 2>/dev/null; }
-if [[ -z "${PYTHON:-}" ]]; then
-  if command -v python >/dev/null 2>&1 && have_modules python; then PYTHON=python
-  elif [[ -x "$REPO/.venv/bin/python" ]] && have_modules "$REPO/.venv/bin/python"; then PYTHON="$REPO/.venv/bin/python"
-  else PYTHON=python; fi
-fi
-if ! have_modules "$PYTHON"; then
-  msg="'$PYTHON' cannot import sacremoses, subword_nmt and fairseq; activate the venv (. .venv/bin/activate) or set PYTHON=/path/to/python"
-  if (( DRY_RUN )); then echo "[long_docs] WARNING: $msg" >&2; else die "$msg"; fi
-fi
+find_python
 
 # ---------------------------------------------------------------------------------------------
 # Helpers
 # ---------------------------------------------------------------------------------------------
-TMP="tmp.$$"   # suffix of every temp file/dir of this run (removed on exit)
-cleanup() {
-  if (( DRY_RUN == 0 )) && [[ -d "$OUT" ]]; then
-    find "$OUT" -maxdepth 3 -name "*.$TMP" -exec rm -rf {} + 2>/dev/null || true
-  fi
-}
-trap cleanup EXIT
+init_tmp 3   # temp files/dirs (suffix $TMP) up to 3 levels below OUT are removed on exit
 
-sha256_file() {
-  if command -v sha256sum >/dev/null 2>&1; then sha256sum "$1" | cut -d' ' -f1
-  elif command -v shasum >/dev/null 2>&1; then shasum -a 256 "$1" | cut -d' ' -f1
-  else "$PYTHON" -c 'import hashlib,sys; print(hashlib.sha256(open(sys.argv[1],"rb").read()).hexdigest())' "$1"; fi
-}
-sha256_str() { printf '%s' "$1" | { if command -v sha256sum >/dev/null 2>&1; then sha256sum; else shasum -a 256; fi; } | cut -d' ' -f1; }
-count_lines() { local n; n=$(wc -l < "$1"); echo $((n)); }
-
-run() { if (( DRY_RUN )); then echo "    \$ $1"; else eval "$1"; fi; }
-run_logged() {
-  local logf="$1" cmd="$2"
-  if (( DRY_RUN )); then echo "    \$ $cmd >> $(q "$logf") 2>&1"; return 0; fi
-  echo "\$ $cmd" >> "$logf"
-  if ! eval "$cmd" >> "$logf" 2>&1; then
-    tail -n 25 "$logf" >&2 || true
-    die "command failed (full log: $logf): $cmd"
-  fi
-}
-
-stage_current() {  # stage_current STAMP EXPECTED FILE...: stamp holds EXPECTED and every FILE exists
-  local stamp="$1" expected="$2"; shift 2
-  [[ -f "$stamp" ]] && [[ "$(cat "$stamp")" == "$expected" ]] || return 1
-  local f; for f in "$@"; do [[ -e "$f" ]] || return 1; done
-}
-write_stamp() { printf '%s\n' "$2" > "$1.$TMP"; mv -f "$1.$TMP" "$1"; }
-
-check_pair() {  # check_pair STAGE DIR SPLIT EXPECTED: DIR/SPLIT.en and DIR/SPLIT.de have EXPECTED lines
-  local stage="$1" dir="$2" split="$3" expected="$4" n_en n_de
-  n_en=$(count_lines "$dir/$split.en"); n_de=$(count_lines "$dir/$split.de")
-  [[ "$n_en" -eq "$n_de" ]] || die "$stage: line counts differ: $dir/$split.en has $n_en lines, $dir/$split.de has $n_de"
-  [[ "$n_en" -eq "$expected" ]] || die "$stage: $dir/$split.en and $dir/$split.de have $n_en lines, expected $expected"
-}
-files_of() {  # files_of DIR [SPLIT...]: DIR/SPLIT.{en,de}
-  local d="$1" s l; shift
-  (( $# )) || set -- "${SPLITS[@]}"
-  for s in "$@"; do for l in "${LANGS[@]}"; do echo "$d/$s.$l"; done; done
-}
-sent_count() {  # sentence count of split $1 (from sent/)
+split_count() {  # sentence count of split $1 (from sent/; under --dry-run "?")
   if [[ -f "$OUT/sent/$1.docids" ]] && (( DRY_RUN == 0 )); then count_lines "$OUT/sent/$1.docids"; else echo "?"; fi
 }
 
 # ---------------------------------------------------------------------------------------------
 # Stamps
 # ---------------------------------------------------------------------------------------------
-VERSIONS="$("$PYTHON" "$TOOLS" versions 2>/dev/null | tr '\n' ' ' || true)"
-VERSIONS="${VERSIONS% }"
+VERSIONS="$(tool_versions)"
 MARUF_LIST="$("$PYTHON" "$TOOLS" maruf-files 2>/dev/null || true)"
 [[ -n "$MARUF_LIST" ]] || (( DRY_RUN )) || die "'$PYTHON $TOOLS maruf-files' failed"
+
+# sha256 of the versions of longdoc_tools.py known to write byte-identical outputs (full runs
+# compared with `diff -r`).  The sent stamp records the first of them for each of them, so data
+# prepared with one is not redone with another.  After an edit of longdoc_tools.py that keeps the
+# outputs (verified the same way), append its new hash; any other version gets stamps of its own.
+TOOLS_SAME_OUTPUT=(
+  5f8fa250cf14866c33c9de88996573772ad9d61c5d97b397b7ef7a427be73f2e   # up to commit e141f7e
+  3745acca7513d61d10a95fef7e22c56366d440a8c0be726e4f9457feef325011   # tokenize, BPE, count-bin, versions moved to data-prep/common/text_tools.py
+)
+tools_sha() {  # the tools= value of the sent stamp
+  local h; h="$(sha256_file "$TOOLS")"
+  [[ " ${TOOLS_SAME_OUTPUT[*]} " == *" $h "* ]] && h="${TOOLS_SAME_OUTPUT[0]}"
+  echo "$h"
+}
 
 input_desc() {  # size and mtime of every input file (the sha256 values are checked by read-sources)
   local f
@@ -279,8 +207,9 @@ maruf_dir=${MARUF_DIR:-from data_dir}
 train_dir=${TRAIN_DIR:-none}
 checksum=$CHECKSUM
 inputs=$(input_desc)
-tools=$(sha256_file "$TOOLS")"
-  # (tools: the hash of longdoc_tools.py, so a change of the readers or the dedup rule redoes everything)
+tools=$(tools_sha)"
+  # (tools: the hash of longdoc_tools.py, see tools_sha, so a change of the readers or the dedup rule
+  # redoes everything)
   TOK_STAMP="stage=tok
 upstream=$(sha256_str "$SENT_STAMP")
 tokenizer=sacremoses MosesTokenizer(lang).tokenize(escape=False); case kept
@@ -300,17 +229,9 @@ bin_stamp() { printf 'stage=bin\nupstream=%s\ndict=%s\nfairseq-preprocess --srcd
 # ---------------------------------------------------------------------------------------------
 # Stage 0: inputs (download mode only; local files are checked by read-sources)
 # ---------------------------------------------------------------------------------------------
-fetch() {  # fetch URL DEST
-  local tool
-  if command -v curl >/dev/null 2>&1; then
-    tool="curl -fL --retry 3 --connect-timeout 30 -sS -o $(q "$2") $(q "$1")"
-  elif command -v wget >/dev/null 2>&1; then
-    tool="wget -q --tries=3 -O $(q "$2") $(q "$1")"
-  else
-    die "--download needs curl or wget (neither found); or pass --data-dir DIR"
-  fi
-  run "$tool" || { rm -f "$2"; die "download failed: $1 (pass --data-dir DIR to use local copies)"; }
-}
+# messages of fetch (prep_lib.sh) when a download cannot be done
+FETCH_NO_TOOL_MSG="--download needs curl or wget (neither found); or pass --data-dir DIR"
+FETCH_FAIL_HINT="pass --data-dir DIR to use local copies"
 
 stage_inputs() {
   if (( DRY_RUN )); then
@@ -320,22 +241,9 @@ stage_inputs() {
     while IFS=$'\t' read -r rel sha; do echo "    $UPSTREAM_BASE/$rel  $sha"; done <<< "$MARUF_LIST"
   fi
   (( DOWNLOAD )) || return 0
-  local rel sha path actual
+  local rel sha
   while IFS=$'\t' read -r rel sha; do
-    path="$MARUF_DIR/$rel"
-    if [[ -f "$path" ]] && [[ "$(sha256_file "$path")" == "$sha" ]]; then
-      log "have download/$rel (sha256 ok)"; continue
-    fi
-    log "downloading $rel ..."
-    (( DRY_RUN )) || mkdir -p "$(dirname "$path")"
-    fetch "$UPSTREAM_BASE/$rel" "$path.$TMP"
-    (( DRY_RUN )) && continue
-    actual="$(sha256_file "$path.$TMP")"
-    if (( CHECKSUM )) && [[ "$actual" != "$sha" ]]; then
-      rm -f "$path.$TMP"
-      die "sha256 mismatch for downloaded $rel: expected $sha, got $actual (URL $UPSTREAM_BASE/$rel)"
-    fi
-    mv -f "$path.$TMP" "$path"
+    download_checked "$MARUF_DIR" "$rel" "$sha" "$CHECKSUM"
   done <<< "$MARUF_LIST"
 }
 
@@ -356,7 +264,7 @@ stage_sent() {
   (( CHECKSUM )) || args+=(--no-checksum)
   run "$(q "$PYTHON") $(q "$TOOLS") read-sources --out-dir $(q "$dir") ${args[*]}"
   if (( ! DRY_RUN )); then
-    for s in "${SPLITS[@]}"; do check_pair sent "$dir" "$s" "$(sent_count "$s")"; done
+    for s in "${SPLITS[@]}"; do check_pair sent "$dir" "$s" "$(split_count "$s")"; done
     write_stamp "$dir/.done" "$SENT_STAMP"
     log "sent: done ($((SECONDS - t0))s)"
   fi
@@ -365,50 +273,12 @@ stage_sent() {
 # ---------------------------------------------------------------------------------------------
 # Stage 2: tok (sacremoses)
 # ---------------------------------------------------------------------------------------------
-stage_tok() {
-  local t0=$SECONDS dir="$OUT/tok" s l
-  # shellcheck disable=SC2046
-  if stage_current "$dir/.done" "$TOK_STAMP" $(files_of "$dir"); then
-    log "tok: up to date, skipping"; return 0
-  fi
-  (( DRY_RUN )) || { mkdir -p "$dir"; rm -f "$dir/.done"; }
-  for s in "${SPLITS[@]}"; do
-    for l in "${LANGS[@]}"; do
-      log "tokenising $s.$l ..."
-      run "$(q "$PYTHON") $(q "$TOOLS") tokenize --lang $l --input $(q "$OUT/sent/$s.$l") --output $(q "$dir/$s.$l")"
-    done
-    (( DRY_RUN )) || check_pair tok "$dir" "$s" "$(sent_count "$s")"
-  done
-  (( DRY_RUN )) || { write_stamp "$dir/.done" "$TOK_STAMP"; log "tok: done ($((SECONDS - t0))s)"; }
-}
+# stage_tok: data-prep/common/prep_lib.sh (sent/ -> tok/)
 
 # ---------------------------------------------------------------------------------------------
 # Stage 3: bpe (subword-nmt, joint, learned on the sentence-level train pool)
 # ---------------------------------------------------------------------------------------------
-stage_bpe() {
-  local t0=$SECONDS dir="$OUT/bpe" logf="$OUT/logs/bpe.log" s l learned io=()
-  # shellcheck disable=SC2046
-  if stage_current "$dir/.done" "$BPE_STAMP" "$dir/codes" $(files_of "$dir"); then
-    log "bpe: up to date (bpe_merges=$BPE_MERGES), skipping"; return 0
-  fi
-  (( DRY_RUN )) || { mkdir -p "$dir" "$OUT/logs"; rm -f "$dir/.done"; : > "$logf"; }
-  log "learning joint BPE ($BPE_MERGES merges, min frequency 2) on tok/train.en + tok/train.de ..."
-  run_logged "$logf" "$(q "$PYTHON") $(q "$TOOLS") learn-bpe --merges $BPE_MERGES --output $(q "$dir/codes") $(q "$OUT/tok/train.en") $(q "$OUT/tok/train.de")"
-  if (( ! DRY_RUN )); then
-    learned=$(grep -vc '^#version' "$dir/codes" || true)
-    log "learned $learned merge operations -> bpe/codes"
-    (( learned > 0 )) || die "bpe: no merge operations learned (training data too small?)"
-  fi
-  for s in "${SPLITS[@]}"; do for l in "${LANGS[@]}"; do
-    io+=("$(q "$OUT/tok/$s.$l")" "$(q "$dir/$s.$l")")
-  done; done
-  log "applying BPE to {${SPLITS[*]}}.{en,de} ($WORKERS workers) ..."
-  run_logged "$logf" "$(q "$PYTHON") $(q "$TOOLS") apply-bpe --codes $(q "$dir/codes") --workers $WORKERS ${io[*]}"
-  if (( ! DRY_RUN )); then
-    for s in "${SPLITS[@]}"; do check_pair bpe "$dir" "$s" "$(sent_count "$s")"; done
-    write_stamp "$dir/.done" "$BPE_STAMP"; log "bpe: done ($((SECONDS - t0))s)"
-  fi
-}
+# stage_bpe: data-prep/common/prep_lib.sh (tok/ -> bpe/, joint codes bpe/codes)
 
 # ---------------------------------------------------------------------------------------------
 # Stage 4: dict (one joined dictionary for every L)
@@ -484,20 +354,14 @@ stage_bin() {
 # ---------------------------------------------------------------------------------------------
 # Main
 # ---------------------------------------------------------------------------------------------
-if (( DRY_RUN == 0 )); then
-  mkdir -p "$OUT"
-  if command -v flock >/dev/null 2>&1; then   # serialize concurrent runs on the same --out
-    exec 9> "$OUT/.lock"
-    flock -n 9 || { log "waiting for another prepare.sh on $OUT ..."; flock 9; }
-  fi
-fi
+lock_out   # serialize concurrent runs on the same --out
 
 log "out=$OUT data_dir=${DATA_DIR:-none} download=$DOWNLOAD train_dir=${TRAIN_DIR:-none} lengths=\"$LENGTHS\" bpe_merges=$BPE_MERGES workers=$WORKERS"
 stage_inputs
 make_stamps
 stage_sent
-stage_tok
-stage_bpe
+stage_tok sent
+stage_bpe "$BPE_MERGES merges, min frequency 2"
 stage_dict
 for L in "${L_LIST[@]}"; do
   stage_pack "$L"

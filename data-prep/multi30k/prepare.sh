@@ -28,18 +28,21 @@
 # outputs exist is skipped, so re-running is cheap and changing --bpe-merges or --train-lines
 # redoes exactly the affected stages.  Every output file is written to a temp file in the same
 # directory and moved into place; a failed run leaves no half-written output behind.
+#
+# Shared with data-prep/long_documents/prepare.sh: the shell helpers and the tok/bpe stages in
+# data-prep/common/prep_lib.sh, and the Python side of tokenize/learn-bpe/apply-bpe/count-bin/versions
+# in data-prep/common/text_tools.py (m30k_tools.py registers those subcommands).
 set -euo pipefail
 
-PROG="data-prep/multi30k/prepare.sh"
-SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-REPO="$(cd "$SCRIPT_DIR/../.." && pwd)"
-TOOLS="$SCRIPT_DIR/m30k_tools.py"
+LOG_TAG=multi30k
+# shellcheck source=../common/prep_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../common/prep_lib.sh"   # sets REPO (the repo root)
+TOOLS="$REPO/data-prep/multi30k/m30k_tools.py"
 
 UPSTREAM_COMMIT="a3d2e0d26b56f3846f66a952536ffed4e401d05a"
-UPSTREAM_BASE="https://raw.githubusercontent.com/multi30k/dataset/${UPSTREAM_COMMIT}/data/task1/raw"
 # A mirror of data/task1/raw/ may be given with MULTI30K_BASE_URL (any URL curl/wget accept,
 # e.g. file:///path/to/dir); the sha256 checks still apply.
-UPSTREAM_BASE="${MULTI30K_BASE_URL:-$UPSTREAM_BASE}"
+UPSTREAM_BASE="${MULTI30K_BASE_URL:-https://raw.githubusercontent.com/multi30k/dataset/${UPSTREAM_COMMIT}/data/task1/raw}"
 
 # sha256 of the upstream .gz files (from /work/shared/data/MANIFEST.md, section 6).
 declare -A SHA256=(
@@ -55,9 +58,10 @@ declare -A SHA256=(
 # Sentence-pair counts of the upstream splits.
 declare -A NLINES=( [train]=29000 [val]=1014 [test_2016_flickr]=1000 [test_2017_flickr]=1000 )
 UP_SPLITS=(train val test_2016_flickr test_2017_flickr)   # upstream names ...
-FS_SPLITS=(train valid test test1)                        # ... and the fairseq names, same order
+SPLITS=(train valid test test1)                           # ... and the fairseq names, same order
 LANGS=(en de)
 
+PROG="data-prep/multi30k/prepare.sh"
 usage() {
   cat <<EOF
 Usage: $PROG [options]
@@ -97,16 +101,10 @@ The last line printed on stdout is the absolute path of the bin dir.
 EOF
 }
 
-log() { echo "[multi30k] $*"; }
-die() { echo "[multi30k] ERROR: $*" >&2; exit 1; }
-q() { printf '%q' "$1"; }
-is_posint() { [[ "$1" =~ ^[0-9]+$ ]] && (( 10#$1 > 0 )); }
-
 # ---------------------------------------------------------------------------------------------
 # Arguments
 # ---------------------------------------------------------------------------------------------
 RAW_DIR=""
-RAW_DIR_GIVEN=0
 OUT=""
 BPE_MERGES=8000
 TRAIN_LINES=""
@@ -118,51 +116,19 @@ DRY_RUN=0
 CHECKSUM=1
 
 VALID_OPTS="--raw-dir, --download, --out, --bpe-merges, --train-lines, --src, --tgt, --workers, --no-checksum, --dry-run, --help"
-while (( $# )); do
-  arg="$1"
-  if [[ "$arg" == --*=* ]]; then       # accept --opt=value as well as --opt value
-    set -- "${arg%%=*}" "${arg#*=}" "${@:2}"
-    arg="$1"
-  fi
-  case "$arg" in
-    --raw-dir|--out|--bpe-merges|--train-lines|--src|--tgt|--workers)
-      (( $# >= 2 )) || die "$arg needs a value (see --help)"
-      val="$2"; shift 2
-      case "$arg" in
-        --raw-dir) RAW_DIR="$val"; RAW_DIR_GIVEN=1 ;;
-        --out) OUT="$val" ;;
-        --bpe-merges) BPE_MERGES="$val" ;;
-        --train-lines) TRAIN_LINES="$val" ;;
-        --src) SRC="$val" ;;
-        --tgt) TGT="$val" ;;
-        --workers) WORKERS="$val" ;;
-      esac
-      ;;
-    --download) FORCE_DOWNLOAD=1; shift ;;
-    --dry-run) DRY_RUN=1; shift ;;
-    --no-checksum) CHECKSUM=0; shift ;;
-    -h|--help) usage; exit 0 ;;
-    *) die "unknown option '$arg'; valid options: $VALID_OPTS" ;;
-  esac
-done
-
-is_posint "$BPE_MERGES" || die "--bpe-merges must be a positive integer (got '$BPE_MERGES')"
-BPE_MERGES=$((10#$BPE_MERGES))
-is_posint "$WORKERS" || die "--workers must be a positive integer (got '$WORKERS')"
-WORKERS=$((10#$WORKERS))
-if [[ -n "$TRAIN_LINES" ]]; then
-  is_posint "$TRAIN_LINES" || die "--train-lines must be a positive integer (got '$TRAIN_LINES')"
-  TRAIN_LINES=$((10#$TRAIN_LINES))
-fi
+VALUE_OPTS="--raw-dir=RAW_DIR --train-lines=TRAIN_LINES --src=SRC --tgt=TGT"   # (+ --out, --bpe-merges, --workers)
+FLAG_OPTS="--download=FORCE_DOWNLOAD=1"                                     # (+ --dry-run, --no-checksum)
+parse_options "$@"
+[[ -z "$TRAIN_LINES" ]] || posint TRAIN_LINES --train-lines
 [[ "$SRC" == en || "$SRC" == de ]] || die "--src must be one of: en, de (got '$SRC')"
 [[ "$TGT" == en || "$TGT" == de ]] || die "--tgt must be one of: en, de (got '$TGT')"
 [[ "$SRC" != "$TGT" ]] || die "--src and --tgt must differ (valid pairs: --src en --tgt de, --src de --tgt en)"
 
 DEFAULT_RAW_DIR="$REPO/../shared/data/multi30k_en_de/raw"
 if (( FORCE_DOWNLOAD )); then
-  (( RAW_DIR_GIVEN == 0 )) || die "--download and --raw-dir exclude each other"
+  ! given --raw-dir || die "--download and --raw-dir exclude each other"
   MODE=download
-elif (( RAW_DIR_GIVEN )); then
+elif given --raw-dir; then
   [[ -d "$RAW_DIR" ]] || die "--raw-dir '$RAW_DIR' is not a directory"
   MODE=local
 elif [[ -d "$DEFAULT_RAW_DIR" ]]; then
@@ -174,83 +140,27 @@ fi
 [[ "$MODE" == local ]] && RAW_DIR="$(cd "$RAW_DIR" && pwd)"
 
 OUT="${OUT:-$REPO/data-bin/multi30k_en_de}"
-if [[ -d "$OUT" ]]; then OUT="$(cd "$OUT" && pwd)"
-elif [[ "$OUT" != /* ]]; then OUT="$PWD/$OUT"; fi
-OUT="${OUT%/}"
+abs_out
 BIN="$OUT/bin"
 IN_DIR="$RAW_DIR"
 [[ "$MODE" == download ]] && IN_DIR="$OUT/download"
 
-# Python interpreter providing sacremoses, subword_nmt and fairseq: $PYTHON if set, else `python`
-# from PATH (e.g. an activated venv), else the repo's .venv.
-have_modules() { "$1" -c 'import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in ("sacremoses", "subword_nmt", "fairseq", "fairseq_cli")))' 2>/dev/null; }
-if [[ -z "${PYTHON:-}" ]]; then
-  if command -v python >/dev/null 2>&1 && have_modules python; then PYTHON=python
-  elif [[ -x "$REPO/.venv/bin/python" ]] && have_modules "$REPO/.venv/bin/python"; then PYTHON="$REPO/.venv/bin/python"
-  else PYTHON=python; fi
-fi
-if ! have_modules "$PYTHON"; then
-  msg="'$PYTHON' cannot import sacremoses, subword_nmt and fairseq; activate the venv (. .venv/bin/activate) or set PYTHON=/path/to/python"
-  if (( DRY_RUN )); then echo "[multi30k] WARNING: $msg" >&2; else die "$msg"; fi
-fi
+find_python
 
 # ---------------------------------------------------------------------------------------------
 # Helpers
 # ---------------------------------------------------------------------------------------------
-TMP="tmp.$$"   # suffix of every temp file/dir of this run (removed on exit)
-cleanup() {
-  if (( DRY_RUN == 0 )) && [[ -d "$OUT" ]]; then
-    find "$OUT" -maxdepth 2 -name "*.$TMP" -exec rm -rf {} + 2>/dev/null || true
-  fi
-}
-trap cleanup EXIT
+init_tmp 2   # temp files/dirs (suffix $TMP) up to 2 levels below OUT are removed on exit
 
-sha256_file() {
-  if command -v sha256sum >/dev/null 2>&1; then sha256sum "$1" | cut -d' ' -f1
-  elif command -v shasum >/dev/null 2>&1; then shasum -a 256 "$1" | cut -d' ' -f1
-  else "$PYTHON" -c 'import hashlib,sys; print(hashlib.sha256(open(sys.argv[1],"rb").read()).hexdigest())' "$1"; fi
+split_count() {  # number of pairs of split $1 (from raw/; under --dry-run "?")
+  if [[ -f "$OUT/raw/$1.en" ]] && (( DRY_RUN == 0 )); then count_lines "$OUT/raw/$1.en"; else echo "?"; fi
 }
-sha256_str() { printf '%s' "$1" | { if command -v sha256sum >/dev/null 2>&1; then sha256sum; else shasum -a 256; fi; } | cut -d' ' -f1; }
-count_lines() { local n; n=$(wc -l < "$1"); echo $((n)); }
-
-# run CMD: print it under --dry-run, else eval it (CMD is a shell string with %q-quoted words).
-run() { if (( DRY_RUN )); then echo "    \$ $1"; else eval "$1"; fi; }
-# run_logged LOG CMD: like run, output appended to LOG; on failure show its tail and abort.
-run_logged() {
-  local logf="$1" cmd="$2"
-  if (( DRY_RUN )); then echo "    \$ $cmd >> $(q "$logf") 2>&1"; return 0; fi
-  echo "\$ $cmd" >> "$logf"
-  if ! eval "$cmd" >> "$logf" 2>&1; then
-    tail -n 25 "$logf" >&2 || true
-    die "command failed (full log: $logf): $cmd"
-  fi
-}
-
-# stage_current STAMP EXPECTED FILE...: stamp holds EXPECTED and every FILE exists.
-stage_current() {
-  local stamp="$1" expected="$2"; shift 2
-  [[ -f "$stamp" ]] && [[ "$(cat "$stamp")" == "$expected" ]] || return 1
-  local f; for f in "$@"; do [[ -e "$f" ]] || return 1; done
-}
-write_stamp() { printf '%s\n' "$2" > "$1.$TMP"; mv -f "$1.$TMP" "$1"; }
-
-# check_pair STAGE DIR SPLIT EXPECTED: DIR/SPLIT.en and DIR/SPLIT.de both have EXPECTED lines.
-check_pair() {
-  local stage="$1" dir="$2" split="$3" expected="$4" n_en n_de
-  n_en=$(count_lines "$dir/$split.en"); n_de=$(count_lines "$dir/$split.de")
-  [[ "$n_en" -eq "$n_de" ]] || die "$stage: line counts differ: $dir/$split.en has $n_en lines, $dir/$split.de has $n_de"
-  [[ "$n_en" -eq "$expected" ]] || die "$stage: $dir/$split.en and $dir/$split.de have $n_en lines, expected $expected (the raw count)"
-}
-
-all_files() {  # all_files DIR: DIR/{train,valid,test,test1}.{en,de}
-  local s l; for s in "${FS_SPLITS[@]}"; do for l in "${LANGS[@]}"; do echo "$1/$s.$l"; done; done
-}
+COUNT_NOTE=" (the raw count)"   # in check_pair's messages
 
 # ---------------------------------------------------------------------------------------------
 # Plan: stamps (parameters of every stage; each includes a hash of the previous stamp)
 # ---------------------------------------------------------------------------------------------
-VERSIONS="$("$PYTHON" "$TOOLS" versions 2>/dev/null | tr '\n' ' ' || true)"
-VERSIONS="${VERSIONS% }"
+VERSIONS="$(tool_versions)"
 TL_DESC="${TRAIN_LINES:-all}"
 
 input_sha() {  # sha256 recorded in the raw stamp for input file $1
@@ -288,17 +198,9 @@ fairseq-preprocess --joined-dictionary"
 # ---------------------------------------------------------------------------------------------
 # Stage 0: inputs (download and/or checksum)
 # ---------------------------------------------------------------------------------------------
-fetch() {  # fetch URL DEST
-  local tool
-  if command -v curl >/dev/null 2>&1; then
-    tool="curl -fL --retry 3 --connect-timeout 30 -sS -o $(q "$2") $(q "$1")"
-  elif command -v wget >/dev/null 2>&1; then
-    tool="wget -q --tries=3 -O $(q "$2") $(q "$1")"
-  else
-    die "download mode needs curl or wget (neither found); or pass --raw-dir DIR"
-  fi
-  run "$tool" || { rm -f "$2"; die "download failed: $1 (pass --raw-dir DIR to use local copies of the .gz files)"; }
-}
+# messages of fetch (prep_lib.sh) when a download cannot be done
+FETCH_NO_TOOL_MSG="download mode needs curl or wget (neither found); or pass --raw-dir DIR"
+FETCH_FAIL_HINT="pass --raw-dir DIR to use local copies of the .gz files"
 
 stage_inputs() {
   if (( DRY_RUN )); then
@@ -312,21 +214,9 @@ stage_inputs() {
   fi
   local f path actual
   if [[ "$MODE" == download ]]; then
-    (( DRY_RUN )) || mkdir -p "$IN_DIR"
     for up in "${UP_SPLITS[@]}"; do for l in "${LANGS[@]}"; do
-      f="$up.$l.gz"; path="$IN_DIR/$f"
-      if [[ -f "$path" ]] && [[ "$(sha256_file "$path")" == "${SHA256[$f]}" ]]; then
-        log "have download/$f (sha256 ok)"; continue
-      fi
-      log "downloading $f ..."
-      fetch "$UPSTREAM_BASE/$f" "$path.$TMP"
-      (( DRY_RUN )) && continue
-      actual="$(sha256_file "$path.$TMP")"
-      if [[ "$actual" != "${SHA256[$f]}" ]]; then
-        rm -f "$path.$TMP"
-        die "sha256 mismatch for downloaded $f: expected ${SHA256[$f]}, got $actual (URL $UPSTREAM_BASE/$f)"
-      fi
-      mv -f "$path.$TMP" "$path"
+      f="$up.$l.gz"
+      download_checked "$IN_DIR" "$f" "${SHA256[$f]}" 1
     done; done
   else
     for up in "${UP_SPLITS[@]}"; do for l in "${LANGS[@]}"; do
@@ -348,13 +238,13 @@ stage_raw() {
   local t0=$SECONDS
   local dir="$OUT/raw" i up fs l src_gz dst n full
   # shellcheck disable=SC2046
-  if stage_current "$dir/.done" "$RAW_STAMP" $(all_files "$dir"); then
+  if stage_current "$dir/.done" "$RAW_STAMP" $(files_of "$dir"); then
     log "raw: up to date (train_lines=$TL_DESC), skipping"; return 0
   fi
   log "raw: decompressing${TRAIN_LINES:+ (train cut to the first $TRAIN_LINES pairs)}"
   (( DRY_RUN )) || { mkdir -p "$dir"; rm -f "$dir/.done"; }
   for i in "${!UP_SPLITS[@]}"; do
-    up="${UP_SPLITS[$i]}"; fs="${FS_SPLITS[$i]}"
+    up="${UP_SPLITS[$i]}"; fs="${SPLITS[$i]}"
     for l in "${LANGS[@]}"; do
       src_gz="$IN_DIR/$up.$l.gz"; dst="$dir/$fs.$l"
       log "decompressing $up.$l.gz -> raw/$fs.$l ..."
@@ -382,60 +272,15 @@ stage_raw() {
   (( DRY_RUN )) || { write_stamp "$dir/.done" "$RAW_STAMP"; log "raw: done ($((SECONDS - t0))s)"; }
 }
 
-raw_count() {  # number of pairs of split $1 (from raw/; under --dry-run an estimate)
-  if [[ -f "$OUT/raw/$1.en" ]] && (( DRY_RUN == 0 )); then count_lines "$OUT/raw/$1.en"; else echo "?"; fi
-}
-
 # ---------------------------------------------------------------------------------------------
 # Stage 2: tok (sacremoses)
 # ---------------------------------------------------------------------------------------------
-stage_tok() {
-  local t0=$SECONDS
-  local dir="$OUT/tok" fs l
-  # shellcheck disable=SC2046
-  if stage_current "$dir/.done" "$TOK_STAMP" $(all_files "$dir"); then
-    log "tok: up to date, skipping"; return 0
-  fi
-  (( DRY_RUN )) || { mkdir -p "$dir"; rm -f "$dir/.done"; }
-  for fs in "${FS_SPLITS[@]}"; do
-    for l in "${LANGS[@]}"; do
-      log "tokenising $fs.$l ..."
-      run "$(q "$PYTHON") $(q "$TOOLS") tokenize --lang $l --input $(q "$OUT/raw/$fs.$l") --output $(q "$dir/$fs.$l")"
-    done
-    (( DRY_RUN )) || check_pair tok "$dir" "$fs" "$(raw_count "$fs")"
-  done
-  (( DRY_RUN )) || { write_stamp "$dir/.done" "$TOK_STAMP"; log "tok: done ($((SECONDS - t0))s)"; }
-}
+# stage_tok: data-prep/common/prep_lib.sh (raw/ -> tok/)
 
 # ---------------------------------------------------------------------------------------------
 # Stage 3: bpe (subword-nmt, joint)
 # ---------------------------------------------------------------------------------------------
-stage_bpe() {
-  local t0=$SECONDS
-  local dir="$OUT/bpe" logf="$OUT/logs/bpe.log" fs l learned
-  # shellcheck disable=SC2046
-  if stage_current "$dir/.done" "$BPE_STAMP" "$dir/codes" $(all_files "$dir"); then
-    log "bpe: up to date (bpe_merges=$BPE_MERGES), skipping"; return 0
-  fi
-  (( DRY_RUN )) || { mkdir -p "$dir" "$OUT/logs"; rm -f "$dir/.done"; : > "$logf"; }
-  log "learning joint BPE ($BPE_MERGES merges) on tok/train.en + tok/train.de ..."
-  run_logged "$logf" "$(q "$PYTHON") $(q "$TOOLS") learn-bpe --merges $BPE_MERGES --output $(q "$dir/codes") $(q "$OUT/tok/train.en") $(q "$OUT/tok/train.de")"
-  if (( ! DRY_RUN )); then
-    learned=$(grep -vc '^#version' "$dir/codes" || true)
-    log "learned $learned merge operations -> bpe/codes"
-    (( learned > 0 )) || die "bpe: no merge operations learned (training data too small?)"
-  fi
-  local io=()
-  for fs in "${FS_SPLITS[@]}"; do for l in "${LANGS[@]}"; do
-    io+=("$(q "$OUT/tok/$fs.$l")" "$(q "$dir/$fs.$l")")
-  done; done
-  log "applying BPE to {${FS_SPLITS[*]}}.{en,de} ($WORKERS workers) ..."
-  run_logged "$logf" "$(q "$PYTHON") $(q "$TOOLS") apply-bpe --codes $(q "$dir/codes") --workers $WORKERS ${io[*]}"
-  if (( ! DRY_RUN )); then
-    for fs in "${FS_SPLITS[@]}"; do check_pair bpe "$dir" "$fs" "$(raw_count "$fs")"; done
-  fi
-  (( DRY_RUN )) || { write_stamp "$dir/.done" "$BPE_STAMP"; log "bpe: done ($((SECONDS - t0))s)"; }
-}
+# stage_bpe: data-prep/common/prep_lib.sh (tok/ -> bpe/, joint codes bpe/codes)
 
 # ---------------------------------------------------------------------------------------------
 # Stage 4: bin (fairseq-preprocess)
@@ -444,7 +289,7 @@ stage_bin() {
   local t0=$SECONDS
   local tmpdir="$OUT/bin.$TMP" logf="$OUT/logs/bin.log" fs l prefixes=() counts prefix n expected
   local pair="$SRC-$TGT" files=("$BIN/dict.$SRC.txt" "$BIN/dict.$TGT.txt")
-  for fs in "${FS_SPLITS[@]}"; do for l in "$SRC" "$TGT"; do
+  for fs in "${SPLITS[@]}"; do for l in "$SRC" "$TGT"; do
     files+=("$BIN/$fs.$pair.$l.bin" "$BIN/$fs.$pair.$l.idx")
   done; done
   if stage_current "$BIN/.done" "$BIN_STAMP" "${files[@]}"; then
@@ -455,11 +300,11 @@ stage_bin() {
   run_logged "$logf" "$(q "$PYTHON") -m fairseq_cli.preprocess --source-lang $SRC --target-lang $TGT --joined-dictionary --trainpref $(q "$OUT/bpe/train") --validpref $(q "$OUT/bpe/valid") --testpref $(q "$OUT/bpe/test"),$(q "$OUT/bpe/test1") --destdir $(q "$tmpdir") --workers $WORKERS"
   if (( DRY_RUN )); then echo "    (then replace $BIN with the new dir)"; return 0; fi
   cmp -s "$tmpdir/dict.$SRC.txt" "$tmpdir/dict.$TGT.txt" || die "bin: dict.$SRC.txt and dict.$TGT.txt differ in $tmpdir (expected a joined dictionary)"
-  for fs in "${FS_SPLITS[@]}"; do for l in "$SRC" "$TGT"; do prefixes+=("$tmpdir/$fs.$pair.$l"); done; done
+  for fs in "${SPLITS[@]}"; do for l in "$SRC" "$TGT"; do prefixes+=("$tmpdir/$fs.$pair.$l"); done; done
   counts="$("$PYTHON" "$TOOLS" count-bin "${prefixes[@]}" 2>>"$logf")" || die "bin: fairseq-preprocess did not write every dataset (see $logf)"
   while IFS=$'\t' read -r prefix n; do
     fs="$(basename "$prefix")"; fs="${fs%%.*}"
-    expected="$(raw_count "$fs")"
+    expected="$(split_count "$fs")"
     [[ "$n" -eq "$expected" ]] || die "bin: $(basename "$prefix") has $n sentences, expected $expected (raw/$fs.$SRC)"
   done <<< "$counts"
   printf '%s\n' "$BIN_STAMP" > "$tmpdir/.done"
@@ -472,19 +317,13 @@ stage_bin() {
 # ---------------------------------------------------------------------------------------------
 # Main
 # ---------------------------------------------------------------------------------------------
-if (( DRY_RUN == 0 )); then
-  mkdir -p "$OUT"
-  if command -v flock >/dev/null 2>&1; then   # serialize concurrent runs on the same --out
-    exec 9> "$OUT/.lock"
-    flock -n 9 || { log "waiting for another prepare.sh on $OUT ..."; flock 9; }
-  fi
-fi
+lock_out   # serialize concurrent runs on the same --out
 
 log "out=$OUT src=$SRC tgt=$TGT bpe_merges=$BPE_MERGES train_lines=$TL_DESC workers=$WORKERS mode=$MODE"
 stage_inputs
 stage_raw
-stage_tok
-stage_bpe
+stage_tok raw
+stage_bpe "$BPE_MERGES merges"
 stage_bin
 
 if (( DRY_RUN )); then
