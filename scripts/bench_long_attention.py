@@ -40,6 +40,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 from atomic import write_lines_atomic  # noqa: E402
+from experiment import git_commit  # noqa: E402
 
 from fairseq_plugins.attention.kernels import (  # noqa: E402
     MIN_SCORES,
@@ -210,6 +211,7 @@ def main(argv=None):
         f"- kernel dispatch: chunked kernel when T*S > {SMALL_TS} and B*H*T*S >= {MIN_SCORES} "
         f"({MIN_SCORES // 2} with stats), plain path otherwise",
         f"- command: `{command}`",
+        f"- git commit: `{git_commit()}`",
     ]
     print("\n".join(info))
     if args.out:
