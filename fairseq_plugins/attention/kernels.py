@@ -47,6 +47,8 @@ from typing import List, Optional, Sequence
 
 import torch
 
+from .stats import RowMassTerms
+
 __all__ = ["relu_attention", "relu_attention_reference", "SMALL_TS", "MIN_SCORES", "BLOCK_ELEMS"]
 
 #: Dispatch of :func:`relu_attention` (``chunk_size=None``): the chunked kernel runs only when
@@ -127,36 +129,6 @@ def _causal_mask(T: int, S: int, device) -> torch.Tensor:
     return j > i + (S - T)
 
 
-class _RowStats(torch.autograd.Function):
-    """``(sum_j s_ij, sum_j s_ij log s_ij)`` over the last dim of ``s >= 0`` (``0 log 0 = 0``).
-
-    A hand-written backward (``g_sum + g_slogs (log s + 1)`` where ``s > 0``, 0 elsewhere) that
-    saves only ``s`` -- which the surrounding attention saves anyway -- instead of autograd's
-    chain of ``(T, S)`` intermediates.  ``log`` is taken of ``max(s, tiny)``: exact, NaN-free
-    and fast (log of exact zeros takes a ~8x slower path).
-    """
-
-    @staticmethod
-    def forward(ctx, s):
-        ctx.set_materialize_grads(False)
-        ctx.save_for_backward(s)
-        logs = s.clamp(min=torch.finfo(s.dtype).tiny).log_()
-        return s.sum(-1), logs.mul_(s).sum(-1)
-
-    @staticmethod
-    def backward(ctx, g_sum, g_slogs):
-        (s,) = ctx.saved_tensors
-        if g_sum is None and g_slogs is None:
-            return None
-        if g_slogs is None:
-            grad = g_sum.unsqueeze(-1).expand_as(s).clone()
-        else:
-            grad = s.clamp(min=torch.finfo(s.dtype).tiny).log_().add_(1.0).mul_(g_slogs.unsqueeze(-1))
-            if g_sum is not None:
-                grad.add_(g_sum.unsqueeze(-1))
-        return torch.ops.aten.threshold_backward(grad, s, 0.0)
-
-
 # --------------------------------------------------------------------------------------------
 # reference path
 # --------------------------------------------------------------------------------------------
@@ -179,7 +151,7 @@ def _reference(q, k, v, r, mask, dropout_p, need_stats, causal):
         s = s.masked_fill(_causal_mask(T, S, q.device), 0.0)
     if mask is not None:
         s = s.masked_fill(mask, 0.0)
-    stats = _RowStats.apply(s) if need_stats else None
+    stats = RowMassTerms.apply(s) if need_stats else None
     if dropout_p > 0:
         s = torch.nn.functional.dropout(s, dropout_p, training=True)
     out = torch.matmul(s, v)
