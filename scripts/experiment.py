@@ -170,17 +170,55 @@ def last_valid_metrics(train_log):
 def prepare_data(budget):
     """Run ``data-prep/<corpus>/prepare.sh`` (idempotent) and return the prep dir holding
     ``bin/``, ``raw/`` and ``tok/``: ``<data.out>[/<data.variant>]``."""
+    run(prep_cmd(budget))
+    return prep_dir(budget)
+
+
+def build_train_cmd(data_bin, ckpt_dir, arch, src, tgt, train_cfg, fns=None, extra="", cpu=False):
+    """The fairseq-train command line (list of words) of one run: the budget's ``train`` flags,
+    the attention functions ``fns`` (encoder self, decoder self, cross) when given, ``extra``
+    flags (a shell-quoted string) and ``--cpu`` when ``cpu``."""
+    cmd = [os.path.join(BIN, "fairseq-train"), data_bin, "--user-dir", os.path.join(ROOT, "fairseq_plugins"),
+           "--arch", arch, "--source-lang", src, "--target-lang", tgt, "--save-dir", ckpt_dir, *flags(train_cfg)]
+    if fns:
+        cmd += ["--encoder-attention-fn", fns[0], "--decoder-attention-fn", fns[1], "--cross-attention-fn", fns[2]]
+    if cpu:
+        cmd.append("--cpu")
+    return cmd + shlex.split(extra or "")
+
+
+def eval_cmd(gen, checkpoint, data_bin, prep, src, tgt, subsets, eval_dir):
+    """The scripts/evaluate.sh command (generate + sacreBLEU + tokenized BLEU) for the budget's
+    ``generate`` section ``gen`` on ``subsets``."""
+    return (["bash", os.path.join(ROOT, "scripts", "evaluate.sh"), "--checkpoint", checkpoint, "--data-bin", data_bin,
+             "--prep-dir", prep, "--src", src, "--tgt", tgt, "--subsets", ",".join(subsets),
+             "--beam", str(gen["beam"]), "--lenpen", str(gen["lenpen"]), "--batch-size", str(gen["batch-size"]),
+             "--out", eval_dir] + (["--extra", " ".join(flags(gen["extra"]))] if gen.get("extra") else []))
+
+
+def average_cmd(ckpt_dir, n_avg, output):
+    """The checkpoint-averaging command (last ``n_avg`` update checkpoints of ``ckpt_dir``)."""
+    return [sys.executable, os.path.join(ROOT, "scripts", "average_checkpoints.py"), "--inputs", ckpt_dir,
+            "--num-update-checkpoints", str(n_avg), "--output", output]
+
+
+def prep_dir(budget):
+    """The prep dir ``prepare_data`` fills for ``budget`` (without running anything)."""
     data = budget["data"]
-    corpus = data["corpus"]
-    out = os.path.join(ROOT, data.get("out", os.path.join("data-bin", f"{corpus}_en_de")))
-    cmd = ["bash", os.path.join(ROOT, "data-prep", corpus, "prepare.sh"), "--out", out]
+    out = os.path.join(ROOT, data.get("out", os.path.join("data-bin", f"{data['corpus']}_en_de")))
+    return os.path.join(out, data["variant"]) if data.get("variant") else out
+
+
+def prep_cmd(budget):
+    """The data-prep command (list of words) ``prepare_data`` runs for ``budget``."""
+    data = budget["data"]
+    out = os.path.join(ROOT, data.get("out", os.path.join("data-bin", f"{data['corpus']}_en_de")))
+    cmd = ["bash", os.path.join(ROOT, "data-prep", data["corpus"], "prepare.sh"), "--out", out]
     if data.get("bpe-merges"):
         cmd += ["--bpe-merges", str(data["bpe-merges"])]
     if data.get("train-lines"):
         cmd += ["--train-lines", str(data["train-lines"])]
-    cmd += flags(data.get("prep-flags") or {})
-    run(cmd)
-    return os.path.join(out, data["variant"]) if data.get("variant") else out
+    return cmd + flags(data.get("prep-flags") or {})
 
 
 def main(argv=None):
@@ -190,14 +228,14 @@ def main(argv=None):
     p.add_argument("--fns", nargs=3, metavar=("ENC", "DEC", "CROSS"),
                    help="attention functions for encoder self / decoder self / cross attention")
     p.add_argument("--budget", default=os.path.join(ROOT, "configs", "multi30k", "small_cpu.yaml"))
-    p.add_argument("--src", default="en", choices=["en", "de"])
-    p.add_argument("--tgt", default="de", choices=["en", "de"])
+    p.add_argument("--src", default="en", help="source language (a language of the budget's corpus)")
+    p.add_argument("--tgt", default="de", help="target language")
     p.add_argument("--max-update", type=int, help="override the budget's max-update")
     p.add_argument("--name", default=None, help="label stored in result.json")
     p.add_argument("--extra", default="", help="extra fairseq-train flags (quoted)")
     a = p.parse_args(argv)
     if a.src == a.tgt:
-        p.error("--src and --tgt must differ (valid: en->de, de->en)")
+        p.error("--src and --tgt must differ (e.g. --src en --tgt de)")
     budget = load_budget(a.budget)
     train_cfg = dict(budget["train"])
     if a.max_update:
@@ -210,17 +248,10 @@ def main(argv=None):
     prep = prepare_data(budget)
     data_bin = os.path.join(prep, "bin")
     ckpt_dir = os.path.join(out, "checkpoints")
-    train_cmd = [os.path.join(BIN, "fairseq-train"), data_bin, "--user-dir", os.path.join(ROOT, "fairseq_plugins"),
-                 "--arch", a.arch, "--source-lang", a.src, "--target-lang", a.tgt,
-                 "--save-dir", ckpt_dir, *flags(train_cfg)]
-    if a.fns:
-        train_cmd += ["--encoder-attention-fn", a.fns[0], "--decoder-attention-fn", a.fns[1],
-                      "--cross-attention-fn", a.fns[2]]
     import torch
 
-    if not torch.cuda.is_available():
-        train_cmd.append("--cpu")
-    train_cmd += shlex.split(a.extra)
+    train_cmd = build_train_cmd(data_bin, ckpt_dir, a.arch, a.src, a.tgt, train_cfg, a.fns, a.extra,
+                                cpu=not torch.cuda.is_available())
 
     # 1. train (fairseq resumes from checkpoint_last.pt; a finished run exits at once)
     t0 = time.time()
@@ -254,8 +285,7 @@ def main(argv=None):
     avg = os.path.join(out, f"average_last{n_avg}.pt")
     if not os.path.exists(avg) or os.path.getmtime(avg) < os.path.getmtime(os.path.join(ckpt_dir, "checkpoint_last.pt")):
         t0 = time.time()
-        run([sys.executable, os.path.join(ROOT, "scripts", "average_checkpoints.py"), "--inputs", ckpt_dir,
-             "--num-update-checkpoints", str(n_avg), "--output", avg])
+        run(average_cmd(ckpt_dir, n_avg, avg))
         state["wall_s"]["average"] = time.time() - t0
 
     # 3. generate + score each test set
@@ -267,10 +297,7 @@ def main(argv=None):
                or os.path.getmtime(os.path.join(eval_dir, f"{s}.json")) < os.path.getmtime(avg)]
     if missing:
         t0 = time.time()
-        run(["bash", os.path.join(ROOT, "scripts", "evaluate.sh"), "--checkpoint", avg, "--data-bin", data_bin,
-             "--prep-dir", prep, "--src", a.src, "--tgt", a.tgt, "--subsets", ",".join(missing),
-             "--beam", str(gen["beam"]), "--lenpen", str(gen["lenpen"]), "--batch-size", str(gen["batch-size"]),
-             "--out", eval_dir] + (["--extra", " ".join(flags(gen["extra"]))] if gen.get("extra") else []))
+        run(eval_cmd(gen, avg, data_bin, prep, a.src, a.tgt, missing, eval_dir))
         state["wall_s"]["evaluate"] = time.time() - t0
     for s in subsets:
         scores[s] = json.load(open(os.path.join(eval_dir, f"{s}.json")))
