@@ -322,7 +322,7 @@ class Prep:
                     text_tools.write_lines_atomic(os.path.join(d, f"train.{l}"), [c[i] for i in keep])
                 self.log(f"  kept {len(keep)} of {len(cols[0])} training pairs")
         if every:
-            self.step(f"valid = every {every}th pair of the cleaned tok/train (the rest stays train), "
+            self.step(f"valid = every {every}-th pair of the cleaned tok/train (the rest stays train), "
                       "as the fairseq recipe")
             if not self.dry:
                 for l in self.langs:
