@@ -43,10 +43,18 @@ def _open(path):
     return gzip.open(path, "rt", encoding="utf-8") if path.endswith(".gz") else open(path, encoding="utf-8")
 
 
+def _lines(f) -> List[str]:
+    """Lines split on ``\n`` only (``str.splitlines`` also breaks at U+2028, U+0085, ..., which
+    would shift every later pair; see data-prep/common/text_tools.py)."""
+    text = f.read()
+    lines = text.split("\n")
+    return lines[:-1] if lines and lines[-1] == "" else lines
+
+
 def read_tokenized(path: str) -> List[List[str]]:
     """Whitespace-tokenized lines of ``path`` (or ``path.gz``)."""
     with _open(path) as f:
-        return [line.split() for line in f.read().splitlines()]
+        return [line.split() for line in _lines(f)]
 
 
 def read_talp(path: str) -> List[Tuple[Set[Link], Set[Link]]]:
@@ -61,7 +69,7 @@ def read_talp(path: str) -> List[Tuple[Set[Link], Set[Link]]]:
     """
     out = []
     with _open(path) as f:
-        for n, line in enumerate(f.read().splitlines(), 1):
+        for n, line in enumerate(_lines(f), 1):
             sure, poss = set(), set()
             for tok in line.split():
                 sep = "-" if "-" in tok else "p" if "p" in tok else None
