@@ -121,6 +121,11 @@ class AttentionFunction(nn.Module):
     name = "base"
     #: False for functions whose weights are not a distribution over keys.
     is_distribution = True
+    #: Analysis slot: ``None`` (off, the default: no cost) or a callable ``capture(weights, mask)``
+    #: set by :class:`fairseq_plugins.analysis.capture.AttentionCapture`.  While set,
+    #: :meth:`wants_weights` is True (the fused path is skipped) and :meth:`observe` hands it
+    #: the weights ``(B, H, T, S)`` (before dropout) and the bool mask ``(B|1, 1, T|1, S)``.
+    capture = None
 
     def __init__(self, embed_dim: int, num_heads: int, args=None):
         super().__init__()
@@ -150,16 +155,22 @@ class AttentionFunction(nn.Module):
 
     def wants_weights(self) -> bool:
         """True when :meth:`observe` needs the weights, so the caller must not use :meth:`fused`."""
-        return self.track_entropy and not self.training and self.aux.enabled
+        return self.capture is not None or (self.track_entropy and not self.training and self.aux.enabled)
+
+    def _hand_to_capture(self, weights: torch.Tensor, mask: Optional[torch.Tensor]) -> None:
+        """Give the weights to the analysis :attr:`capture` slot, when one is set."""
+        if self.capture is not None:
+            self.capture(weights, mask)
 
     def observe(self, weights: torch.Tensor, mask: Optional[torch.Tensor]) -> None:
         """Called by the attention module with the weights ``(B, H, T, S)`` (before dropout).
 
         The default records ``attn_entropy`` (mean ``H(s_bar)`` over non-null rows, nats) and
         ``attn_null_rate`` (fraction of attendable rows with zero mass) when entropy tracking
-        is on and the module is in evaluation mode.
+        is on and the module is in evaluation mode, and hands the weights to :attr:`capture`.
         """
-        if self.wants_weights():
+        self._hand_to_capture(weights, mask)
+        if self.track_entropy and not self.training and self.aux.enabled:
             row_sum, row_slogs = row_mass_terms(weights.detach())
             n = valid_keys(mask, weights.size(-1)).to(weights.device)
             self._record_entropy(row_sum, row_slogs, n)
@@ -373,7 +384,7 @@ class _ReluFormerBase(AttentionFunction):
         return F.relu(scores) * self.row_scale(n).to(scores.dtype)
 
     def wants_weights(self):
-        return False  # its own statistics are recorded by observe()/fused()
+        return self.capture is not None  # its own statistics are recorded by observe()/fused()
 
     def fused(self, q, k, v, mask, dropout_p):
         """``s V`` through :func:`~fairseq_plugins.attention.kernels.relu_attention` (chunked,
@@ -393,6 +404,7 @@ class _ReluFormerBase(AttentionFunction):
         return out
 
     def observe(self, weights, mask):
+        self._hand_to_capture(weights, mask)
         if not self.aux.enabled:
             return
         row_sum, row_slogs = row_mass_terms(weights)

@@ -1,0 +1,302 @@
+"""Capture of per-layer, per-head attention weights from a trained model, one batch at a time.
+
+Shape legend: B batch, H heads, T query length, S key length; ``src_tokens`` ``(B, S)``,
+``prev_output_tokens`` ``(B, T)``.  Attention types: ``encoder`` (encoder self-attention,
+T = S = source length), ``decoder`` (decoder self-attention, causal, T = S = target length),
+``cross`` (encoder-decoder attention, T = target, S = source length).
+
+The seam is the ``capture`` slot of
+:class:`~fairseq_plugins.attention.functions.AttentionFunction`: while
+:class:`AttentionCapture` is active every attention function of the model hands its weights
+``(B, H, T, S)`` and mask to it (the fused kernels are skipped for that forward only);
+outside the ``with`` block the slots are ``None`` and nothing costs anything.  Stock fairseq
+``transformer`` checkpoints (plain ``MultiheadAttention``, whose fast path never returns
+per-head weights) are rebuilt as our ``attention_transformer`` with softmax everywhere, which
+is numerically the stock model (tests/test_models.py) and loads its state dict unchanged.
+
+Checkpoints are read by :func:`fairseq_plugins.checkpoint.load_checkpoint` (allow-listed
+unpickler).  Weights are streamed per batch (:func:`iter_batches`): memory is one batch's
+weights, whatever the size of the dataset.
+"""
+
+import argparse
+from dataclasses import dataclass
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+
+import torch
+import torch.nn as nn
+
+from ..attention import FunctionalMultiheadAttention
+
+__all__ = [
+    "ATTENTION_KINDS",
+    "AttentionCapture",
+    "CapturedAttention",
+    "attention_modules",
+    "load_model_for_analysis",
+    "iter_batches",
+    "pairs_dataset",
+    "hypothesis_batches",
+]
+
+#: the three attention types, in the order tables and figures show them
+ATTENTION_KINDS = ("encoder", "decoder", "cross")
+
+
+@dataclass
+class CapturedAttention:
+    """Weights of one attention module on one batch.
+
+    Attributes:
+        weights: ``(B, H, T, S)`` float32, as produced by the attention function (pre-dropout).
+        mask: bool ``(B, 1, T, S)``, True where the (query, key) pair is not valid: blocked key
+            (padding, future position) or padded query.
+        is_distribution: the function's weights are distributions over keys (softmax,
+            sparsemax, entmax) -- False for the ReLU family.
+    """
+
+    weights: torch.Tensor
+    mask: torch.Tensor
+    is_distribution: bool
+
+
+def attention_modules(model: nn.Module) -> List[Tuple[str, int, nn.Module]]:
+    """``[(kind, layer, module)]`` of a fairseq encoder-decoder Transformer, in
+    :data:`ATTENTION_KINDS` order, layers from 0."""
+    out = []
+    for i, layer in enumerate(getattr(model.encoder, "layers", [])):
+        out.append(("encoder", i, layer.self_attn))
+    dec = list(getattr(model.decoder, "layers", []))
+    for i, layer in enumerate(dec):
+        out.append(("decoder", i, layer.self_attn))
+    for i, layer in enumerate(dec):
+        if getattr(layer, "encoder_attn", None) is not None:
+            out.append(("cross", i, layer.encoder_attn))
+    return out
+
+
+class AttentionCapture:
+    """Context manager that fills the ``capture`` slot of every attention function of ``model``.
+
+    Usage::
+
+        with AttentionCapture(model) as cap:
+            for sample in batches:
+                records = cap.run(sample)   # {(kind, layer): CapturedAttention}
+
+    Args:
+        model: a model whose attention modules are all :class:`FunctionalMultiheadAttention`
+            (use :func:`load_model_for_analysis` for stock checkpoints).
+        pad: padding index (padded queries are marked in the masks).
+        kinds: attention types to capture (default all three).
+
+    Raises:
+        ValueError: a module is not a ``FunctionalMultiheadAttention``, or an unknown kind.
+    """
+
+    def __init__(self, model: nn.Module, pad: int, kinds: Sequence[str] = ATTENTION_KINDS):
+        bad = [k for k in kinds if k not in ATTENTION_KINDS]
+        if bad:
+            raise ValueError(f"unknown attention kind(s) {bad}; valid choices: {', '.join(ATTENTION_KINDS)}")
+        self.model, self.pad, self.kinds = model, pad, tuple(kinds)
+        self.modules = [(k, i, m) for k, i, m in attention_modules(model) if k in self.kinds]
+        for k, i, m in self.modules:
+            if not isinstance(m, FunctionalMultiheadAttention):
+                raise ValueError(
+                    f"{k} attention of layer {i} is a {type(m).__name__}, not FunctionalMultiheadAttention; "
+                    "load the checkpoint with load_model_for_analysis (rebuilds stock transformers)")
+        self._raw: Dict[Tuple[str, int], Tuple[torch.Tensor, Optional[torch.Tensor]]] = {}
+
+    def _slot(self, key):
+        def capture(weights, mask):
+            self._raw[key] = (weights.detach().float(), None if mask is None else mask.detach())
+        return capture
+
+    def __enter__(self):
+        for k, i, m in self.modules:
+            m.attn_fn.capture = self._slot((k, i))
+        return self
+
+    def __exit__(self, *exc):
+        for _, _, m in self.modules:
+            m.attn_fn.capture = None
+        self._raw.clear()
+        return False
+
+    @torch.no_grad()
+    def run(self, sample: dict) -> Dict[Tuple[str, int], CapturedAttention]:
+        """Teacher-forced forward of ``sample`` (``net_input`` with ``src_tokens``,
+        ``src_lengths``, ``prev_output_tokens``) in eval mode.
+
+        Returns:
+            ``{(kind, layer): CapturedAttention}``; masks combine key masks with query padding
+            (source padding for encoder queries, target padding for decoder/cross queries).
+        """
+        net = sample["net_input"]
+        was_training = self.model.training
+        self.model.eval()
+        self._raw.clear()
+        try:
+            self.model(**net)
+        finally:
+            self.model.train(was_training)
+        src_pad = net["src_tokens"].eq(self.pad)  # (B, S)
+        tgt_pad = net["prev_output_tokens"].eq(self.pad)  # (B, T)
+        out = {}
+        for k, i, m in self.modules:
+            if (k, i) not in self._raw:
+                raise RuntimeError(f"{k} attention of layer {i} produced no weights")
+            w, mask = self._raw.pop((k, i))
+            B, H, T, S = w.shape
+            qpad = (src_pad if k == "encoder" else tgt_pad).view(B, 1, T, 1)
+            full = qpad.expand(B, 1, T, S)
+            if mask is not None:
+                full = full | mask.expand(B, 1, T, S)  # (B, 1, T, S)
+            out[(k, i)] = CapturedAttention(w, full, bool(m.attn_fn.is_distribution))
+        return out
+
+
+def _rebuild_stock(model, cfg_model, task):
+    """Stock ``TransformerModel`` -> ``attention_transformer`` with softmax everywhere (same
+    parameter names; the state dict is loaded strictly)."""
+    from omegaconf import OmegaConf
+
+    from ..models.transformer import AttentionTransformerModel
+
+    if isinstance(cfg_model, argparse.Namespace):
+        args = argparse.Namespace(**vars(cfg_model))
+    else:
+        args = argparse.Namespace(**OmegaConf.to_container(cfg_model, resolve=True))
+    for attr in ("encoder_attention_fn", "decoder_attention_fn", "cross_attention_fn"):
+        setattr(args, attr, "softmax")
+    args.arch = "attention_transformer"
+    ours = AttentionTransformerModel.build_model(args, task)
+    ours.load_state_dict(model.state_dict(), strict=True)
+    return ours
+
+
+def _prepare_state(state: dict, overrides: dict) -> dict:
+    """What ``fairseq.checkpoint_utils.load_checkpoint_to_cpu`` does after ``torch.load``
+    (apply ``overrides`` to the stored args/cfg, wrap the cfg in omegaconf, upgrade old
+    layouts), for a state read by our allow-listed loader."""
+    from fairseq import checkpoint_utils
+    from fairseq.dataclass.utils import overwrite_args_by_name
+    from omegaconf import OmegaConf
+
+    if state.get("args") is not None:
+        for k, v in overrides.items():
+            setattr(state["args"], k, v)
+    if state.get("cfg") is not None:
+        state["cfg"] = OmegaConf.create(state["cfg"], flags={"allow_objects": True})
+        overwrite_args_by_name(state["cfg"], overrides)
+    return checkpoint_utils._upgrade_state_dict(state)
+
+
+def load_model_for_analysis(checkpoint: str, data: str, source_lang: Optional[str] = None,
+                            target_lang: Optional[str] = None, subsets: Sequence[str] = ()):
+    """Load ``checkpoint`` (via :func:`fairseq_plugins.checkpoint.load_checkpoint`) and its task.
+
+    Args:
+        checkpoint: fairseq checkpoint (last, averaged, ...).
+        data: fairseq data dir (binarized splits + dictionaries) overriding the stored one.
+        source_lang, target_lang: direction overrides (None: as trained).
+        subsets: splits to load into the task.
+
+    Returns:
+        ``(model, task, info)``: the model in eval mode, every attention module a
+        :class:`FunctionalMultiheadAttention` (stock transformers are rebuilt, ``info["rebuilt"]``),
+        ``info`` with ``arch`` and ``attention_fns`` ``{kind: name}``.
+
+    Raises:
+        fairseq_plugins.checkpoint.UnsafeCheckpointError: the pickle holds a non-allow-listed global.
+        FileNotFoundError: missing checkpoint.
+    """
+    from fairseq import checkpoint_utils
+
+    import fairseq_plugins  # noqa: F401  (archs, safe globals)
+    from ..checkpoint import load_checkpoint
+
+    overrides = {"data": data}
+    if source_lang:
+        overrides["source_lang"] = source_lang
+    if target_lang:
+        overrides["target_lang"] = target_lang
+    state = _prepare_state(load_checkpoint(checkpoint), overrides)
+    models, cfg, task = checkpoint_utils.load_model_ensemble_and_task(
+        [checkpoint], arg_overrides=overrides, state=state)
+    model = models[0]
+    rebuilt = False
+    if not all(isinstance(m, FunctionalMultiheadAttention) for _, _, m in attention_modules(model)):
+        model = _rebuild_stock(model, cfg.model, task)
+        rebuilt = True
+    model.eval()
+    for s in subsets:
+        task.load_dataset(s)
+    fns = {}
+    for k, _, m in attention_modules(model):
+        fns.setdefault(k, m.attn_fn.name)
+    arch = getattr(cfg.model, "arch", None) or getattr(cfg.model, "_name", None)
+    return model, task, {"arch": arch, "attention_fns": fns, "rebuilt_as_softmax": rebuilt}
+
+
+def iter_batches(task, dataset, max_tokens: int = 4096, max_sentences: Optional[int] = None) -> Iterator[dict]:
+    """Deterministic batches (no shuffling, no dropped remainder) of a fairseq dataset."""
+    itr = task.get_batch_iterator(
+        dataset=dataset, max_tokens=max_tokens, max_sentences=max_sentences,
+        required_batch_size_multiple=1, ignore_invalid_inputs=False,
+    ).next_epoch_itr(shuffle=False)
+    yield from itr
+
+
+class _ListDataset(torch.utils.data.Dataset):
+    def __init__(self, items):
+        self.items = items
+        self.sizes = torch.tensor([len(t) for t in items]).numpy()
+
+    def __getitem__(self, i):
+        return self.items[i]
+
+    def __len__(self):
+        return len(self.items)
+
+
+def pairs_dataset(task, src: List[torch.Tensor], tgt: List[torch.Tensor]):
+    """A fairseq ``LanguagePairDataset`` over token tensors (each ending in ``eos``), with the
+    task's padding conventions -- for shuffled references, hypotheses and raw-text corpora.
+
+    Raises:
+        ValueError: ``src`` and ``tgt`` differ in length.
+    """
+    from fairseq.data import LanguagePairDataset
+
+    if len(src) != len(tgt):
+        raise ValueError(f"{len(src)} sources but {len(tgt)} targets")
+    s, t = _ListDataset(src), _ListDataset(tgt)
+    return LanguagePairDataset(
+        s, s.sizes, task.source_dictionary, t, t.sizes, task.target_dictionary,
+        left_pad_source=getattr(task.cfg, "left_pad_source", True),
+        left_pad_target=getattr(task.cfg, "left_pad_target", False),
+    )
+
+
+def dataset_pairs(dataset) -> Tuple[List[torch.Tensor], List[torch.Tensor]]:
+    """All ``(source, target)`` token tensors of a ``LanguagePairDataset``, in index order."""
+    src = [dataset.src[i] for i in range(len(dataset))]
+    tgt = [dataset.tgt[i] for i in range(len(dataset))]
+    return src, tgt
+
+
+@torch.no_grad()
+def hypothesis_batches(task, model, dataset, beam: int = 4, max_tokens: int = 4096,
+                       lenpen: float = 1.0) -> Tuple[List[torch.Tensor], List[torch.Tensor]]:
+    """Translate ``dataset`` with beam search; returns ``(sources, best hypotheses)`` in index
+    order (tokens ending in ``eos``), to teacher-force the model on its own translations."""
+    gen = task.build_generator([model], argparse.Namespace(beam=beam, lenpen=lenpen, max_len_a=1.2,
+                                                           max_len_b=10))
+    hyps: Dict[int, torch.Tensor] = {}
+    for sample in iter_batches(task, dataset, max_tokens=max_tokens):
+        out = task.inference_step(gen, [model], sample)
+        for j, idx in enumerate(sample["id"].tolist()):
+            hyps[idx] = out[j][0]["tokens"].cpu()
+    src = [dataset.src[i] for i in range(len(dataset))]
+    return src, [hyps[i] for i in range(len(dataset))]

@@ -1,0 +1,388 @@
+"""``fairseq-attention-analysis``: checkpoints + a data split -> Markdown/JSON tables and PNG figures.
+
+Usage (one model, or several with ``LABEL=PATH`` to compare them in one table/figure)::
+
+    fairseq-attention-analysis --checkpoint softmax=runs/a/avg.pt relag=runs/b/avg.pt \\
+        --data data-bin/multi30k_en_de/bin --source-lang en --target-lang de --split test \\
+        --out results/analysis --hallucination --heatmap-ids 0 5 \\
+        [--aer-checkpoint deen=runs/deen/avg.pt --aer-gold ../shared/data/rwth_gold_alignment_de_en \\
+         --bpe-codes data-bin/multi30k_en_de/bpe/codes] \\
+        [--rank-split train | --rank-raw SRC.txt TGT.txt] [--rank-out ranked.tsv]
+
+Writes into ``--out``: ``analysis.json`` (every number, with provenance), ``analysis.md``
+(tables), ``figures/*.png`` (per-layer curves of sparsity, null rate, JS divergence, entropy;
+top-p curves; hallucination test; AER curves; heatmaps), and the ranked corpus file when asked.
+All files are written atomically.
+"""
+
+import argparse
+import hashlib
+import os
+import platform
+import subprocess
+import sys
+import time
+from typing import Dict, List, Optional, Tuple
+
+__all__ = ["main", "build_parser"]
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _labelled(items: List[str], flag: str) -> List[Tuple[str, str]]:
+    out, seen = [], set()
+    for it in items:
+        label, path = it.split("=", 1) if "=" in it else (os.path.basename(os.path.dirname(os.path.abspath(it)))
+                                                          or it, it)
+        if label in seen:
+            raise SystemExit(f"{flag}: label {label!r} given twice")
+        seen.add(label)
+        if not os.path.isfile(path):
+            raise SystemExit(f"{flag}: checkpoint not found: {path}")
+        out.append((label, path))
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="fairseq-attention-analysis",
+                                description="Attention analysis (ReLA Section 5.2, ReLUFormer Sections 3.4/4.2)")
+    p.add_argument("--checkpoint", nargs="+", default=[], metavar="[LABEL=]PATH",
+                   help="checkpoint(s) to analyse on --split; several = --compare in one table/figure")
+    p.add_argument("--compare", nargs="+", default=[], metavar="LABEL=PATH",
+                   help="more checkpoints to put next to --checkpoint (same as listing them there)")
+    p.add_argument("--data", required=True, help="fairseq data dir (binarized splits + dictionaries)")
+    p.add_argument("--source-lang"), p.add_argument("--target-lang")
+    p.add_argument("--split", default="test", help="split of --data to analyse (default: test)")
+    p.add_argument("--limit", type=int, help="only the first N pairs of the split")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--max-tokens", type=int, default=4096)
+    p.add_argument("--taus", type=float, nargs="+", default=[1.0, 0.5, 0.25, 0.1],
+                   help="temperatures of the softmax re-normalisation of non-distributions (ReLA Table 6)")
+    p.add_argument("--top-p", type=float, nargs="+", default=[1.0, 5.0, 10.0, 20.0, 50.0])
+    p.add_argument("--heatmap-ids", type=int, nargs="*", default=[],
+                   help="sentence ids (dataset indices) whose attention is drawn as heatmaps")
+    p.add_argument("--heatmap-kinds", nargs="+", default=["cross"], choices=["encoder", "decoder", "cross"])
+    p.add_argument("--hallucination", action="store_true",
+                   help="cross null rate with references vs shuffled references (ReLA Fig 6)")
+    p.add_argument("--on-hypotheses", action="store_true",
+                   help="also teacher-force on the model's own beam-search translations")
+    p.add_argument("--beam", type=int, default=4)
+    p.add_argument("--seed", type=int, default=1, help="seed of the reference shuffle")
+    p.add_argument("--aer-checkpoint", nargs="+", default=[], metavar="[LABEL=]PATH",
+                   help="De->En checkpoint(s) whose cross-attention is scored against the gold alignments")
+    p.add_argument("--aer-data", help="data dir of the De->En model (default: --data)")
+    p.add_argument("--aer-gold", default=os.path.join(os.path.dirname(ROOT), "shared", "data",
+                                                      "rwth_gold_alignment_de_en"))
+    p.add_argument("--aer-lowercase", action="store_true", help="use the lowercased gold text (test.{de,en})")
+    p.add_argument("--aer-limit", type=int, help="only the first N gold pairs")
+    p.add_argument("--bpe-codes", help="BPE codes of the models' data-prep (AER gold text, --rank-raw)")
+    p.add_argument("--rank-split", help="rank the pairs of this binarized split of --data by cross null rate")
+    p.add_argument("--rank-raw", nargs=2, metavar=("SRC", "TGT"),
+                   help="rank a raw parallel corpus (Moses-tokenised and BPE'd like the data-prep)")
+    p.add_argument("--rank-pretokenized", action="store_true",
+                   help="--rank-raw files are already tokenised and BPE'd (skip both)")
+    p.add_argument("--rank-with", metavar="LABEL",
+                   help="model (label of --checkpoint) that ranks the corpus (default: the first whose "
+                        "cross-attention can be null, i.e. is not a distribution; else the first)")
+    p.add_argument("--rank-out", help="ranked TSV (default: OUT/ranked_<split|raw>.tsv)")
+    p.add_argument("--no-figures", action="store_true")
+    return p
+
+
+def _sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _git_commit() -> Optional[str]:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return out.stdout.strip() + ("+dirty" if dirty else "") if out.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _subset(task, dataset, limit):
+    from .capture import dataset_pairs, pairs_dataset
+
+    if limit is None or limit >= len(dataset):
+        return dataset
+    src, tgt = dataset_pairs(dataset)
+    return pairs_dataset(task, src[:limit], tgt[:limit])
+
+
+def _raw_pairs(task, paths, src_lang, tgt_lang, bpe_codes, pretokenized):
+    """Token tensors of a raw parallel corpus: Moses (data-prep settings) + BPE + dictionary."""
+    def lines(path):
+        with open(path, encoding="utf-8", newline="\n") as f:
+            return [l[:-1] if l.endswith("\n") else l for l in f]
+
+    s_lines, t_lines = lines(paths[0]), lines(paths[1])
+    if len(s_lines) != len(t_lines):
+        raise SystemExit(f"--rank-raw: {len(s_lines)} source lines but {len(t_lines)} target lines")
+    if not pretokenized:
+        from sacremoses import MosesTokenizer
+
+        bpe = None
+        if bpe_codes:
+            from subword_nmt.apply_bpe import BPE
+
+            with open(bpe_codes, encoding="utf-8") as f:
+                bpe = BPE(f)
+        else:
+            print("warning: --rank-raw without --bpe-codes: no BPE applied", file=sys.stderr)
+
+        def prep(texts, lang):
+            tok = MosesTokenizer(lang=lang)
+            out = [tok.tokenize(t, escape=False, aggressive_dash_splits=False, return_str=True) for t in texts]
+            return [bpe.process_line(t) for t in out] if bpe else out
+
+        s_lines, t_lines = prep(s_lines, src_lang), prep(t_lines, tgt_lang)
+    enc = lambda d, t: d.encode_line(t, add_if_not_exist=False, append_eos=True).long()  # noqa: E731
+    return ([enc(task.source_dictionary, s) for s in s_lines], [enc(task.target_dictionary, t) for t in t_lines],
+            s_lines, t_lines)
+
+
+def _fmt(x, pct=False):
+    if x is None or x != x:
+        return "–"
+    return f"{100 * x:.1f}" if pct else f"{x:.3f}"
+
+
+def _md_layer_table(results, kind, metric, pct) -> List[str]:
+    rows = [(label, r["metrics"][kind][metric]) for label, r in results.items()
+            if kind in r["metrics"] and metric in r["metrics"][kind]]
+    if not rows:
+        return []
+    L = max(len(v) for _, v in rows)
+    head = "| model | " + " | ".join(f"L{i + 1}" for i in range(L)) + " | mean |"
+    out = [head, "|" + "---|" * (L + 2)]
+    for label, v in rows:
+        out.append(f"| {label} | " + " | ".join(_fmt(x, pct) for x in v) + f" | {_fmt(sum(v) / len(v), pct)} |")
+    return out
+
+
+def render_markdown(report: dict) -> str:
+    """The Markdown tables of a report (see :func:`main`)."""
+    res = report["models"]
+    md = [f"# Attention analysis: {report['data']['split']} split", "",
+          f"Data: `{report['data']['dir']}` ({report['data']['direction']}, {report['data']['n_pairs']} pairs); "
+          f"commit `{report['provenance']['git_commit']}`; command: `{report['provenance']['command']}`.", "",
+          "Models: " + ", ".join(f"**{l}** = `{r['checkpoint']}` ({r['info']['arch']}, "
+                                  f"{'/'.join(r['info']['attention_fns'].values())})" for l, r in res.items()), ""]
+    sections = [
+        ("sparsity", "Sparsity rate (%), mean over heads (ReLA Fig. 3)", True),
+        ("null_rate", "Null rate (%), mean over heads (ReLA Fig. 6)", True),
+        ("js", "Head diversity: JS divergence over heads (nats; ReLA Fig. 5, tau = 1)", False),
+        ("entropy", "Entropy H(s) of the renormalised weights (nats; ReLUFormer Sec. 4.2)", False),
+    ]
+    for metric, title, pct in sections:
+        md += [f"## {title}", ""]
+        for kind in ("encoder", "decoder", "cross"):
+            t = _md_layer_table(res, kind, metric, pct)
+            if t:
+                md += [f"*{kind}*", ""] + t + [""]
+    js_tau = [(l, r) for l, r in res.items() if any("js_by_tau" in m for m in r["metrics"].values())]
+    if js_tau:
+        md += ["## JS divergence averaged over layers by temperature (ReLA Table 6)", "",
+               "| model | tau | enc | dec | cross |", "|---|---|---|---|---|"]
+        for l, r in res.items():
+            taus = next((m["js_by_tau"].keys() for m in r["metrics"].values() if "js_by_tau" in m), ["1"])
+            for t in taus:
+                cells = []
+                for kind in ("encoder", "decoder", "cross"):
+                    m = r["metrics"].get(kind, {})
+                    v = m.get("js_by_tau", {}).get(t, m.get("js"))
+                    cells.append(_fmt(sum(v) / len(v)) if v else "–")
+                md.append(f"| {l} | {t} | " + " | ".join(cells) + " |")
+        md.append("")
+    md += ["## Top-p % score sum, mean over layers (ReLUFormer Figs. 2, 4)", "",
+           "| model | attention | " + " | ".join(f"top {p}%" for p in report["settings"]["top_p"]) + " |",
+           "|---|---|" + "---|" * len(report["settings"]["top_p"])]
+    for l, r in res.items():
+        for kind, m in r["metrics"].items():
+            md.append(f"| {l} | {kind} | " + " | ".join(_fmt(sum(v) / len(v)) for v in m["top_p"].values()) + " |")
+    md.append("")
+    if any("ffn_anisotropy" in r for r in res.values()):
+        md += ["## Anisotropy of FFN value slots (ReLUFormer eq. 4, Fig. 3)", "", "| model | encoder layers | decoder layers |",
+               "|---|---|---|"]
+        for l, r in res.items():
+            a = r["ffn_anisotropy"]
+            md.append(f"| {l} | {', '.join(_fmt(x) for x in a['encoder'])} | {', '.join(_fmt(x) for x in a['decoder'])} |")
+        md.append("")
+    if any("hallucination" in r for r in res.values()):
+        md += ["## Hallucination test: cross-attention null rate (%), references vs shuffled (ReLA Fig. 6)", "",
+               "| model | references | " + " | ".join("L%d" % (i + 1) for i in range(len(
+                   next(r for r in res.values() if "hallucination" in r)["hallucination"]["reference"]))) + " |",
+               "|---|---|" + "---|" * len(next(r for r in res.values() if "hallucination" in r)["hallucination"]["reference"])]
+        for l, r in res.items():
+            h = r.get("hallucination")
+            if h:
+                md.append(f"| {l} | real | " + " | ".join(_fmt(x, True) for x in h["reference"]) + " |")
+                md.append(f"| {l} | shuffled | " + " | ".join(_fmt(x, True) for x in h["shuffled"]) + " |")
+        md.append("")
+    if any("on_hypotheses" in r for r in res.values()):
+        md += ["## Teacher-forced on the model's own translations (beam search)", ""]
+        for kind in ("encoder", "decoder", "cross"):
+            for metric, pct in (("sparsity", True), ("null_rate", True), ("js", False)):
+                sub = {l: {"metrics": r["on_hypotheses"]} for l, r in res.items() if "on_hypotheses" in r}
+                t = _md_layer_table(sub, kind, metric, pct)
+                if t:
+                    md += [f"*{kind}, {metric}*", ""] + t + [""]
+    if report.get("aer"):
+        md += ["## AER (%) of De→En cross-attention vs RWTH gold alignments (ReLA Fig. 4, Table 5)", "",
+               "| model | normal AoL | normal AoH | shifted AoL | shifted AoH | unk rate |", "|---|---|---|---|---|---|"]
+        for l, a in report["aer"].items():
+            md.append(f"| {l} | {a['normal']['AoL']:.2f} | {a['normal']['AoH']:.2f} | {a['shifted']['AoL']:.2f} | "
+                      f"{a['shifted']['AoH']:.2f} | {100 * a['unk_rate']:.1f}% |")
+        md.append("")
+        for l, a in report["aer"].items():
+            for mode in ("normal", "shifted"):
+                md.append(f"*{l}, {mode}*: layer attention " + ", ".join(f"{x:.1f}" for x in a[mode]["layer"])
+                          + "; best head " + ", ".join(f"{x:.1f} (h{h})" for x, h in
+                                                     zip(a[mode]["best_head"], a[mode]["best_head_index"])))
+                md.append("")
+    if report.get("ranking"):
+        rk = report["ranking"]
+        md += ["## Corpus ranking by cross-attention null rate (ReLA Sec. 5.2)", "",
+               f"{rk['n_pairs']} pairs of {rk['corpus']} ranked by `{rk['model']}` -> `{rk['file']}`; "
+               f"mean null rate {_fmt(rk['mean'], True)}%, best {_fmt(rk['min'], True)}%, worst {_fmt(rk['max'], True)}%.", ""]
+    return "\n".join(md) + "\n"
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    models = _labelled(args.checkpoint + args.compare, "--checkpoint")
+    aer_models = _labelled(args.aer_checkpoint, "--aer-checkpoint")
+    if not models and not aer_models:
+        raise SystemExit("nothing to do: give --checkpoint and/or --aer-checkpoint")
+    if (args.rank_split or args.rank_raw) and not models:
+        raise SystemExit("--rank-split/--rank-raw need a --checkpoint")
+    if args.rank_split and args.rank_raw:
+        raise SystemExit("--rank-split and --rank-raw exclude each other")
+    if not os.path.isdir(args.data):
+        raise SystemExit(f"--data: not a directory: {args.data}")
+    if aer_models and not os.path.isdir(args.aer_gold):
+        raise SystemExit(f"--aer-gold: not a directory: {args.aer_gold}")
+    for path in filter(None, [args.bpe_codes] + list(args.rank_raw or [])):
+        if not os.path.isfile(path):
+            raise SystemExit(f"not found: {path}")
+
+    import torch
+
+    import fairseq_plugins  # noqa: F401
+    from . import plots
+    from .capture import hypothesis_batches, load_model_for_analysis, pairs_dataset
+    from .io import atomic_path, write_json_atomic, write_text_atomic
+    from .metrics import ffn_anisotropy
+    from .report import alignment_aer, analyze_dataset, cross_null_by_sentence, hallucination_test, rank_pairs
+
+    t0 = time.time()
+    os.makedirs(os.path.join(args.out, "figures"), exist_ok=True)
+    report = {
+        "provenance": {"command": " ".join(["fairseq-attention-analysis"] + [a for a in (argv or sys.argv[1:])]),
+                       "git_commit": _git_commit(), "python": platform.python_version(),
+                       "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+                       "date": time.strftime("%Y-%m-%d %H:%M:%S %z")},
+        "settings": {"taus": args.taus, "top_p": [f"{p:g}" for p in args.top_p], "max_tokens": args.max_tokens,
+                     "seed": args.seed, "beam": args.beam},
+        "data": {"dir": os.path.abspath(args.data), "split": args.split},
+        "models": {}, "aer": {},
+    }
+    figures = []
+    first = None
+    for label, path in models:
+        model, task, info = load_model_for_analysis(path, args.data, args.source_lang, args.target_lang,
+                                                    subsets=[args.split])
+        dataset = _subset(task, task.dataset(args.split), args.limit)
+        report["data"].update(direction=f"{task.cfg.source_lang}-{task.cfg.target_lang}", n_pairs=len(dataset))
+        summary, heat = analyze_dataset(model, task, dataset, args.max_tokens, args.heatmap_ids, args.taus, args.top_p)
+        entry = {"checkpoint": os.path.abspath(path), "sha256": _sha256(path), "info": info, "metrics": summary,
+                 "ffn_anisotropy": ffn_anisotropy(model)}
+        if args.hallucination:
+            entry["hallucination"] = hallucination_test(model, task, dataset, args.seed, args.max_tokens)
+        if args.on_hypotheses:
+            src, hyp = hypothesis_batches(task, model, dataset, beam=args.beam, max_tokens=args.max_tokens)
+            entry["on_hypotheses"], _ = analyze_dataset(model, task, pairs_dataset(task, src, hyp), args.max_tokens,
+                                                        (), args.taus, args.top_p)
+        report["models"][label] = entry
+        if not args.no_figures:
+            for h in heat:
+                for kind in args.heatmap_kinds:
+                    rows = h["src"] if kind == "encoder" else h["prev"]
+                    cols = h["prev"] if kind == "decoder" else h["src"]
+                    figures.append(plots.heatmap_grid(
+                        h["weights"][kind], rows, cols,
+                        os.path.join(args.out, "figures", f"heatmap_{label}_{kind}_{h['id']}.png"),
+                        title=f"{label}: {kind} attention, sentence {h['id']} (rows: queries; ∅ = null row)"))
+        ranker_wanted = args.rank_with == label if args.rank_with else (
+            first is None or (first[3] and not entry["metrics"]["cross"]["attention_is_distribution"]))
+        if (args.rank_split or args.rank_raw) and ranker_wanted:
+            first = (label, model, task, entry["metrics"]["cross"]["attention_is_distribution"])
+        del model
+    if args.rank_split or args.rank_raw:
+        if first is None:
+            raise SystemExit(f"--rank-with {args.rank_with!r} is not a label of --checkpoint; "
+                             f"valid choices: {', '.join(l for l, _ in models)}")
+        label, model, task, _ = first
+        if args.rank_split:
+            task.load_dataset(args.rank_split)
+            ds = task.dataset(args.rank_split)
+            s_txt = [task.source_dictionary.string(ds.src[i], "subword_nmt") for i in range(len(ds))]
+            t_txt = [task.target_dictionary.string(ds.tgt[i], "subword_nmt") for i in range(len(ds))]
+            corpus = f"split {args.rank_split} of {os.path.abspath(args.data)}"
+            name = args.rank_split
+        else:
+            src, tgt, s_txt, t_txt = _raw_pairs(task, args.rank_raw, task.cfg.source_lang, task.cfg.target_lang,
+                                                args.bpe_codes, args.rank_pretokenized)
+            ds = pairs_dataset(task, src, tgt)
+            corpus = " + ".join(os.path.abspath(p) for p in args.rank_raw)
+            name = "raw"
+        scores = cross_null_by_sentence(model, task, ds, args.max_tokens)
+        order = rank_pairs(scores)
+        out_file = args.rank_out or os.path.join(args.out, f"ranked_{name}.tsv")
+        with atomic_path(out_file) as tmp, open(tmp, "w", encoding="utf-8", newline="\n") as f:
+            f.write("rank\tindex\tcross_null_rate\tsource\ttarget\n")
+            for r, i in enumerate(order, 1):
+                f.write(f"{r}\t{i}\t{float(scores[i]):.6f}\t{s_txt[i]}\t{t_txt[i]}\n")
+        finite = scores[~torch.isnan(scores)]
+        report["ranking"] = {"model": label, "corpus": corpus, "file": os.path.abspath(out_file),
+                             "n_pairs": len(order), "mean": float(finite.mean()) if len(finite) else None,
+                             "min": float(finite.min()) if len(finite) else None,
+                             "max": float(finite.max()) if len(finite) else None}
+    for label, path in aer_models:
+        model, task, info = load_model_for_analysis(path, args.aer_data or args.data, "de", "en")
+        res = alignment_aer(model, task, args.aer_gold, args.bpe_codes, "de", "en", cased=not args.aer_lowercase,
+                            max_tokens=args.max_tokens, limit=args.aer_limit)
+        res.update(checkpoint=os.path.abspath(path), sha256=_sha256(path), info=info)
+        report["aer"][label] = res
+        del model
+    res = report["models"]
+    if not args.no_figures:
+        if res:
+            for metric, ylabel in (("sparsity", "sparsity rate"), ("null_rate", "null rate"),
+                                   ("js", "JS divergence (nats)"), ("entropy", "entropy (nats)")):
+                figures.append(plots.layer_curves(res, metric, ylabel, os.path.join(args.out, "figures", f"{metric}.png")))
+            figures.append(plots.top_p_curves(res, os.path.join(args.out, "figures", "top_p.png")))
+            if args.hallucination:
+                figures.append(plots.hallucination_curves(res, os.path.join(args.out, "figures", "hallucination.png")))
+        if report["aer"]:
+            figures.append(plots.aer_curves(report["aer"], os.path.join(args.out, "figures", "aer.png")))
+    report["figures"] = [os.path.relpath(f, args.out) for f in figures]
+    report["provenance"]["wall_s"] = round(time.time() - t0, 1)
+    report["data"].setdefault("direction", "de-en")
+    report["data"].setdefault("n_pairs", 0)
+    write_json_atomic(os.path.join(args.out, "analysis.json"), report)
+    write_text_atomic(os.path.join(args.out, "analysis.md"), render_markdown(report))
+    print(f"wrote {os.path.join(args.out, 'analysis.md')}, analysis.json and {len(figures)} figures "
+          f"in {report['provenance']['wall_s']} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,40 @@
+"""Atomic output for the analysis package (same contract as ``scripts/atomic.py``, which the
+installed package cannot import): a file is written to a temporary path in its directory and
+renamed over the target only when writing succeeded -- never a half-written output."""
+
+import contextlib
+import json
+import os
+import tempfile
+
+__all__ = ["atomic_path", "write_text_atomic", "write_json_atomic"]
+
+
+@contextlib.contextmanager
+def atomic_path(path: str):
+    """Yield a temporary path next to ``path``; ``os.replace`` it onto ``path`` on success."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=directory)
+    os.close(fd)
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        yield tmp
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def write_text_atomic(path: str, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` atomically."""
+    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8", newline="\n") as f:
+        f.write(text)
+
+
+def write_json_atomic(path: str, obj) -> None:
+    """Write ``obj`` as indented JSON to ``path`` atomically."""
+    write_text_atomic(path, json.dumps(obj, indent=1, ensure_ascii=False) + "\n")

@@ -1,0 +1,159 @@
+"""PNG figures of the attention analyses (matplotlib, Agg backend).
+
+Shape legend: H heads, T query length, S key length.  Every function writes one PNG
+atomically (temp file + rename) and returns its path.  Layers are shown 1-based, as in the
+papers' figures.
+"""
+
+import os
+from typing import Dict, List, Optional, Sequence
+
+from .io import atomic_path
+
+__all__ = ["layer_curves", "hallucination_curves", "aer_curves", "top_p_curves", "heatmap_grid"]
+
+KIND_TITLES = {"encoder": "encoder self-attention", "decoder": "decoder self-attention",
+               "cross": "cross-attention"}
+
+
+def _plt():
+    import logging
+
+    import matplotlib
+
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # fairseq may leave the root at DEBUG
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, path):
+    plt = _plt()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def layer_curves(results: Dict[str, dict], metric: str, ylabel: str, path: str,
+                 title: Optional[str] = None) -> str:
+    """Per-layer curves of ``metric`` for each attention type (one panel each), one line per
+    model label.  ``results[label]["metrics"][kind][metric]`` is a list over layers."""
+    plt = _plt()
+    kinds = [k for k in KIND_TITLES if any(k in r["metrics"] for r in results.values())]
+    fig, axes = plt.subplots(1, len(kinds), figsize=(4.2 * len(kinds), 3.2), squeeze=False)
+    for ax, kind in zip(axes[0], kinds):
+        for label, r in results.items():
+            ys = r["metrics"].get(kind, {}).get(metric)
+            if ys is None:
+                continue
+            ax.plot(range(1, len(ys) + 1), ys, marker="o", label=label)
+        ax.set_title(KIND_TITLES[kind])
+        ax.set_xlabel("layer")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+    axes[0][-1].legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
+    return _save(fig, path)
+
+
+def hallucination_curves(results: Dict[str, dict], path: str) -> str:
+    """Cross-attention null rate per layer: references (solid) vs shuffled references (dashed)
+    (ReLA Figure 6)."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(4.8, 3.4))
+    for n, (label, r) in enumerate(results.items()):
+        h = r.get("hallucination")
+        if not h:
+            continue
+        c = f"C{n}"
+        xs = range(1, len(h["reference"]) + 1)
+        ax.plot(xs, h["reference"], color=c, marker="o", label=f"{label} (reference)")
+        ax.plot(xs, h["shuffled"], color=c, marker="x", linestyle="--", label=f"{label} (shuffled)")
+    ax.set_xlabel("layer")
+    ax.set_ylabel("cross-attention null rate")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def aer_curves(aer_results: Dict[str, dict], path: str) -> str:
+    """AER per layer, normal (left) and shifted (right) attention; solid = best head per layer,
+    dashed = layer attention (ReLA Figure 4)."""
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.4), sharey=True)
+    for ax, mode in zip(axes, ("normal", "shifted")):
+        for n, (label, r) in enumerate(aer_results.items()):
+            m = r[mode]
+            xs = range(1, len(m["layer"]) + 1)
+            ax.plot(xs, m["best_head"], color=f"C{n}", marker="o", label=f"{label} best head")
+            ax.plot(xs, m["layer"], color=f"C{n}", marker="x", linestyle="--", label=f"{label} layer")
+        ax.set_title(f"{mode} attention")
+        ax.set_xlabel("layer")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("AER (%)")
+    axes[1].legend(fontsize=7)
+    return _save(fig, path)
+
+
+def top_p_curves(results: Dict[str, dict], path: str) -> str:
+    """Top-p % score sum against p (mean over layers), one panel per attention type
+    (ReLUFormer Figures 2 and 4)."""
+    plt = _plt()
+    kinds = [k for k in KIND_TITLES if any(k in r["metrics"] for r in results.values())]
+    fig, axes = plt.subplots(1, len(kinds), figsize=(4.2 * len(kinds), 3.2), squeeze=False)
+    for ax, kind in zip(axes[0], kinds):
+        for label, r in results.items():
+            tp = r["metrics"].get(kind, {}).get("top_p")
+            if not tp:
+                continue
+            ps = sorted(tp, key=float)
+            ax.plot([float(p) for p in ps], [sum(tp[p]) / len(tp[p]) for p in ps], marker="o", label=label)
+        ax.set_title(KIND_TITLES[kind])
+        ax.set_xlabel("top p (%)")
+        ax.set_ylabel("score sum")
+        ax.grid(alpha=0.3)
+    axes[0][-1].legend(fontsize=8)
+    return _save(fig, path)
+
+
+def heatmap_grid(weights: List, row_tokens: Sequence[str], col_tokens: Sequence[str], path: str,
+                 title: str = "") -> str:
+    """Attention heatmaps, one row of panels per layer and one column per head.
+
+    Args:
+        weights: per layer a ``(H, T, S)`` tensor.
+        row_tokens: the ``T`` query tokens; col_tokens: the ``S`` key tokens.
+
+    Null rows (all weights 0) are drawn hatched in red and their query label is marked ``∅``,
+    so switched-off queries stay visible (ReLA Figure 7).
+    """
+    plt = _plt()
+    from matplotlib.patches import Rectangle
+
+    L, H = len(weights), weights[0].size(0)
+    T, S = weights[0].shape[-2:]
+    cell = 0.22
+    fig, axes = plt.subplots(L, H, figsize=(max(3.0, cell * S + 1.2) * H, max(2.5, cell * T + 1.0) * L),
+                             squeeze=False)
+    for li, w in enumerate(weights):
+        for h in range(H):
+            ax = axes[li][h]
+            a = w[h].float()
+            vmax = float(a.max()) if float(a.max()) > 0 else 1.0
+            ax.imshow(a.numpy(), cmap="Blues", vmin=0.0, vmax=vmax, aspect="auto", interpolation="nearest")
+            null = (a == 0).all(dim=-1).tolist()
+            for t, is_null in enumerate(null):
+                if is_null:
+                    ax.add_patch(Rectangle((-0.5, t - 0.5), S, 1, fill=False, hatch="///",
+                                           edgecolor="red", linewidth=0.0))
+            ax.set_xticks(range(S))
+            ax.set_xticklabels(col_tokens, rotation=90, fontsize=6)
+            ax.set_yticks(range(T))
+            ax.set_yticklabels([("∅ " if n else "") + tok for tok, n in zip(row_tokens, null)], fontsize=6)
+            ax.set_title(f"layer {li + 1} head {h} (null {sum(null)}/{T})", fontsize=7)
+    if title:
+        fig.suptitle(title, fontsize=9)
+    return _save(fig, path)

@@ -1,0 +1,278 @@
+"""Dataset-level attention analyses: streamed metrics, AER, hallucination test, corpus ranking.
+
+Shape legend: B batch, H heads, T query length, S key length, L layers.  Everything runs one
+batch at a time through :class:`~fairseq_plugins.analysis.capture.AttentionCapture`; what is
+kept across batches is per-head sums and counts (and, for heatmaps, the weights of the few
+chosen sentences).
+"""
+
+import random
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from . import metrics as M
+from .alignment import layer_head_links, new_counts, read_talp, read_tokenized, segment_words, \
+    summarize_counts, target_rows
+from .capture import ATTENTION_KINDS, AttentionCapture, dataset_pairs, iter_batches, pairs_dataset
+
+__all__ = ["AttentionStats", "analyze_dataset", "cross_null_by_sentence", "hallucination_test",
+           "rank_pairs", "alignment_aer", "DEFAULT_TOP_P", "DEFAULT_TAUS"]
+
+#: top-p percentages reported (ReLUFormer Figs 2 and 4 use small p; sentences here are short)
+DEFAULT_TOP_P = (1.0, 5.0, 10.0, 20.0, 50.0)
+#: temperatures of ReLA Table 6 (used for functions whose weights are not distributions)
+DEFAULT_TAUS = (1.0, 0.5, 0.25, 0.1)
+
+
+class AttentionStats:
+    """Running sums of every metric of :mod:`~fairseq_plugins.analysis.metrics`, per
+    ``(kind, layer)`` and head.
+
+    Args:
+        taus: temperatures for the JS conversion of non-distributions (ReLA Table 6).
+        top_ps: top-p percentages.
+    """
+
+    def __init__(self, taus: Sequence[float] = DEFAULT_TAUS, top_ps: Sequence[float] = DEFAULT_TOP_P):
+        self.taus, self.top_ps = tuple(taus), tuple(top_ps)
+        self.sums: Dict[Tuple[str, int], Dict[str, List[torch.Tensor]]] = {}
+        self.is_distribution: Dict[str, bool] = {}
+
+    def _add(self, key, name, terms):
+        slot = self.sums.setdefault(key, {})
+        if name in slot:
+            slot[name][0] += terms[0]
+            slot[name][1] += terms[1]
+        else:
+            slot[name] = [terms[0].clone(), terms[1].clone()]
+
+    def update(self, records) -> None:
+        """Add one batch of :meth:`AttentionCapture.run` records."""
+        for key, rec in records.items():
+            w, mask = rec.weights, rec.mask
+            self.is_distribution[key[0]] = rec.is_distribution
+            self._add(key, "sparsity", M.sparsity_terms(w, mask))
+            self._add(key, "null", M.null_terms(w, mask))
+            self._add(key, "entropy", M.entropy_terms(w, mask))
+            self._add(key, "top_p", M.top_p_terms(w, mask, self.top_ps))
+            taus = (1.0,) if rec.is_distribution else self.taus
+            for tau in taus:
+                self._add(key, f"js@{tau:g}", M.js_divergence_terms(w, mask, not rec.is_distribution, tau))
+
+    def summary(self) -> dict:
+        """``{kind: {metric: per-layer list, metric_per_head: [[per head] per layer]}}``.
+
+        Layer values: sparsity and null rate are means over heads (ReLA Figs 3 and 6); entropy
+        and top-p pool the rows of all heads; ``js`` is at ``tau = 1`` (the weights themselves for
+        distributions), ``js_by_tau`` for every temperature of non-distributions.
+        """
+        out = {}
+        for kind in ATTENTION_KINDS:
+            layers = sorted(i for k, i in self.sums if k == kind)
+            if not layers:
+                continue
+            d = {"attention_is_distribution": self.is_distribution[kind]}
+            rows = [self.sums[(kind, i)] for i in layers]
+            for name, label in (("sparsity", "sparsity"), ("null", "null_rate")):
+                per_head = [(r[name][0] / r[name][1].clamp_min(1)).tolist() for r in rows]
+                d[label + "_per_head"] = per_head
+                d[label] = [sum(h) / len(h) for h in per_head]
+            d["entropy_per_head"] = [(r["entropy"][0] / r["entropy"][1].clamp_min(1)).tolist() for r in rows]
+            d["entropy"] = [float(r["entropy"][0].sum() / r["entropy"][1].sum().clamp_min(1)) for r in rows]
+            d["top_p"] = {f"{p:g}": [float(r["top_p"][0][j].sum() / r["top_p"][1].sum().clamp_min(1))
+                                     for r in rows] for j, p in enumerate(self.top_ps)}
+            taus = (1.0,) if d["attention_is_distribution"] else self.taus
+            by_tau = {f"{t:g}": [float(r[f"js@{t:g}"][0] / r[f"js@{t:g}"][1].clamp_min(1)) for r in rows]
+                      for t in taus}
+            d["js"] = by_tau["1"] if "1" in by_tau else next(iter(by_tau.values()))
+            if not d["attention_is_distribution"]:
+                d["js_by_tau"] = by_tau
+            out[kind] = d
+        return out
+
+
+def _strings(dictionary, tokens: torch.Tensor) -> List[str]:
+    return [dictionary[t] for t in tokens.tolist()]
+
+
+@torch.no_grad()
+def analyze_dataset(model, task, dataset, max_tokens: int = 4096, heatmap_ids: Sequence[int] = (),
+                    taus=DEFAULT_TAUS, top_ps=DEFAULT_TOP_P, max_sentences: Optional[int] = None):
+    """Stream ``dataset`` through the model (teacher forcing) and accumulate all metrics.
+
+    Returns:
+        ``(summary, heatmaps)``: :meth:`AttentionStats.summary` and, for each id in
+        ``heatmap_ids``, ``{"id", "src", "prev" (token strings), "weights": {kind: [(H, T, S)
+        per layer]}}`` (padding removed).
+    """
+    pad = task.target_dictionary.pad()
+    stats = AttentionStats(taus, top_ps)
+    want = set(int(i) for i in heatmap_ids)
+    heat = {}
+    with AttentionCapture(model, pad) as cap:
+        for sample in iter_batches(task, dataset, max_tokens, max_sentences):
+            rec = cap.run(sample)
+            stats.update(rec)
+            ids = sample["id"].tolist()
+            for b, idx in enumerate(ids):
+                if idx not in want:
+                    continue
+                net = sample["net_input"]
+                sv = net["src_tokens"][b].ne(pad)
+                tv = net["prev_output_tokens"][b].ne(pad)
+                entry = {"id": idx, "src": _strings(task.source_dictionary, net["src_tokens"][b][sv]),
+                         "prev": _strings(task.target_dictionary, net["prev_output_tokens"][b][tv]),
+                         "weights": {}}
+                for (kind, layer), r in sorted(rec.items()):
+                    q, k = (sv, sv) if kind == "encoder" else (tv, tv) if kind == "decoder" else (tv, sv)
+                    entry["weights"].setdefault(kind, []).append(r.weights[b][:, q][:, :, k].clone())
+                heat[idx] = entry
+            del rec
+    return stats.summary(), [heat[i] for i in heatmap_ids if i in heat]
+
+
+@torch.no_grad()
+def cross_null_by_sentence(model, task, dataset, max_tokens: int = 4096) -> torch.Tensor:
+    """Per-pair null rate of the cross-attention averaged over layers ``(N,)`` (index order).
+
+    For each layer, :func:`~fairseq_plugins.analysis.metrics.sentence_null_rate` (null rows over
+    all heads and target positions); then the mean over layers (ReLA Section 5.2)."""
+    pad = task.target_dictionary.pad()
+    out = torch.full((len(dataset),), float("nan"), dtype=torch.float64)
+    with AttentionCapture(model, pad, kinds=("cross",)) as cap:
+        for sample in iter_batches(task, dataset, max_tokens):
+            rec = cap.run(sample)
+            rates = torch.stack([M.sentence_null_rate(r.weights, r.mask) for r in rec.values()])  # (L, B)
+            out[sample["id"]] = rates.mean(dim=0)
+    return out
+
+
+@torch.no_grad()
+def cross_null_by_layer(model, task, dataset, max_tokens: int = 4096) -> List[float]:
+    """Null rate of the cross-attention per layer (mean over heads), over ``dataset``."""
+    pad = task.target_dictionary.pad()
+    acc = {}
+    with AttentionCapture(model, pad, kinds=("cross",)) as cap:
+        for sample in iter_batches(task, dataset, max_tokens):
+            for (_, layer), r in cap.run(sample).items():
+                n, d = M.null_terms(r.weights, r.mask)
+                if layer in acc:
+                    acc[layer][0] += n
+                    acc[layer][1] += d
+                else:
+                    acc[layer] = [n, d]
+    return [float((acc[i][0] / acc[i][1].clamp_min(1)).mean()) for i in sorted(acc)]
+
+
+def hallucination_test(model, task, dataset, seed: int = 1, max_tokens: int = 4096) -> dict:
+    """Cross-attention null rate per layer on ``dataset`` and on the same sources with the
+    references randomly shuffled (ReLA Figure 6, dashed curves: hallucinated pairs).
+
+    Returns:
+        ``{"reference": [per layer], "shuffled": [per layer], "seed": seed,
+        "fixed_points": number of pairs the permutation left in place}``.
+    """
+    src, tgt = dataset_pairs(dataset)
+    perm = list(range(len(tgt)))
+    random.Random(seed).shuffle(perm)
+    shuffled = pairs_dataset(task, src, [tgt[j] for j in perm])
+    return {
+        "reference": cross_null_by_layer(model, task, dataset, max_tokens),
+        "shuffled": cross_null_by_layer(model, task, shuffled, max_tokens),
+        "seed": seed,
+        "fixed_points": sum(i == j for i, j in enumerate(perm)),
+    }
+
+
+def rank_pairs(scores: torch.Tensor) -> List[int]:
+    """Indices sorted by ascending score (lowest null rate first = most trusted), NaN last,
+    ties by index."""
+    s = scores.tolist()
+    return sorted(range(len(s)), key=lambda i: (s[i] != s[i], s[i] if s[i] == s[i] else 0.0, i))
+
+
+@torch.no_grad()
+def alignment_aer(model, task, gold_dir: str, bpe_codes: Optional[str], src_lang: str = "de",
+                  tgt_lang: str = "en", cased: bool = True, max_tokens: int = 4096,
+                  limit: Optional[int] = None) -> dict:
+    """AER of the cross-attention of a ``src_lang``->``tgt_lang`` model on the RWTH gold set.
+
+    Args:
+        gold_dir: directory with ``test[.uc].{de,en}[.gz]`` and ``alignment.talp[.gz]``.
+        bpe_codes: the BPE codes of the model's data-prep (None: no BPE).
+        cased: use the original-case files ``test.uc.*`` (the Multi30k data-prep keeps case).
+        limit: only the first ``limit`` pairs (tests).
+
+    Returns:
+        :func:`~fairseq_plugins.analysis.alignment.summarize_counts` for normal and shifted
+        attention, plus ``n_pairs`` and ``unk_rate`` (fraction of pieces the dictionary maps
+        to ``<unk>``, a measure of the domain/vocabulary mismatch).
+
+    Raises:
+        ValueError: the gold files disagree in length, or the model is not ``de``->``en``-like
+            (gold sources are German: ``src_lang`` must be the model's source language).
+    """
+    import os
+
+    if src_lang != "de" or tgt_lang != "en":
+        raise ValueError(f"the RWTH gold set is de->en; got {src_lang}->{tgt_lang}")
+    suffix = ".uc" if cased else ""
+    src_words = read_tokenized(os.path.join(gold_dir, f"test{suffix}.{src_lang}"))
+    tgt_words = read_tokenized(os.path.join(gold_dir, f"test{suffix}.{tgt_lang}"))
+    gold = read_talp(os.path.join(gold_dir, "alignment.talp"))
+    if not (len(src_words) == len(tgt_words) == len(gold)):
+        raise ValueError(f"gold files disagree: {len(src_words)} {src_lang}, {len(tgt_words)} {tgt_lang}, "
+                         f"{len(gold)} alignments")
+    if limit is not None:
+        src_words, tgt_words, gold = src_words[:limit], tgt_words[:limit], gold[:limit]
+    bpe = None
+    if bpe_codes:
+        from subword_nmt.apply_bpe import BPE
+
+        with open(bpe_codes, encoding="utf-8") as f:
+            bpe = BPE(f)
+    from sacremoses import MosesTokenizer
+
+    toks = {src_lang: MosesTokenizer(lang=src_lang), tgt_lang: MosesTokenizer(lang=tgt_lang)}
+    sd, td = task.source_dictionary, task.target_dictionary
+    srcs, tgts, sids, tids = [], [], [], []
+    n_unk = n_pieces = 0
+    for sw, tw in zip(src_words, tgt_words):
+        sp, si = segment_words(sw, src_lang, bpe, toks[src_lang])
+        tp, ti = segment_words(tw, tgt_lang, bpe, toks[tgt_lang])
+        s = sd.encode_line(" ".join(sp), add_if_not_exist=False, append_eos=True).long()
+        t = td.encode_line(" ".join(tp), add_if_not_exist=False, append_eos=True).long()
+        n_unk += int(s[:-1].eq(sd.unk()).sum() + t[:-1].eq(td.unk()).sum())
+        n_pieces += len(sp) + len(tp)
+        srcs.append(s)
+        tgts.append(t)
+        sids.append(si + [-1])  # eos belongs to no word
+        tids.append(ti)
+    dataset = pairs_dataset(task, srcs, tgts)
+    pad = td.pad()
+    counts = None
+    with AttentionCapture(model, pad, kinds=("cross",)) as cap:
+        for sample in iter_batches(task, dataset, max_tokens):
+            rec = cap.run(sample)
+            layers = sorted(rec)
+            if counts is None:
+                counts = new_counts(len(layers), rec[layers[0]].weights.size(1))
+            net = sample["net_input"]
+            for b, idx in enumerate(sample["id"].tolist()):
+                sv = net["src_tokens"][b].ne(pad)
+                n_t = len(tids[idx])
+                sure, poss = gold[idx]
+                for li, key in enumerate(layers):
+                    w = rec[key].weights[b][:, :, sv]  # (H, T, S_b)
+                    for mode in ("normal", "shifted"):
+                        rows = w[:, target_rows(n_t, mode == "shifted")]  # (H, n_t, S_b)
+                        heads, layer_links = layer_head_links(
+                            rows, tids[idx], sids[idx], len(tgt_words[idx]), len(src_words[idx]))
+                        for h, links in enumerate(heads):
+                            counts[mode]["heads"][li][h].add(links, sure, poss)
+                        counts[mode]["layer"][li].add(layer_links, sure, poss)
+    res = summarize_counts(counts)
+    res.update(n_pairs=len(gold), unk_rate=n_unk / max(n_pieces, 1), cased=cased,
+               bpe_codes=os.path.abspath(bpe_codes) if bpe_codes else None)
+    return res

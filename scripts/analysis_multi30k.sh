@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Regenerate results/analysis/: attention analysis of the Multi30k En->De models of ReLA Table 1
+# (row1 softmax [stock fairseq transformer], row2 sparsemax, row3 1.5-entmax, row7 ReLA-g) on the
+# test split (test_2016_flickr), with the hallucination test, heatmaps of three sentences and the
+# ranking of the valid split by cross-attention null rate.
+#
+#   scripts/analysis_multi30k.sh [RUNS_DIR] [DATA_PREP_DIR] [OUT_DIR]
+#
+# Defaults: RUNS_DIR=runs/rela_table1, DATA_PREP_DIR=data-bin/multi30k_en_de, OUT=results/analysis.
+# AER needs a De->En model: set DEEN_CHECKPOINT=path/to/checkpoint.pt (trained on the same data-prep,
+# e.g. `--source-lang de --target-lang en` on DATA_PREP_DIR/bin) and it is scored against the RWTH
+# gold alignments (GOLD_DIR, default ../shared/data/rwth_gold_alignment_de_en) with the data-prep's
+# BPE codes.  Checkpoints: average_last3.pt of each row (else checkpoints/checkpoint_last.pt).
+set -euo pipefail
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+RUNS="${1:-$REPO/runs/rela_table1}"
+PREP="${2:-$REPO/data-bin/multi30k_en_de}"
+OUT="${3:-$REPO/results/analysis}"
+GOLD_DIR="${GOLD_DIR:-$REPO/../shared/data/rwth_gold_alignment_de_en}"
+PYTHON="${PYTHON:-$(command -v python || echo "$REPO/.venv/bin/python")}"
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" MKL_NUM_THREADS="${MKL_NUM_THREADS:-1}"
+
+ck() {  # checkpoint of a row
+  if [[ -f "$RUNS/$1/average_last3.pt" ]]; then echo "$RUNS/$1/average_last3.pt"
+  elif [[ -f "$RUNS/$1/checkpoints/checkpoint_last.pt" ]]; then echo "$RUNS/$1/checkpoints/checkpoint_last.pt"
+  else echo "no checkpoint for $1 in $RUNS" >&2; exit 1; fi
+}
+AER=()
+if [[ -n "${DEEN_CHECKPOINT:-}" ]]; then
+  AER=(--aer-checkpoint "deen=$DEEN_CHECKPOINT" --aer-gold "$GOLD_DIR" --bpe-codes "$PREP/bpe/codes")
+fi
+"$PYTHON" "$REPO/scripts/analyze_attention.py" \
+  --checkpoint "softmax=$(ck row1)" "sparsemax=$(ck row2)" "entmax15=$(ck row3)" "rela_g=$(ck row7)" \
+  --data "$PREP/bin" --source-lang en --target-lang de --split test \
+  --hallucination --heatmap-ids 0 1 2 --heatmap-kinds cross \
+  --rank-split valid --rank-with rela_g \
+  --out "$OUT" "${AER[@]}"

@@ -1,0 +1,317 @@
+"""Attention analysis toolkit: metrics against hand-computed values, AER against a hand-scored
+toy alignment, subword merging, capture against need_head_weights, and the CLI end to end on a
+tiny De->En model trained on a slice of real Multi30k (AER on the real RWTH gold set)."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from fairseq_plugins.analysis import alignment as A
+from fairseq_plugins.analysis import metrics as M
+from fairseq_plugins.analysis.capture import AttentionCapture, _rebuild_stock, attention_modules
+from fairseq_plugins.attention import attention_fn_names
+from helpers import build, toy_batch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHARED = os.path.join(os.path.dirname(ROOT), "shared", "data")
+RAW = os.path.join(SHARED, "multi30k_en_de", "raw")
+GOLD = os.path.join(SHARED, "rwth_gold_alignment_de_en")
+BIN = os.path.dirname(sys.executable)
+LOG2 = math.log(2.0)
+
+
+def t(rows):
+    """(T, S) nested list -> (1, 1, T, S)."""
+    return torch.tensor(rows, dtype=torch.float32)[None, None]
+
+
+# ---------------------------------------------------------------------------------------------
+# metrics
+# ---------------------------------------------------------------------------------------------
+def test_sparsity_and_null_rate_with_padding_and_zero_rows():
+    # one head, 3 queries x 3 keys; key 2 is padding (garbage weights there), query 2 is padding
+    w = t([[0.5, 0.0, 9.0], [0.0, 0.0, 9.0], [1.0, 1.0, 1.0]])
+    mask = torch.tensor([[False, False, True], [False, False, True], [True, True, True]])[None, None]
+    zeros, total = M.sparsity_terms(w, mask)
+    assert total.tolist() == [4.0] and zeros.tolist() == [3.0]  # 1 zero in row 0, 2 in row 1
+    assert M.null_rate(w, mask).tolist() == [0.5]  # row 1 null; row 2 (padding) not counted
+    assert M.null_terms(w, None)[1].tolist() == [3.0]  # no mask: every row valid, none null
+    assert M.null_rate(w, None).tolist() == [0.0]
+
+
+def test_null_rate_per_head_and_per_sentence():
+    w = torch.zeros(2, 2, 2, 2)
+    w[0, 0] = torch.tensor([[1.0, 0.0], [0.0, 0.0]])  # sentence 0 head 0: one null row of 2
+    w[0, 1] = 1.0  # head 1: none
+    w[1, 0] = 0.0  # sentence 1 head 0: both null
+    w[1, 1] = torch.tensor([[0.0, 2.0], [0.0, 0.0]])  # head 1: second row null
+    assert M.null_rate(w, None).tolist() == [0.75, 0.25]
+    assert M.sentence_null_rate(w, None).tolist() == [0.25, 0.75]
+    padded = torch.zeros(2, 1, 2, 2, dtype=torch.bool)
+    padded[1] = True  # sentence 1 is all padding: NaN, and not counted per head
+    assert torch.isnan(M.sentence_null_rate(w, padded)[1])
+    assert M.null_rate(w, padded).tolist() == [0.5, 0.0]
+
+
+def test_js_divergence_hand_computed():
+    p1, p2 = [1.0, 0.0], [0.0, 1.0]
+    w = torch.tensor([[p1], [p2]])[None]  # (1, 2 heads, 1 query, 2 keys)
+    assert M.js_divergence(w, None, renormalize=False).item() == pytest.approx(LOG2)
+    same = torch.tensor([[[[0.3, 0.7]], [[0.3, 0.7]]]])
+    assert M.js_divergence(same, None, renormalize=False).item() == pytest.approx(0.0, abs=1e-7)
+    one_head = torch.tensor([[[[0.3, 0.7]]]])
+    assert M.js_divergence(one_head, None, renormalize=False).item() == pytest.approx(0.0, abs=1e-7)
+    # ReLA conversion: head 0 null -> one-hot on the dummy; head 1 alpha = (1, 1) -> softmax (1/2, 1/2)
+    # M = (1/4, 1/4, 1/2): H(M) = 1.5 log 2; mean H(p_h) = (0 + log 2) / 2  =>  JS = log 2
+    relu = torch.tensor([[[[0.0, 0.0]], [[1.0, 1.0]]]])
+    assert M.js_divergence(relu, None, renormalize=True).item() == pytest.approx(LOG2, rel=1e-6)
+    # temperature: alpha^tau before the softmax; alpha = (4, 0), tau = 0.5 -> softmax(2, 0)
+    a = torch.tensor([[[[4.0, 0.0]], [[0.0, 0.0]]]])
+    p, _ = M.head_distributions(a, None, renormalize=True, tau=0.5)
+    e2 = math.exp(2.0)
+    assert p[0, 0, 0].tolist() == pytest.approx([e2 / (e2 + 1), 1 / (e2 + 1), 0.0], rel=1e-6)
+    assert p[0, 1, 0].tolist() == [0.0, 0.0, 1.0]
+    # a padded key gets no mass in the renormalised distribution
+    pm, _ = M.head_distributions(torch.tensor([[[[1.0, 5.0]]]]), torch.tensor([[[[False, True]]]]), True)
+    assert pm[0, 0, 0].tolist() == pytest.approx([1.0, 0.0, 0.0])
+    with pytest.raises(ValueError, match="tau"):
+        M.head_distributions(a, None, True, tau=0.0)
+
+
+def test_entropy_renormalises_and_skips_null_and_padding():
+    w = t([[2.0, 2.0, 0.0], [0.0, 0.0, 0.0], [0.25, 0.25, 0.5]])
+    mask = torch.tensor([False, False, False])[None, None, None].expand(1, 1, 3, 3).clone()
+    s, n = M.entropy_terms(w, mask)
+    assert n.tolist() == [2.0]  # null row excluded
+    assert (s / n).item() == pytest.approx((LOG2 + 1.5 * LOG2) / 2, rel=1e-6)
+    mask[0, 0, 2] = True  # pad the third query
+    assert M.attention_entropy(w, mask).item() == pytest.approx(LOG2, rel=1e-6)
+
+
+def test_top_p_score_sum():
+    w = t([[0.3, 0.1, 0.6, 7.0]])  # the 4th key is padding
+    mask = torch.tensor([[[[False, False, False, True]]]])
+    v = M.top_p_score_sum(w, mask, [10, 50, 100])[:, 0].tolist()
+    # n = 3 keys: k = ceil(0.3) = 1 -> 0.6; ceil(1.5) = 2 -> 0.9; 3 -> 1.0
+    assert v == pytest.approx([0.6, 0.9, 1.0])
+    relu = t([[3.0, 0.0, 1.0, 0.0]])  # renormalised to (0.75, 0, 0.25, 0)
+    assert M.top_p_score_sum(relu, None, [25])[0, 0].item() == pytest.approx(0.75)
+    with pytest.raises(ValueError, match="top-p"):
+        M.top_p_terms(w, mask, [0])
+
+
+def test_anisotropy_eq4():
+    assert M.anisotropy(torch.eye(2)) == pytest.approx(0.0)
+    assert M.anisotropy(torch.tensor([[1.0, 0.0], [2.0, 0.0]])) == pytest.approx(1.0)
+    # slots (1,0), (0,1), (1,1): cosines 0, 1/sqrt2, 1/sqrt2 over 3 pairs, both orders / (3*2)
+    assert M.anisotropy(torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])) == pytest.approx(
+        2 * 2 / math.sqrt(2) / 6)
+    with pytest.raises(ValueError):
+        M.anisotropy(torch.ones(1, 3))
+
+
+# ---------------------------------------------------------------------------------------------
+# alignment / AER
+# ---------------------------------------------------------------------------------------------
+def test_read_talp_and_aer_hand_scored(tmp_path):
+    f = tmp_path / "a.talp"
+    f.write_text("1-1 2p2 3-2\n\n")
+    gold = A.read_talp(str(f))
+    assert gold[0] == ({(0, 0), (2, 1)}, {(0, 0), (1, 1), (2, 1)})
+    assert gold[1] == (set(), set())
+    # hypothesis: (0,0) sure, (1,1) possible, (1,0) wrong -> |A|=3, |S|=2, |A&S|=1, |A&P|=2
+    assert A.aer([{(0, 0), (1, 1), (1, 0)}, set()], gold) == pytest.approx(1 - 3 / 5)
+    assert A.aer([{(0, 0), (2, 1)}, set()], gold) == pytest.approx(0.0)  # exactly the sure links
+    f.write_text("1-x\n")
+    with pytest.raises(ValueError, match="malformed link"):
+        A.read_talp(str(f))
+
+
+def test_merge_subwords_sum_source_mean_target():
+    attn = torch.tensor([[0.1, 0.2, 0.3, 0.4],
+                         [0.3, 0.3, 0.2, 0.2],
+                         [0.0, 0.5, 0.5, 0.0]])
+    # target words: subwords 0,1 -> word 0, subword 2 -> word 1; source: 0,1 -> word 0, 2 -> word 1, 3 = eos
+    word = A.merge_subwords(attn, [0, 0, 1], [0, 0, 1, -1])
+    torch.testing.assert_close(word, torch.tensor([[(0.3 + 0.6) / 2, (0.3 + 0.2) / 2], [0.5, 0.5]]))
+    heads = torch.stack([attn, attn.flip(0)])  # (H, T, S) works too
+    assert A.merge_subwords(heads, [0, 0, 1], [0, 0, 1, -1]).shape == (2, 2, 2)
+    with pytest.raises(ValueError):
+        A.merge_subwords(attn, [0, 1], [0, 0, 1, -1])
+
+
+def test_argmax_links_and_rows():
+    word = torch.tensor([[0.1, 0.9], [0.0, 0.0], [0.7, 0.3]])
+    assert A.argmax_links(word) == {(1, 0), (0, 2)}  # the null row gets no link
+    assert A.target_rows(3, shifted=False) == slice(0, 3)
+    assert A.target_rows(3, shifted=True) == slice(1, 4)
+
+
+def test_segment_words_keeps_gold_boundaries():
+    class CharBPE:  # splits every token into characters with the subword-nmt separator
+        def process_line(self, line):
+            return " ".join(" ".join(c + "@@" for c in tok[:-1]) + (" " if len(tok) > 1 else "") + tok[-1]
+                            for tok in line.split())
+
+    pieces, ids = A.segment_words(["Das", "ist's", "gut"], "de", CharBPE())
+    assert len(pieces) == len(ids)
+    assert [p for p, i in zip(pieces, ids) if i == 0] == ["D@@", "a@@", "s"]
+    assert ids[-1] == 2 and ids == sorted(ids) and set(ids) == {0, 1, 2}
+    # the Moses tokenizer of the data-prep splits "ist's" like it does in running text
+    from sacremoses import MosesTokenizer
+
+    moses = MosesTokenizer(lang="de").tokenize("ist's", escape=False, aggressive_dash_splits=False)
+    assert [p for p, i in zip(pieces, ids) if i == 1 and not p.endswith("@@")] == [m[-1] for m in moses]
+
+
+# ---------------------------------------------------------------------------------------------
+# capture
+# ---------------------------------------------------------------------------------------------
+def _sample(task):
+    src, lens, prev = toy_batch(task)
+    return {"id": torch.arange(src.size(0)),
+            "net_input": {"src_tokens": src, "src_lengths": lens, "prev_output_tokens": prev}}
+
+
+def _head_weights(model, sample):
+    """Per-head weights of every attention from fairseq's own need_head_weights path."""
+    calls = {}
+    hooks = []
+    for kind, i, m in attention_modules(model):
+        def hook(mod, args, kwargs, key=(kind, i)):
+            calls[key] = (args, dict(kwargs))
+        hooks.append(m.register_forward_pre_hook(hook, with_kwargs=True))
+    with torch.no_grad():
+        model(**sample["net_input"])
+    for h in hooks:
+        h.remove()
+    out = {}
+    for kind, i, m in attention_modules(model):
+        args, kwargs = calls[(kind, i)]
+        kwargs.update(need_weights=True, need_head_weights=True)
+        with torch.no_grad():
+            _, w = m(*args, **kwargs)  # (H, B, T, S)
+        out[(kind, i)] = w.transpose(0, 1)
+    return out
+
+
+@pytest.mark.parametrize("fn", attention_fn_names())
+def test_capture_equals_need_head_weights_and_leaves_outputs(fn):
+    model, task = build("attention_transformer", encoder_attention_fn=fn, decoder_attention_fn=fn,
+                        cross_attention_fn=fn)
+    model.eval()
+    sample = _sample(task)
+    with torch.no_grad():
+        ref_out = model(**sample["net_input"])[0]
+    pad = task.target_dictionary.pad()
+    with AttentionCapture(model, pad) as cap:
+        assert all(m.attn_fn.wants_weights() for _, _, m in cap.modules)
+        rec = cap.run(sample)
+        with torch.no_grad():
+            cap_out = model(**sample["net_input"])[0]
+    assert all(m.attn_fn.capture is None for _, _, m in attention_modules(model))  # slot cleared
+    torch.testing.assert_close(cap_out, ref_out, rtol=1e-5, atol=1e-5)  # capturing changes nothing
+    expected = _head_weights(model, sample)
+    assert set(rec) == set(expected) and len(rec) == 6
+    for key, r in rec.items():
+        torch.testing.assert_close(r.weights, expected[key].float())
+    # query padding is in the mask: padded target positions of the toy batch have no valid key
+    src_pad = sample["net_input"]["src_tokens"].eq(pad)
+    assert torch.equal(rec[("encoder", 0)].mask[:, 0].all(-1), src_pad)
+
+
+def test_stock_transformer_rebuilt_as_softmax_is_exact():
+    import argparse
+
+    from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
+
+    _, task = build("attention_transformer")
+    args = argparse.Namespace(encoder_embed_dim=16, decoder_embed_dim=16, encoder_ffn_embed_dim=32,
+                              decoder_ffn_embed_dim=32, encoder_layers=2, decoder_layers=2,
+                              encoder_attention_heads=2, decoder_attention_heads=2, dropout=0.0,
+                              attention_dropout=0.0, activation_dropout=0.0, share_all_embeddings=True)
+    ARCH_CONFIG_REGISTRY["stock_transformer_small"](args)
+    stock = ARCH_MODEL_REGISTRY["stock_transformer_small"].build_model(args, task).eval()
+    ours = _rebuild_stock(stock, args, task).eval()
+    assert all(m.attn_fn.name == "softmax" for _, _, m in attention_modules(ours))
+    sample = _sample(task)
+    with torch.no_grad():
+        a = stock(**sample["net_input"])[0]
+        b = ours(**sample["net_input"])[0]
+    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="load_model_for_analysis"):
+        AttentionCapture(stock, task.target_dictionary.pad())
+
+
+# ---------------------------------------------------------------------------------------------
+# CLI end to end: tiny De->En model on real Multi30k, AER on the real gold set
+# ---------------------------------------------------------------------------------------------
+def sh(cmd):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_FORCE")}
+    env["PATH"] = BIN + os.pathsep + env.get("PATH", "")
+    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    assert out.returncode == 0, f"{cmd}\nSTDOUT:{out.stdout[-3000:]}\nSTDERR:{out.stderr[-3000:]}"
+    return out.stdout + out.stderr
+
+
+@pytest.fixture(scope="module")
+def deen(tmp_path_factory):
+    if not (os.path.isdir(RAW) and os.path.isdir(GOLD)):
+        pytest.skip(f"real data not found under {SHARED}")
+    prep = tmp_path_factory.mktemp("m30k")
+    sh(["bash", "data-prep/multi30k/prepare.sh", "--raw-dir", RAW, "--out", str(prep),
+        "--train-lines", "2000", "--bpe-merges", "800", "--src", "de", "--tgt", "en"])
+    ck = tmp_path_factory.mktemp("ck")
+    sh([os.path.join(BIN, "fairseq-train"), str(prep / "bin"), "--user-dir", "fairseq_plugins",
+        "--arch", "rela_transformer_small", "--encoder-layers", "2", "--decoder-layers", "2",
+        "--encoder-embed-dim", "32", "--decoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64",
+        "--decoder-ffn-embed-dim", "64", "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
+        "--source-lang", "de", "--target-lang", "en", "--optimizer", "adam", "--lr", "0.003",
+        "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "10", "--criterion", "label_smoothed_cross_entropy",
+        "--max-tokens", "2000", "--max-update", "30", "--save-dir", str(ck), "--cpu", "--no-epoch-checkpoints",
+        "--disable-validation", "--num-workers", "0", "--seed", "1"])
+    return prep, ck / "checkpoint_last.pt"
+
+
+def test_cli_end_to_end(deen, tmp_path):
+    prep, ck = deen
+    raw_src, raw_tgt = tmp_path / "c.de", tmp_path / "c.en"
+    raw_src.write_text("Ein Mann fährt Fahrrad .\nZwei Hunde spielen im Schnee .\nEine Frau liest .\n")
+    raw_tgt.write_text("A man rides a bike .\nTwo dogs play in the snow .\nThe stock market fell sharply today .\n")
+    out = tmp_path / "out"
+    sh([sys.executable, "scripts/analyze_attention.py", "--checkpoint", f"tiny={ck}", "--data", str(prep / "bin"),
+        "--source-lang", "de", "--target-lang", "en", "--split", "test", "--limit", "40", "--out", str(out),
+        "--hallucination", "--heatmap-ids", "0", "--taus", "1", "0.5", "--aer-checkpoint", f"tiny={ck}",
+        "--aer-gold", GOLD, "--aer-limit", "30", "--bpe-codes", str(prep / "bpe" / "codes"),
+        "--rank-raw", str(raw_src), str(raw_tgt)])
+    rep = json.load(open(out / "analysis.json"))
+    m = rep["models"]["tiny"]
+    assert rep["data"]["n_pairs"] == 40 and m["info"]["attention_fns"]["cross"] == "rela_g"
+    for kind in ("encoder", "decoder", "cross"):
+        d = m["metrics"][kind]
+        assert len(d["sparsity"]) == 2 and all(0.0 <= x <= 1.0 for x in d["sparsity"] + d["null_rate"])
+        assert set(d["js_by_tau"]) == {"1", "0.5"} and all(0 <= x <= LOG2 + 1e-6 for x in d["js"])
+    h = m["hallucination"]
+    assert len(h["reference"]) == len(h["shuffled"]) == 2
+    aer = rep["aer"]["tiny"]
+    assert aer["n_pairs"] == 30
+    for mode in ("normal", "shifted"):
+        assert all(0.0 <= x <= 100.0 for x in aer[mode]["layer"] + aer[mode]["best_head"])
+        assert aer[mode]["AoH"] == pytest.approx(sum(aer[mode]["best_head"]) / 2)
+        for layer, best in zip(aer[mode]["per_head"], aer[mode]["best_head"]):
+            assert best == min(layer)
+    ranked = (out / "ranked_raw.tsv").read_text().splitlines()
+    assert ranked[0].startswith("rank\tindex") and len(ranked) == 4
+    scores = [float(line.split("\t")[2]) for line in ranked[1:]]
+    assert scores == sorted(scores) and sorted(int(l.split("\t")[1]) for l in ranked[1:]) == [0, 1, 2]
+    for fig in ("sparsity", "null_rate", "js", "entropy", "top_p", "hallucination", "aer", "heatmap_tiny_cross_0"):
+        assert (out / "figures" / f"{fig}.png").stat().st_size > 1000, fig
+    md = (out / "analysis.md").read_text()
+    assert "## AER" in md and "| tiny |" in md
+    assert not [p for p in os.listdir(out) if p.endswith(".tmp")]  # no temp files left
