@@ -32,6 +32,7 @@ import time
 import yaml
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's fairseq_plugins
 from atomic import atomic_path  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -222,7 +223,11 @@ def main(argv=None):
         train_cmd.append("--cpu")
     train_cmd += shlex.split(a.extra)
 
-    # 1. train (fairseq resumes from checkpoint_last.pt; a finished run exits at once)
+    # 1. train (fairseq resumes from checkpoint_last.pt; a finished run exits at once).  A kill
+    # while fairseq copied checkpoint_last.pt into place leaves it torn: restore it first.
+    from fairseq_plugins.checkpoint import repair_last_checkpoint
+
+    repair_last_checkpoint(ckpt_dir)
     t0 = time.time()
     try:
         run(train_cmd, logfile=os.path.join(out, "train.log"))

@@ -15,6 +15,10 @@ Why this exists.  ``torchrun --nproc_per_node N $(which fairseq-train) ... --cpu
 * ``--ddp-backend pytorch_ddp`` (the default ``c10d``) hands ``device_ids=[device_id]`` to torch's
   ``DistributedDataParallel``, which refuses that for CPU modules.
 
+Before training, rank 0 repairs a ``checkpoint_last.pt`` torn by a kill during fairseq's
+non-atomic copy (:func:`fairseq_plugins.checkpoint.repair_last_checkpoint`), so re-running
+the same command after a crash always resumes; this makes it worth using for one process too.
+
 This launcher maps the launcher's environment to fairseq's documented flags and then runs
 fairseq's own ``fairseq_cli.train.cli_main`` (fairseq is not patched):
 
@@ -118,6 +122,12 @@ def distributed_flags(argv, env):
 
 def main():
     argv = distributed_flags(sys.argv[1:], os.environ)
+    found = launcher_env(os.environ)
+    if found is None or found[0] == 0:  # one process repairs the shared --save-dir
+        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        from fairseq_plugins.checkpoint import repair_last_checkpoint
+
+        repair_last_checkpoint(_value(argv, "--save-dir") or "checkpoints")
     sys.argv = [sys.argv[0]] + argv
     from fairseq_cli.train import cli_main
 
