@@ -112,17 +112,16 @@ def distributed_flags(argv, env):
             out += [flag, value]
     if "--distributed-no-spawn" not in out:
         out.append("--distributed-no-spawn")  # the launcher made the processes
-    if source == "slurm":
-        # torch's env:// reads RANK/WORLD_SIZE besides the explicit arguments fairseq passes
-        os.environ.setdefault("RANK", str(rank))
-        os.environ.setdefault("WORLD_SIZE", str(world))
-        os.environ.setdefault("LOCAL_RANK", str(local_rank))
     return out
 
 
 def main():
     argv = distributed_flags(sys.argv[1:], os.environ)
     found = launcher_env(os.environ)
+    if found is not None and found[3] == "slurm":
+        # torch's env:// reads RANK/WORLD_SIZE besides the explicit arguments fairseq passes
+        for key, value in zip(("RANK", "WORLD_SIZE", "LOCAL_RANK"), found[:3]):
+            os.environ.setdefault(key, str(value))
     if found is None or found[0] == 0:  # one process repairs the shared --save-dir
         sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         from fairseq_plugins.checkpoint import repair_last_checkpoint
