@@ -16,11 +16,17 @@ refusal message that names the offending global and the file.
 
 import argparse
 import collections
+import logging
+import os
+import re
+import shutil
 import typing
+import zipfile
 
 import torch
 
-__all__ = ["SAFE_GLOBALS", "UnsafeCheckpointError", "load_checkpoint", "register_safe_globals"]
+__all__ = ["SAFE_GLOBALS", "UnsafeCheckpointError", "checkpoint_is_complete", "load_checkpoint",
+           "register_safe_globals", "repair_last_checkpoint"]
 
 
 class UnsafeCheckpointError(RuntimeError):
@@ -122,4 +128,73 @@ def load_checkpoint(path: str, map_location="cpu") -> dict:
         ) from None
 
 
+def checkpoint_is_complete(path: str) -> bool:
+    """Whether ``path`` is a whole torch zip checkpoint: its central directory (at the end of the
+    file) is readable and every member's CRC matches.  Reads the file once, unpickles nothing."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            return z.testzip() is None
+    except (OSError, zipfile.BadZipFile, EOFError):
+        return False
+
+
+def _update_checkpoints(save_dir):
+    """``checkpoint_<epoch>_<updates>.pt`` and ``checkpoint<epoch>.pt`` newest first."""
+    found = []
+    for name in os.listdir(save_dir):
+        m = re.fullmatch(r"checkpoint_(\d+)_(\d+)\.pt", name) or re.fullmatch(r"checkpoint(\d+)\.pt", name)
+        if m:
+            found.append((os.path.getmtime(os.path.join(save_dir, name)), name))
+    return [os.path.join(save_dir, n) for _, n in sorted(found, reverse=True)]
+
+
+def repair_last_checkpoint(save_dir: str):
+    """Make ``save_dir/checkpoint_last.pt`` loadable again after a kill while fairseq wrote it.
+
+    fairseq (``checkpoint_utils.save_checkpoint``) writes the *first* checkpoint of a save
+    atomically (``torch.save`` to ``<name>.tmp`` + ``os.rename``) but produces the others --
+    ``checkpoint_last.pt`` among them whenever ``--save-interval-updates`` or epoch
+    checkpoints are on -- with ``shutil.copyfile`` into place.  A kill during that copy leaves a
+    truncated ``checkpoint_last.pt`` and the restarted ``fairseq-train`` dies loading it.  The
+    checkpoint it was copied from is complete (it was renamed into place first), so this
+    replaces the torn file with the newest complete ``checkpoint_<e>_<u>.pt`` /
+    ``checkpoint<e>.pt`` (copy to a temp file + ``os.replace``), keeping the torn file as
+    ``checkpoint_last.pt.torn``.  Leftover ``*.pt.tmp`` files of a kill during ``torch.save``
+    are removed.
+
+    Args:
+        save_dir: fairseq's ``--save-dir``.
+
+    Returns:
+        The checkpoint restored as ``checkpoint_last.pt``, or None when nothing needed repair
+        (no directory, no ``checkpoint_last.pt``, or it is complete).
+
+    Raises:
+        RuntimeError: ``checkpoint_last.pt`` is torn and no complete checkpoint is left to
+            restore it from (the message says to move it away to start afresh).
+    """
+    last = os.path.join(save_dir, "checkpoint_last.pt")
+    if not os.path.isdir(save_dir):
+        return None
+    for name in os.listdir(save_dir):
+        if name.endswith(".pt.tmp"):
+            os.unlink(os.path.join(save_dir, name))
+            logger.warning("removed %s, left by a kill while fairseq was writing a checkpoint", name)
+    if not os.path.exists(last) or checkpoint_is_complete(last):
+        return None
+    for cand in _update_checkpoints(save_dir):
+        if checkpoint_is_complete(cand):
+            tmp = last + ".repair.tmp"
+            shutil.copyfile(cand, tmp)
+            os.replace(last, last + ".torn")
+            os.replace(tmp, last)
+            logger.warning("%s was torn (killed while being written); restored it from %s and kept "
+                           "the torn file as %s.torn", last, os.path.basename(cand), last)
+            return cand
+    raise RuntimeError(f"{last} is torn (killed while being written) and {save_dir} holds no complete "
+                       "checkpoint_<epoch>_<updates>.pt or checkpoint<epoch>.pt to restore it from; move it "
+                       "away to start training afresh")
+
+
+logger = logging.getLogger(__name__)
 register_safe_globals()

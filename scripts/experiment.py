@@ -32,6 +32,7 @@ import time
 import yaml
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's fairseq_plugins
 from atomic import atomic_path  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -253,7 +254,11 @@ def main(argv=None):
     train_cmd = build_train_cmd(data_bin, ckpt_dir, a.arch, a.src, a.tgt, train_cfg, a.fns, a.extra,
                                 cpu=not torch.cuda.is_available())
 
-    # 1. train (fairseq resumes from checkpoint_last.pt; a finished run exits at once)
+    # 1. train (fairseq resumes from checkpoint_last.pt; a finished run exits at once).  A kill
+    # while fairseq copied checkpoint_last.pt into place leaves it torn: restore it first.
+    from fairseq_plugins.checkpoint import repair_last_checkpoint
+
+    repair_last_checkpoint(ckpt_dir)
     t0 = time.time()
     try:
         run(train_cmd, logfile=os.path.join(out, "train.log"))

@@ -75,3 +75,23 @@ def test_crafted_checkpoint_is_refused_and_nothing_runs(tmp_path):
     with pytest.raises(pickle.UnpicklingError):
         torch.load(path)  # the default loader refuses too
     assert not marker.exists()
+
+
+@pytest.mark.parametrize("cli", ["fairseq-generate", "fairseq-interactive"])
+def test_crafted_checkpoint_is_refused_by_the_fairseq_clis(cli, tmp_path):
+    """The plugin's allow-list is what fairseq-generate / fairseq-interactive load under: the
+    pickled os.system call is refused before it runs, with torch's message naming it."""
+    import train_helpers as th
+
+    data_bin = th.make_databin(str(tmp_path / "toy"), n_train=16, n_valid=4)
+    marker = tmp_path / "pwned"
+    path = tmp_path / "evil.pt"
+    torch.save({"model": {}, "args": _Evil(marker), "cfg": None}, path)
+    cmd = [os.path.join(th.BIN, cli), data_bin, "--user-dir", os.path.join(ROOT, "fairseq_plugins"),
+           "--path", str(path), "--cpu", "--source-lang", "src", "--target-lang", "tgt"]
+    if cli == "fairseq-generate":
+        cmd += ["--gen-subset", "valid"]
+    res = th.run(cmd, check=False, input="w1 w2\n", timeout=120)
+    assert res.returncode != 0
+    assert "Weights only load failed" in res.stderr and "GLOBAL posix.system" in res.stderr, res.stderr[-2000:]
+    assert not marker.exists()

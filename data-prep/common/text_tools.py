@@ -20,6 +20,11 @@ module and registers the subcommands it offers with :func:`add_subcommands`::
         exit status 1, naming the prefix on stderr, when one does not exist.
     versions
         the sacremoses and subword-nmt versions (recorded in the stage stamps).
+    check-parallel [--max-words N] FILE [FILE ...]
+        validate raw parallel text before anything is derived from it: every FILE exists, is
+        UTF-8, has no empty (whitespace-only) line and no line over N words (default 250), and
+        all FILEs have the same number of lines.  Writes nothing; exit status 1 with one
+        message per problem naming the file and the 1-based line.
 
 Files are read with :func:`read_lines` (split on ``\\n`` only: ``codecs``-style readers also
 break lines at U+2028, U+0085, ..., which would shift every later sentence pair) and written
@@ -128,6 +133,59 @@ def cmd_count_bin(args):
     return status
 
 
+MAX_WORDS = 250  # default of check-parallel --max-words (Multi30k's longest line has 41)
+
+
+def check_parallel(paths, max_words=MAX_WORDS):
+    """Problems of a set of line-aligned raw text files (one per language), as messages.
+
+    Args:
+        paths: the files (e.g. ``train.en``, ``train.de``), read as bytes and decoded per line.
+        max_words: longest allowed line, in whitespace-separated words.
+
+    Returns:
+        A list of strings, each naming the file and the 1-based line (empty: all good).
+        Checks: the file exists; strict UTF-8 (the byte offset of the bad sequence is given);
+        no empty/whitespace-only line (it would give an empty sentence, which fairseq drops or
+        pairs with the wrong neighbour); no line over ``max_words`` words; equal line counts.
+    """
+    problems, counts = [], {}
+    for path in paths:
+        if not os.path.isfile(path):
+            problems.append(f"{path}: missing file")
+            continue
+        n = 0
+        with open(path, "rb") as f:
+            for n, raw in enumerate(f, 1):
+                body = raw[:-1] if raw.endswith(b"\n") else raw
+                try:
+                    line = body.decode("utf-8")
+                except UnicodeDecodeError as err:
+                    problems.append(f"{path}:{n}: invalid UTF-8 at byte {err.start} of the line "
+                                    f"({body[max(0, err.start - 10):err.start + 4]!r})")
+                    continue
+                words = len(line.split())
+                if words == 0:
+                    problems.append(f"{path}:{n}: empty line")
+                elif words > max_words:
+                    problems.append(f"{path}:{n}: {words} words, more than --max-words {max_words}")
+        counts[path] = n
+    if len(set(counts.values())) > 1:
+        first = min(counts.values())
+        problems.append("line counts differ: " + ", ".join(f"{p} has {c}" for p, c in counts.items())
+                        + f" (pairs are misaligned from line {first + 1})")
+    return problems
+
+
+def cmd_check_parallel(args):
+    problems = check_parallel(args.files, args.max_words)
+    for msg in problems[:20]:
+        print(f"check-parallel: {msg}", file=sys.stderr)
+    if len(problems) > 20:
+        print(f"check-parallel: ... and {len(problems) - 20} more problems", file=sys.stderr)
+    return 1 if problems else 0
+
+
 def cmd_versions(args):
     from importlib.metadata import PackageNotFoundError, version
 
@@ -174,7 +232,14 @@ def _add_versions(sub):
     p.set_defaults(func=cmd_versions)
 
 
-SUBCOMMANDS = {"tokenize": _add_tokenize, "learn-bpe": _add_learn_bpe, "apply-bpe": _add_apply_bpe,
+def _add_check_parallel(sub):
+    p = sub.add_parser("check-parallel", help="validate raw parallel text (writes nothing)")
+    p.add_argument("--max-words", type=int, default=MAX_WORDS)
+    p.add_argument("files", nargs="+", metavar="FILE")
+    p.set_defaults(func=cmd_check_parallel)
+
+
+SUBCOMMANDS = {"check-parallel": _add_check_parallel, "tokenize": _add_tokenize, "learn-bpe": _add_learn_bpe, "apply-bpe": _add_apply_bpe,
                "count-bin": _add_count_bin, "versions": _add_versions}
 
 

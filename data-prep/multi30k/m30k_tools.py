@@ -41,7 +41,7 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
 import text_tools  # noqa: E402
 
-SUBCOMMANDS = ["tokenize", "learn-bpe", "apply-bpe", "count-bin", "versions"]
+SUBCOMMANDS = ["check-parallel", "tokenize", "learn-bpe", "apply-bpe", "count-bin", "versions"]
 
 
 def main(argv=None):

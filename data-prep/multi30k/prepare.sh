@@ -80,6 +80,8 @@ Options:
   --src en|de         source language (default: en)
   --tgt de|en         target language (default: de).  The bin dir serves both directions.
   --workers N         worker processes for apply-bpe and fairseq-preprocess (default: 2)
+  --max-words N       longest raw line allowed, in words (default: 250); raw input is also
+                      checked for invalid UTF-8, empty lines and unequal line counts
   --no-checksum       do not check the sha256 and line counts of the input .gz files
                       (for a --raw-dir holding other files; default: check, abort on mismatch)
   --dry-run           print the URLs + sha256 and the commands of the stages that would run; do nothing
@@ -108,6 +110,7 @@ RAW_DIR=""
 OUT=""
 BPE_MERGES=8000
 TRAIN_LINES=""
+MAX_WORDS=250
 SRC=en
 TGT=de
 WORKERS=2
@@ -115,11 +118,12 @@ FORCE_DOWNLOAD=0
 DRY_RUN=0
 CHECKSUM=1
 
-VALID_OPTS="--raw-dir, --download, --out, --bpe-merges, --train-lines, --src, --tgt, --workers, --no-checksum, --dry-run, --help"
-VALUE_OPTS="--raw-dir=RAW_DIR --train-lines=TRAIN_LINES --src=SRC --tgt=TGT"   # (+ --out, --bpe-merges, --workers)
+VALID_OPTS="--raw-dir, --download, --out, --bpe-merges, --train-lines, --max-words, --src, --tgt, --workers, --no-checksum, --dry-run, --help"
+VALUE_OPTS="--raw-dir=RAW_DIR --train-lines=TRAIN_LINES --max-words=MAX_WORDS --src=SRC --tgt=TGT"   # (+ --out, --bpe-merges, --workers)
 FLAG_OPTS="--download=FORCE_DOWNLOAD=1"                                     # (+ --dry-run, --no-checksum)
 parse_options "$@"
 [[ -z "$TRAIN_LINES" ]] || posint TRAIN_LINES --train-lines
+posint MAX_WORDS --max-words
 [[ "$SRC" == en || "$SRC" == de ]] || die "--src must be one of: en, de (got '$SRC')"
 [[ "$TGT" == en || "$TGT" == de ]] || die "--tgt must be one of: en, de (got '$TGT')"
 [[ "$SRC" != "$TGT" ]] || die "--src and --tgt must differ (valid pairs: --src en --tgt de, --src de --tgt en)"
@@ -236,40 +240,60 @@ stage_inputs() {
 # ---------------------------------------------------------------------------------------------
 stage_raw() {
   local t0=$SECONDS
-  local dir="$OUT/raw" i up fs l src_gz dst n full
+  local dir="$OUT/raw" tmpdir="$OUT/raw.$TMP" i up fs l src_gz dst n full files
+  local -A full_of
   # shellcheck disable=SC2046
   if stage_current "$dir/.done" "$RAW_STAMP" $(files_of "$dir"); then
     log "raw: up to date (train_lines=$TL_DESC), skipping"; return 0
   fi
   log "raw: decompressing${TRAIN_LINES:+ (train cut to the first $TRAIN_LINES pairs)}"
-  (( DRY_RUN )) || { mkdir -p "$dir"; rm -f "$dir/.done"; }
+  # every split is written and checked in raw.$TMP/, which replaces raw/ only when all are good:
+  # a bad input or a kill leaves no partial raw/ (the EXIT trap removes raw.$TMP/)
+  (( DRY_RUN )) || { rm -rf "$tmpdir"; mkdir -p "$tmpdir"; }
   for i in "${!UP_SPLITS[@]}"; do
     up="${UP_SPLITS[$i]}"; fs="${SPLITS[$i]}"
     for l in "${LANGS[@]}"; do
-      src_gz="$IN_DIR/$up.$l.gz"; dst="$dir/$fs.$l"
+      src_gz="$IN_DIR/$up.$l.gz"; dst="$tmpdir/$fs.$l"
       log "decompressing $up.$l.gz -> raw/$fs.$l ..."
-      run "gzip -dc $(q "$src_gz") > $(q "$dst.$TMP")"
+      run "gzip -dc $(q "$src_gz") > $(q "$dst")" || die "raw: cannot decompress $src_gz (not a valid .gz file?)"
       (( DRY_RUN )) && { [[ "$fs" == train && -n "$TRAIN_LINES" ]] && echo "    (keep the first $TRAIN_LINES lines)"; continue; }
       # make sure the last line ends with a newline, so wc -l counts it
-      if [[ -s "$dst.$TMP" ]] && [[ "$(tail -c1 "$dst.$TMP" | wc -l)" -eq 0 ]]; then echo >> "$dst.$TMP"; fi
-      full=$(count_lines "$dst.$TMP")
+      if [[ -s "$dst" ]] && [[ "$(tail -c1 "$dst" | wc -l)" -eq 0 ]]; then echo >> "$dst"; fi
+      full=$(count_lines "$dst"); full_of[$l]=$full
       if (( CHECKSUM )) && [[ "$full" -ne "${NLINES[$up]}" ]]; then
         die "raw: $src_gz has $full lines, expected ${NLINES[$up]}"
       fi
       if [[ "$fs" == train && -n "$TRAIN_LINES" ]] && (( TRAIN_LINES < full )); then
-        head -n "$TRAIN_LINES" "$dst.$TMP" > "$dst.cut.$TMP"
-        mv -f "$dst.cut.$TMP" "$dst.$TMP"
+        head -n "$TRAIN_LINES" "$dst" > "$dst.cut"
+        mv -f "$dst.cut" "$dst"
       fi
-      mv -f "$dst.$TMP" "$dst"
     done
     (( DRY_RUN )) && continue
-    n=$(count_lines "$dir/$fs.en")
-    check_pair raw "$dir" "$fs" "$n"
+    # before any --train-lines cut: the full files must pair up
+    [[ "${full_of[${LANGS[0]}]}" -eq "${full_of[${LANGS[1]}]}" ]] || die "raw: line counts differ: $IN_DIR/$up.${LANGS[0]}.gz has ${full_of[${LANGS[0]}]} lines, $IN_DIR/$up.${LANGS[1]}.gz has ${full_of[${LANGS[1]}]}; nothing written to $dir"
+    # UTF-8, no empty or over-long line, equal line counts; messages name the input file and line
+    files=()
+    for l in "${LANGS[@]}"; do files+=("$tmpdir/$fs.$l"); done
+    if ! "$PYTHON" "$TOOLS" check-parallel --max-words "$MAX_WORDS" "${files[@]}" 2> "$tmpdir/check.log"; then
+      for l in "${LANGS[@]}"; do  # name the user's input, not the temp copy
+        sed -i "s|$tmpdir/$fs.$l|$IN_DIR/$up.$l.gz (decompressed)|g" "$tmpdir/check.log"
+      done
+      cat "$tmpdir/check.log" >&2
+      die "raw: bad input in $IN_DIR/$up.{${LANGS[0]},${LANGS[1]}}.gz (see above); nothing written to $dir"
+    fi
+    rm -f "$tmpdir/check.log"
+    n=$(count_lines "$tmpdir/$fs.en")
+    check_pair raw "$tmpdir" "$fs" "$n"
     if [[ "$fs" == train && -n "$TRAIN_LINES" ]] && (( n != TRAIN_LINES )); then
       log "note: --train-lines $TRAIN_LINES exceeds the corpus; using all $n training pairs"
     fi
   done
-  (( DRY_RUN )) || { write_stamp "$dir/.done" "$RAW_STAMP"; log "raw: done ($((SECONDS - t0))s)"; }
+  if (( ! DRY_RUN )); then
+    printf '%s\n' "$RAW_STAMP" > "$tmpdir/.done"   # the stamp travels with the files
+    rm -rf "$dir"
+    mv "$tmpdir" "$dir"
+    log "raw: done ($((SECONDS - t0))s)"
+  fi
 }
 
 # ---------------------------------------------------------------------------------------------

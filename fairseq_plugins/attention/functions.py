@@ -365,11 +365,12 @@ class _ReluFormerBase(AttentionFunction):
 
     def __init__(self, embed_dim, num_heads, args=None):
         super().__init__(embed_dim, num_heads, args)
-        self.gamma = float(getattr(args, "reluformer_gamma", None) or 1.0)
+        gamma = getattr(args, "reluformer_gamma", None)
+        self.gamma = 1.0 if gamma is None else float(gamma)  # (not `or`: 0 must be refused)
         c = getattr(args, "reluformer_entropy_c", None)
         self.entropy_c = 0.7 if c is None else float(c)
-        if self.gamma <= 0:
-            raise ValueError(f"--reluformer-gamma must be > 0, got {self.gamma}")
+        if not (math.isfinite(self.gamma) and self.gamma > 0):
+            raise ValueError(f"--reluformer-gamma must be a finite number > 0, got {self.gamma}")
 
     def row_scale(self, n: torch.Tensor) -> torch.Tensor:
         """``1 / (gamma sqrt(n / 2))`` for ``n`` ``(B|1, H|1, T|1, 1)``; 0 where ``n = 0``."""

@@ -16,6 +16,9 @@ Only the layer factories are overridden (``build_encoder_layer``/``build_decoder
 the layers' ``build_self_attention``/``build_encoder_attention``); fairseq's classes do the rest.
 """
 
+import logging
+import math
+
 from fairseq.distributed import fsdp_wrap
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import (
@@ -37,7 +40,9 @@ from ..attention import FunctionalMultiheadAttention, attention_fn_names, build_
 from ..modules.auxiliary import clear_auxiliary
 from ..modules.ffn import FFN_ACTIVATIONS, configure_ffn
 
-__all__ = ["AttentionTransformerModel", "ATTENTION_TYPES"]
+__all__ = ["AttentionTransformerModel", "ATTENTION_TYPES", "validate_args"]
+
+logger = logging.getLogger(__name__)
 
 #: attention type -> (command-line option, attribute on args/cfg)
 ATTENTION_TYPES = {
@@ -113,12 +118,79 @@ class AttentionTransformerDecoder(TransformerDecoderBase):
         return _wrap(AttentionDecoderLayer(cfg, no_encoder_attn), cfg)
 
 
+#: criterions that train on (and log) the auxiliary terms modules record
+AUX_CRITERIONS = ("label_smoothed_cross_entropy_with_reg",)
+
+
+def validate_args(args):
+    """Check the attention functions and their hyper-parameters before the model is built.
+
+    Args:
+        args: the fairseq-train/-generate namespace (after the arch preset filled defaults).
+
+    Raises:
+        ValueError: an unknown ``--*-attention-fn`` (lists the valid choices); a non-finite or
+            non-positive ``--reluformer-gamma`` or ``--rela-norm-eps``; a non-finite or negative
+            ``--reluformer-entropy-c``.
+
+    Warns (``logger.warning``, training continues) for legal but probably unintended settings:
+    a ReLUFormer function trained with a criterion that ignores its eq. 7 regulariser
+    (``--criterion`` not in :data:`AUX_CRITERIONS`; use ``--reg-weight 0`` with
+    ``label_smoothed_cross_entropy_with_reg`` for the "- reg loss" ablation, which still logs
+    the terms); ``--attention-entropy`` with such a criterion (nothing would be logged);
+    ``--reluformer-entropy-c >= 1`` (H(s_bar) <= log n, so the entropy term is always 0);
+    ``--reluformer-*`` given while no attention type uses a ReLUFormer function.
+    """
+    valid = attention_fn_names()
+    names = []
+    for kind, (flag, attr) in ATTENTION_TYPES.items():
+        name = getattr(args, attr)
+        if name not in valid:
+            raise ValueError(f"{flag} {name!r} is not a registered attention function; "
+                             f"valid choices: {', '.join(valid)}")
+        names.append(name)
+    gamma = getattr(args, "reluformer_gamma", None)
+    if gamma is not None and not (math.isfinite(gamma) and gamma > 0):
+        raise ValueError(f"--reluformer-gamma must be a finite number > 0 (the factor gamma*sqrt(n/2) "
+                         f"divides the scores, ReLUFormer eq. 6), got {gamma}")
+    c = getattr(args, "reluformer_entropy_c", None)
+    if c is not None and not (math.isfinite(c) and c >= 0):
+        raise ValueError(f"--reluformer-entropy-c must be a finite number >= 0 (bound c*log n of "
+                         f"ReLUFormer eq. 7; the paper uses 0.7), got {c}")
+    eps = getattr(args, "rela_norm_eps", None)
+    if eps is not None and not (math.isfinite(eps) and eps > 0):
+        raise ValueError(f"--rela-norm-eps must be a finite number > 0, got {eps}")
+    uses_reluformer = any(n.startswith("reluformer") for n in names)
+    criterion = getattr(args, "criterion", None)
+    if uses_reluformer and c is not None and c >= 1:
+        logger.warning("--reluformer-entropy-c %s >= 1: H(s_bar) <= log n, so the entropy term of "
+                       "eq. 7 is always 0", c)
+    if criterion is not None and criterion not in AUX_CRITERIONS:
+        if uses_reluformer:
+            logger.warning("attention functions %s record ReLUFormer's eq. 7 regulariser, but "
+                           "--criterion %s ignores it (trained without it); use --criterion %s "
+                           "(--reg-weight 0 logs the terms without training on them)",
+                           sorted(set(n for n in names if n.startswith("reluformer"))), criterion,
+                           " or ".join(AUX_CRITERIONS))
+        if getattr(args, "attention_entropy", False):
+            logger.warning("--attention-entropy: the statistics are logged by --criterion %s only, "
+                           "not by %s", " or ".join(AUX_CRITERIONS), criterion)
+    if not uses_reluformer:
+        given = [f for f, a in (("--reluformer-gamma", "reluformer_gamma"),
+                                ("--reluformer-entropy-c", "reluformer_entropy_c"))
+                 if getattr(args, a, None) is not None]
+        if given:
+            logger.warning("%s given but no attention type uses a ReLUFormer function "
+                           "(functions: %s); ignored", ", ".join(given), ", ".join(names))
+
+
 @register_model("attention_transformer")
 class AttentionTransformerModel(TransformerModel):
     """Transformer (Vaswani et al. 2017) with a selectable attention function per attention type.
 
-    Raises (at start-up, from :meth:`build_model`):
-        ValueError: an unknown attention function name (the message lists the valid choices).
+    Raises (at start-up, from :meth:`build_model`, via :func:`validate_args`):
+        ValueError: an unknown attention function name (the message lists the valid choices)
+            or an out-of-range hyper-parameter.
     """
 
     @classmethod
@@ -150,12 +222,7 @@ class AttentionTransformerModel(TransformerModel):
     @classmethod
     def build_model(cls, args, task):
         attention_transformer_base(args)
-        valid = attention_fn_names()
-        for kind, (flag, attr) in ATTENTION_TYPES.items():
-            name = getattr(args, attr)
-            if name not in valid:
-                raise ValueError(f"{flag} {name!r} is not a registered attention function; "
-                                 f"valid choices: {', '.join(valid)}")
+        validate_args(args)
         return super().build_model(args, task)
 
     def forward(self, *args, **kwargs):
@@ -179,7 +246,8 @@ def _set_attention_fns(args, default: str):
     for _, attr in ATTENTION_TYPES.values():
         if getattr(args, attr, None) is None:
             setattr(args, attr, default)
-    args.rela_norm_eps = getattr(args, "rela_norm_eps", None) or 1e-8
+    if getattr(args, "rela_norm_eps", None) is None:
+        args.rela_norm_eps = 1e-8
 
 
 @register_model_architecture("attention_transformer", "attention_transformer")
@@ -227,7 +295,8 @@ def rela_transformer_small(args):
 
 def _reluformer(args):
     _set_attention_fns(args, "reluformer")
-    args.reluformer_gamma = getattr(args, "reluformer_gamma", None) or 1.0
+    if getattr(args, "reluformer_gamma", None) is None:  # (not `or`: 0 must reach the check)
+        args.reluformer_gamma = 1.0
     if getattr(args, "reluformer_entropy_c", None) is None:
         args.reluformer_entropy_c = 0.7
 
