@@ -76,6 +76,9 @@ def test_l1_scores_equal_cdist(max_elems):
     torch.testing.assert_close(k.grad, k2.grad)
     assert torch.autograd.gradcheck(lambda a, b: l1_scores(a, b, 0.4, max_elems), (q2.detach().requires_grad_(),
                                                                                    k2.detach().requires_grad_()))
+    torch.testing.assert_close(l1_scores(q, k, 0.4, impl="cdist"), s)  # the path the model takes
+    with pytest.raises(ValueError, match="chunked, cdist"):
+        l1_scores(q, k, 0.4, impl="naive")
 
 
 def test_eatt_module_equals_equations():

@@ -97,10 +97,11 @@ class _BinarizedInput:
 
 
 class _L1Score:
-    """Mixin: E-ATT eq. 13 scores ``-||q_i - k_j||_1 / sqrt(d)``, chunked (:func:`l1_scores`)."""
+    """Mixin: E-ATT eq. 13 scores ``-||q_i - k_j||_1 / sqrt(d)`` via ``torch.cdist(p=1)``
+    (no ``(B, H, T, S, d)`` tensor; see :mod:`~fairseq_plugins.attention.l1` for the measurement)."""
 
     def score(self, q, k):
-        return l1_scores(q, k, self.scaling)
+        return l1_scores(q, k, self.scaling, impl="cdist")
 
 
 @register_attention_fn("eatt")
