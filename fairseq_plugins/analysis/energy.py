@@ -281,7 +281,8 @@ def measure_rho(model, samples: Iterable[dict]) -> Dict[Tuple[str, int, str], fl
     """
     import torch
 
-    mods = [(t, i, m.attn_fn) for t, i, m in _attention_modules(model) if getattr(m.attn_fn, "is_binarized", False)]
+    mods = [(t, i, m.attn_fn) for t, i, m in _attention_modules(model)
+            if getattr(getattr(m, "attn_fn", None), "is_binarized", False)]  # stock MHA has no attn_fn
     for _, _, fn in mods:
         fn.rho_meter = {}
     was_training = model.training
