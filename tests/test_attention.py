@@ -46,6 +46,11 @@ def test_unknown_function_lists_choices():
 @pytest.mark.parametrize("name", ALL)
 def test_gradcheck_float64(name):
     m = mha(name, torch.float64, self_attention=True).eval()
+    if getattr(m.attn_fn, "is_binarized", False):
+        # E-ATT's binarisation has a surrogate gradient by design (eq. 8), which finite
+        # differences cannot match: check everything else (tests/test_eatt.py checks eq. 8)
+        binarized = m.attn_fn.transform_input
+        m.attn_fn.transform_input = lambda x, role: binarized(x, role).detach()
     x = torch.randn(5, 2, C, dtype=torch.float64, requires_grad=True)
     kpm = torch.tensor([[False] * 5, [True, True, False, False, False]])
 
@@ -87,7 +92,11 @@ def test_fully_padded_rows_are_exact_zeros(name):
     kv = torch.randn(5, 2, C)
     out, _ = m(q, kv, kv, key_padding_mask=mask.view(2, 5), need_weights=False)
     out.sum().backward()
-    assert torch.isfinite(out).all() and torch.isfinite(q.grad).all()
+    assert torch.isfinite(out).all()
+    if name == "synth_random":  # its weights depend on positions only: no gradient reaches q
+        assert q.grad is None
+    else:
+        assert torch.isfinite(q.grad).all()
 
 
 @pytest.mark.parametrize("name", RELU_FAMILY)

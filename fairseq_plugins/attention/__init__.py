@@ -8,3 +8,4 @@ from .functions import (  # noqa: F401
     register_attention_fn,
 )
 from .multihead import FunctionalMultiheadAttention  # noqa: F401
+from . import eatt  # noqa: F401,E402  (registers eatt, eatt_select_dot, eatt_l1, synth_dense, synth_random)

@@ -137,6 +137,27 @@ class AttentionFunction(nn.Module):
         self.track_entropy = bool(getattr(args, "attention_entropy", False)) if args is not None else False
         self.aux = AuxiliaryBuffer()
 
+    #: True for functions whose scores depend on token positions (Synthesizer); the attention
+    #: module then calls :meth:`score_at` with the query and key positions instead of :meth:`score`.
+    uses_positions = False
+
+    def transform_input(self, x: torch.Tensor, role: str) -> torch.Tensor:
+        """Hook on the attention *input* before a projection: ``x`` ``(L, B, C)`` about to enter
+        ``q_proj`` (``role="query"``) or ``k_proj`` (``role="key"``); never called for
+        ``v_proj``.  Identity by default (E-ATT binarises here, eq. 7)."""
+        return x
+
+    def score_at(self, q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor,
+                 k_pos: torch.Tensor) -> torch.Tensor:
+        """Scores from queries/keys and their positions (only called when :attr:`uses_positions`).
+
+        Args:
+            q ``(B, H, T, d)``, k ``(B, H, S, d)``; q_pos ``(B|1, T)`` and k_pos ``(B|1, S)``
+            long, 0-based token positions (left padding not counted; the step index when
+            decoding incrementally).
+        """
+        return self.score(q, k)
+
     def score(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
         """Scaled dot product ``(q d_h^-1/2) k^T``: q ``(B, H, T, d)``, k ``(B, H, S, d)`` -> ``(B, H, T, S)``."""
         return torch.matmul(q * self.scaling, k.transpose(-1, -2))

@@ -111,10 +111,11 @@ class FunctionalMultiheadAttention(MultiheadAttention):
             if static_kv and "prev_key" in saved_state:
                 key = value = None  # cached cross-attention keys/values
 
-        q = self._split_heads(self.q_proj(query))  # (B, H, T, d)
+        fn = self.attn_fn
+        q = self._split_heads(self.q_proj(fn.transform_input(query, "query")))  # (B, H, T, d)
         k = v = None
         if self.self_attention:
-            k = self._split_heads(self.k_proj(query))
+            k = self._split_heads(self.k_proj(fn.transform_input(query, "key")))
             v = self._split_heads(self.v_proj(query))
         elif key is not None:
             if self.encoder_decoder_attention and self.beam_size > 1 and bsz == key.size(1):
@@ -125,7 +126,7 @@ class FunctionalMultiheadAttention(MultiheadAttention):
                 if key_padding_mask is not None:
                     key_padding_mask = key_padding_mask.view(
                         -1, self.beam_size, key_padding_mask.size(1))[:, 0]
-            k = self._split_heads(self.k_proj(key))  # (Bk, H, S, d)
+            k = self._split_heads(self.k_proj(fn.transform_input(key, "key")))  # (Bk, H, S, d)
             v = self._split_heads(self.v_proj(value))
 
         if saved_state is not None:
@@ -149,21 +150,26 @@ class FunctionalMultiheadAttention(MultiheadAttention):
         assert k is not None and v is not None
         kv_bsz, src_len = k.size(0), k.size(2)
         beam = bsz // kv_bsz
+        q_pos = k_pos = None
+        if fn.uses_positions:
+            q_pos, k_pos = self._positions(key_padding_mask, incremental_state, saved_state,
+                                           kv_bsz, tgt_len, src_len, q.device)
         if beam > 1:
             # beams of one sentence share keys: treat them as extra queries,
             # (B, H, T, d) -> (Bk, beam, H, T, d) -> (Bk, H, beam*T, d)
             q = q.view(kv_bsz, beam, self.num_heads, tgt_len, self.head_dim)
             q = q.transpose(1, 2).reshape(kv_bsz, self.num_heads, beam * tgt_len, self.head_dim)
+            if q_pos is not None:  # (B|1, T) -> (Bk|1, beam*T), as q
+                q_pos = q_pos.reshape(-1, beam * tgt_len) if q_pos.size(0) > 1 else q_pos.repeat(1, beam)
 
         mask = self._build_mask(key_padding_mask, attn_mask, kv_bsz, src_len)  # (Bk|1, 1, T|1, S)
-        fn = self.attn_fn
         dropout_p = self.dropout_module.p if (
             self.training or self.dropout_module.apply_during_inference) else 0.0
         use_fused = not (need_weights or beam > 1 or fn.wants_weights())
         out = fn.fused(q, k, v, mask, dropout_p) if use_fused else None
         weights = None
         if out is None:
-            scores = fn.score(q, k)  # (Bk, H, T', S)
+            scores = fn.score(q, k) if q_pos is None else fn.score_at(q, k, q_pos, k_pos)  # (Bk, H, T', S)
             if beam > 1 and mask is not None and mask.size(2) > 1:
                 mask = mask.repeat(1, 1, beam, 1)
             weights = fn.normalize(scores, mask)  # (Bk, H, T', S)
@@ -183,6 +189,34 @@ class FunctionalMultiheadAttention(MultiheadAttention):
         # fairseq layout: (H, B, T, S), averaged over heads unless need_head_weights
         weights = weights.reshape(bsz, self.num_heads, tgt_len, src_len).transpose(0, 1)
         return out, (weights if need_head_weights else weights.mean(dim=0))
+
+    def _positions(self, key_padding_mask, incremental_state, saved_state, kv_bsz: int, tgt_len: int,
+                   src_len: int, device) -> Tuple[Tensor, Tensor]:
+        """0-based token positions for functions that score by position (Synthesizer).
+
+        Keys ``(Bk|1, S)``: index among the non-padding keys (left padding not counted).
+        Queries ``(B|1, T)``: in self-attention the last ``T`` key positions (the step index
+        when decoding with the cache); otherwise ``offset + arange(T)``, where ``offset`` is
+        the number of queries seen so far, kept in the incremental state as ``query_offset``
+        ``(Bk,)`` (0 without a state; decoder targets are right-padded).
+        """
+        if key_padding_mask is not None and key_padding_mask.dim() > 0:
+            k_pos = ((~key_padding_mask.to(torch.bool)).long().cumsum(1) - 1).clamp_min(0)
+        else:
+            k_pos = torch.arange(src_len, device=device).unsqueeze(0)
+        if self.self_attention:
+            return k_pos[:, -tgt_len:], k_pos
+        q_pos = torch.arange(tgt_len, device=device).unsqueeze(0)  # (1, T)
+        if saved_state is not None:
+            # every hypothesis of a beam search is at the same step; the count is stored once
+            # per key batch item, (Bk,), so that fairseq's reorder_incremental_state (which
+            # reorders cross-attention buffers per Bk) keeps its size right
+            prev = saved_state.get("query_offset")
+            if prev is not None:
+                q_pos = q_pos + prev[:1].unsqueeze(1)
+            saved_state["query_offset"] = (q_pos[0, -1] + 1).expand(kv_bsz).clone()
+            self._set_input_buffer(incremental_state, saved_state)
+        return q_pos, k_pos
 
     @staticmethod
     def _build_mask(key_padding_mask, attn_mask, kv_bsz: int, src_len: int) -> Optional[Tensor]:

@@ -1,7 +1,8 @@
 """A fairseq Transformer whose three attention types each take a registered attention function.
 
 One model, ``attention_transformer``; the papers' settings are architecture presets
-(``rela_transformer``, ``rela_transformer_iwslt_de_en``, ``rela_transformer_small``).
+(``rela_transformer``, ``rela_transformer_iwslt_de_en``, ``rela_transformer_small``,
+``reluformer*``, ``eatt_transformer``, ``eatt_transformer_iwslt_de_en``, ``eatt_transformer_small``).
 The attention function is chosen per attention type:
 
 * ``--encoder-attention-fn`` (encoder self-attention),
@@ -209,6 +210,16 @@ class AttentionTransformerModel(TransformerModel):
                                  "gamma*sqrt(n/2) (eq. 6; default 1.0)")
         parser.add_argument("--reluformer-entropy-c", type=float, metavar="C",
                             help="entropy bound C = c*log(n) of ReLUFormer eq. 7 (default 0.7)")
+        parser.add_argument("--eatt-tau", type=float, metavar="TAU",
+                            help="E-ATT binarisation threshold tau of f(x) = 1[x > tau] (eq. 7) "
+                                 "and centre of the surrogate gradient (eq. 8); default 1.0 "
+                                 "(the paper's appendix; the official code uses 0.0)")
+        parser.add_argument("--synth-max-len", type=int, metavar="L",
+                            help="maximum token position + 1 of the Synthesizer functions "
+                                 "synth_dense / synth_random (default 256)")
+        parser.add_argument("--synth-random-fixed", action="store_true",
+                            help="keep synth_random's score matrix fixed at its random "
+                                 "initialisation (default: trained, the paper's RandInit)")
         parser.add_argument("--attention-entropy", action="store_true",
                             help="log the mean attention entropy and null rate of every "
                                  "attention in evaluation (validation) mode")
@@ -321,6 +332,37 @@ def reluformer_iwslt_de_en(args):
 def reluformer_small(args):
     """CPU-sized ReLUFormer, same sizes as ``rela_transformer_small`` (see :func:`small_preset`)."""
     _reluformer(args)
+    small_preset(args)
+
+
+def _eatt(args):
+    _set_attention_fns(args, "eatt")
+    if getattr(args, "eatt_tau", None) is None:
+        args.eatt_tau = 1.0
+
+
+@register_model_architecture("attention_transformer", "eatt_transformer")
+def eatt_transformer(args):
+    """E-ATT paper setting (Section 4.1, App. B): Transformer base with E-ATT (binarised
+    selection + L1 scores, eqs. 7-13) in encoder self, decoder self and cross attention --
+    the paper replaces every attention (its Figure 2 reports rho for Enc-Self, Dec-Self and
+    cross attention; the official code has an incremental E-ATT decoder self-attention);
+    tau = 1.0 (App. B).  Hybrids (Table 5): override any of the three ``--*-attention-fn``."""
+    _eatt(args)
+    base_architecture(args)
+
+
+@register_model_architecture("attention_transformer", "eatt_transformer_iwslt_de_en")
+def eatt_transformer_iwslt_de_en(args):
+    """E-ATT at fairseq's ``transformer_iwslt_de_en`` sizes (6+6 layers, 4 heads, d 512, FFN 1024)."""
+    _eatt(args)
+    transformer_iwslt_de_en(args)
+
+
+@register_model_architecture("attention_transformer", "eatt_transformer_small")
+def eatt_transformer_small(args):
+    """CPU-sized E-ATT Transformer, same sizes as ``rela_transformer_small`` (:func:`small_preset`)."""
+    _eatt(args)
     small_preset(args)
 
 

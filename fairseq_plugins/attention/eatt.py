@@ -1,0 +1,206 @@
+"""E-ATT (Attention with Energy-Friendly Operations), its ablations, and the Synthesizer baselines.
+
+Shape legend: B batch (of keys), H heads, T queries, S keys, d head dimension (the paper's
+``k_h``), C = H * d model dimension, L ``--synth-max-len``.  Masks: bool, True = blocked.
+
+Registered attention functions (all normalised by the usual masked softmax):
+
+==================  ============================  =====================================
+name                Q, K                          scores
+==================  ============================  =====================================
+``eatt``            binarised input selects rows  ``-||q - k||_1 / sqrt(d)`` (eq. 13)
+                    of W_Q / W_K (eqs. 7-12)
+``eatt_select_dot`` binarised selection           ``q . k / sqrt(d)`` (Table 3 row 2)
+``eatt_l1``         full-precision projections    ``-||q - k||_1 / sqrt(d)`` (Table 3 row 3)
+``synth_dense``     --                            ``W2_h ReLU(W1 x_i)`` over key positions
+``synth_random``    --                            ``R_h[i, j]``, a learned L x L matrix
+==================  ============================  =====================================
+
+E-ATT's binarisation happens in :meth:`transform_input` (the attention module calls it on
+the input right before ``q_proj`` / ``k_proj``; ``v_proj`` and ``out_proj`` stay full
+precision, as in the paper and the official code).  ``q_proj`` then runs as a matmul on the
+0/1 input, which equals the addition-only selection of eqs. 9-12
+(:func:`~fairseq_plugins.modules.binarize.select_add`; tests prove it).
+
+Threshold ``tau`` (``--eatt-tau``): default **1.0**, the value the paper's appendix states for
+all its experiments; the official code uses 0.0 (``snn_threshold``).  We follow the paper
+because the tables we reproduce are the paper's; 0.0 is one flag away.  Note the official
+code also shrinks Q/K to ``C / H`` dimensions (``factor = num_heads``); here Q/K keep
+fairseq's ``C`` (the paper's ``W_Q in R^{d x k}`` with ``k = d`` in Transformer base).
+
+Synthesizer (Tay et al. 2021, ICML):
+
+* Dense: ``B_i = W2 ReLU(W1 x_i + b1) + b2`` per head; here ``W1 x_i + b1`` is the head's slice
+  of ``q_proj`` (so layer 1 is ``d x d`` over all heads) and ``W2_h`` is ``d_h x L``, so the
+  score cost is Table 2's ``l d^2 + l^2 d``.  Column ``j`` is key *position* ``j``.
+* Random: ``R_h in R^{L x L}``, ``N(0, 1)`` initialised, trained (the paper's "RandInit"), or
+  frozen with ``--synth-random-fixed``.  Row ``i`` is query position ``i``.
+
+Both ignore key *content* (``k_proj`` is computed but unused; its parameters get no
+gradient).  Positions come from the attention module (``score_at``): keys are numbered among
+non-padding tokens (fairseq left-pads sources, so key ``j`` of every sentence is its ``j``-th
+token), queries likewise in self-attention -- also when decoding step by step (the step
+index), and, beam search folding hypotheses into extra queries, each copy keeps its position.
+In cross-attention the query position is the target position (the step index when decoding,
+counted in the incremental state) and the key position the source position: the alignment is
+a fixed, content-independent pattern, which is why the paper (and Tay et al.) find them poor
+there.  A position >= L raises a ``ValueError`` naming ``--synth-max-len`` (default 256;
+``fairseq-generate``'s default ``--max-len-b 200`` stays below it).
+"""
+
+import math
+from typing import Dict, List, Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..modules.binarize import binarize
+from .functions import SoftmaxAttention, register_attention_fn
+from .l1 import l1_scores
+
+__all__ = [
+    "EattAttention", "EattSelectDotAttention", "EattL1Attention",
+    "SynthDenseAttention", "SynthRandomAttention", "DEFAULT_EATT_TAU", "DEFAULT_SYNTH_MAX_LEN",
+]
+
+DEFAULT_EATT_TAU = 1.0
+DEFAULT_SYNTH_MAX_LEN = 256
+
+
+def _arg(args, name, default):
+    v = getattr(args, name, None) if args is not None else None
+    return default if v is None else v
+
+
+class _BinarizedInput:
+    """Mixin: binarise the query/key inputs (E-ATT eq. 7, surrogate gradient eq. 8).
+
+    ``rho_meter`` -- set to ``{}`` to accumulate, per role, ``[ones, elements]`` of the binary
+    inputs (the ratio of nonzero values ``rho`` of the paper's Figure 2); ``None`` (default)
+    records nothing.  Padding tokens are counted, so measure with batches without padding.
+    """
+
+    is_binarized = True
+
+    def _init_binarized(self, args):
+        self.tau = float(_arg(args, "eatt_tau", DEFAULT_EATT_TAU))
+        self.rho_meter: Optional[Dict[str, List[float]]] = None
+
+    def transform_input(self, x, role):
+        xb = binarize(x, self.tau)
+        if self.rho_meter is not None:
+            acc = self.rho_meter.setdefault(role, [0.0, 0.0])
+            acc[0] += float(xb.detach().sum())
+            acc[1] += float(xb.numel())
+        return xb
+
+
+class _L1Score:
+    """Mixin: E-ATT eq. 13 scores ``-||q_i - k_j||_1 / sqrt(d)`` via ``torch.cdist(p=1)``
+    (no ``(B, H, T, S, d)`` tensor; see :mod:`~fairseq_plugins.attention.l1` for the measurement)."""
+
+    def score(self, q, k):
+        return l1_scores(q, k, self.scaling, impl="cdist")
+
+
+@register_attention_fn("eatt")
+class EattAttention(_BinarizedInput, _L1Score, SoftmaxAttention):
+    """E-ATT (eqs. 7-13): binarised selection for Q and K, L1-distance scores, masked softmax.
+
+    Hyper-parameter: ``eatt_tau`` (``--eatt-tau``, default 1.0, see the module docstring).
+    """
+
+    def __init__(self, embed_dim, num_heads, args=None):
+        super().__init__(embed_dim, num_heads, args)
+        self._init_binarized(args)
+
+    def fused(self, q, k, v, mask, dropout_p):
+        return None  # the fused kernel would compute dot products
+
+
+@register_attention_fn("eatt_select_dot")
+class EattSelectDotAttention(_BinarizedInput, SoftmaxAttention):
+    """E-ATT ablation (Table 3 "replace with discrete selection"): binarised selection for Q
+    and K, scaled dot-product scores, softmax (the fused kernel is used)."""
+
+    def __init__(self, embed_dim, num_heads, args=None):
+        super().__init__(embed_dim, num_heads, args)
+        self._init_binarized(args)
+
+
+@register_attention_fn("eatt_l1")
+class EattL1Attention(_L1Score, SoftmaxAttention):
+    """E-ATT ablation (Table 3 "replace with L1 distance"): full-precision projections,
+    L1-distance scores (eq. 13), softmax."""
+
+    def fused(self, q, k, v, mask, dropout_p):
+        return None
+
+
+class _Synthesizer(SoftmaxAttention):
+    """Shared parts of the Synthesizer functions: positions, maximum length, no fused path."""
+
+    uses_positions = True
+
+    def __init__(self, embed_dim, num_heads, args=None):
+        super().__init__(embed_dim, num_heads, args)
+        self.max_len = int(_arg(args, "synth_max_len", DEFAULT_SYNTH_MAX_LEN))
+        if self.max_len < 1:
+            raise ValueError(f"--synth-max-len must be >= 1, got {self.max_len}")
+
+    def _check(self, *positions):
+        for p in positions:
+            if p.numel() and int(p.max()) >= self.max_len:
+                raise ValueError(
+                    f"{self.name}: position {int(p.max())} is beyond --synth-max-len {self.max_len}; "
+                    "raise --synth-max-len or lower --max-source-positions/--max-len-b")
+
+    def score(self, q, k):
+        S, T = k.size(2), q.size(2)
+        dev = q.device
+        return self.score_at(q, k, torch.arange(T, device=dev)[None], torch.arange(S, device=dev)[None])
+
+    def fused(self, q, k, v, mask, dropout_p):
+        return None
+
+
+@register_attention_fn("synth_dense")
+class SynthDenseAttention(_Synthesizer):
+    """Dense Synthesizer (Tay et al. 2021, eq. for ``B_i = F(X_i)``): scores
+    ``W2_h ReLU(q_i) + b2_h`` ``(B, H, T, L)`` gathered at the key positions.  ``q_i`` is
+    ``q_proj``'s head slice (the first layer ``W1 x + b1``).  Parameters ``w2`` ``(H, d, L)``
+    (Xavier-uniform over ``d -> L``) and ``b2`` ``(H, L)`` (zeros)."""
+
+    def __init__(self, embed_dim, num_heads, args=None):
+        super().__init__(embed_dim, num_heads, args)
+        bound = math.sqrt(6.0 / (self.head_dim + self.max_len))
+        self.w2 = nn.Parameter(torch.empty(num_heads, self.head_dim, self.max_len).uniform_(-bound, bound))
+        self.b2 = nn.Parameter(torch.zeros(num_heads, self.max_len))
+
+    def score_at(self, q, k, q_pos, k_pos):
+        self._check(k_pos)
+        B, H, T, _ = q.shape
+        S = k.size(2)
+        logits = torch.einsum("bhtd,hdl->bhtl", F.relu(q), self.w2.to(q.dtype)) + self.b2.to(q.dtype)[:, None]
+        idx = k_pos.view(k_pos.size(0), 1, 1, S).expand(B, H, T, S)  # (B, H, T, S)
+        return logits.gather(-1, idx)
+
+
+@register_attention_fn("synth_random")
+class SynthRandomAttention(_Synthesizer):
+    """Random Synthesizer (Tay et al. 2021; "RandInit" in E-ATT Table 2/5): scores
+    ``R_h[pos(i), pos(j)]`` from a parameter ``r`` ``(H, L, L)`` ~ ``N(0, 1)``; trained unless
+    ``--synth-random-fixed`` (then ``requires_grad=False``, still saved in checkpoints)."""
+
+    def __init__(self, embed_dim, num_heads, args=None):
+        super().__init__(embed_dim, num_heads, args)
+        fixed = bool(_arg(args, "synth_random_fixed", False))
+        self.r = nn.Parameter(torch.randn(num_heads, self.max_len, self.max_len), requires_grad=not fixed)
+
+    def score_at(self, q, k, q_pos, k_pos):
+        self._check(q_pos, k_pos)
+        B, T, S = q.size(0), q.size(2), k.size(2)
+        qi = q_pos.view(q_pos.size(0), T, 1).expand(B, T, S)
+        kj = k_pos.view(k_pos.size(0), 1, S).expand(B, T, S)
+        return self.r[:, qi, kj].permute(1, 0, 2, 3).to(q.dtype)  # (H, B, T, S) -> (B, H, T, S)

@@ -1,0 +1,274 @@
+"""E-ATT: binarisation (eqs. 7-8), addition-only selection (eqs. 9-12), L1 scores (eq. 13),
+Synthesizer positions, hybrids, energy accounting, and a short end-to-end run on Multi30k."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fairseq_plugins.analysis import energy as E
+from fairseq_plugins.attention import FunctionalMultiheadAttention, build_attention_fn
+from fairseq_plugins.attention.l1 import l1_scores
+from fairseq_plugins.modules.binarize import binarize, select_add, select_add_count, select_matmul
+from helpers import build, toy_batch
+
+C, H = 16, 4
+NEW = ["eatt", "eatt_select_dot", "eatt_l1", "synth_dense", "synth_random"]
+
+
+@pytest.mark.parametrize("tau", [0.0, 1.0, -0.3])
+def test_binarize_forward_and_surrogate_gradient_eq8(tau):
+    x = torch.randn(50, 7, dtype=torch.float64, requires_grad=True)
+    y = binarize(x, tau)
+    assert torch.equal(y, (x > tau).double())
+    g = torch.randn_like(x)
+    y.backward(g)
+    expected = g * math.sqrt(2 / math.pi) * torch.exp(-2 * (x.detach() - tau) ** 2)
+    torch.testing.assert_close(x.grad, expected, rtol=0, atol=1e-15)
+    # eq. 8 is a density (of N(tau, 1/4)): the smoothed step rises by exactly 1
+    u = torch.linspace(tau - 6, tau + 6, 20001, dtype=torch.float64, requires_grad=True)
+    binarize(u, tau).sum().backward()
+    assert abs(torch.trapezoid(u.grad, u.detach()).item() - 1.0) < 1e-6
+
+
+def test_select_add_equals_matmul_values_and_gradients():
+    torch.manual_seed(0)
+    x = torch.randn(3, 5, C, dtype=torch.float64, requires_grad=True)
+    lin = torch.nn.Linear(C, 12).double()
+    w1, b1 = lin.weight.detach().clone().requires_grad_(), lin.bias.detach().clone().requires_grad_()
+    w2, b2 = lin.weight.detach().clone().requires_grad_(), lin.bias.detach().clone().requires_grad_()
+    x2 = x.detach().clone().requires_grad_()
+    a = select_add(binarize(x, 0.3), w1, b1)  # additions only
+    b = select_matmul(binarize(x2, 0.3), w2, b2)  # the fast path the model runs
+    torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    g = torch.randn_like(a)
+    a.backward(g)
+    b.backward(g)
+    for u, v in ((x.grad, x2.grad), (w1.grad, w2.grad), (b1.grad, b2.grad)):
+        torch.testing.assert_close(u, v, rtol=1e-12, atol=1e-12)
+    # the literal path is a sum of selected rows: check one token by hand
+    xb = binarize(x, 0.3).detach()
+    sel = xb[1, 2].nonzero().flatten()
+    torch.testing.assert_close(a[1, 2], lin.bias + lin.weight[:, sel].sum(1))
+    assert select_add_count(xb, 12) == int(xb.sum()) * 12
+    with pytest.raises(ValueError, match="binary"):
+        select_add(x.detach(), w1)
+
+
+@pytest.mark.parametrize("max_elems", [1, 50, 1 << 22])  # block of 1 query ... everything at once
+def test_l1_scores_equal_cdist(max_elems):
+    torch.manual_seed(1)
+    q = torch.randn(2, 3, 7, 5, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(2, 3, 9, 5, dtype=torch.float64, requires_grad=True)
+    q2, k2 = (t.detach().clone().requires_grad_() for t in (q, k))
+    s = l1_scores(q, k, 0.4, max_elems=max_elems)
+    ref = -0.4 * torch.cdist(q2, k2, p=1)
+    torch.testing.assert_close(s, ref)
+    g = torch.randn_like(s)
+    s.backward(g)
+    ref.backward(g)
+    torch.testing.assert_close(q.grad, q2.grad)
+    torch.testing.assert_close(k.grad, k2.grad)
+    assert torch.autograd.gradcheck(lambda a, b: l1_scores(a, b, 0.4, max_elems), (q2.detach().requires_grad_(),
+                                                                                   k2.detach().requires_grad_()))
+    torch.testing.assert_close(l1_scores(q, k, 0.4, impl="cdist"), s)  # the path the model takes
+    with pytest.raises(ValueError, match="chunked, cdist"):
+        l1_scores(q, k, 0.4, impl="naive")
+
+
+def test_eatt_module_equals_equations():
+    """eatt in the module: Q, K from the binarised inputs, -L1/sqrt(d_h), softmax; V full precision."""
+    torch.manual_seed(2)
+    fn = build_attention_fn("eatt", C, H)
+    m = FunctionalMultiheadAttention(C, H, fn, encoder_decoder_attention=True).double().eval()
+    x, y = torch.randn(4, 1, C, dtype=torch.float64), torch.randn(6, 1, C, dtype=torch.float64)
+    out, w = m(x, y, y, need_head_weights=True)
+    xb, yb = (x > 1.0).double(), (y > 1.0).double()  # tau = 1.0 (the paper's default)
+    Q = select_add(xb, m.q_proj.weight, m.q_proj.bias).view(4, H, C // H).transpose(0, 1)
+    K = select_add(yb, m.k_proj.weight, m.k_proj.bias).view(6, H, C // H).transpose(0, 1)
+    V = F.linear(y, m.v_proj.weight, m.v_proj.bias).view(6, H, C // H).transpose(0, 1)
+    A = torch.softmax(-torch.cdist(Q, K, p=1) / math.sqrt(C // H), -1)  # (H, T, S)
+    torch.testing.assert_close(w[:, 0], A)
+    ref = m.out_proj((A @ V).transpose(0, 1).reshape(4, 1, C))
+    torch.testing.assert_close(out, ref)
+    assert fn.tau == 1.0
+
+
+@pytest.mark.parametrize("name", NEW)
+def test_left_padding_equals_unpadded(name):
+    """Encoder self-attention over a left-padded sentence == the sentence alone (positions of
+    the Synthesizer functions count non-padding tokens)."""
+    torch.manual_seed(3)
+    m = FunctionalMultiheadAttention(C, H, build_attention_fn(name, C, H), self_attention=True).eval()
+    x = torch.randn(5, 1, C)
+    padded = torch.cat([torch.randn(2, 1, C), x])
+    kpm = torch.tensor([[True, True] + [False] * 5])
+    out, _ = m(padded, padded, padded, key_padding_mask=kpm, need_weights=False)
+    ref, _ = m(x, x, x, need_weights=False)
+    torch.testing.assert_close(out[2:], ref, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", NEW)
+@pytest.mark.parametrize("beam", [1, 3])
+def test_cross_attention_incremental_equals_full(name, beam):
+    """Cross-attention step by step (query position counted in the incremental state, beams
+    folded into extra queries, reordering) == one full pass over the target."""
+    torch.manual_seed(4)
+    m = FunctionalMultiheadAttention(C, H, build_attention_fn(name, C, H), encoder_decoder_attention=True).eval()
+    m.set_beam_size(beam)
+    bsz, S, T = 2, 6, 5
+    enc = torch.randn(S, bsz, C)
+    kpm = torch.zeros(bsz, S, dtype=torch.bool)
+    kpm[1, :2] = True  # left padding
+    xs = torch.randn(T, bsz, C)
+    m.set_beam_size(1)
+    full, _ = m(xs, enc, enc, key_padding_mask=kpm, need_weights=False)
+    m.set_beam_size(beam)
+    enc_b, kpm_b = enc.repeat_interleave(beam, 1), kpm.repeat_interleave(beam, 0)
+    xs_b = xs.repeat_interleave(beam, 1)
+    state, steps = {}, []
+    for t in range(T):
+        y, _ = m(xs_b[t:t + 1], enc_b, enc_b, key_padding_mask=kpm_b, incremental_state=state,
+                 static_kv=True, need_weights=True)
+        steps.append(y)
+        if beam > 1:  # reorder hypotheses inside each sentence (identical here), as beam search does
+            m.reorder_incremental_state(state, torch.arange(bsz * beam).view(bsz, beam).flip(1).reshape(-1))
+    inc = torch.cat(steps).view(T, bsz, beam, C)
+    for j in range(beam):
+        torch.testing.assert_close(inc[:, :, j], full, rtol=1e-5, atol=1e-6)
+
+
+def test_synth_max_len_error_names_the_flag():
+    args = type("A", (), {"synth_max_len": 4})()
+    m = FunctionalMultiheadAttention(C, H, build_attention_fn("synth_random", C, H, args), self_attention=True)
+    x = torch.randn(5, 1, C)
+    with pytest.raises(ValueError, match="--synth-max-len 4"):
+        m(x, x, x)
+
+
+@pytest.mark.parametrize("self_fn", ["softmax", "synth_dense", "synth_random", "eatt"])
+@pytest.mark.parametrize("cross_fn", ["softmax", "synth_dense", "synth_random", "eatt"])
+def test_all_16_hybrids_build_and_train(self_fn, cross_fn):
+    """Table 5: every self x cross pair is one flag each; a training step gives finite gradients."""
+    torch.manual_seed(5)
+    model, task = build("eatt_transformer_small", encoder_attention_fn=self_fn, decoder_attention_fn=self_fn,
+                        cross_attention_fn=cross_fn)
+    assert model.encoder.layers[0].self_attn.attn_fn.name == self_fn
+    assert model.decoder.layers[0].self_attn.attn_fn.name == self_fn
+    assert model.decoder.layers[0].encoder_attn.attn_fn.name == cross_fn
+    src, lens, prev = toy_batch(task)
+    out, _ = model.train()(src, lens, prev)
+    out.sum().backward()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+def test_eatt_arch_defaults():
+    model, _ = build("eatt_transformer_small")
+    names = {(l.self_attn.attn_fn.name) for l in model.encoder.layers} | \
+        {l.self_attn.attn_fn.name for l in model.decoder.layers} | \
+        {l.encoder_attn.attn_fn.name for l in model.decoder.layers}
+    assert names == {"eatt"} and model.encoder.layers[0].self_attn.attn_fn.tau == 1.0
+    model, _ = build("eatt_transformer_small", eatt_tau=0.0)
+    assert model.decoder.layers[0].encoder_attn.attn_fn.tau == 0.0
+
+
+def test_measure_rho_counts_ones():
+    torch.manual_seed(6)
+    model, task = build("eatt_transformer_small", cross_attention_fn="softmax")
+    src, lens, prev = toy_batch(task, bsz=1)
+    l0 = model.encoder.layers[1].self_attn
+    x_in = {}
+    l0.register_forward_pre_hook(lambda mod, args, kw: x_in.update(x=kw["query"].detach()),
+                                 with_kwargs=True)
+    rho = E.measure_rho(model, [{"net_input": {"src_tokens": src, "src_lengths": lens, "prev_output_tokens": prev}}])
+    assert set(k[0] for k in rho) == {"encoder", "decoder"}  # cross is softmax here
+    torch.testing.assert_close(rho[("encoder", 1, "query")], (x_in["x"] > 1.0).double().mean().item())
+    assert rho[("encoder", 1, "query")] == rho[("encoder", 1, "key")]
+    assert l0.attn_fn.rho_meter is None  # switched off afterwards
+
+
+def test_energy_counts_against_hand_count():
+    """l = 3, d = 4, h = 2 (d_h = 2), rho = 0.5, counted by hand."""
+    l, d, h = 3, 4, 2
+    # vanilla: Q, K projections 3*4*4 MACs each = 48 + 48; QK^T 3*3 pairs * 2 heads * 2 = 36
+    assert E.score_ops("vanilla", l, l, d, h) == E.OpCount(132, 132)
+    # exact: projections 3*4 outputs * 3 adds each = 36 (x2); dot products 18 * 1 add
+    assert E.score_ops("vanilla", l, l, d, h, convention="exact") == E.OpCount(36 * 2 + 18, 132)
+    # dense: W1 3*4*4 = 48 MACs; W2 per head: 3 queries * 2 heads * d_h 2 * 3 keys = 36
+    assert E.score_ops("dense", l, l, d, h) == E.OpCount(84, 84)
+    assert E.score_ops("random", l, l, d, h) == E.OpCount(0, 0)
+    # eatt: each token selects rho*d = 2 rows of width 4: 3*2*4 = 24 (x2); L1: 18 pairs-heads * 2 = 36
+    assert E.score_ops("eatt", l, l, d, h, 0.5, 0.5) == E.OpCount(84, 0)
+    assert E.score_ops("eatt", l, l, d, h, 0.5, 0.5, l1_adds_per_element=2) == E.OpCount(120, 0)
+    # exact: sum of 2 rows = 1 addition per output (3*4 outputs, x2); L1: 18 * (2*2 - 1)
+    assert E.score_ops("eatt", l, l, d, h, 0.5, 0.5, convention="exact") == E.OpCount(24 + 54, 0)
+    # block adds V (48), AV (3*3*4 = 36), out (48) MACs
+    assert E.block_ops("eatt", l, l, d, h, 0.5, 0.5) == E.OpCount(84 + 132, 132)
+    # Table 2: Dense's 51.10 % (hardware-free) at l = 23, d = 512
+    r = E.table2(23, 512, 8, 0.2, "fpga")
+    assert [x["model"] for x in r] == ["Vanilla", "Dense", "RandInit", "E-ATT"]
+    assert round(r[1]["ratio_pct"], 2) == 51.10 and r[2]["ratio_pct"] == 0.0
+    assert abs(E.implied_length(0.5110, 512) - 23.0) < 0.05
+    rho = E.implied_rho(0.0044, 23, 512, 8, "fpga")
+    assert abs(E.table2(23, 512, 8, rho, "fpga")[3]["ratio_pct"] - 0.44) < 1e-9
+    with pytest.raises(ValueError, match="asic, fpga"):
+        E.energy_pj(E.OpCount(1, 1), "gpu")
+    with pytest.raises(ValueError, match="rho"):
+        E.score_ops("eatt", l, l, d, h)
+
+
+# ---- end to end on real data (short) ---------------------------------------------------------
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RAW = os.path.join(os.path.dirname(ROOT), "shared", "data", "multi30k_en_de", "raw")
+BIN = os.path.dirname(sys.executable)
+
+
+def _sh(cmd):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_FORCE")}
+    env["PATH"] = BIN + os.pathsep + env.get("PATH", "")
+    out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    assert out.returncode == 0, f"{cmd}\nSTDOUT:{out.stdout[-3000:]}\nSTDERR:{out.stderr[-3000:]}"
+    return out.stdout + out.stderr
+
+
+@pytest.mark.skipif(not os.path.isdir(RAW), reason=f"real data not found at {RAW}")
+def test_end_to_end_train_generate_energy(tmp_path):
+    """eatt_transformer_small (tiny) on a 1,000-pair Multi30k slice: fairseq-train learns,
+    fairseq-generate (beam 4) translates the test set, the energy CLI measures rho."""
+    prep = tmp_path / "m30k"
+    _sh(["bash", "data-prep/multi30k/prepare.sh", "--raw-dir", RAW, "--out", str(prep),
+         "--train-lines", "1000", "--bpe-merges", "500"])
+    ck = tmp_path / "ck"
+    log = _sh([os.path.join(BIN, "fairseq-train"), str(prep / "bin"), "--user-dir", os.path.join(ROOT, "fairseq_plugins"),
+               "--arch", "eatt_transformer_small", "--encoder-layers", "2", "--decoder-layers", "2",
+               "--encoder-embed-dim", "32", "--decoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64",
+               "--decoder-ffn-embed-dim", "64", "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
+               "--source-lang", "en", "--target-lang", "de", "--optimizer", "adam", "--lr", "0.003",
+               "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "20", "--criterion", "label_smoothed_cross_entropy",
+               "--label-smoothing", "0.1", "--max-tokens", "2000", "--max-update", "60", "--save-dir", str(ck), "--cpu",
+               "--no-epoch-checkpoints", "--log-format", "simple", "--num-workers", "0", "--seed", "1"])
+    valid = [float(l.split("| loss ")[1].split()[0]) for l in log.splitlines() if "| valid |" in l]
+    assert valid and math.isfinite(valid[-1])
+    train = [float(l.split(" loss ")[1].split()[0]) for l in log.replace("=", " ").splitlines()
+             if "| train_inner |" in l or "| train |" in l]
+    assert train[-1] < train[0] - 1.0, train  # it learns
+    out = _sh([os.path.join(BIN, "fairseq-generate"), str(prep / "bin"), "--user-dir", os.path.join(ROOT, "fairseq_plugins"),
+               "--path", str(ck / "checkpoint_last.pt"), "--source-lang", "en", "--target-lang", "de", "--gen-subset",
+               "test", "--beam", "4", "--batch-size", "200", "--cpu", "--remove-bpe"])
+    assert sum(1 for l in out.splitlines() if l.startswith("H-")) == 1000
+    js = tmp_path / "energy.json"
+    _sh([sys.executable, "scripts/eatt_energy.py", "--checkpoint", str(ck / "checkpoint_last.pt"), "--data-bin",
+         str(prep / "bin"), "--src", "en", "--tgt", "de", "--max-sentences", "50", "--json", str(js),
+         "--plot", str(tmp_path / "rho.png"), "--md", str(tmp_path / "energy.md")])
+    res = json.load(open(js))
+    assert set(res["attention_fns"].values()) == {"eatt"}
+    assert len(res["rho"]) == 2 * 2 + 2 * 2 + 2 * 2  # enc/dec self (query, key) + cross (query, key)
+    assert all(0.0 <= v <= 1.0 for v in res["rho"].values())
+    assert 0.0 < res["energy_scores_asic_pct"][0] < 100.0
+    assert os.path.getsize(tmp_path / "rho.png") > 0
