@@ -41,7 +41,7 @@ import torch.nn as nn
 from ..modules.auxiliary import AuxiliaryBuffer
 from .functions import build_attention_fn
 
-__all__ = ["ATTENTION_KINDS", "AdditiveAttention", "AttentionStep", "flexible_window", "local_p_window"]
+__all__ = ["ATTENTION_KINDS", "AdditiveAttention", "AttentionStep", "WindowStats", "flexible_window", "local_p_window"]
 
 #: valid values of ``--rnn-attention``
 ATTENTION_KINDS = ("global", "local_p", "flexible")
@@ -92,6 +92,31 @@ def local_p_window(p_t: torch.Tensor, d: int, lengths: torch.Tensor):
     return _clip_window(torch.ceil(p - d), torch.floor(p + d), p, lengths)
 
 
+class WindowStats:
+    """Counters of the positions scored: ``positions`` (sum of window sizes), ``queries``
+    (hypothesis-steps) and ``source`` (sum of source lengths over the same queries).  A plain
+    object, so a report hook can hold it after the model is gone."""
+
+    def __init__(self, kind: str, threshold: float):
+        self.kind, self.threshold = kind, threshold
+        self.positions = self.queries = self.source = 0
+
+    def add(self, window: torch.Tensor, lengths: torch.Tensor) -> None:
+        """Add one step: ``window`` and ``lengths`` ``(B,)``."""
+        self.positions += int(window.sum())
+        self.queries += int(window.numel())
+        self.source += int(lengths.sum())
+
+    def average_window(self) -> float:
+        return self.positions / self.queries if self.queries else math.nan
+
+    def report(self) -> str:
+        tau = "inf" if math.isinf(self.threshold) else f"{self.threshold:g}"
+        return (f"[rnnsearch] {self.kind} attention (tau={tau}): average window {self.average_window():.2f} "
+                f"positions per hypothesis-step over {self.queries} hypothesis-steps "
+                f"(average source length {self.source / max(self.queries, 1):.2f})")
+
+
 class AttentionStep(NamedTuple):
     """Result of one attention step.
 
@@ -125,8 +150,8 @@ class AdditiveAttention(nn.Module):
 
     Window statistics: when :meth:`forward` is called with ``count=True`` (the decoder does so
     in incremental decoding, i.e. generation), the number of positions scored and the number
-    of (hypothesis, step) queries are accumulated in ``window_positions`` / ``window_queries``
-    (and the source lengths in ``source_positions``); :meth:`average_window` is their ratio.
+    of (hypothesis, step) queries are accumulated in ``self.stats`` (a :class:`WindowStats`);
+    :meth:`average_window` is their ratio.
     """
 
     def __init__(self, query_dim: int, key_dim: int, attn_dim: int, embed_dim: int, kind: str = "global",
@@ -170,15 +195,22 @@ class AdditiveAttention(nn.Module):
         if not tau > 0:
             raise ValueError(f"--flexible-threshold must be > 0 (inf = no threshold), got {threshold!r}")
         self.threshold = tau
+        if getattr(self, "stats", None) is not None:
+            self.stats.threshold = tau
 
     def reset_window_stats(self) -> None:
-        self.window_positions = 0
-        self.window_queries = 0
-        self.source_positions = 0
+        """Zero the window counters (in place: a report hook holding ``self.stats`` sees it)."""
+        if getattr(self, "stats", None) is None:
+            self.stats = WindowStats(self.kind, self.threshold)
+        self.stats.positions = self.stats.queries = self.stats.source = 0
+
+    @property
+    def window_queries(self) -> int:
+        return self.stats.queries
 
     def average_window(self) -> float:
         """Average number of source positions scored per (hypothesis, step); NaN before any step."""
-        return self.window_positions / self.window_queries if self.window_queries else math.nan
+        return self.stats.average_window()
 
     @property
     def windowed(self) -> bool:
@@ -280,7 +312,5 @@ class AdditiveAttention(nn.Module):
             weights = w.new_zeros(B, S).scatter_add(1, idx, w)  # (B, S), zeros outside the window
             window = hi - lo + 1
         if count:
-            self.window_positions += int(window.sum())
-            self.window_queries += B
-            self.source_positions += int(lengths.sum())
+            self.stats.add(window, lengths)
         return AttentionStep(context, weights, focus, g, window)

@@ -33,7 +33,6 @@ end-of-generation callback a ``--user-dir`` can reach, and this needs no wrapper
 import atexit
 import math
 import sys
-import weakref
 
 import torch
 import torch.nn as nn
@@ -54,16 +53,10 @@ from ..modules.auxiliary import clear_auxiliary
 __all__ = ["RNNsearchModel", "RNNsearchEncoder", "RNNsearchDecoder"]
 
 
-def _report_windows(ref):
+def _report_windows(stats):
     """atexit hook: print the window statistics of one attention module (if it decoded)."""
-    attn = ref()
-    if attn is None or not attn.window_queries:
-        return
-    tau = "inf" if math.isinf(attn.threshold) else f"{attn.threshold:g}"
-    print(f"[rnnsearch] {attn.kind} attention (tau={tau}): average window {attn.average_window():.2f} "
-          f"positions per hypothesis-step over {attn.window_queries} hypothesis-steps "
-          f"(average source length {attn.source_positions / attn.window_queries:.2f})",
-          file=sys.stderr, flush=True)
+    if stats.queries:
+        print(stats.report(), file=sys.stderr, flush=True)
 
 
 class RNNsearchEncoder(FairseqEncoder):
@@ -151,7 +144,7 @@ class RNNsearchDecoder(FairseqIncrementalDecoder):
             state = self._initial_state(enc, pad, lengths)
         h, c, p, keys = state["h"], state["c"], state["p"], state["keys"]
         if incremental and not self._report_registered:
-            atexit.register(_report_windows, weakref.ref(self.attention))
+            atexit.register(_report_windows, self.attention.stats)
             self._report_registered = True
 
         x = self.dropout(self.embed_tokens(prev_output_tokens))  # (B, T, E)
