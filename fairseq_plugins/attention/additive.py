@@ -251,8 +251,14 @@ class AdditiveAttention(nn.Module):
 
         Returns:
             scores ``(B, W)`` (``-inf`` in unused slots), positions ``(B, W)`` long (clamped
-            into the window in unused slots), mask ``(B, W)`` bool (True = unused slot).
+            into the window in unused slots), mask ``(B, W)`` bool (True = unused slot; None
+            when ``B = 1``: the window is then a slice of ``keys``).
         """
+        if q.size(0) == 1:  # one hypothesis (e.g. sentence-by-sentence decoding): a plain slice
+            a, z = int(lo[0]), int(hi[0])
+            scores = self.score(q.unsqueeze(1), keys[:, a : z + 1])  # (1, W)
+            positions = torch.arange(a, z + 1, device=q.device).unsqueeze(0)  # (1, W)
+            return scores, positions, None
         width = hi - lo + 1  # (B,)
         W = int(width.max())
         offs = torch.arange(W, device=q.device)  # (W,)
@@ -307,7 +313,10 @@ class AdditiveAttention(nn.Module):
                 focus = p_t
             else:
                 focus = (w * pos).sum(-1)  # eq. 4 over the window (weights are 0 elsewhere)
-            vals = values.gather(1, idx.unsqueeze(-1).expand(-1, -1, values.size(-1)))  # (B, W, C)
+            if mask is None:  # B = 1: contiguous window
+                vals = values[:, int(idx[0, 0]) : int(idx[0, -1]) + 1]  # (1, W, C)
+            else:
+                vals = values.gather(1, idx.unsqueeze(-1).expand(-1, -1, values.size(-1)))  # (B, W, C)
             context = torch.bmm(w.unsqueeze(1), vals).squeeze(1)  # (B, C)
             weights = w.new_zeros(B, S).scatter_add(1, idx, w)  # (B, S), zeros outside the window
             window = hi - lo + 1
