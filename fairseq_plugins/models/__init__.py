@@ -1,3 +1,3 @@
 """Models and architecture presets registered with fairseq."""
 
-from . import transformer  # noqa: F401
+from . import rnnsearch, transformer  # noqa: F401

@@ -1,0 +1,289 @@
+"""RNNsearch (Bahdanau et al. 2015) with global, local-p or flexible attention.
+
+The model of Shu & Nakayama (2017), "Reducing Redundant Computations with Flexible Attention",
+Sections 2 and 5.1: a bidirectional LSTM encoder; a one-layer LSTM decoder whose input at step
+``t`` is ``[i_t; c_t]`` (embedding of the previous output word; context vector); the additive
+score ``v_a^T tanh(W_a [h_{t-1}; h̄_s])`` from the previous decoder state (eq. 3); a
+fully connected ``tanh`` layer (600 units in the paper) on ``[h_t; c_t; i_t]`` before the output
+softmax.  fairseq's own ``lstm`` model uses Luong's "general" score, hence this model.
+
+Shape legend: B batch (hypotheses), S source length, T target length, V target vocabulary,
+E embedding size, H decoder hidden size, C = 2 x encoder hidden size, P pre-output size.
+
+* ``--rnn-attention {global,local_p,flexible}`` (see :mod:`fairseq_plugins.attention.additive`);
+* ``--flexible-sigma`` (eq. 6, default 1.5), ``--flexible-threshold`` ``tau`` (default inf; at
+  decode time ``--model-overrides "{'flexible_threshold': 1.2}"``), ``--local-window-d`` (10);
+* ``p_0 = 0`` (the first source position; see the attention module);
+* the decoder state starts at ``h_0 = tanh(W_init mean_s h̄_s)``, ``c_0 = 0`` (Bahdanau et al.
+  use the first backward state; the mean over the sentence is the common variant).
+
+Fine-tuning (eq. 9): with ``--criterion label_smoothed_cross_entropy_with_reg --reg-weight β``
+the flexible decoder records ``-(1/T_i) sum_t g_i(t)`` per sentence as an auxiliary loss
+(``flexible_gate_loss``) normalised so that the criterion's ``β * mean * sample_size`` equals
+``-β sum_i mean_t g_i(t)``, i.e. exactly the paper's ``β`` against the summed sentence NLL
+(see :meth:`RNNsearchDecoder._record_gate`).  The mean gate ``flexible_gate`` is logged too.
+
+Window statistics: in incremental decoding (fairseq-generate) the attention counts the positions
+it scores; at interpreter exit a line ``[rnnsearch] <kind> attention (tau=...): average window
+X positions per hypothesis-step over N hypothesis-steps (average source length L)`` is written to
+stderr (an ``atexit`` hook registered by the model on its first counted step -- fairseq has no
+end-of-generation callback a ``--user-dir`` can reach, and this needs no wrapper or patch).
+"""
+
+import atexit
+import math
+import sys
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from fairseq import utils
+from fairseq.models import (
+    FairseqEncoder,
+    FairseqEncoderDecoderModel,
+    FairseqIncrementalDecoder,
+    register_model,
+    register_model_architecture,
+)
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+from ..attention.additive import ATTENTION_KINDS, AdditiveAttention
+from ..modules.auxiliary import clear_auxiliary
+
+__all__ = ["RNNsearchModel", "RNNsearchEncoder", "RNNsearchDecoder"]
+
+
+def _report_windows(stats):
+    """atexit hook: print the window statistics of one attention module (if it decoded)."""
+    if stats.queries:
+        print(stats.report(), file=sys.stderr, flush=True)
+
+
+class RNNsearchEncoder(FairseqEncoder):
+    """Embedding -> dropout -> bidirectional LSTM -> dropout.
+
+    ``forward(src_tokens (B, S), src_lengths (B,))`` returns a dict of one-element lists:
+    ``encoder_out`` ``(B, S, C)`` (batch first, right-padded, zeros at padding),
+    ``encoder_padding_mask`` ``(B, S)`` bool, ``src_lengths`` ``(B,)`` long (non-pad counts).
+    fairseq's left-padded source is converted to right padding first, so position ``s`` is
+    the ``s``-th word of the sentence.
+    """
+
+    def __init__(self, dictionary, embed_dim, hidden_size, dropout, left_pad=True):
+        super().__init__(dictionary)
+        self.padding_idx = dictionary.pad()
+        self.left_pad = left_pad
+        self.embed_tokens = nn.Embedding(len(dictionary), embed_dim, padding_idx=self.padding_idx)
+        nn.init.uniform_(self.embed_tokens.weight, -0.1, 0.1)
+        nn.init.constant_(self.embed_tokens.weight[self.padding_idx], 0)
+        self.lstm = nn.LSTM(embed_dim, hidden_size, batch_first=True, bidirectional=True)
+        self.dropout = nn.Dropout(dropout)
+        self.output_dim = 2 * hidden_size
+
+    def forward(self, src_tokens, src_lengths=None, **kwargs):
+        if self.left_pad:
+            src_tokens = utils.convert_padding_direction(src_tokens, self.padding_idx, left_to_right=True)
+        pad = src_tokens.eq(self.padding_idx)  # (B, S)
+        lengths = (~pad).long().sum(1)  # (B,)
+        x = self.dropout(self.embed_tokens(src_tokens))  # (B, S, E)
+        packed = pack_padded_sequence(x, lengths.cpu(), batch_first=True, enforce_sorted=False)
+        out, _ = self.lstm(packed)
+        out, _ = pad_packed_sequence(out, batch_first=True, total_length=src_tokens.size(1))  # (B, S, C)
+        return {"encoder_out": [self.dropout(out)], "encoder_padding_mask": [pad], "src_lengths": [lengths]}
+
+    def reorder_encoder_out(self, encoder_out, new_order):
+        return {k: [t.index_select(0, new_order) for t in v] for k, v in encoder_out.items()}
+
+    def max_positions(self):
+        return int(1e5)
+
+
+class RNNsearchDecoder(FairseqIncrementalDecoder):
+    """One-layer LSTM decoder with additive attention from ``h_{t-1}`` (see the module docstring).
+
+    ``forward(prev_output_tokens (B, T), encoder_out, incremental_state=None)`` returns logits
+    ``(B, T, V)`` and ``{"attn": [(B, T, S)], "gate": (B, T) or None, "window": (B, T)}``.
+    Incremental state per hypothesis: ``h``, ``c`` ``(B, H)``, focus ``p`` ``(B,)`` and the
+    precomputed keys ``(B, S, A)``, all reordered by :meth:`reorder_incremental_state`.
+    """
+
+    def __init__(self, dictionary, embed_dim, hidden_size, encoder_dim, attn_dim, out_dim, dropout,
+                 attention, sigma, threshold, local_d, sentence_avg=False):
+        super().__init__(dictionary)
+        self.padding_idx = dictionary.pad()
+        self.embed_tokens = nn.Embedding(len(dictionary), embed_dim, padding_idx=self.padding_idx)
+        nn.init.uniform_(self.embed_tokens.weight, -0.1, 0.1)
+        nn.init.constant_(self.embed_tokens.weight[self.padding_idx], 0)
+        self.init_proj = nn.Linear(encoder_dim, hidden_size)
+        self.attention = AdditiveAttention(hidden_size, encoder_dim, attn_dim, embed_dim, kind=attention,
+                                           sigma=sigma, threshold=threshold, local_d=local_d)
+        self.cell = nn.LSTMCell(embed_dim + encoder_dim, hidden_size)
+        self.pre_output = nn.Linear(hidden_size + encoder_dim + embed_dim, out_dim)
+        self.output_projection = nn.Linear(out_dim, len(dictionary))
+        self.dropout = nn.Dropout(dropout)
+        self.sentence_avg = bool(sentence_avg)
+        self._report_registered = False
+
+    def _initial_state(self, enc, pad, lengths):
+        mean = enc.masked_fill(pad.unsqueeze(-1), 0.0).sum(1) / lengths.clamp_min(1).unsqueeze(-1).to(enc.dtype)
+        h = torch.tanh(self.init_proj(mean))  # (B, H)
+        return {"h": h, "c": torch.zeros_like(h), "p": enc.new_zeros(enc.size(0)),  # p_0 = 0
+                "keys": self.attention.keys(enc)}
+
+    def forward(self, prev_output_tokens, encoder_out=None, incremental_state=None, features_only=False, **kwargs):
+        enc = encoder_out["encoder_out"][0]  # (B, S, C)
+        pad = encoder_out["encoder_padding_mask"][0]  # (B, S)
+        lengths = encoder_out["src_lengths"][0]  # (B,)
+        incremental = incremental_state is not None
+        if incremental:
+            prev_output_tokens = prev_output_tokens[:, -1:]
+            state = self.get_incremental_state(incremental_state, "state")
+        else:
+            state = None
+        if state is None:
+            state = self._initial_state(enc, pad, lengths)
+        h, c, p, keys = state["h"], state["c"], state["p"], state["keys"]
+        if incremental and not self._report_registered:
+            atexit.register(_report_windows, self.attention.stats)
+            self._report_registered = True
+
+        x = self.dropout(self.embed_tokens(prev_output_tokens))  # (B, T, E)
+        feats, attns, gates, windows = [], [], [], []
+        for t in range(x.size(1)):
+            i_t = x[:, t]  # (B, E)
+            step = self.attention(h, i_t, keys, enc, pad, lengths, p, count=incremental)
+            p = step.focus
+            h, c = self.cell(torch.cat([i_t, step.context], -1), (h, c))  # (B, H)
+            feats.append(torch.cat([h, step.context, i_t], -1))  # (B, H + C + E)
+            attns.append(step.weights)
+            windows.append(step.window)
+            if step.gate is not None:
+                gates.append(step.gate)
+        if incremental:
+            self.set_incremental_state(incremental_state, "state", {"h": h, "c": c, "p": p, "keys": keys})
+        out = torch.stack(feats, 1)  # (B, T, H + C + E)
+        out = self.dropout(torch.tanh(self.pre_output(out)))  # (B, T, P)
+        gate = torch.stack(gates, 1) if gates else None  # (B, T)
+        if gate is not None and not incremental:
+            self._record_gate(gate, prev_output_tokens.ne(self.padding_idx))
+        extra = {"attn": [torch.stack(attns, 1)], "gate": gate, "window": torch.stack(windows, 1)}
+        if features_only:
+            return out, extra
+        return self.output_projection(out), extra
+
+    def _record_gate(self, gate, live):
+        """Record eq. 9's term for the criterion ``label_smoothed_cross_entropy_with_reg``.
+
+        The criterion adds ``β * (total / count) * sample_size`` where ``sample_size`` is the
+        number of target tokens (or of sentences with ``--sentence-avg``).  Recording
+        ``total = -sum_i (1/T_i) sum_t g_i(t)`` with ``count = sample_size`` makes that
+        ``-β sum_i mean_t g_i(t)``: the paper's ``J = sum_i [-log p(y_i|x_i) - β mean_t g_i(t)]``
+        (after the trainer's division by ``sample_size``, both terms are divided alike).
+
+        Args:
+            gate: ``(B, T)`` ``g(t)``; live: ``(B, T)`` bool, non-pad target steps.
+        """
+        aux = self.attention.aux
+        if not aux.enabled:
+            return
+        live_f = live.to(gate.dtype)
+        steps = live_f.sum(1)  # T_i, (B,)
+        per_sent = (gate * live_f).sum(1) / steps.clamp_min(1.0)  # (B,)
+        has = steps > 0
+        count = has.sum() if self.sentence_avg else live_f.sum()
+        aux.record("flexible_gate_loss", -per_sent[has].sum(), count.detach(), True)
+        aux.record("flexible_gate", (gate * live_f).sum().detach(), live_f.sum().detach(), False)
+
+    def reorder_incremental_state(self, incremental_state, new_order):
+        state = self.get_incremental_state(incremental_state, "state")
+        if state is None:
+            return
+        self.set_incremental_state(incremental_state, "state",
+                                   {k: v.index_select(0, new_order) for k, v in state.items()})
+
+    def max_positions(self):
+        return int(1e5)
+
+
+@register_model("rnnsearch")
+class RNNsearchModel(FairseqEncoderDecoderModel):
+    """RNNsearch with selectable attention (Shu & Nakayama 2017, Sections 2-3 and 5.1).
+
+    Raises (from :meth:`build_model`, also for checkpoint overrides):
+        ValueError: unknown ``rnn_attention`` (lists the valid choices), ``flexible_sigma <= 0``,
+            ``flexible_threshold <= 0``.
+    """
+
+    @staticmethod
+    def add_args(parser):
+        parser.add_argument("--encoder-embed-dim", type=int, metavar="N", help="source embedding size")
+        parser.add_argument("--encoder-hidden-size", type=int, metavar="N",
+                            help="hidden size of each direction of the bi-LSTM encoder")
+        parser.add_argument("--decoder-embed-dim", type=int, metavar="N", help="target embedding size")
+        parser.add_argument("--decoder-hidden-size", type=int, metavar="N", help="decoder LSTM size")
+        parser.add_argument("--attention-dim", type=int, metavar="N", help="width of W_a (and W_g, W_p)")
+        parser.add_argument("--decoder-out-embed-dim", type=int, metavar="N",
+                            help="units of the layer before the output softmax (paper 600)")
+        parser.add_argument("--dropout", type=float, metavar="D", help="dropout probability")
+        parser.add_argument("--rnn-attention", choices=ATTENTION_KINDS,
+                            help=f"attention: one of {', '.join(ATTENTION_KINDS)}")
+        parser.add_argument("--flexible-sigma", type=float, metavar="SIGMA",
+                            help="sigma of the flexible penalty g (s-p)^2/(2 sigma^2) (default 1.5)")
+        parser.add_argument("--flexible-threshold", type=float, metavar="TAU",
+                            help="score only positions with penalty < TAU (default inf = all); "
+                                 "decode-time: --model-overrides \"{'flexible_threshold': 1.2}\"")
+        parser.add_argument("--local-window-d", type=int, metavar="D",
+                            help="half window D of local-p attention (default 10, sigma = D/2)")
+
+    @classmethod
+    def build_model(cls, args, task):
+        base_architecture(args)
+        if args.rnn_attention not in ATTENTION_KINDS:
+            raise ValueError(f"unknown rnn_attention {args.rnn_attention!r}; valid choices: "
+                             f"{', '.join(ATTENTION_KINDS)}")
+        encoder = RNNsearchEncoder(task.source_dictionary, args.encoder_embed_dim, args.encoder_hidden_size,
+                                   args.dropout, left_pad=bool(getattr(args, "left_pad_source", True)))
+        decoder = RNNsearchDecoder(
+            task.target_dictionary, args.decoder_embed_dim, args.decoder_hidden_size, encoder.output_dim,
+            args.attention_dim, args.decoder_out_embed_dim, args.dropout, args.rnn_attention,
+            args.flexible_sigma, args.flexible_threshold, args.local_window_d,
+            sentence_avg=bool(getattr(args, "sentence_avg", False)))
+        return cls(encoder, decoder)
+
+    def forward(self, src_tokens, src_lengths, prev_output_tokens, **kwargs):
+        """fairseq's forward after dropping auxiliary records of earlier passes (as the Transformer)."""
+        clear_auxiliary(self)
+        return super().forward(src_tokens, src_lengths, prev_output_tokens, **kwargs)
+
+    def max_positions(self):
+        return (self.encoder.max_positions(), self.decoder.max_positions())
+
+
+@register_model_architecture("rnnsearch", "rnnsearch")
+def base_architecture(args):
+    """Paper sizes (Section 5.1): embeddings 1000, LSTMs 1000, pre-output 600."""
+    args.encoder_embed_dim = getattr(args, "encoder_embed_dim", None) or 1000
+    args.encoder_hidden_size = getattr(args, "encoder_hidden_size", None) or 1000
+    args.decoder_embed_dim = getattr(args, "decoder_embed_dim", None) or 1000
+    args.decoder_hidden_size = getattr(args, "decoder_hidden_size", None) or 1000
+    args.attention_dim = getattr(args, "attention_dim", None) or args.decoder_hidden_size
+    args.decoder_out_embed_dim = getattr(args, "decoder_out_embed_dim", None) or 600
+    args.dropout = 0.2 if getattr(args, "dropout", None) is None else args.dropout
+    args.rnn_attention = getattr(args, "rnn_attention", None) or "global"
+    args.flexible_sigma = getattr(args, "flexible_sigma", None) or 1.5
+    tau = getattr(args, "flexible_threshold", None)
+    args.flexible_threshold = math.inf if tau is None else tau
+    args.local_window_d = getattr(args, "local_window_d", None) or 10
+
+
+@register_model_architecture("rnnsearch", "rnnsearch_small")
+def rnnsearch_small(args):
+    """CPU preset for Multi30k (see README): embeddings / LSTMs / attention 256, pre-output 256."""
+    args.encoder_embed_dim = getattr(args, "encoder_embed_dim", None) or 256
+    args.encoder_hidden_size = getattr(args, "encoder_hidden_size", None) or 256
+    args.decoder_embed_dim = getattr(args, "decoder_embed_dim", None) or 256
+    args.decoder_hidden_size = getattr(args, "decoder_hidden_size", None) or 256
+    args.attention_dim = getattr(args, "attention_dim", None) or 256
+    args.decoder_out_embed_dim = getattr(args, "decoder_out_embed_dim", None) or 256
+    args.dropout = 0.3 if getattr(args, "dropout", None) is None else args.dropout
+    base_architecture(args)

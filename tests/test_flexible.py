@@ -1,0 +1,301 @@
+"""RNNsearch with global / local-p / flexible attention (Shu & Nakayama 2017).
+
+Closed-form windows, limit cases (tau = inf, g = 0), local-p against a hand computation,
+incremental vs full decoding, beam search with reordering, windowed scoring that really skips
+positions, the fine-tuning term of eq. 9 through the criterion, and an end-to-end train +
+generate (+ fine-tune) on a slice of real Multi30k.
+"""
+
+import argparse
+import math
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
+from fairseq.sequence_generator import SequenceGenerator
+
+from fairseq_plugins.attention.additive import AdditiveAttention, flexible_window, local_p_window
+from fairseq_plugins.criterions import LabelSmoothedCrossEntropyWithRegCriterion
+from helpers import toy_batch, toy_task
+
+KINDS = ("global", "local_p", "flexible")
+
+
+def build(kind, seed=0, task=None, **over):
+    torch.manual_seed(seed)
+    task = task or toy_task()
+    args = argparse.Namespace(encoder_embed_dim=8, encoder_hidden_size=8, decoder_embed_dim=8,
+                              decoder_hidden_size=12, attention_dim=10, decoder_out_embed_dim=8,
+                              dropout=0.0, rnn_attention=kind, local_window_d=2, **over)
+    ARCH_CONFIG_REGISTRY["rnnsearch_small"](args)
+    return ARCH_MODEL_REGISTRY["rnnsearch_small"].build_model(args, task), task
+
+
+def long_batch(task, bsz=3, src_len=14, tgt_len=6, seed=0):
+    return toy_batch(task, bsz=bsz, src_len=src_len, tgt_len=tgt_len, seed=seed)
+
+
+# -- windows ----------------------------------------------------------------------------------
+def test_flexible_window_matches_closed_form():
+    g_ = torch.Generator().manual_seed(0)
+    n = 500
+    p = torch.rand(n, generator=g_) * 30
+    g = torch.rand(n, generator=g_).clamp_min(1e-3)
+    lengths = torch.randint(1, 40, (n,), generator=g_)
+    p = torch.minimum(p, (lengths - 1).float())
+    for sigma, tau in [(1.5, 1.2), (1.5, 0.3), (3.0, 0.05), (0.7, 8.0)]:
+        lo, hi = flexible_window(p, g, sigma, tau, lengths)
+        for i in range(n):
+            s = torch.arange(int(lengths[i])).double()
+            r = sigma * math.sqrt(2 * tau / float(g[i]))
+            inside = ((s > float(p[i]) - r) & (s < float(p[i]) + r)).nonzero().flatten()
+            # ... which is exactly the set with penalty < tau
+            pen = float(g[i]) * (s - float(p[i])) ** 2 / (2 * sigma ** 2)
+            assert torch.equal(inside, (pen < tau).nonzero().flatten())
+            if len(inside):
+                assert (int(lo[i]), int(hi[i])) == (int(inside[0]), int(inside[-1]))
+            else:  # empty open interval -> the nearest position
+                assert int(lo[i]) == int(hi[i]) == min(round(float(p[i])), int(lengths[i]) - 1)
+    # tau = inf and g -> 0 give the whole sentence
+    lo, hi = flexible_window(p, g, 1.5, math.inf, lengths)
+    assert torch.equal(lo, torch.zeros_like(lo)) and torch.equal(hi, lengths - 1)
+    lo, hi = flexible_window(p, torch.zeros_like(g), 1.5, 1.2, lengths)
+    assert torch.equal(lo, torch.zeros_like(lo)) and torch.equal(hi, lengths - 1)
+
+
+def test_local_p_window_hand_example():
+    lo, hi = local_p_window(torch.tensor([12.3, 12.3, 0.4, 29.0]), 10, torch.tensor([30, 15, 30, 30]))
+    assert lo.tolist() == [3, 3, 0, 19] and hi.tolist() == [22, 14, 10, 29]
+
+
+def test_local_p_gaussian_hand_example():
+    """sigmoid(0) = 0.5 -> p_t = (31 - 1) / 2 = 15; D = 4: window [11, 19], softmax over it,
+    times exp(-(s - 15)^2 / (2 * 2^2))."""
+    torch.manual_seed(0)
+    att = AdditiveAttention(6, 5, 7, 3, kind="local_p", local_d=4)
+    torch.nn.init.zeros_(att.pos_out.weight)
+    S = 31
+    q, e = torch.randn(2, 6), torch.randn(2, 3)
+    vals = torch.randn(2, S, 5)
+    keys = att.keys(vals)
+    lengths = torch.tensor([S, S])
+    step = att(q, e, keys, vals, torch.zeros(2, S, dtype=torch.bool), lengths, torch.zeros(2))
+    full = att.score(att.q_proj(q).unsqueeze(1), keys)  # (2, S)
+    s = torch.arange(S).float()
+    ref = torch.zeros(2, S)
+    ref[:, 11:20] = torch.softmax(full[:, 11:20], -1) * torch.exp(-(s[11:20] - 15.0) ** 2 / 8.0)
+    torch.testing.assert_close(step.weights, ref)
+    torch.testing.assert_close(step.context, torch.einsum("bs,bsc->bc", ref, vals))
+    assert step.window.tolist() == [9, 9] and torch.allclose(step.focus, torch.tensor([15.0, 15.0]))
+
+
+# -- limit cases ------------------------------------------------------------------------------
+def test_tau_inf_equals_huge_finite_tau():
+    """The gathered (windowed) path with a window covering everything equals the unthresholded one."""
+    m_inf, task = build("flexible")
+    m_big, _ = build("flexible", flexible_threshold=1e9)
+    m_big.load_state_dict(m_inf.state_dict())
+    assert not m_inf.decoder.attention.windowed and m_big.decoder.attention.windowed
+    src, lens, prev = long_batch(task)
+    a, xa = m_inf.eval()(src, lens, prev)
+    b, xb = m_big.eval()(src, lens, prev)
+    torch.testing.assert_close(a, b)
+    torch.testing.assert_close(xa["attn"][0], xb["attn"][0])
+    assert torch.equal(xa["window"], xb["window"])
+
+
+def test_gate_zero_equals_global_attention():
+    glob, task = build("global")
+    flex, _ = build("flexible")
+    missing, unexpected = flex.load_state_dict(glob.state_dict(), strict=False)
+    assert not unexpected and all("attention.gate" in k for k in missing)
+    torch.nn.init.zeros_(flex.decoder.attention.gate_out.weight)
+    torch.nn.init.constant_(flex.decoder.attention.gate_out.bias, -1e4)  # g(t) = 0 exactly
+    src, lens, prev = long_batch(task)
+    a, _ = glob.eval()(src, lens, prev)
+    b, xb = flex.eval()(src, lens, prev)
+    assert float(xb["gate"].abs().max()) == 0.0
+    torch.testing.assert_close(a, b)
+    # and the penalty does change the output when g > 0
+    torch.nn.init.constant_(flex.decoder.attention.gate_out.bias, 3.0)
+    c, _ = flex(src, lens, prev)
+    assert not torch.allclose(a, c, atol=1e-4)
+
+
+def test_unknown_attention_kind_lists_choices():
+    with pytest.raises(ValueError, match="global, local_p, flexible"):
+        build("bahdanau")
+    with pytest.raises(ValueError, match="flexible-threshold"):
+        build("flexible", flexible_threshold=0.0)
+
+
+# -- decoding ---------------------------------------------------------------------------------
+def _sharpen(model):
+    for p in model.parameters():
+        p.data.mul_(3.0)
+    return model.eval()
+
+
+@pytest.mark.parametrize("kind,tau", [("global", math.inf), ("local_p", math.inf),
+                                      ("flexible", math.inf), ("flexible", 0.5)])
+def test_incremental_equals_full_decoding(kind, tau):
+    model, task = build(kind, flexible_threshold=tau)
+    _sharpen(model)
+    src, lens, prev = long_batch(task, bsz=4)
+    full, xf = model(src, lens, prev)
+    enc = model.encoder(src, lens)
+    state = {}
+    steps = [model.decoder(prev[:, : t + 1], enc, incremental_state=state) for t in range(prev.size(1))]
+    inc = torch.cat([o for o, _ in steps], 1)
+    torch.testing.assert_close(full, inc, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(xf["window"], torch.cat([x["window"] for _, x in steps], 1))
+    if kind == "flexible" and tau < 10:  # the windows really are narrower than the sentence
+        assert (xf["window"] < enc["src_lengths"][0].unsqueeze(1)).any()
+
+
+@pytest.mark.parametrize("kind,tau", [("global", math.inf), ("local_p", math.inf), ("flexible", 0.8)])
+def test_beam_search_scores_equal_teacher_forcing(kind, tau):
+    """Beam search (incremental state reordered every step, per-hypothesis windows) scores each
+    hypothesis as a teacher-forced forward pass does, and counts its windows."""
+    model, task = build(kind, seed=1, flexible_threshold=tau)
+    _sharpen(model)
+    src, lens, _ = long_batch(task, bsz=4, seed=3)
+    gen = SequenceGenerator([model], task.target_dictionary, beam_size=3, max_len_b=10)
+    hyps = gen.forward({"net_input": {"src_tokens": src, "src_lengths": lens}})
+    att = model.decoder.attention
+    assert att.window_queries > 0 and 1 <= att.average_window() <= src.size(1)
+    eos = task.target_dictionary.eos()
+    for i, beams in enumerate(hyps):
+        assert len(beams) == 3
+        for h in beams:
+            toks = h["tokens"]
+            prev = torch.cat([toks.new_tensor([eos]), toks[:-1]]).unsqueeze(0)
+            logits, _ = model(src[i : i + 1], lens[i : i + 1], prev)
+            lp = torch.log_softmax(logits.float(), -1)[0].gather(-1, toks.unsqueeze(-1)).squeeze(-1)
+            torch.testing.assert_close(lp, h["positional_scores"], rtol=1e-4, atol=1e-4)
+
+
+def test_windowed_scoring_evaluates_only_the_window():
+    """The score function sees exactly sum(window) positions -- far fewer than B x S per step --
+    and each window is the closed-form one for the (g, p_{t-1}) of that step."""
+    model, task = build("flexible", flexible_threshold=0.5)
+    att = model.decoder.attention
+    torch.nn.init.constant_(att.gate_out.bias, 4.0)  # g ~ 1: narrow windows
+    model.eval()
+    seen, focus = [], []
+    orig_score, orig_forward = att.score, att.forward
+
+    def counting_score(q, k):
+        out = orig_score(q, k)
+        seen.append(out.numel())
+        return out
+
+    def recording_forward(*a, **kw):
+        focus.append(a[6].clone())  # p_{t-1}
+        return orig_forward(*a, **kw)
+
+    att.score, att.forward = counting_score, recording_forward
+    src, lens, prev = long_batch(task, bsz=3, src_len=20)
+    _, extra = model(src, lens, prev)
+    lengths = model.encoder(src, lens)["src_lengths"][0]
+    assert sum(seen) == int(extra["window"].sum())
+    assert sum(seen) < 0.5 * int(lengths.sum()) * prev.size(1)
+    for t in range(prev.size(1)):
+        lo, hi = flexible_window(focus[t], extra["gate"][:, t], att.sigma, 0.5, lengths)
+        assert torch.equal(extra["window"][:, t], hi - lo + 1)
+        w = extra["attn"][0][:, t]  # zero outside [lo, hi], a distribution inside
+        s = torch.arange(w.size(1))
+        outside = (s.unsqueeze(0) < lo.unsqueeze(1)) | (s.unsqueeze(0) > hi.unsqueeze(1))
+        assert float(w[outside].abs().max()) == 0.0
+        torch.testing.assert_close(w.sum(-1), torch.ones(3))
+
+
+# -- fine-tuning loss (eq. 9) -----------------------------------------------------------------
+@pytest.mark.parametrize("sentence_avg", [False, True])
+def test_finetune_term_through_criterion(sentence_avg):
+    """loss(β) - loss(0) = -β sum_i mean_t g_i(t): the paper's β against the summed NLL."""
+    model, task = build("flexible", sentence_avg=sentence_avg)
+    model.eval()
+    src, lens, prev = long_batch(task, bsz=3)
+    pad = task.target_dictionary.pad()
+    prev[0, -2:] = pad  # one shorter target
+    target = torch.cat([prev[:, 1:], prev.new_full((3, 1), task.target_dictionary.eos())], 1)
+    target[0, -3:] = pad
+    prev[0, -3:] = pad
+    sample = {"net_input": {"src_tokens": src, "src_lengths": lens, "prev_output_tokens": prev},
+              "target": target, "ntokens": int(target.ne(pad).sum()), "nsentences": 3}
+    _, extra = model(src, lens, prev)
+    live = prev.ne(pad).float()
+    expected = -((extra["gate"] * live).sum(1) / live.sum(1)).sum()
+    losses = {}
+    for beta in (0.0, 0.1):
+        crit = LabelSmoothedCrossEntropyWithRegCriterion(task, sentence_avg, 0.1, reg_weight=beta)
+        loss, sample_size, log = crit(model, sample)
+        losses[beta] = loss
+        assert sample_size == (3 if sentence_avg else sample["ntokens"])
+        assert "aux_flexible_gate_loss" in log and "aux_flexible_gate" in log
+        torch.testing.assert_close(torch.tensor(log["aux_flexible_gate"] / sample_size),
+                                   (extra["gate"] * live).sum() / live.sum())
+    torch.testing.assert_close(losses[0.1] - losses[0.0], 0.1 * expected)
+    # the gradient pushes g(t) up
+    loss.backward()
+    assert model.decoder.attention.gate_out.bias.grad is not None
+
+
+# -- end to end on real data ------------------------------------------------------------------
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RAW = os.path.join(os.path.dirname(ROOT), "shared", "data", "multi30k_en_de", "raw")
+BIN = os.path.dirname(sys.executable)
+
+
+def sh(cmd):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_FORCE")}
+    env["PATH"] = BIN + os.pathsep + env.get("PATH", "")
+    out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    assert out.returncode == 0, f"{cmd}\nSTDOUT:{out.stdout[-3000:]}\nSTDERR:{out.stderr[-3000:]}"
+    return out.stdout + out.stderr
+
+
+@pytest.mark.skipif(not os.path.isdir(RAW), reason=f"real data not found at {RAW}")
+def test_end_to_end_train_generate_finetune(tmp_path):
+    data = tmp_path / "m30k"
+    sh(["bash", "data-prep/multi30k/prepare.sh", "--raw-dir", RAW, "--out", str(data),
+        "--train-lines", "2000", "--bpe-merges", "500"])
+    common = [str(data / "bin"), "--user-dir", "fairseq_plugins", "--source-lang", "en", "--target-lang", "de",
+              "--cpu", "--num-workers", "0", "--log-format", "simple"]
+    train = [os.path.join(BIN, "fairseq-train"), *common, "--arch", "rnnsearch_small", "--rnn-attention",
+             "flexible", "--encoder-embed-dim", "64", "--encoder-hidden-size", "64", "--decoder-embed-dim", "64",
+             "--decoder-hidden-size", "64", "--attention-dim", "64", "--decoder-out-embed-dim", "64",
+             "--optimizer", "adam", "--lr", "0.003", "--clip-norm", "3", "--max-tokens", "3000",
+             "--no-epoch-checkpoints", "--log-interval", "10", "--seed", "1"]
+    ck = tmp_path / "ck"
+    log = sh(train + ["--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
+                      "--max-update", "60", "--save-dir", str(ck)])
+    valid = [float(l.split("| loss ")[1].split()[0]) for l in log.splitlines() if "| valid |" in l]
+    assert valid and all(math.isfinite(v) for v in valid)
+    # fine-tune with eq. 9 (β = 0.1) from the trained model
+    ft = tmp_path / "ft"
+    log = sh(train + ["--criterion", "label_smoothed_cross_entropy_with_reg", "--reg-weight", "0.1",
+                      "--max-update", "10", "--save-dir", str(ft),
+                      "--finetune-from-model", str(ck / "checkpoint_last.pt")])
+    assert "flexible_gate_loss" in log and re.search(r"flexible_gate[ =]0\.\d", log)
+    # decode with a threshold: only a window is scored, and its average size is reported
+    n_valid = sum(1 for _ in open(data / "raw" / "valid.de"))
+    reports = {}
+    for tau in ("1.2", "inf"):
+        out = sh([sys.executable, "-m", "fairseq_cli.generate", *common, "--path", str(ft / "checkpoint_last.pt"),
+                  "--gen-subset", "valid", "--beam", "3", "--batch-size", "200", "--required-batch-size-multiple",
+                  "1", "--remove-bpe", "--model-overrides", "{'flexible_threshold': '%s'}" % tau])
+        assert sum(1 for l in out.splitlines() if l.startswith("H-")) == n_valid
+        m = re.search(r"\[rnnsearch\] flexible attention \(tau=([^)]+)\): average window ([\d.]+) positions "
+                      r"per hypothesis-step over (\d+) hypothesis-steps \(average source length ([\d.]+)\)", out)
+        assert m, out[-2000:]
+        reports[tau] = (float(m.group(2)), float(m.group(4)))
+    win, src_len = reports["1.2"]
+    assert 1.0 <= win < src_len  # windowed
+    win_all, src_len_all = reports["inf"]
+    assert win_all == pytest.approx(src_len_all)  # no threshold: every position is scored
