@@ -1,37 +1,21 @@
-"""Atomic file writing shared by the scripts: never leave a half-written output file.
+"""Atomic file writing for the scripts: re-exports :mod:`fairseq_plugins.atomic_io`.
 
-``with atomic_path(path) as tmp: <write tmp>`` writes to a temporary file in the target's
-directory and moves it over ``path`` with ``os.replace`` only if the block succeeds; on any
-error (or Ctrl-C) the temporary file is removed and ``path`` is untouched.
+The module is loaded from its file (it uses the standard library only), so scripts that do not
+need fairseq -- scoring, hypothesis extraction -- do not pay for importing it.
 """
 
-import contextlib
+import importlib.util
 import os
-import tempfile
 
-__all__ = ["atomic_path", "write_lines_atomic"]
+_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                     "fairseq_plugins", "atomic_io.py")
+_spec = importlib.util.spec_from_file_location("_fairseq_plugins_atomic_io", _PATH)
+_atomic_io = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_atomic_io)
 
+atomic_path = _atomic_io.atomic_path
+write_lines_atomic = _atomic_io.write_lines_atomic
+write_text_atomic = _atomic_io.write_text_atomic
+write_json_atomic = _atomic_io.write_json_atomic
 
-@contextlib.contextmanager
-def atomic_path(path: str):
-    """Yield a temporary path next to ``path``; publish it as ``path`` when the block succeeds."""
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=directory)
-    os.close(fd)
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; use the usual umask-based mode
-        yield tmp
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def write_lines_atomic(path: str, lines):
-    """Write ``lines`` (strings without newlines) to ``path``, one per line, atomically."""
-    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8", newline="\n") as f:
-        for line in lines:
-            f.write(line + "\n")
+__all__ = ["atomic_path", "write_lines_atomic", "write_text_atomic", "write_json_atomic"]

@@ -278,7 +278,7 @@ def main(argv=None):
     import fairseq_plugins  # noqa: F401
     from . import plots
     from .capture import hypothesis_batches, load_model_for_analysis, pairs_dataset
-    from .io import atomic_path, write_json_atomic, write_text_atomic
+    from ..atomic_io import atomic_path, write_json_atomic, write_text_atomic
     from .metrics import ffn_anisotropy
     from .report import alignment_aer, analyze_dataset, cross_null_by_sentence, hallucination_test, rank_pairs
 

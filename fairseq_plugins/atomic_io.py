@@ -1,13 +1,18 @@
-"""Atomic output for the analysis package (same contract as ``scripts/atomic.py``, which the
-installed package cannot import): a file is written to a temporary path in its directory and
-renamed over the target only when writing succeeded -- never a half-written output."""
+"""Atomic file writing: never leave a half-written output file (the one implementation, used by
+the package and, through ``scripts/atomic.py``, by the scripts).
+
+``with atomic_path(path) as tmp: <write tmp>`` writes to a temporary file in the target's
+directory and moves it over ``path`` with ``os.replace`` only if the block succeeds; on any
+error (or Ctrl-C) the temporary file is removed and ``path`` is untouched.  Standard library
+only, so scripts can load it without importing fairseq.
+"""
 
 import contextlib
 import json
 import os
 import tempfile
 
-__all__ = ["atomic_path", "write_text_atomic", "write_json_atomic"]
+__all__ = ["atomic_path", "write_lines_atomic", "write_text_atomic", "write_json_atomic"]
 
 
 @contextlib.contextmanager
@@ -27,6 +32,13 @@ def atomic_path(path: str):
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def write_lines_atomic(path: str, lines) -> None:
+    """Write ``lines`` (strings without newlines) to ``path``, one per line, atomically."""
+    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8", newline="\n") as f:
+        for line in lines:
+            f.write(line + "\n")
 
 
 def write_text_atomic(path: str, text: str) -> None:
