@@ -2,7 +2,8 @@
 """Run one translation experiment end to end, resumably, and record its provenance.
 
 prep (data-prep/<corpus>/prepare.sh, idempotent) -> fairseq-train (resumes from
-checkpoint_last.pt) -> average the last N checkpoints (scripts/average_checkpoints.py) ->
+checkpoint_last.pt) -> average the last N checkpoints (scripts/average_checkpoints.py; or
+fairseq's checkpoint_best.pt, budget ``average: {checkpoint: best}``) ->
 fairseq-generate + sacrebleu on each test set (scripts/evaluate.sh) -> ``result.json``.
 
 Every stage is skipped when its output is complete, so a killed run continues where it
@@ -203,6 +204,30 @@ def average_cmd(ckpt_dir, n_avg, output):
             "--num-update-checkpoints", str(n_avg), "--output", output]
 
 
+def decode_checkpoint(budget, run_dir):
+    """``(checkpoint, command)``: the checkpoint a run is evaluated with and the command that
+    makes it (``None`` when fairseq writes it itself), from the budget's ``average`` section:
+
+    - ``num-update-checkpoints: N`` -> ``<run_dir>/average_lastN.pt``, the average of the last N
+      update checkpoints (:func:`average_cmd`);
+    - ``checkpoint: best`` -> ``<run_dir>/checkpoints/checkpoint_best.pt``, fairseq's best on the
+      validation set by ``--best-checkpoint-metric`` (default: loss), no averaging (E-ATT App. B:
+      "we choose the best model over dev set").
+
+    Raises:
+        SystemExit: an ``average`` section with neither key (the message names both).
+    """
+    avg = budget.get("average") or {}
+    if avg.get("checkpoint") == "best":
+        return os.path.join(run_dir, "checkpoints", "checkpoint_best.pt"), None
+    if avg.get("num-update-checkpoints"):
+        n = int(avg["num-update-checkpoints"])
+        out = os.path.join(run_dir, f"average_last{n}.pt")
+        return out, average_cmd(os.path.join(run_dir, "checkpoints"), n, out)
+    raise SystemExit(f"budget `average` section {avg!r}: give `num-update-checkpoints: N` (average the last N "
+                     "update checkpoints) or `checkpoint: best` (fairseq's checkpoint_best.pt)")
+
+
 def prep_dir(budget):
     """The prep dir ``prepare_data`` fills for ``budget`` (without running anything)."""
     data = budget["data"]
@@ -285,12 +310,12 @@ def main(argv=None):
     state["wall_s"]["train_fairseq_cumulative"] = float(last["extra_state"].get("previous_training_time", 0.0))
     curve, valid = loss_curve(os.path.join(out, "train.log"))
 
-    # 2. average the last N update checkpoints
-    n_avg = int(budget["average"]["num-update-checkpoints"])
-    avg = os.path.join(out, f"average_last{n_avg}.pt")
-    if not os.path.exists(avg) or os.path.getmtime(avg) < os.path.getmtime(os.path.join(ckpt_dir, "checkpoint_last.pt")):
+    # 2. average the last N update checkpoints (or take fairseq's checkpoint_best.pt)
+    avg, avg_cmd = decode_checkpoint(budget, out)
+    if avg_cmd and (not os.path.exists(avg)
+                    or os.path.getmtime(avg) < os.path.getmtime(os.path.join(ckpt_dir, "checkpoint_last.pt"))):
         t0 = time.time()
-        run(average_cmd(ckpt_dir, n_avg, avg))
+        run(avg_cmd)
         state["wall_s"]["average"] = time.time() - t0
 
     # 3. generate + score each test set
@@ -316,6 +341,7 @@ def main(argv=None):
                      "reproduce": " ".join(shlex.quote(c) for c in ["python", "scripts/experiment.py"] + list(argv or sys.argv[1:]))},
         "config": {"budget_file": os.path.relpath(a.budget, ROOT), "budget": budget, "train": train_cfg},
         "git_commit": git_commit(),
+        "decoded_checkpoint": os.path.relpath(avg, out),
         "data": {"corpus": budget["data"]["corpus"], "prep_dir": os.path.relpath(prep, ROOT),
                  "prep_stamp": open(os.path.join(prep, "bin", ".done")).read().strip()
                  if os.path.exists(os.path.join(prep, "bin", ".done")) else None},

@@ -18,7 +18,7 @@ Table spec (YAML): ``title``, ``intro`` (Markdown), ``out``, ``runs``, ``budget`
 cross), ``extra`` (fairseq-train flags), ``run`` (reuse a directory), ``budget`` (a row-specific
 budget, e.g. one per document length; same subsets), ``paper`` (shown verbatim).  Optional
 ``analyses``: ``[{name, script, key}]`` -- after a row is trained, ``script`` is run as
-``python SCRIPT --checkpoint <averaged ckpt> --data-bin <bin> --src S --tgt T --json
+``python SCRIPT --checkpoint <evaluated ckpt> --data-bin <bin> --src S --tgt T --json
 <run>/analysis_<name>.json`` (once) and ``json[key][0]`` is shown as a column.
 
 A row whose training diverges or does not learn (final validation loss NaN or above 90% of
@@ -122,8 +122,7 @@ def run_analyses(spec, row):
     res = json.load(open(res_path))
     if res.get("status") != "done":
         return
-    n_avg = int(row["_budget"]["average"]["num-update-checkpoints"])
-    ckpt = os.path.join(rdir, f"average_last{n_avg}.pt")
+    ckpt, _ = experiment.decode_checkpoint(row["_budget"], rdir)
     for an in spec.get("analyses") or []:
         out = os.path.join(rdir, f"analysis_{an['name']}.json")
         if os.path.exists(out) and os.path.getmtime(out) >= os.path.getmtime(ckpt):

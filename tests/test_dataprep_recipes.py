@@ -14,6 +14,7 @@ import gzip
 import importlib.machinery
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 
@@ -209,7 +210,31 @@ def test_every_row_dry_run_resolves(paper, table, scale, capsys):
     assert f"{n_rows} row(s) resolved" in out
     if scale == "paper":
         assert "--update-freq" in out and "--distributed-world-size 3" in out and "--cpu" not in out
+    assert "(paper: None)" not in out  # rows without a paper number print "–"
+    if paper == "eatt" and scale == "paper":  # App. B: the paper's schedule, best checkpoint on dev
+        assert out.count("--lr-scheduler warmup_hold_inverse_sqrt --warmup-updates 8000 "
+                         "--decay-start-updates 20000") == n_rows
+        evals = re.findall(r"evaluate\.sh --checkpoint (\S+)", out)
+        assert len(evals) == n_rows and all(e.endswith("/checkpoints/checkpoint_best.pt") for e in evals)
+        assert "average_checkpoints" not in out
     assert not os.path.exists(os.path.join(ROOT, "runs", "paper", "x"))
+
+
+def test_every_eatt_table_is_registered_at_both_scales():
+    """E-ATT Tables 3, 4, 5: a small (Multi30k) and a paper-scale spec each (so the dry-run test
+    above covers every E-ATT row at both scales); Table 4 at paper scale has the paper's three
+    datasets, each with the energy column."""
+    assert {(t, s) for p, t, s in CASES if p == "eatt"} == {(t, s) for t in ("table3", "table4", "table5")
+                                                           for s in ("small", "paper")}
+    t4 = [yaml.safe_load(open(os.path.join(ROOT, s))) for s in REPRO.TABLES["eatt"]["table4"]["paper"]]
+    assert [(t["src"], t["tgt"]) for t in t4] == [("en", "vi"), ("en", "de"), ("zh", "en")]
+    assert all([a["script"] for a in t["analyses"]] == ["scripts/eatt_energy.py"] for t in t4)
+
+
+def test_a_row_without_paper_number_prints_a_dash(capsys):
+    REPRO.main(["rela", "table1", "--dry-run", "--no-check", "--rows", "4"])
+    out = capsys.readouterr().out
+    assert "# row 4: 1 + ReLU alone  (paper: –)" in out
 
 
 def test_a_bad_row_does_not_resolve(tmp_path, capsys):
@@ -230,8 +255,8 @@ def test_unknown_and_pending_tables_list_the_valid_ones():
         REPRO.main(["x", "table1"])
     with pytest.raises(SystemExit, match="unknown table 'table9' for rela; valid: table1, table2, table3"):
         REPRO.main(["rela", "table9"])
-    with pytest.raises(SystemExit, match="eatt table3 is not yet available"):
-        REPRO.main(["eatt", "table3", "--dry-run"])
+    with pytest.raises(SystemExit, match="flexible table1 is not yet available"):
+        REPRO.main(["flexible", "table1", "--dry-run"])
     with pytest.raises(SystemExit, match="no --scale small configuration; valid: paper"):
         REPRO.main(["rela", "table3", "--scale", "small", "--dry-run"])
 
@@ -245,3 +270,14 @@ def test_batch_for_gpus_keeps_the_tokens_per_update(gpus):
         assert batch["tokens_per_update"] <= mt * gpus * uf < batch["tokens_per_update"] + gpus * uf
         if uf > 1:  # the fewest accumulation steps that fit under the cap
             assert batch["tokens_per_update"] > batch["max_tokens_per_gpu"] * gpus * (uf - 1)
+
+
+def test_decode_checkpoint_best_or_average_or_a_clear_error(tmp_path):
+    """``average: {checkpoint: best}`` evaluates fairseq's checkpoint_best.pt with no averaging
+    command; ``num-update-checkpoints: N`` averages; anything else names both choices."""
+    ckpt, cmd = REPRO.experiment.decode_checkpoint({"average": {"checkpoint": "best"}}, str(tmp_path))
+    assert ckpt == str(tmp_path / "checkpoints" / "checkpoint_best.pt") and cmd is None
+    ckpt, cmd = REPRO.experiment.decode_checkpoint({"average": {"num-update-checkpoints": 5}}, str(tmp_path))
+    assert ckpt == str(tmp_path / "average_last5.pt") and cmd[cmd.index("--num-update-checkpoints") + 1] == "5"
+    with pytest.raises(SystemExit, match="num-update-checkpoints: N.*checkpoint: best"):
+        REPRO.experiment.decode_checkpoint({"average": {"checkpoint": "last"}}, str(tmp_path))
