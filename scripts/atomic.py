@@ -7,9 +7,10 @@ error (or Ctrl-C) the temporary file is removed and ``path`` is untouched.
 
 import contextlib
 import os
+import re
 import tempfile
 
-__all__ = ["atomic_path", "write_lines_atomic"]
+__all__ = ["atomic_path", "write_lines_atomic", "remove_leftovers"]
 
 
 @contextlib.contextmanager
@@ -35,3 +36,29 @@ def write_lines_atomic(path: str, lines):
     with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8", newline="\n") as f:
         for line in lines:
             f.write(line + "\n")
+
+
+def remove_leftovers(directory: str, names=None):
+    """Remove the temp files a SIGKILL left in ``directory`` (no ``except`` runs then).
+
+    Those are ``atomic_path``'s ``.<name>.<random>.tmp`` and the shell scripts'
+    ``<name>.tmp.<pid>`` (scripts/evaluate.sh).  Only call this while no other process writes
+    into ``directory`` (e.g. under a lock): their temp files look the same.
+
+    Args:
+        directory: the directory (a missing one is fine).
+        names: only the temp files of these output names (default: every temp file).
+
+    Returns:
+        The removed paths.
+    """
+    if not os.path.isdir(directory):
+        return []
+    removed = []
+    for entry in os.listdir(directory):
+        m = re.fullmatch(r"\.(.+)\.[^.]+\.tmp", entry) or re.fullmatch(r"(.+)\.tmp\.[0-9]+", entry)
+        path = os.path.join(directory, entry)
+        if m and (names is None or m.group(1) in names) and os.path.isfile(path):
+            os.unlink(path)
+            removed.append(path)
+    return removed
