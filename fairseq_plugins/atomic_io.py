@@ -10,9 +10,10 @@ only, so scripts can load it without importing fairseq.
 import contextlib
 import json
 import os
+import re
 import tempfile
 
-__all__ = ["atomic_path", "write_lines_atomic", "write_text_atomic", "write_json_atomic"]
+__all__ = ["atomic_path", "write_lines_atomic", "write_text_atomic", "write_json_atomic", "remove_leftovers"]
 
 
 @contextlib.contextmanager
@@ -50,3 +51,29 @@ def write_text_atomic(path: str, text: str) -> None:
 def write_json_atomic(path: str, obj) -> None:
     """Write ``obj`` as indented JSON to ``path`` atomically."""
     write_text_atomic(path, json.dumps(obj, indent=1, ensure_ascii=False) + "\n")
+
+
+def remove_leftovers(directory: str, names=None):
+    """Remove the temp files a SIGKILL left in ``directory`` (no ``except`` runs then).
+
+    Those are ``atomic_path``'s ``.<name>.<random>.tmp`` and the shell scripts'
+    ``<name>.tmp.<pid>`` (scripts/evaluate.sh).  Only call this while no other process writes
+    into ``directory`` (e.g. under a lock): their temp files look the same.
+
+    Args:
+        directory: the directory (a missing one is fine).
+        names: only the temp files of these output names (default: every temp file).
+
+    Returns:
+        The removed paths.
+    """
+    if not os.path.isdir(directory):
+        return []
+    removed = []
+    for entry in os.listdir(directory):
+        m = re.fullmatch(r"\.(.+)\.[^.]+\.tmp", entry) or re.fullmatch(r"(.+)\.tmp\.[0-9]+", entry)
+        path = os.path.join(directory, entry)
+        if m and (names is None or m.group(1) in names) and os.path.isfile(path):
+            os.unlink(path)
+            removed.append(path)
+    return removed

@@ -18,15 +18,17 @@ import argparse
 import collections
 import logging
 import os
+import pickle
 import re
 import shutil
+import sys
 import typing
 import zipfile
 
 import torch
 
-__all__ = ["SAFE_GLOBALS", "UnsafeCheckpointError", "checkpoint_is_complete", "load_checkpoint",
-           "register_safe_globals", "repair_last_checkpoint"]
+__all__ = ["SAFE_GLOBALS", "UnsafeCheckpointError", "checkpoint_is_complete", "install_cli_refusal_message",
+           "load_checkpoint", "refusal_message", "register_safe_globals", "repair_last_checkpoint"]
 
 
 class UnsafeCheckpointError(RuntimeError):
@@ -120,12 +122,45 @@ def load_checkpoint(path: str, map_location="cpu") -> dict:
         msg = str(err)
         if "weights_only" not in msg and "Unsupported global" not in msg:
             raise
-        bad = [line.strip() for line in msg.splitlines() if "GLOBAL" in line or "Unsupported" in line]
-        raise UnsafeCheckpointError(
-            f"refusing to load {path}: it holds a pickled object outside the allow-list of "
-            f"fairseq checkpoint types ({'; '.join(bad[:2]) or msg.splitlines()[0]}). Nothing from "
-            "it was executed. Only load checkpoints you trust; see fairseq_plugins.checkpoint.SAFE_GLOBALS."
-        ) from None
+        raise UnsafeCheckpointError(refusal_message(msg, path)) from None
+
+
+def refusal_message(torch_message: str, path=None) -> str:
+    """The plugin's explanation of torch's weights-only refusal ``torch_message``: the file, the
+    offending global(s), that nothing ran, and how to allow-list a type one trusts."""
+    names = re.findall(r"GLOBAL ([\w.]+)", torch_message) or re.findall(r"Unsupported global: ([\w.]+)", torch_message)
+    names = list(dict.fromkeys(names))
+    what = ", ".join(names) if names else "an object outside the allow-list"
+    return (f"refusing to load {path or 'the checkpoint'}: its pickle references {what}, which is not in "
+            "the allow-list of fairseq checkpoint types (fairseq_plugins.checkpoint.SAFE_GLOBALS). Nothing "
+            "from it was executed. A checkpoint from an untrusted source can run arbitrary code: only if you "
+            "trust this file and the type is plain data, allow-list it in a --user-dir module with "
+            "torch.serialization.add_safe_globals([<the type>]) (never os.system, eval, exec or the like).")
+
+
+def install_cli_refusal_message():
+    """Make fairseq's command-line tools explain a refused checkpoint in the plugin's words.
+
+    ``fairseq-generate`` / ``fairseq-interactive`` load ``--path`` with ``torch.load`` inside
+    fairseq (``checkpoint_utils.load_checkpoint_to_cpu``), so the refusal reaches the user as
+    torch's ``UnpicklingError``.  Rather than patching fairseq, this chains a ``sys.excepthook``
+    that, after the usual traceback, prints :func:`refusal_message` when the uncaught exception
+    is that refusal (any other exception is printed as before).  Idempotent.
+    """
+    previous = sys.excepthook
+    if getattr(previous, "_fairseq_plugins_refusal", False):
+        return
+
+    def hook(etype, value, tb):
+        previous(etype, value, tb)
+        text = str(value)
+        if isinstance(value, pickle.UnpicklingError) and ("GLOBAL " in text or "Unsupported global" in text):
+            argv = sys.argv
+            path = argv[argv.index("--path") + 1] if "--path" in argv[:-1] else None
+            print(f"\nfairseq_plugins: {refusal_message(text, path)}", file=sys.stderr)
+
+    hook._fairseq_plugins_refusal = True
+    sys.excepthook = hook
 
 
 def checkpoint_is_complete(path: str) -> bool:
@@ -198,3 +233,4 @@ def repair_last_checkpoint(save_dir: str):
 
 logger = logging.getLogger(__name__)
 register_safe_globals()
+install_cli_refusal_message()

@@ -17,5 +17,7 @@ atomic_path = _atomic_io.atomic_path
 write_lines_atomic = _atomic_io.write_lines_atomic
 write_text_atomic = _atomic_io.write_text_atomic
 write_json_atomic = _atomic_io.write_json_atomic
+remove_leftovers = _atomic_io.remove_leftovers
 
-__all__ = ["atomic_path", "write_lines_atomic", "write_text_atomic", "write_json_atomic"]
+__all__ = ["atomic_path", "write_lines_atomic", "write_text_atomic", "write_json_atomic",
+           "remove_leftovers"]

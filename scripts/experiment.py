@@ -21,6 +21,8 @@ fairseq at start-up and listed with their valid choices).
 """
 
 import argparse
+import contextlib
+import fcntl
 import json
 import os
 import platform
@@ -34,7 +36,7 @@ import yaml
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's fairseq_plugins
-from atomic import atomic_path  # noqa: E402
+from atomic import atomic_path, remove_leftovers  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.dirname(sys.executable)
@@ -247,6 +249,54 @@ def prep_cmd(budget):
     return cmd + flags(data.get("prep-flags") or {})
 
 
+@contextlib.contextmanager
+def run_dir_lock(out):
+    """Hold ``<out>/.lock`` (``flock``) for the block, so that two runners never share a run
+    directory (two fairseq-train on one save dir would corrupt it).
+
+    Raises:
+        SystemExit: another process holds the lock (the message names the directory).
+    """
+    f = open(os.path.join(out, ".lock"), "a")
+    try:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise SystemExit(f"another experiment.py is running in {out} (it holds {out}/.lock); "
+                             "wait for it to finish or stop it first") from None
+        yield
+    finally:
+        f.close()  # releases the lock
+
+
+def target_updates(train_cmd):
+    """The ``--max-update`` of a fairseq-train command (the last one wins, as in argparse);
+    None when there is none (or it is 0: no limit)."""
+    value = None
+    for i, word in enumerate(train_cmd):
+        if word == "--max-update" and i + 1 < len(train_cmd):
+            value = int(train_cmd[i + 1])
+        elif word.startswith("--max-update="):
+            value = int(word.split("=", 1)[1])
+    return value or None
+
+
+def training_finished(ckpt_dir, max_update):
+    """Number of updates of ``checkpoint_last.pt`` if it has reached ``max_update``, else None.
+
+    fairseq-train restarted on a finished run does not exit at once: it runs one more update
+    (update ``max_update + 1``) before its stop check, and saves it -- which would change a
+    finished model and invalidate its average and scores.  The runner skips training instead.
+    """
+    last = os.path.join(ckpt_dir, "checkpoint_last.pt")
+    if max_update is None or not os.path.exists(last):
+        return None
+    from fairseq_plugins.checkpoint import load_checkpoint
+
+    updates = int(load_checkpoint(last)["optimizer_history"][-1]["num_updates"])
+    return updates if updates >= max_update else None
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="run directory (checkpoints, logs, result.json)")
@@ -268,6 +318,16 @@ def main(argv=None):
         train_cfg["max-update"] = a.max_update
     os.makedirs(a.out, exist_ok=True)
     out = os.path.abspath(a.out)
+    with run_dir_lock(out):
+        # temp files of a run killed while writing them (never read: a stage is redone instead)
+        for d in (out, os.path.join(out, "eval")):
+            for path in remove_leftovers(d):
+                log(f"removed {path}, left by a killed run")
+        return run_stages(a, argv, budget, train_cfg, out)
+
+
+def run_stages(a, argv, budget, train_cfg, out):
+    """The stages of :func:`main` (called with the run directory ``out`` locked)."""
     state_path = os.path.join(out, "state.json")
     state = json.load(open(state_path)) if os.path.exists(state_path) else {"wall_s": {}}
 
@@ -279,15 +339,24 @@ def main(argv=None):
     train_cmd = build_train_cmd(data_bin, ckpt_dir, a.arch, a.src, a.tgt, train_cfg, a.fns, a.extra,
                                 cpu=not torch.cuda.is_available())
 
-    # 1. train (fairseq resumes from checkpoint_last.pt; a finished run exits at once).  A kill
-    # while fairseq copied checkpoint_last.pt into place leaves it torn: restore it first.
+    # 1. train (fairseq resumes from checkpoint_last.pt; a finished training is skipped, see
+    # training_finished).  A kill while fairseq copied checkpoint_last.pt into place leaves it
+    # torn: restore it first.
     from fairseq_plugins.checkpoint import repair_last_checkpoint
 
     repair_last_checkpoint(ckpt_dir)
     t0 = time.time()
+    finished = training_finished(ckpt_dir, target_updates(train_cmd))
     try:
-        run(train_cmd, logfile=os.path.join(out, "train.log"))
-    except subprocess.CalledProcessError:
+        if finished is None:
+            run(train_cmd, logfile=os.path.join(out, "train.log"))
+        else:
+            log(f"train: done (checkpoint_last.pt at {finished} updates), skipping")
+    except subprocess.CalledProcessError as err:
+        if err.returncode < 0:  # killed (OOM killer, pre-emption, Ctrl-C): not a training failure
+            log(f"fairseq-train was killed by signal {-err.returncode}; nothing recorded as failed: "
+                "re-run the same command to resume from checkpoint_last.pt")
+            raise
         # e.g. fairseq's FloatingPointError on a diverged run: record it, with the loss curve
         curve, valid = loss_curve(os.path.join(out, "train.log"))
         tail = open(os.path.join(out, "train.log")).read().splitlines()[-5:]

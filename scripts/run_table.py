@@ -205,6 +205,7 @@ def render(spec):
     lines += ["", f"_Rendered by scripts/run_table.py from {table_path}; git commit of each row above._", ""]
     out = os.path.join(ROOT, spec["out"])
     os.makedirs(os.path.dirname(out), exist_ok=True)
+    experiment.remove_leftovers(os.path.dirname(out), names=[os.path.basename(out)])  # of a killed render
     with experiment.atomic_path(out) as tmp, open(tmp, "w") as f:
         f.write("\n".join(lines))
     print(f"[table] wrote {out} ({len(results)}/{len(rows)} rows)")

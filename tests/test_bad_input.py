@@ -90,6 +90,55 @@ def test_check_parallel_accepts_good_text_and_reports_every_problem(tmp_path):
     assert any(p.startswith(f"{a}:1: 5 words") for p in problems)
 
 
+MARUF = os.path.join(os.path.dirname(ROOT), "shared", "data", "docmt_maruf2019_en_de")
+
+
+@pytest.mark.skipif(not os.path.isdir(MARUF), reason=f"real data not found at {MARUF}")
+@pytest.mark.parametrize("case", ["empty line", "invalid UTF-8", "line counts differ"])
+def test_long_documents_prep_refuses_corrupt_maruf_input_and_writes_nothing(case, tmp_path):
+    """data-prep/long_documents/prepare.sh runs check-parallel on its line-aligned inputs (the real
+    Maruf dev/test files, one of them corrupted) before anything is written."""
+    data = tmp_path / "data" / "docmt_maruf2019_en_de"
+    for sub in os.listdir(MARUF):
+        if os.path.isdir(os.path.join(MARUF, sub)):
+            (data / sub).mkdir(parents=True)
+            for name in os.listdir(os.path.join(MARUF, sub)):
+                os.symlink(os.path.join(MARUF, sub, name), data / sub / name)
+    bad = data / "nc2016" / "test.de.gz"
+    lines = gzip.open(bad, "rb").read().split(b"\n")
+    if case == "empty line":
+        lines[2] = b"  "
+        expected = f"{bad}:3: empty line"
+    elif case == "invalid UTF-8":
+        lines[4] = lines[4][:5] + b"\xc3\x28" + lines[4][5:]
+        expected = f"{bad}:5: invalid UTF-8 at byte 5"
+    else:
+        del lines[7]
+        expected = "line counts differ"
+    os.unlink(bad)
+    with gzip.open(bad, "wb") as f:
+        f.write(b"\n".join(lines))
+    out = tmp_path / "out"
+    env = th.env()
+    env["PYTHON"] = sys.executable
+    res = subprocess.run(["bash", os.path.join(ROOT, "data-prep", "long_documents", "prepare.sh"),
+                          "--data-dir", str(tmp_path / "data"), "--out", str(out), "--workers", "1"],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode != 0
+    assert expected in res.stderr and "nothing written" in res.stderr, res.stderr[-2000:]
+    left = sorted(os.listdir(out)) if out.exists() else []
+    assert set(left) <= {".lock"}, left  # no sent/, tok/, ... nor temp file
+
+
+def test_long_documents_check_inputs_accepts_the_real_maruf_files():
+    if not os.path.isdir(MARUF):
+        pytest.skip(f"real data not found at {MARUF}")
+    res = subprocess.run([sys.executable, os.path.join(ROOT, "data-prep", "long_documents", "longdoc_tools.py"),
+                          "check-inputs", "--data-dir", os.path.dirname(MARUF)], env=th.env(),
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+
+
 # ---------------------------------------------------------------------------------------------
 # model / criterion flags
 # ---------------------------------------------------------------------------------------------

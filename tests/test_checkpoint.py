@@ -71,7 +71,8 @@ def test_crafted_checkpoint_is_refused_and_nothing_runs(tmp_path):
     torch.save({"model": {}, "args": _Evil(marker)}, path)
     with pytest.raises(UnsafeCheckpointError) as e:
         load_checkpoint(str(path))
-    assert "system" in str(e.value) and str(path) in str(e.value)
+    assert "posix.system" in str(e.value) and str(path) in str(e.value)
+    assert "add_safe_globals" in str(e.value) and "Nothing from it was executed" in str(e.value)
     with pytest.raises(pickle.UnpicklingError):
         torch.load(path)  # the default loader refuses too
     assert not marker.exists()
@@ -80,7 +81,8 @@ def test_crafted_checkpoint_is_refused_and_nothing_runs(tmp_path):
 @pytest.mark.parametrize("cli", ["fairseq-generate", "fairseq-interactive"])
 def test_crafted_checkpoint_is_refused_by_the_fairseq_clis(cli, tmp_path):
     """The plugin's allow-list is what fairseq-generate / fairseq-interactive load under: the
-    pickled os.system call is refused before it runs, with torch's message naming it."""
+    pickled os.system call is refused before it runs, with torch's message naming it and then
+    the plugin's (the file, the global, how to allow-list a trusted type)."""
     import train_helpers as th
 
     data_bin = th.make_databin(str(tmp_path / "toy"), n_train=16, n_valid=4)
@@ -94,4 +96,8 @@ def test_crafted_checkpoint_is_refused_by_the_fairseq_clis(cli, tmp_path):
     res = th.run(cmd, check=False, input="w1 w2\n", timeout=120)
     assert res.returncode != 0
     assert "Weights only load failed" in res.stderr and "GLOBAL posix.system" in res.stderr, res.stderr[-2000:]
+    plugin = res.stderr.split("fairseq_plugins: refusing to load ", 1)
+    assert len(plugin) == 2, res.stderr[-2000:]
+    assert plugin[1].startswith(f"{path}: its pickle references posix.system")
+    assert "add_safe_globals" in plugin[1] and "Nothing from it was executed" in plugin[1]
     assert not marker.exists()

@@ -31,6 +31,7 @@ break lines at U+2028, U+0085, ..., which would shift every later sentence pair)
 with :func:`write_lines_atomic` (``scripts/atomic.py``: temp file + ``os.replace``).
 """
 
+import gzip
 import os
 import sys
 
@@ -140,7 +141,8 @@ def check_parallel(paths, max_words=MAX_WORDS):
     """Problems of a set of line-aligned raw text files (one per language), as messages.
 
     Args:
-        paths: the files (e.g. ``train.en``, ``train.de``), read as bytes and decoded per line.
+        paths: the files (e.g. ``train.en``, ``train.de``), read as bytes and decoded per line;
+            a path ending in ``.gz`` is decompressed (line numbers are those of its content).
         max_words: longest allowed line, in whitespace-separated words.
 
     Returns:
@@ -155,7 +157,7 @@ def check_parallel(paths, max_words=MAX_WORDS):
             problems.append(f"{path}: missing file")
             continue
         n = 0
-        with open(path, "rb") as f:
+        with (gzip.open if path.endswith(".gz") else open)(path, "rb") as f:  # .gz: decompressed lines
             for n, raw in enumerate(f, 1):
                 body = raw[:-1] if raw.endswith(b"\n") else raw
                 try:

@@ -499,6 +499,25 @@ def cmd_read_sources(args):
     return 0
 
 
+def cmd_check_inputs(args):
+    """check-parallel (data-prep/common/text_tools.py) on every Maruf-format dev/test input pair:
+    strict UTF-8, no empty or over-long line, equal line counts; problems name file and line."""
+    problems = []
+    for subset in MARUF_SUBSETS:
+        for split in ("dev", "test"):
+            try:
+                paths = _maruf_paths(args.data_dir, args.maruf_dir, subset, split)
+            except DataError as err:
+                problems.append(str(err))
+                continue
+            problems += text_tools.check_parallel([paths[lang] for lang in LANGS], args.max_words)
+    for msg in problems[:20]:
+        print(f"check-inputs: {msg}", file=sys.stderr)
+    if len(problems) > 20:
+        print(f"check-inputs: ... and {len(problems) - 20} more problems", file=sys.stderr)
+    return 1 if problems else 0
+
+
 def cmd_maruf_files(args):
     """Print ``RELPATH<TAB>SHA256`` for every upstream Maruf dev/test file (download list)."""
     for (subset, split, lang), sha in sorted(MARUF_SHA256.items()):
@@ -599,7 +618,7 @@ def cmd_stats(args):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    names = "{read-sources,maruf-files,tokenize,learn-bpe,apply-bpe,pack,stats,count-bin,versions}"
+    names = "{read-sources,check-inputs,maruf-files,tokenize,learn-bpe,apply-bpe,pack,stats,count-bin,versions}"
     sub = parser.add_subparsers(dest="cmd", required=True, metavar=names)
     p = sub.add_parser("read-sources", help="read, split and deduplicate the sources")
     p.add_argument("--out-dir", required=True)
@@ -608,6 +627,11 @@ def main(argv=None):
     p.add_argument("--train-dir")
     p.add_argument("--no-checksum", action="store_true")
     p.set_defaults(func=cmd_read_sources)
+    p = sub.add_parser("check-inputs", help="validate the Maruf dev/test inputs (writes nothing)")
+    p.add_argument("--data-dir")
+    p.add_argument("--maruf-dir")
+    p.add_argument("--max-words", type=int, default=text_tools.MAX_WORDS)
+    p.set_defaults(func=cmd_check_inputs)
     p = sub.add_parser("maruf-files", help="list the upstream Maruf files and their sha256")
     p.set_defaults(func=cmd_maruf_files)
     text_tools.add_subcommands(sub, ["tokenize", "learn-bpe", "apply-bpe"])

@@ -178,6 +178,7 @@ MARUF_LIST="$("$PYTHON" "$TOOLS" maruf-files 2>/dev/null || true)"
 TOOLS_SAME_OUTPUT=(
   5f8fa250cf14866c33c9de88996573772ad9d61c5d97b397b7ef7a427be73f2e   # up to commit e141f7e
   3745acca7513d61d10a95fef7e22c56366d440a8c0be726e4f9457feef325011   # tokenize, BPE, count-bin, versions moved to data-prep/common/text_tools.py
+  f3cd7139eb254b8a92b38dee3047893f4831833454cce8e4dc9cfeae41deac0a   # + check-inputs subcommand only (no reader, dedup or packing code touched: `git diff` shows it)
 )
 tools_sha() {  # the tools= value of the sent stamp
   local h; h="$(sha256_file "$TOOLS")"
@@ -255,6 +256,16 @@ stage_sent() {
   # shellcheck disable=SC2046
   if stage_current "$dir/.done" "$SENT_STAMP" "$dir/sources.json" $(files_of "$dir") $(for s in "${SPLITS[@]}"; do echo "$dir/$s.docids"; done); then
     log "sent: up to date, skipping"; return 0
+  fi
+  if (( ! DRY_RUN )) && [[ -n "$DATA_DIR$MARUF_DIR" ]]; then
+    # before anything is written: the line-aligned Maruf dev/test inputs must be strict UTF-8,
+    # without empty or over-long lines, with equal line counts (check-parallel, messages name
+    # the input file and line); the XML/sgm sources are checked by their parsers in read-sources
+    args=()
+    [[ -n "$DATA_DIR" ]] && args+=(--data-dir "$DATA_DIR")
+    [[ -n "$MARUF_DIR" ]] && args+=(--maruf-dir "$MARUF_DIR")
+    "$PYTHON" "$TOOLS" check-inputs "${args[@]}" || die "sent: bad input (see above); nothing written to $dir"
+    args=()
   fi
   log "sent: reading the sources (test = Europarl7 test, valid = Europarl7 dev, train = the deduplicated pool) ..."
   (( DRY_RUN )) || { mkdir -p "$dir" "$OUT/logs"; rm -f "$dir/.done"; }
