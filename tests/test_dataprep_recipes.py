@@ -217,7 +217,69 @@ def test_every_row_dry_run_resolves(paper, table, scale, capsys):
         evals = re.findall(r"evaluate\.sh --checkpoint (\S+)", out)
         assert len(evals) == n_rows and all(e.endswith("/checkpoints/checkpoint_best.pt") for e in evals)
         assert "average_checkpoints" not in out
+    if paper == "flexible" and scale == "paper":  # Section 5.1: 64 sentences, Adam 1e-4, halving from epoch 4 (T2: 18)
+        trains = [l for l in out.splitlines() if "fairseq-train " in l]
+        assert all("--batch-size 22 --update-freq 1" in l and "--required-batch-size-multiple 1" in l
+                   and "--max-tokens" not in l and "--fp16" not in l and "--arch rnnsearch " in l
+                   and "--lr 0.0001 --lr-scheduler fixed" in l and "--clip-norm 3.0" in l for l in trains)
+        ft = [l for l in trains if "--finetune-from-model" in l]
+        assert ft and all("--criterion label_smoothed_cross_entropy_with_reg" in l and "--reg-weight 0.1" in l
+                          and "--max-epoch 1" in l and "--force-anneal" not in l for l in ft)
+        assert all(("--max-epoch 20 " if table != "table1" else "--max-epoch 6 ") in l for l in trains if l not in ft)
+        assert re.findall(r"--beam (\d+)", out) and set(re.findall(r"evaluate\.sh .*--beam (\d+)", out)) == {"20"}
+    for cmd in REPRO.after_steps(REPRO.TABLES[paper][table], scale):  # post-training steps are printed, after the rows
+        line = "$ " + " ".join(cmd)
+        assert line in out and out.index(line) > out.rindex("fairseq-train ")
     assert not os.path.exists(os.path.join(ROOT, "runs", "paper", "x"))
+
+
+def spec_rows(spec_path):
+    """(row, run dir, checkpoint it is evaluated with) of every row of a table spec, in run order."""
+    spec = REPRO.run_table.load_table(os.path.join(ROOT, spec_path))
+    out = []
+    for r in spec["rows"]:
+        rdir = REPRO.run_table.run_dir(spec, r)
+        out.append((r, rdir, REPRO.experiment.decode_checkpoint(r["_budget"], rdir)[0]))
+    return out
+
+
+@pytest.mark.parametrize("paper,table,scale", CASES)
+def test_finetune_rows_start_from_an_earlier_rows_checkpoint(paper, table, scale):
+    """A row with --finetune-from-model starts from the checkpoint an earlier row of the same spec
+    is evaluated with (run_table runs rows in order, so the fine-tuning runs after it)."""
+    for spec_path in REPRO.TABLES[paper][table][scale]:
+        seen = []
+        for r, rdir, ckpt in spec_rows(spec_path):
+            words = (r.get("extra") or "").split()
+            if "--finetune-from-model" in words:
+                assert os.path.join(ROOT, words[words.index("--finetune-from-model") + 1]) in seen, (spec_path, r["id"])
+            seen.append(ckpt)
+
+
+@pytest.mark.parametrize("table,scale", [("table1", "small"), ("table1", "paper"), ("table2", "paper"),
+                                         ("table3", "small"), ("table3", "paper")])
+def test_flexible_post_training_steps_use_the_tables_runs(table, scale):
+    """Flexible Attention: the tau sweeps run on the flexible / fine-tuned rows of the table's own
+    specs, and the decode-time benchmark times the global row against the fine-tuned row of its
+    spec, with the checkpoints those rows are evaluated with."""
+    entry = REPRO.TABLES["flexible"][table]
+    rows = [x for s in entry[scale] for x in spec_rows(s)]
+    steps = REPRO.after_steps(entry, scale)
+    assert steps
+    for cmd in steps:
+        arg = lambda f: os.path.join(ROOT, cmd[cmd.index(f) + 1])  # noqa: E731
+        if cmd[1] == "scripts/flexible_sweep.py" and cmd[2] == "sweep":
+            (r, _, _), = [x for x in rows if x[1] == arg("--run")]
+            assert "--rnn-attention flexible" in r["extra"]
+        elif cmd[1] == "scripts/flexible_sweep.py":  # table1: one run dir per direction, rows 1-4 there
+            runs = cmd[cmd.index("--runs") + 1: cmd.index("--out")]
+            assert sorted(os.path.join(ROOT, d, f"row{i}") for d in runs for i in (1, 2, 3, 4)) == sorted(x[1] for x in rows)
+        else:
+            assert cmd[1] == "scripts/bench_flexible_decode.py"
+            by_ckpt = {ckpt: r for r, _, ckpt in rows}
+            flex, glob = by_ckpt[arg("--flexible")], by_ckpt[arg("--global-checkpoint")]
+            assert "--finetune-from-model" in flex["extra"] and "--rnn-attention global" in glob["extra"]
+            assert arg("--data-bin") == os.path.join(REPRO.experiment.prep_dir(flex["_budget"]), "bin")
 
 
 def test_every_eatt_table_is_registered_at_both_scales():
@@ -250,26 +312,54 @@ def test_a_bad_row_does_not_resolve(tmp_path, capsys):
         REPRO.dry_run(str(path), None, 0, "small")
 
 
-def test_unknown_and_pending_tables_list_the_valid_ones():
+def test_unknown_and_pending_tables_list_the_valid_ones(monkeypatch):
     with pytest.raises(SystemExit, match="unknown paper 'x'; valid: rela, reluformer, eatt, flexible"):
         REPRO.main(["x", "table1"])
     with pytest.raises(SystemExit, match="unknown table 'table9' for rela; valid: table1, table2, table3"):
         REPRO.main(["rela", "table9"])
-    with pytest.raises(SystemExit, match="flexible table1 is not yet available"):
-        REPRO.main(["flexible", "table1", "--dry-run"])
     with pytest.raises(SystemExit, match="no --scale small configuration; valid: paper"):
         REPRO.main(["rela", "table3", "--scale", "small", "--dry-run"])
+    with pytest.raises(SystemExit, match="flexible table2 has no --scale small configuration; valid: paper"):
+        REPRO.main(["flexible", "table2", "--dry-run"])
+    # no table is pending any more; the message for one that is
+    monkeypatch.setitem(REPRO.TABLES["rela"], "table9", {"pending": "its configs have not landed yet"})
+    with pytest.raises(SystemExit, match="rela table9 is not yet available \\(its configs have not landed yet\\)"):
+        REPRO.main(["rela", "table9", "--dry-run"])
+
+
+def test_every_paper_table_in_the_readme_is_registered():
+    """The README's reproduce table names every table of the four papers (issue: ReLA 1-3,
+    ReLUFormer 1, 4-6, E-ATT 3-5, Flexible 1-3); each is registered in scripts/reproduce, none
+    pending, and every registered table is in the README."""
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    named = set(re.findall(r"`scripts/reproduce (\w+) (table\d+)", readme))
+    want = {("rela", t) for t in ("table1", "table2", "table3")} | {
+        ("reluformer", t) for t in ("table1", "table4", "table5", "table6")} | {
+        ("eatt", t) for t in ("table3", "table4", "table5")} | {("flexible", t) for t in ("table1", "table2", "table3")}
+    registered = {(p, t) for p, ts in REPRO.TABLES.items() for t in ts}
+    assert named == want == registered
+    assert not [(p, t) for p, ts in REPRO.TABLES.items() for t, e in ts.items() if "pending" in e]
 
 
 @pytest.mark.parametrize("gpus", [1, 2, 3, 4, 8, 16])
 def test_batch_for_gpus_keeps_the_tokens_per_update(gpus):
     for batch in ({"tokens_per_update": 25000, "max_tokens_per_gpu": 4096},
-                  {"tokens_per_update": 8192, "max_tokens_per_gpu": 8192}):
+                  {"tokens_per_update": 8192, "max_tokens_per_gpu": 8192},
+                  {"sentences_per_update": 64, "max_sentences_per_gpu": 64},
+                  {"sentences_per_update": 64, "max_sentences_per_gpu": 16}):
+        unit = "sentences" if "sentences_per_update" in batch else "tokens"
+        want, cap = batch[f"{unit}_per_update"], batch[f"max_{unit}_per_gpu"]
         mt, uf = REPRO.batch_for_gpus(batch, gpus)
-        assert mt <= batch["max_tokens_per_gpu"]
-        assert batch["tokens_per_update"] <= mt * gpus * uf < batch["tokens_per_update"] + gpus * uf
+        assert mt <= cap
+        assert want <= mt * gpus * uf < want + gpus * uf
         if uf > 1:  # the fewest accumulation steps that fit under the cap
-            assert batch["tokens_per_update"] > batch["max_tokens_per_gpu"] * gpus * (uf - 1)
+            assert want > cap * gpus * (uf - 1)
+        over, _ = REPRO.batch_flags(dict(batch, fp16=False), gpus)
+        assert over == {"max-tokens" if unit == "tokens" else "batch-size": mt, "update-freq": uf,
+                        "distributed-world-size": gpus, "fp16": False}
+    assert REPRO.batch_flags({"tokens_per_update": 10, "max_tokens_per_gpu": 10}, gpus)[0]["fp16"] is True
+    with pytest.raises(SystemExit, match="tokens_per_update \\+ max_tokens_per_gpu or sentences_per_update"):
+        REPRO.batch_flags({"sentences_per_update": 64}, gpus)
 
 
 def test_decode_checkpoint_best_or_average_or_a_clear_error(tmp_path):
