@@ -14,7 +14,8 @@ Usage:
 Table spec (YAML): ``title``, ``intro`` (Markdown), ``out``, ``runs``, ``budget``, ``src``,
 ``tgt``, ``subsets`` (fairseq subset -> column label; must be the budget's subsets),
 ``paper_label``, optional ``metrics`` (final-validation metrics shown as columns, e.g.
-``attn_entropy``), and ``rows``: ``id``, ``name``, ``arch``, optional ``fns`` (encoder, decoder,
+``attn_entropy``), optional ``ribes: true`` (each score cell also shows RIBES on the tokenized
+text, as the flexible-attention paper reports for En-Ja), and ``rows``: ``id``, ``name``, ``arch``, optional ``fns`` (encoder, decoder,
 cross), ``extra`` (fairseq-train flags), ``run`` (reuse a directory), ``budget`` (a row-specific
 budget, e.g. one per document length; same subsets), ``paper`` (shown verbatim).  Optional
 ``analyses``: ``[{name, script, key}]`` -- after a row is trained, ``script`` is run as
@@ -140,6 +141,21 @@ def _analysis_cells(spec, row):
     return cells
 
 
+def _score_cell(score, spec):
+    """``"BLEU (tokBLEU)"``, plus ``" / RIBES"`` when the spec asks for ``ribes``.
+
+    Raises:
+        ValueError: ``ribes`` requested but the row was scored without it (re-evaluate the row).
+    """
+    cell = f"{score['bleu']:.2f} ({score['tok_bleu']:.2f})"
+    if spec.get("ribes"):
+        if score.get("tok_ribes") is None:
+            raise ValueError(f"the table asks for RIBES but {score.get('hyp')} was scored without it; "
+                             "delete the row's eval/ directory and re-run to re-score")
+        cell += f" / {score['tok_ribes']:.4f}"
+    return cell
+
+
 def render(spec):
     """Write the Markdown table ``spec['out']`` (atomically) from the finished rows."""
     rows, subsets, metrics = spec["rows"], spec["subsets"], spec.get("metrics") or []
@@ -167,15 +183,16 @@ def render(spec):
                                            + [""] * (len(metrics) + len(analyses) + 2) + ["pending"]) + " |")
             continue
         failed = res.get("status") == "failed" or row_failed(res, _vocab(spec, r))
-        cells = ["–"] * len(subsets) if failed else [
-            f"{res['scores'][s]['bleu']:.2f} ({res['scores'][s]['tok_bleu']:.2f})" for s in subsets]
+        cells = ["–"] * len(subsets) if failed else [_score_cell(res["scores"][s], spec) for s in subsets]
         last = res.get("valid_last", {})
         mcells = [f"{last[m]:.3f}" if m in last else "n/a" for m in metrics]
         status = "failed to train (see loss curve below)" if failed else "done"
         lines.append("| " + " | ".join([str(r["id"]), r["name"], paper] + cells + mcells
                                        + _analysis_cells(spec, r) + [
             str(res["updates"]), f"{train_seconds(res, run_dir(spec, r)) / 60:.1f} min", status]) + " |")
-    lines += ["", "SacreBLEU (detokenised) with tokenized BLEU in brackets.", "", "## Provenance", ""]
+    lines += ["", "SacreBLEU (detokenised) with tokenized BLEU in brackets"
+              + ("; RIBES (Isozaki et al. 2010, nltk, tokenized text) after the slash." if spec.get("ribes") else "."),
+              "", "## Provenance", ""]
     if results:
         any_res = next((x for x in results.values() if x.get("scores")), next(iter(results.values())))
         first = next(iter(subsets))

@@ -12,13 +12,17 @@ Usage::
 * ``tok BLEU`` (only with ``--tokenized-hyp/--tokenized-ref``): BLEU on Moses-tokenised
   text with ``tokenize='none'``, i.e. what ``multi-bleu.perl`` reports (mixed case).
   Not comparable across tokenisations; report the sacreBLEU number.
+* ``RIBES`` (only with tokenized files): Isozaki et al. (2010) RIBES on the same tokens,
+  ``NKT * P^alpha * BP^beta`` with alpha = 0.25, beta = 0.10 (the defaults of RIBES 1.02, used
+  by WAT for ASPEC En-Ja; the flexible-attention paper reports it there), averaged over
+  sentences -- computed with ``nltk.translate.ribes_score.corpus_ribes``.
 
 Each hypothesis file must have exactly as many lines as its reference: a mismatch (e.g.
 ``fairseq-generate`` silently dropping sentences) is an error (exit status 1), never a
 score.  Files are read as UTF-8 and split on ``\\n`` only.
 
-``--json OUT`` writes (atomically) a dict with keys ``bleu``, ``signature``, ``tok_bleu``
-(``null`` without tokenized files), ``n_hyp``, ``n_ref``, ``hyp``, ``ref`` and, for
+``--json OUT`` writes (atomically) a dict with keys ``bleu``, ``signature``, ``tok_bleu`` and
+``tok_ribes`` (``null`` without tokenized files), ``n_hyp``, ``n_ref``, ``hyp``, ``ref`` and, for
 information, ``bleu_str``, ``tok_signature``, ``tok_hyp``, ``tok_ref``, plus any
 ``--meta KEY=VALUE`` pairs (strings; e.g. checkpoint, subset, beam -- see scripts/evaluate.sh).
 
@@ -62,7 +66,8 @@ def score_files(hyp, ref, tok_hyp=None, tok_ref=None):
 
     Keys: ``bleu`` (float, sacreBLEU 13a mixed case), ``bleu_str``, ``signature`` (str),
     ``tok_bleu`` (float or None; BLEU with ``tokenize='none'`` on ``tok_hyp``/``tok_ref``),
-    ``tok_signature``, ``n_hyp``, ``n_ref``, ``hyp``, ``ref``, ``tok_hyp``, ``tok_ref``
+    ``tok_signature``, ``tok_ribes`` (float in [0, 1] or None; RIBES on the tokenized files,
+    Isozaki et al. 2010), ``n_hyp``, ``n_ref``, ``hyp``, ``ref``, ``tok_hyp``, ``tok_ref``
     (absolute paths).  Raises :class:`LineCountError` when a hypothesis and its reference
     differ in line count, ``ValueError`` when only one of ``tok_hyp``/``tok_ref`` is given.
     """
@@ -81,6 +86,7 @@ def score_files(hyp, ref, tok_hyp=None, tok_ref=None):
         "signature": str(bleu.get_signature()),
         "tok_bleu": None,
         "tok_signature": None,
+        "tok_ribes": None,
         "n_hyp": len(hyp_lines),
         "n_ref": len(ref_lines),
         "hyp": os.path.abspath(hyp),
@@ -99,8 +105,11 @@ def score_files(hyp, ref, tok_hyp=None, tok_ref=None):
         # force=True: the input is tokenized on purpose (silences sacrebleu's warning)
         tok_bleu = BLEU(tokenize="none", force=True)
         tok_score = tok_bleu.corpus_score(tok_hyp_lines, [tok_ref_lines])
+        from nltk.translate.ribes_score import corpus_ribes
+
         result.update(
             tok_bleu=tok_score.score,
+            tok_ribes=corpus_ribes([[r.split()] for r in tok_ref_lines], [h.split() for h in tok_hyp_lines]),
             tok_signature=str(tok_bleu.get_signature()),
             tok_hyp=os.path.abspath(tok_hyp),
             tok_ref=os.path.abspath(tok_ref),
@@ -150,6 +159,7 @@ def main(argv=None):
     print(f"signature: {result['signature']}")
     if result["tok_bleu"] is not None:
         print(f"tokenized BLEU = {result['tok_bleu']:.2f} ({result['tok_signature']})")
+        print(f"RIBES = {result['tok_ribes']:.4f} (nltk corpus_ribes, alpha 0.25, beta 0.10, tokenized)")
     if args.json:
         clash = sorted(set(meta) & set(result))
         if clash:
