@@ -22,6 +22,7 @@ Raises SystemExit on missing files or too few long inputs.
 """
 
 import argparse
+import math
 import os
 import platform
 import subprocess
@@ -114,6 +115,10 @@ def main(argv=None):
     p.add_argument("--min-len", type=int, default=100, help="minimum source positions of an input")
     p.add_argument("--n", type=int, default=20, help="number of long inputs")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--fixed-gate", type=float, metavar="G",
+                   help="mechanism timing only: set g(t) = G in (0, 1) for every step of both flexible runs "
+                        "(v_g = 0, b_g = logit G), i.e. the window a well fine-tuned gate would give; "
+                        "labelled as such, not a trained model")
     p.add_argument("--note", default="", help="a line added to the Markdown (e.g. what the data is)")
     p.add_argument("--out", help="also write a Markdown table here (atomically)")
     a = p.parse_args(argv)
@@ -128,6 +133,12 @@ def main(argv=None):
     if flex.decoder.attention.kind != "flexible":
         raise SystemExit(f"--flexible {a.flexible} has {flex.decoder.attention.kind} attention, not flexible")
     flex_inf, _ = load(a.flexible, a.data_bin, a.src, a.tgt, tau="inf")
+    if a.fixed_gate is not None:
+        if not 0.0 < a.fixed_gate < 1.0:
+            raise SystemExit(f"--fixed-gate must be in (0, 1), got {a.fixed_gate}")
+        for m in (flex, flex_inf):
+            torch.nn.init.zeros_(m.decoder.attention.gate_out.weight)
+            torch.nn.init.constant_(m.decoder.attention.gate_out.bias, math.log(a.fixed_gate / (1 - a.fixed_gate)))
     # (key, label, model): every model decodes every input in every round, in rotating order
     models = []
     if a.global_checkpoint:
@@ -136,7 +147,9 @@ def main(argv=None):
             raise SystemExit(f"--global-checkpoint {a.global_checkpoint} has {base.decoder.attention.kind} attention")
         models.append(("global", f"Global attention (`{os.path.relpath(a.global_checkpoint, ROOT)}`)", base))
     models.append(("flex_inf", f"Flexible checkpoint, tau = inf (every position scored; computes g(t) too)", flex_inf))
-    models.append(("flex", f"Flexible Attention, tau = {a.tau:g} (`{os.path.relpath(a.flexible, ROOT)}`)", flex))
+    fixed = f", g(t) fixed to {a.fixed_gate:g} (mechanism timing, not the trained gate)" if a.fixed_gate is not None else ""
+    models[-1] = (models[-1][0], models[-1][1] + fixed, models[-1][2])
+    models.append(("flex", f"Flexible Attention, tau = {a.tau:g} (`{os.path.relpath(a.flexible, ROOT)}`){fixed}", flex))
     data = long_inputs(task, a.subset, a.concat, a.min_len, a.n)
     src_len = sum(len(s) for s, _ in data) / len(data)
     steps = sum(len(r) for _, r in data) / len(data)
