@@ -14,12 +14,15 @@ CPU time by ``time.process_time``, and the ratio global / flexible is printed.
         --global-checkpoint runs/flexible_table1_de_en/row1/average_last3.pt \\
         --data-bin data-bin/multi30k_en_de/bin --src de --tgt en --out results/flexible/table3_decode_time.md
 
-Without ``--global-checkpoint`` the baseline is the flexible checkpoint with ``tau = inf`` (every
-position scored; it also computes the gate, so it is slightly slower than a global model).
+Three models are timed together: the global checkpoint (``--global-checkpoint``, the baseline of
+the ratio), the flexible checkpoint with ``tau = inf`` (every position scored; it also computes the
+gate, so it is slower than a global model) and the flexible checkpoint with ``--tau``.  Without
+``--global-checkpoint`` the ``tau = inf`` run is the baseline.
 Raises SystemExit on missing files or too few long inputs.
 """
 
 import argparse
+import math
 import os
 import platform
 import subprocess
@@ -84,6 +87,21 @@ def forced_decode(model, src, ref):
             torch.log_softmax(logits, -1)
 
 
+def run_info(checkpoint):
+    """Provenance of the run that wrote ``checkpoint`` (its ``result.json`` next to it), if any."""
+    import json
+
+    path = os.path.join(os.path.dirname(os.path.abspath(checkpoint)), "result.json")
+    if not os.path.exists(path):
+        return None
+    r = json.load(open(path))
+    bleu = {k: v.get("bleu") for k, v in (r.get("scores") or {}).items()}
+    return (f"`{os.path.relpath(checkpoint, ROOT)}`: {r.get('updates')} updates, git {r.get('git_commit', '?')}, "
+            f"budget `{(r.get('config') or {}).get('budget_file', '?')}`, train wall "
+            f"{(r.get('wall_s') or {}).get('train', float('nan')):.0f} s, valid loss {r.get('valid_loss', '?')}, "
+            f"BLEU (beam, tau = inf) {bleu}; train command `{(r.get('commands') or {}).get('train', '?')}`")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--flexible", required=True, help="flexible-attention rnnsearch checkpoint")
@@ -97,6 +115,11 @@ def main(argv=None):
     p.add_argument("--min-len", type=int, default=100, help="minimum source positions of an input")
     p.add_argument("--n", type=int, default=20, help="number of long inputs")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--fixed-gate", type=float, metavar="G",
+                   help="mechanism timing only: set g(t) = G in (0, 1) for every step of both flexible runs "
+                        "(v_g = 0, b_g = logit G), i.e. the window a well fine-tuned gate would give; "
+                        "labelled as such, not a trained model")
+    p.add_argument("--note", default="", help="a line added to the Markdown (e.g. what the data is)")
     p.add_argument("--out", help="also write a Markdown table here (atomically)")
     a = p.parse_args(argv)
     for f in [a.flexible, a.global_checkpoint]:
@@ -104,63 +127,91 @@ def main(argv=None):
             raise SystemExit(f"checkpoint not found: {f}")
     import torch
 
+    wall0 = time.time()
     torch.set_num_threads(1)
     flex, task = load(a.flexible, a.data_bin, a.src, a.tgt, tau=a.tau)
-    if a.global_checkpoint:
-        base, _ = load(a.global_checkpoint, a.data_bin, a.src, a.tgt)
-        base_name = f"global attention ({os.path.relpath(a.global_checkpoint, ROOT)})"
-    else:
-        base, _ = load(a.flexible, a.data_bin, a.src, a.tgt, tau="inf")
-        base_name = "flexible checkpoint with tau = inf (all positions scored)"
     if flex.decoder.attention.kind != "flexible":
         raise SystemExit(f"--flexible {a.flexible} has {flex.decoder.attention.kind} attention, not flexible")
+    flex_inf, _ = load(a.flexible, a.data_bin, a.src, a.tgt, tau="inf")
+    if a.fixed_gate is not None:
+        if not 0.0 < a.fixed_gate < 1.0:
+            raise SystemExit(f"--fixed-gate must be in (0, 1), got {a.fixed_gate}")
+        for m in (flex, flex_inf):
+            torch.nn.init.zeros_(m.decoder.attention.gate_out.weight)
+            torch.nn.init.constant_(m.decoder.attention.gate_out.bias, math.log(a.fixed_gate / (1 - a.fixed_gate)))
+    # (key, label, model): every model decodes every input in every round, in rotating order
+    models = []
+    if a.global_checkpoint:
+        base, _ = load(a.global_checkpoint, a.data_bin, a.src, a.tgt)
+        if base.decoder.attention.kind != "global":
+            raise SystemExit(f"--global-checkpoint {a.global_checkpoint} has {base.decoder.attention.kind} attention")
+        models.append(("global", f"Global attention (`{os.path.relpath(a.global_checkpoint, ROOT)}`)", base))
+    models.append(("flex_inf", f"Flexible checkpoint, tau = inf (every position scored; computes g(t) too)", flex_inf))
+    fixed = f", g(t) fixed to {a.fixed_gate:g} (mechanism timing, not the trained gate)" if a.fixed_gate is not None else ""
+    models[-1] = (models[-1][0], models[-1][1] + fixed, models[-1][2])
+    models.append(("flex", f"Flexible Attention, tau = {a.tau:g} (`{os.path.relpath(a.flexible, ROOT)}`){fixed}", flex))
     data = long_inputs(task, a.subset, a.concat, a.min_len, a.n)
     src_len = sum(len(s) for s, _ in data) / len(data)
     steps = sum(len(r) for _, r in data) / len(data)
-    forced_decode(flex, *data[0]), forced_decode(base, *data[0])  # warm-up
-    for m in (flex, base):
+    for _, _, m in models:
+        forced_decode(m, *data[0])  # warm-up
         m.decoder.attention.reset_window_stats()
-    times = {"base": 0.0, "flex": 0.0}
+    times = {k: 0.0 for k, _, _ in models}
     for r in range(a.rounds):
-        order = ("base", "flex") if r % 2 == 0 else ("flex", "base")
+        order = models[r % len(models):] + models[: r % len(models)]
+        if r % 2:
+            order = order[::-1]
         for src, ref in data:
-            for name in order:
-                m = base if name == "base" else flex
+            for key, _, m in order:
                 t0 = time.process_time()
                 forced_decode(m, src, ref)
-                times[name] += time.process_time() - t0
+                times[key] += time.process_time() - t0
     n = a.rounds * len(data)
     ms = {k: 1000 * v / n for k, v in times.items()}
-    ratio = ms["base"] / ms["flex"]
-    win_b, win_f = base.decoder.attention.average_window(), flex.decoder.attention.average_window()
+    base_key = "global" if a.global_checkpoint else "flex_inf"
+    ratio = ms[base_key] / ms["flex"]
+    wins = {k: m.decoder.attention.average_window() for k, _, m in models}
     try:
         commit = subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True).strip()
+        dirty = subprocess.check_output(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, text=True)
+        commit += " (+ uncommitted changes)" if dirty.strip() else ""
     except (OSError, subprocess.CalledProcessError):
         commit = "unknown"
+    wall = time.time() - wall0
     print(f"inputs: {len(data)} x {a.rounds} rounds, avg source length {src_len:.1f}, avg steps {steps:.1f}")
-    print(f"baseline: {base_name}: {ms['base']:.1f} ms/sentence (window {win_b:.1f})")
-    print(f"flexible tau={a.tau:g}: {ms['flex']:.1f} ms/sentence (window {win_f:.1f})")
-    print(f"speed-up global/flexible: {ratio:.2f}x")
+    for key, label, _ in models:
+        print(f"{label}: {ms[key]:.1f} ms/sentence (window {wins[key]:.1f})")
+    print(f"speed-up {base_key}/flexible: {ratio:.2f}x" +
+          (f"; flex_inf/flexible: {ms['flex_inf'] / ms['flex']:.2f}x" if base_key != "flex_inf" else ""))
     if a.out:
         cpu = platform.processor() or platform.machine()
         try:
             cpu = [l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")][0]
         except (OSError, IndexError):
             pass
+        stamp = os.path.join(a.data_bin, ".done")
+        stamp = open(stamp).read().strip().replace("\n", "; ") if os.path.exists(stamp) else "no stamp"
+        rows = [f"| {label} | {wins[key]:.1f} | {ms[key]:.1f} ms | {ms[key] / ms['flex']:.2f}x |" for key, label, _ in models]
+        runs = [x for x in (run_info(c) for c in [a.global_checkpoint, a.flexible] if c) if x]
+        cmd = " ".join(argv if argv is not None else sys.argv[1:])
         text = "\n".join([
             "# Flexible Attention Table 3: CPU decoding time per sentence", "",
             "Paper (character-level En-Ja, Theano, one core): global 751 ms, flexible 677 ms (1.11x).", "",
-            f"Protocol: reference tokens forced as feedback (same steps for both), incremental decoding "
-            f"with cached keys and full output softmax, one sentence at a time, 1 thread, "
-            f"{a.rounds} interleaved rounds over {len(data)} inputs of {a.concat} concatenated "
-            f"{a.subset} sentences ({a.src}→{a.tgt}, >= {a.min_len} positions; average source length "
-            f"{src_len:.1f}, {steps:.1f} steps).", "",
-            "| Model | window | CPU time / sentence |", "|---|---|---|",
-            f"| {base_name} | {win_b:.1f} | {ms['base']:.1f} ms |",
-            f"| Flexible Attention (tau={a.tau:g}, `{os.path.relpath(a.flexible, ROOT)}`) | {win_f:.1f} | {ms['flex']:.1f} ms |",
-            "", f"Speed-up: **{ratio:.2f}x** (target >= 1.2x on inputs >= 100 positions).", "",
-            f"Command: `python scripts/bench_flexible_decode.py {' '.join(argv if argv is not None else sys.argv[1:])}`; "
-            f"git {commit}; CPU {cpu}; torch {torch.__version__}.", ""])
+            f"Protocol: reference tokens forced as feedback (same steps for every model), incremental decoding "
+            f"with cached keys and full output softmax, encoder included, one sentence at a time, 1 thread, "
+            f"CPU time (`time.process_time`); {a.rounds} interleaved rounds (rotating order) over {len(data)} "
+            f"inputs of {a.concat} concatenated {a.subset} sentences ({a.src}→{a.tgt}, >= {a.min_len} "
+            f"positions; average source length {src_len:.1f}, {steps:.1f} steps).", "",
+            *( [a.note, ""] if a.note else []),
+            "| Model | average window | CPU time / sentence | time / flexible |", "|---|---|---|---|", *rows,
+            "", f"Speed-up ({base_key} / flexible tau={a.tau:g}): **{ratio:.2f}x** (target >= 1.2x on inputs >= 100 "
+            f"positions).", "",
+            "Provenance:", "",
+            f"- command: `python scripts/bench_flexible_decode.py {cmd}`",
+            f"- code: git {commit}; torch {torch.__version__}; CPU {cpu} (shared machine; CPU time, not wall); "
+            f"bench wall {wall:.0f} s",
+            f"- data: `{os.path.relpath(a.data_bin, ROOT)}` (bin stamp: {stamp})",
+            *[f"- model: {x}" for x in runs], ""])
         os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
         with atomic_path(a.out) as tmp, open(tmp, "w") as f:
             f.write(text)

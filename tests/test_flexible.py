@@ -18,7 +18,9 @@ import torch
 from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 from fairseq.sequence_generator import SequenceGenerator
 
-from fairseq_plugins.attention.additive import AdditiveAttention, flexible_window, local_p_window
+from fairseq import utils
+from fairseq_plugins.attention.additive import (AdditiveAttention, flexible_bounds, flexible_window, local_p_bounds,
+                                                local_p_window)
 from fairseq_plugins.criterions import LabelSmoothedCrossEntropyWithRegCriterion
 from helpers import toy_batch, toy_task
 
@@ -65,6 +67,58 @@ def test_flexible_window_matches_closed_form():
     assert torch.equal(lo, torch.zeros_like(lo)) and torch.equal(hi, lengths - 1)
     lo, hi = flexible_window(p, torch.zeros_like(g), 1.5, 1.2, lengths)
     assert torch.equal(lo, torch.zeros_like(lo)) and torch.equal(hi, lengths - 1)
+
+
+def test_scalar_bounds_equal_tensor_windows():
+    """The one-hypothesis path's Python-number bounds equal the batched tensor windows, also on
+    interval ends that fall exactly on integers (open interval: excluded) and in the limits."""
+    g_ = torch.Generator().manual_seed(1)
+    n = 400
+    lengths = torch.randint(1, 60, (n,), generator=g_)
+    p = torch.minimum(torch.rand(n, generator=g_) * 60, (lengths - 1).float())
+    p[:100] = p[:100].round()  # integer focus ...
+    g = torch.rand(n, generator=g_).clamp_min(1e-4)
+    g[:50] = 0.5  # ... with sigma 1, tau 1: radius exactly 2, the ends p +- 2 are integers
+    g[50:60] = 0.0
+    for sigma, tau in [(1.0, 1.0), (1.5, 1.2), (0.5, 0.1), (2.0, 8.0), (1.5, math.inf)]:
+        lo, hi = flexible_window(p, g, sigma, tau, lengths)
+        got = [flexible_bounds(float(p[i]), float(g[i]), sigma, tau, int(lengths[i])) for i in range(n)]
+        assert got == list(zip(lo.tolist(), hi.tolist()))
+    lo, hi = flexible_window(p[:50], g[:50], 1.0, 1.0, lengths[:50])
+    assert (hi - lo <= 2).all()  # p - 2 and p + 2 are not in the window
+    for d in (1, 4, 10):
+        lo, hi = local_p_window(p, d, lengths)
+        assert [local_p_bounds(float(p[i]), d, int(lengths[i])) for i in range(n)] == list(zip(lo.tolist(), hi.tolist()))
+
+
+@pytest.mark.parametrize("kind,tau", [("flexible", 1.2), ("flexible", 0.3), ("local_p", math.inf)])
+def test_one_hypothesis_step_equals_batched_step(kind, tau):
+    """The lean one-hypothesis path (Python bounds, slices) gives what the batched path (gather,
+    per-hypothesis windows) gives for that hypothesis, and scores only its window."""
+    torch.manual_seed(0)
+    att = AdditiveAttention(6, 5, 7, 3, kind=kind, threshold=tau, local_d=3).eval()
+    if kind == "flexible":
+        torch.nn.init.constant_(att.gate_out.bias, 1.0)
+    B, S = 4, 25
+    lengths = torch.tensor([25, 18, 9, 22])
+    pad = torch.arange(S).unsqueeze(0) >= lengths.unsqueeze(1)  # (B, S) right padding
+    vals = torch.randn(B, S, 5).masked_fill(pad.unsqueeze(-1), 0.0)
+    keys = att.keys(vals)
+    q, e = torch.randn(B, 6), torch.randn(B, 3)
+    p = torch.tensor([3.2, 10.0, 8.0, 21.4])
+    both = att(q, e, keys, vals, pad, lengths, p)
+    seen = []
+    orig = att.score
+    att.score = lambda q_, k_: seen.append(k_.shape[-2]) or orig(q_, k_)
+    for i in range(B):
+        n = int(lengths[i])
+        one = att(q[i : i + 1], e[i : i + 1], keys[i : i + 1, :n], vals[i : i + 1, :n], None, lengths[i : i + 1],
+                  p[i : i + 1])
+        torch.testing.assert_close(one.context, both.context[i : i + 1])
+        torch.testing.assert_close(one.weights, both.weights[i : i + 1, :n])
+        torch.testing.assert_close(one.focus, both.focus[i : i + 1])
+        assert one.window.tolist() == both.window[i : i + 1].tolist() and seen[-1] == int(one.window[0])
+    assert (both.window < lengths).any()
 
 
 def test_local_p_window_hand_example():
@@ -208,10 +262,38 @@ def test_windowed_scoring_evaluates_only_the_window():
         lo, hi = flexible_window(focus[t], extra["gate"][:, t], att.sigma, 0.5, lengths)
         assert torch.equal(extra["window"][:, t], hi - lo + 1)
         w = extra["attn"][0][:, t]  # zero outside [lo, hi], a distribution inside
-        s = torch.arange(w.size(1))
-        outside = (s.unsqueeze(0) < lo.unsqueeze(1)) | (s.unsqueeze(0) > hi.unsqueeze(1))
+        s = torch.arange(w.size(1)) - (w.size(1) - lengths).unsqueeze(1)  # word index of each src_tokens column
+        outside = (s < lo.unsqueeze(1)) | (s > hi.unsqueeze(1))
         assert float(w[outside].abs().max()) == 0.0
         torch.testing.assert_close(w.sum(-1), torch.ones(3))
+
+
+@pytest.mark.parametrize("kind,tau", [("global", math.inf), ("flexible", 0.8)])
+def test_attention_is_indexed_like_left_padded_src_tokens(kind, tau):
+    """``attn`` columns are the columns of fairseq's left-padded ``src_tokens`` (what
+    --print-alignment / --replace-unk index): a padded sentence's attention equals the sentence's
+    own, shifted by its padding, zero on the padding, and the hard alignments agree."""
+    model, task = build(kind, flexible_threshold=tau)
+    _sharpen(model)
+    d = task.source_dictionary
+    src, lens, prev = long_batch(task, bsz=3, src_len=12)
+    assert src.eq(d.pad()).any()
+    _, extra = model(src, lens, prev)
+    enc = model.encoder(src, lens)
+    state = {}
+    inc = torch.cat([model.decoder(prev[:, : t + 1], enc, incremental_state=state)[1]["attn"][0]
+                     for t in range(prev.size(1))], 1)
+    torch.testing.assert_close(inc, extra["attn"][0])
+    for i in range(src.size(0)):
+        shift = int(src[i].eq(d.pad()).sum())
+        alone = src[i : i + 1, shift:]
+        _, x1 = model(alone, lens[i : i + 1], prev[i : i + 1])
+        a, a1 = extra["attn"][0][i], x1["attn"][0][0]  # (T, S), (T, len)
+        torch.testing.assert_close(a[:, shift:], a1)
+        assert float(a[:, :shift].abs().sum()) == 0.0
+        tgt = prev[i]
+        hard = utils.extract_hard_alignment(a, src[i], tgt, d.pad(), d.eos())
+        assert hard == utils.extract_hard_alignment(a1, alone[0], tgt, d.pad(), d.eos()) and hard
 
 
 # -- fine-tuning loss (eq. 9) -----------------------------------------------------------------
@@ -299,3 +381,23 @@ def test_end_to_end_train_generate_finetune(tmp_path):
     assert 1.0 <= win < src_len  # windowed
     win_all, src_len_all = reports["inf"]
     assert win_all == pytest.approx(src_len_all)  # no threshold: every position is scored
+
+
+@pytest.mark.skipif(not os.path.isdir(RAW), reason=f"real data not found at {RAW}")
+def test_char_level_prep_round_trips(tmp_path):
+    """prepare.sh --char (the long character-level inputs of Table 3): one symbol per character,
+    word ends marked as BPE marks them, so removing "@@ " gives the tokenised text back."""
+    out = tmp_path / "m30k_char"
+    log = sh(["bash", "data-prep/multi30k/prepare.sh", "--raw-dir", RAW, "--out", str(out), "--train-lines", "300",
+              "--char"])
+    assert "segmentation=char" in (out / "bin" / ".done").read_text() and not (out / "bpe").exists()
+    for split in ("train", "test"):
+        for lang in ("en", "de"):
+            tok = (out / "tok" / f"{split}.{lang}").read_text().splitlines()
+            char = (out / "char" / f"{split}.{lang}").read_text().splitlines()
+            assert [l.replace("@@ ", "") for l in char] == tok
+            assert all(len(sym.replace("@@", "")) == 1 for l in char[:50] for sym in l.split())
+    n_dict = sum(1 for _ in open(out / "bin" / "dict.de.txt"))
+    assert 50 < n_dict < 400, n_dict  # characters (+ their "@@" forms), not words
+    assert "char: up to date" in sh(["bash", "data-prep/multi30k/prepare.sh", "--raw-dir", RAW, "--out", str(out),
+                                     "--train-lines", "300", "--char"]) and log

@@ -20,6 +20,11 @@ module and registers the subcommands it offers with :func:`add_subcommands`::
         exit status 1, naming the prefix on stderr, when one does not exist.
     versions
         the sacremoses and subword-nmt versions (recorded in the stage stamps).
+    split-chars IN OUT [IN OUT ...]
+        character-level segmentation of tokenised text (:func:`split_chars`): every character
+        of a token is a symbol, all but a token's last one carry BPE's continuation marker
+        ``@@``, so word boundaries stay marked and ``--remove-bpe`` restores the tokens.  One
+        output line per input line (written atomically).
     check-parallel [--max-words N] FILE [FILE ...]
         validate raw parallel text before anything is derived from it: every FILE exists, is
         UTF-8, has no empty (whitespace-only) line and no line over N words (default 250), and
@@ -118,6 +123,40 @@ def cmd_apply_bpe(args):
         if pool is not None:
             pool.close()
             pool.join()
+    return 0
+
+
+CHAR_SEPARATOR = "@@"  # BPE's continuation marker, so fairseq's --remove-bpe undoes the split
+
+
+def split_chars(line):
+    """Character-level segmentation of one tokenised line: ``"a man ."`` ->
+    ``"a m@@ a@@ n ."``.  Every character of a token is one symbol; every symbol but a token's
+    last carries :data:`CHAR_SEPARATOR` (the word-boundary marking of BPE with zero merges), so
+    ``--remove-bpe`` (``"@@ "`` removed) gives the tokenised line back.
+
+    Raises:
+        ValueError: a token already contains ``@@`` (the split could not be undone).
+    """
+    out = []
+    for tok in line.split():
+        if CHAR_SEPARATOR in tok:
+            raise ValueError(f"token {tok!r} contains the separator {CHAR_SEPARATOR!r}")
+        out.extend(c + CHAR_SEPARATOR for c in tok[:-1])
+        out.append(tok[-1])
+    return " ".join(out)
+
+
+def cmd_split_chars(args):
+    if len(args.files) % 2:
+        sys.exit("split-chars: expected pairs of IN OUT files")
+    for src, dst in zip(args.files[0::2], args.files[1::2]):
+        lines = read_lines(src)
+        try:
+            out = [split_chars(line) for line in lines]
+        except ValueError as e:
+            sys.exit(f"split-chars: {src}: {e}")
+        write_lines_atomic(dst, out)
     return 0
 
 
@@ -223,6 +262,12 @@ def _add_apply_bpe(sub):
     p.set_defaults(func=cmd_apply_bpe)
 
 
+def _add_split_chars(sub):
+    p = sub.add_parser("split-chars", help="character-level segmentation (word ends marked as BPE does)")
+    p.add_argument("files", nargs="+", metavar="IN OUT")
+    p.set_defaults(func=cmd_split_chars)
+
+
 def _add_count_bin(sub):
     p = sub.add_parser("count-bin", help="count sentences of fairseq mmap datasets")
     p.add_argument("prefixes", nargs="+", metavar="PREFIX")
@@ -242,7 +287,7 @@ def _add_check_parallel(sub):
 
 
 SUBCOMMANDS = {"check-parallel": _add_check_parallel, "tokenize": _add_tokenize, "learn-bpe": _add_learn_bpe, "apply-bpe": _add_apply_bpe,
-               "count-bin": _add_count_bin, "versions": _add_versions}
+               "split-chars": _add_split_chars, "count-bin": _add_count_bin, "versions": _add_versions}
 
 
 def add_subcommands(sub, names):

@@ -23,6 +23,10 @@ Subcommands::
         used: it reads with ``codecs``, whose readline also breaks lines at U+2028, U+0085,
         etc., and its ``apply-bpe`` ignores ``--num-workers``.)
 
+    python m30k_tools.py split-chars IN OUT [IN OUT ...]
+        Character-level segmentation (``--char``): every character a symbol, ``@@`` on all
+        but a token's last, so ``--remove-bpe`` restores the tokens (text_tools.split_chars).
+
     python m30k_tools.py count-bin PREFIX [PREFIX ...]
         Print ``PREFIX<TAB>N`` with the number of sentences N of each fairseq
         mmap-binarized dataset ``PREFIX.{bin,idx}``; exit 1 naming the prefix when
@@ -41,7 +45,7 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
 import text_tools  # noqa: E402
 
-SUBCOMMANDS = ["check-parallel", "tokenize", "learn-bpe", "apply-bpe", "count-bin", "versions"]
+SUBCOMMANDS = ["check-parallel", "tokenize", "learn-bpe", "apply-bpe", "split-chars", "count-bin", "versions"]
 
 
 def main(argv=None):

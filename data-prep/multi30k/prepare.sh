@@ -15,6 +15,10 @@
 #   3. bpe      joint BPE (subword-nmt's Python API, learn_bpe with --bpe-merges merges and
 #               min-frequency 2, via m30k_tools.py) learned on the concatenation
 #               tok/train.en + tok/train.de -> <out>/bpe/codes; applied to every split -> <out>/bpe/
+#   3'. char    with --char instead of bpe: character-level symbols (m30k_tools.py split-chars):
+#               every character of a token is a symbol, all but its last carry BPE's "@@", so the
+#               word boundaries stay marked and --remove-bpe / scripts/evaluate.sh restore the
+#               tokens unchanged -> <out>/char/ (for long inputs: Flexible Attention, Table 3)
 #   4. bin      fairseq-preprocess --joined-dictionary -> <out>/bin
 #               ({train,valid,test,test1}.SRC-TGT.{SRC,TGT}.{bin,idx}, dict.{en,de}.txt)
 #
@@ -76,6 +80,8 @@ Options:
                       into <out>/download/ (uses curl or wget); exclusive with --raw-dir
   --out DIR           output directory (default: <repo>/data-bin/multi30k_en_de)
   --bpe-merges N      number of joint BPE merge operations (default: 8000)
+  --char              character-level symbols instead of BPE (word ends marked with "@@" as BPE
+                      does, so --remove-bpe restores the words); use its own --out
   --train-lines N     use only the first N training pairs (default: all 29000)
   --src en|de         source language (default: en)
   --tgt de|en         target language (default: de).  The bin dir serves both directions.
@@ -95,6 +101,7 @@ Output layout (<out>):
   raw/        {train,valid,test,test1}.{en,de}   detokenized text (references for sacreBLEU)
   tok/        {train,valid,test,test1}.{en,de}   Moses-tokenised text (references for tokenized BLEU)
   bpe/        {train,valid,test,test1}.{en,de}   BPE'd text; bpe/codes = joint BPE codes
+  char/       {train,valid,test,test1}.{en,de}   character-level text (--char, instead of bpe/)
   bin/        fairseq binarized data + dict.{en,de}.txt  (pass this dir to fairseq-train/-generate)
   logs/       logs of subword-nmt and fairseq-preprocess
   */.done     stage stamps (parameters); a stage with a matching stamp is skipped
@@ -117,10 +124,11 @@ WORKERS=2
 FORCE_DOWNLOAD=0
 DRY_RUN=0
 CHECKSUM=1
+CHAR=0
 
-VALID_OPTS="--raw-dir, --download, --out, --bpe-merges, --train-lines, --max-words, --src, --tgt, --workers, --no-checksum, --dry-run, --help"
+VALID_OPTS="--raw-dir, --download, --out, --bpe-merges, --char, --train-lines, --max-words, --src, --tgt, --workers, --no-checksum, --dry-run, --help"
 VALUE_OPTS="--raw-dir=RAW_DIR --train-lines=TRAIN_LINES --max-words=MAX_WORDS --src=SRC --tgt=TGT"   # (+ --out, --bpe-merges, --workers)
-FLAG_OPTS="--download=FORCE_DOWNLOAD=1"                                     # (+ --dry-run, --no-checksum)
+FLAG_OPTS="--download=FORCE_DOWNLOAD=1 --char=CHAR=1"                                     # (+ --dry-run, --no-checksum)
 parse_options "$@"
 [[ -z "$TRAIN_LINES" ]] || posint TRAIN_LINES --train-lines
 posint MAX_WORDS --max-words
@@ -191,13 +199,29 @@ train_lines=$TL_DESC
 bpe_merges=$BPE_MERGES
 bpe=subword-nmt learn_bpe (min_frequency=2) on tok/train.en+tok/train.de, BPE.process_line on all splits
 versions=$VERSIONS"
-BIN_STAMP="stage=bin
+CHAR_STAMP="stage=char
+upstream=$(sha256_str "$TOK_STAMP")
+train_lines=$TL_DESC
+segmentation=characters, @@ on all but a token's last (m30k_tools.py split-chars)"
+if (( CHAR )); then   # character-level: bin/ is built from char/ (its stamp says so)
+  SEG=char
+  BIN_STAMP="stage=bin
+upstream=$(sha256_str "$CHAR_STAMP")
+train_lines=$TL_DESC
+segmentation=char
+src=$SRC
+tgt=$TGT
+fairseq-preprocess --joined-dictionary"
+else                  # BPE (the stamp is unchanged from before --char existed)
+  SEG=bpe
+  BIN_STAMP="stage=bin
 upstream=$(sha256_str "$BPE_STAMP")
 train_lines=$TL_DESC
 bpe_merges=$BPE_MERGES
 src=$SRC
 tgt=$TGT
 fairseq-preprocess --joined-dictionary"
+fi
 
 # ---------------------------------------------------------------------------------------------
 # Stage 0: inputs (download and/or checksum)
@@ -307,6 +331,27 @@ stage_raw() {
 # stage_bpe: data-prep/common/prep_lib.sh (tok/ -> bpe/, joint codes bpe/codes)
 
 # ---------------------------------------------------------------------------------------------
+# Stage 3': char (--char; instead of bpe)
+# ---------------------------------------------------------------------------------------------
+stage_char() {
+  local t0=$SECONDS dir="$OUT/char" s l io=()
+  # shellcheck disable=SC2046
+  if stage_current "$dir/.done" "$CHAR_STAMP" $(files_of "$dir"); then
+    log "char: up to date, skipping"; return 0
+  fi
+  (( DRY_RUN )) || { mkdir -p "$dir"; rm -f "$dir/.done"; }
+  for s in "${SPLITS[@]}"; do for l in "${LANGS[@]}"; do
+    io+=("$(q "$OUT/tok/$s.$l")" "$(q "$dir/$s.$l")")
+  done; done
+  log "splitting {${SPLITS[*]}}.{en,de} into characters ..."
+  run "$(q "$PYTHON") $(q "$TOOLS") split-chars ${io[*]}"
+  if (( ! DRY_RUN )); then
+    for s in "${SPLITS[@]}"; do check_pair char "$dir" "$s" "$(split_count "$s")"; done
+    write_stamp "$dir/.done" "$CHAR_STAMP"; log "char: done ($((SECONDS - t0))s)"
+  fi
+}
+
+# ---------------------------------------------------------------------------------------------
 # Stage 4: bin (fairseq-preprocess)
 # ---------------------------------------------------------------------------------------------
 stage_bin() {
@@ -321,7 +366,7 @@ stage_bin() {
   fi
   log "binarizing with fairseq-preprocess ($pair, joined dictionary, $WORKERS workers) ..."
   (( DRY_RUN )) || { mkdir -p "$OUT/logs"; rm -rf "$tmpdir"; : > "$logf"; }
-  run_logged "$logf" "$(q "$PYTHON") -m fairseq_cli.preprocess --source-lang $SRC --target-lang $TGT --joined-dictionary --trainpref $(q "$OUT/bpe/train") --validpref $(q "$OUT/bpe/valid") --testpref $(q "$OUT/bpe/test"),$(q "$OUT/bpe/test1") --destdir $(q "$tmpdir") --workers $WORKERS"
+  run_logged "$logf" "$(q "$PYTHON") -m fairseq_cli.preprocess --source-lang $SRC --target-lang $TGT --joined-dictionary --trainpref $(q "$OUT/$SEG/train") --validpref $(q "$OUT/$SEG/valid") --testpref $(q "$OUT/$SEG/test"),$(q "$OUT/$SEG/test1") --destdir $(q "$tmpdir") --workers $WORKERS"
   if (( DRY_RUN )); then echo "    (then replace $BIN with the new dir)"; return 0; fi
   cmp -s "$tmpdir/dict.$SRC.txt" "$tmpdir/dict.$TGT.txt" || die "bin: dict.$SRC.txt and dict.$TGT.txt differ in $tmpdir (expected a joined dictionary)"
   for fs in "${SPLITS[@]}"; do for l in "$SRC" "$TGT"; do prefixes+=("$tmpdir/$fs.$pair.$l"); done; done
@@ -343,11 +388,11 @@ stage_bin() {
 # ---------------------------------------------------------------------------------------------
 lock_out   # serialize concurrent runs on the same --out
 
-log "out=$OUT src=$SRC tgt=$TGT bpe_merges=$BPE_MERGES train_lines=$TL_DESC workers=$WORKERS mode=$MODE"
+log "out=$OUT src=$SRC tgt=$TGT $( (( CHAR )) && echo segmentation=char || echo bpe_merges=$BPE_MERGES) train_lines=$TL_DESC workers=$WORKERS mode=$MODE"
 stage_inputs
 stage_raw
 stage_tok raw
-stage_bpe "$BPE_MERGES merges"
+if (( CHAR )); then stage_char; else stage_bpe "$BPE_MERGES merges"; fi
 stage_bin
 
 if (( DRY_RUN )); then

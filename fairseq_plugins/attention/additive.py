@@ -27,6 +27,12 @@ Attention", Section 2-3):
   after the softmax.  The query is ``h_{t-1}`` (as for every score here), where Luong's
   input-feeding model uses ``h_t``.
 
+Decoding one hypothesis (``B = 1``, e.g. the paper's sentence-by-sentence timing of Table 3) takes a
+lean path (:meth:`AdditiveAttention._single_window_step`): the window bounds are Python numbers
+(:func:`flexible_bounds` / :func:`local_p_bounds`, equal to the tensor functions), the window is
+a slice of the cached keys and values, and no gather / scatter bookkeeping runs, so a step costs
+a handful of small tensor ops besides the ``W`` scored positions.
+
 ``p_0`` (the flexible focus before the first step) is position 0, the first source word:
 translation starts at the beginning of the sentence in most pairs, and with ``g(1)`` learned from
 ``i_1`` (the BOS embedding, a constant) the model can open the first window as wide as it needs.
@@ -41,7 +47,8 @@ import torch.nn as nn
 from ..modules.auxiliary import AuxiliaryBuffer
 from .functions import build_attention_fn
 
-__all__ = ["ATTENTION_KINDS", "AdditiveAttention", "AttentionStep", "WindowStats", "flexible_window", "local_p_window"]
+__all__ = ["ATTENTION_KINDS", "AdditiveAttention", "AttentionStep", "WindowStats", "flexible_bounds", "flexible_window",
+           "local_p_bounds", "local_p_window"]
 
 #: valid values of ``--rnn-attention``
 ATTENTION_KINDS = ("global", "local_p", "flexible")
@@ -77,9 +84,10 @@ def flexible_window(p_prev: torch.Tensor, g: torch.Tensor, sigma: float, tau: fl
         integer lies inside the open interval (radius <= 0.5) the window is the one position
         nearest ``p_{t-1}``, so every step attends to something.
     """
-    g = g.float()
+    # float64, so the bounds equal those of the scalar flexible_bounds (Python floats) exactly
+    g = g.double()
     radius = sigma * torch.sqrt(2.0 * tau / g)  # g = 0 -> inf
-    p = p_prev.float()
+    p = p_prev.double()
     lo = torch.floor(p - radius) + 1.0  # smallest integer > p - r
     hi = torch.ceil(p + radius) - 1.0  # largest integer < p + r
     return _clip_window(lo, hi, p, lengths)
@@ -90,6 +98,41 @@ def local_p_window(p_t: torch.Tensor, d: int, lengths: torch.Tensor):
     clipped to ``[0, len - 1]`` (the integers ``s`` with ``|s - p_t| <= D``)."""
     p = p_t.float()
     return _clip_window(torch.ceil(p - d), torch.floor(p + d), p, lengths)
+
+
+def _clip_bounds(lo: float, hi: float, centre: float, length: int):
+    """Scalar :func:`_clip_window`: float bounds -> inclusive ints within ``[0, length - 1]``."""
+    last = float(length - 1)
+    lo, hi = min(max(lo, 0.0), last), min(max(hi, 0.0), last)
+    if lo > hi:  # empty: the position nearest the centre (round half to even, as torch.round)
+        lo = hi = min(max(float(round(centre)), 0.0), last)
+    return int(lo), int(hi)
+
+
+def flexible_bounds(p_prev: float, g: float, sigma: float, tau: float, length: int):
+    """:func:`flexible_window` for one hypothesis, on Python numbers (no tensor op).
+
+    Same open interval ``(p_{t-1} - sigma sqrt(2 tau / g), p_{t-1} + sigma sqrt(2 tau / g))``,
+    computed in float64 like :func:`flexible_window`, so both give the same bounds.
+
+    Args:
+        p_prev: ``p_{t-1}``; g: ``g(t)`` in [0, 1]; sigma, tau: positive (``tau`` may be inf);
+        length: source length (>= 1).
+
+    Returns:
+        ``(lo, hi)`` ints, inclusive, within ``[0, length - 1]``.
+    """
+    if g <= 0.0 or math.isinf(tau):
+        return 0, length - 1
+    radius = sigma * math.sqrt(2.0 * tau / g)
+    if math.isinf(radius):
+        return 0, length - 1
+    return _clip_bounds(math.floor(p_prev - radius) + 1.0, math.ceil(p_prev + radius) - 1.0, p_prev, length)
+
+
+def local_p_bounds(p_t: float, d: int, length: int):
+    """:func:`local_p_window` for one hypothesis on Python numbers: ``[p_t - D, p_t + D]``."""
+    return _clip_bounds(float(math.ceil(p_t - d)), float(math.floor(p_t + d)), p_t, length)
 
 
 class WindowStats:
@@ -106,6 +149,12 @@ class WindowStats:
         self.positions += int(window.sum())
         self.queries += int(window.numel())
         self.source += int(lengths.sum())
+
+    def add_one(self, window: int, length: int) -> None:
+        """Add one step of one hypothesis (Python ints)."""
+        self.positions += window
+        self.queries += 1
+        self.source += length
 
     def average_window(self) -> float:
         return self.positions / self.queries if self.queries else math.nan
@@ -251,14 +300,9 @@ class AdditiveAttention(nn.Module):
 
         Returns:
             scores ``(B, W)`` (``-inf`` in unused slots), positions ``(B, W)`` long (clamped
-            into the window in unused slots), mask ``(B, W)`` bool (True = unused slot; None
-            when ``B = 1``: the window is then a slice of ``keys``).
+            into the window in unused slots), mask ``(B, W)`` bool (True = unused slot).
+            (One hypothesis takes :meth:`_single_window_step`, a plain slice, instead.)
         """
-        if q.size(0) == 1:  # one hypothesis (e.g. sentence-by-sentence decoding): a plain slice
-            a, z = int(lo[0]), int(hi[0])
-            scores = self.score(q.unsqueeze(1), keys[:, a : z + 1])  # (1, W)
-            positions = torch.arange(a, z + 1, device=q.device).unsqueeze(0)  # (1, W)
-            return scores, positions, None
         width = hi - lo + 1  # (B,)
         W = int(width.max())
         offs = torch.arange(W, device=q.device)  # (W,)
@@ -287,6 +331,8 @@ class AdditiveAttention(nn.Module):
         B, S, _ = keys.shape
         q = self.q_proj(query)  # (B, A)
         g = self.gate(query, prev_embed) if self.kind == "flexible" else None
+        if self.windowed and B == 1:
+            return self._single_window_step(q, query, g, keys, values, lengths, p_prev, count)
         if not self.windowed:
             scores = self.score(q.unsqueeze(1), keys)  # (B, S)
             positions = torch.arange(S, device=q.device, dtype=scores.dtype).unsqueeze(0)  # (1, S)
@@ -303,7 +349,7 @@ class AdditiveAttention(nn.Module):
                 p_t = (lengths - 1).to(q.dtype) * torch.sigmoid(
                     self.pos_out(torch.tanh(self.pos_hidden(query)))).squeeze(-1)  # (B,) eq. 10
                 lo, hi = local_p_window(p_t.detach(), self.local_d, lengths)
-            scores, idx, mask = self.windowed_scores(q, keys, lo, hi)  # (B, W) each
+            scores, idx, mask = self.windowed_scores(q, keys, lo, hi)  # (B, W) each (B > 1)
             pos = idx.to(scores.dtype)
             if g is not None:
                 scores = scores - self.penalty(pos, p_prev, g.to(scores.dtype))
@@ -313,13 +359,46 @@ class AdditiveAttention(nn.Module):
                 focus = p_t
             else:
                 focus = (w * pos).sum(-1)  # eq. 4 over the window (weights are 0 elsewhere)
-            if mask is None:  # B = 1: contiguous window
-                vals = values[:, int(idx[0, 0]) : int(idx[0, -1]) + 1]  # (1, W, C)
-            else:
-                vals = values.gather(1, idx.unsqueeze(-1).expand(-1, -1, values.size(-1)))  # (B, W, C)
+            vals = values.gather(1, idx.unsqueeze(-1).expand(-1, -1, values.size(-1)))  # (B, W, C)
             context = torch.bmm(w.unsqueeze(1), vals).squeeze(1)  # (B, C)
             weights = w.new_zeros(B, S).scatter_add(1, idx, w)  # (B, S), zeros outside the window
             window = hi - lo + 1
         if count:
             self.stats.add(window, lengths)
         return AttentionStep(context, weights, focus, g, window)
+
+    def _single_window_step(self, q, query, g, keys, values, lengths, p_prev, count) -> AttentionStep:
+        """The windowed step for one hypothesis (``B = 1``): same result as the batched path.
+
+        The bounds are Python numbers (:func:`flexible_bounds` / :func:`local_p_bounds`), the
+        window ``[lo, hi]`` a slice of ``keys`` ``(1, W, A)`` and ``values`` ``(1, W, C)``; only
+        those ``W`` positions are passed to :meth:`score`.
+
+        Args:
+            q: ``(1, A)`` projected query; query: ``h_{t-1}`` ``(1, Q)``; g: ``(1,)`` or None;
+            the rest as in :meth:`forward`.
+        """
+        S = keys.size(1)
+        length = int(lengths[0])
+        if g is not None:
+            lo, hi = flexible_bounds(float(p_prev[0]), float(g[0]), self.sigma, self.threshold, length)
+        else:
+            p_t = (lengths - 1).to(q.dtype) * torch.sigmoid(
+                self.pos_out(torch.tanh(self.pos_hidden(query)))).squeeze(-1)  # (1,) eq. 10
+            lo, hi = local_p_bounds(float(p_t[0]), self.local_d, length)
+        scores = self.score(q.unsqueeze(1), keys[:, lo : hi + 1])  # (1, W)
+        pos = torch.arange(lo, hi + 1, device=q.device, dtype=scores.dtype)  # (W,)
+        if g is not None:
+            scores = scores - self.penalty(pos, p_prev, g.to(scores.dtype))  # (1, W)
+        w = self.normalize(scores, None)  # (1, W)
+        if g is None:  # eq. 11: Gaussian after the softmax, sigma = D / 2
+            w = w * torch.exp(-((pos - p_t.unsqueeze(-1)) ** 2) / (2.0 * (self.local_d / 2.0) ** 2))
+            focus = p_t
+        else:
+            focus = torch.mv(w, pos)  # (1,) eq. 4 over the window
+        context = torch.mm(w, values[0, lo : hi + 1])  # (1, C)
+        weights = w.new_zeros(1, S)
+        weights[:, lo : hi + 1] = w  # (1, S), zeros outside the window
+        if count:
+            self.stats.add_one(hi - lo + 1, length)
+        return AttentionStep(context, weights, focus, g, lengths.new_full((1,), hi - lo + 1))

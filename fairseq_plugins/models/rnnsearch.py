@@ -50,7 +50,27 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from ..attention.additive import ATTENTION_KINDS, AdditiveAttention
 from ..modules.auxiliary import clear_auxiliary
 
-__all__ = ["RNNsearchModel", "RNNsearchEncoder", "RNNsearchDecoder"]
+__all__ = ["RNNsearchModel", "RNNsearchEncoder", "RNNsearchDecoder", "left_pad_attention"]
+
+
+def left_pad_attention(attn: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """Attention over right-padded source positions -> over fairseq's left-padded ``src_tokens``.
+
+    The decoder attends over the encoder's right-padded states (position ``s`` = the ``s``-th
+    word); fairseq indexes ``attn`` by the columns of the left-padded ``src_tokens`` (e.g.
+    ``--print-alignment``, ``--replace-unk``), where word ``s`` of a sentence of length ``len``
+    sits at column ``s + S - len``.
+
+    Args:
+        attn: ``(B, T, S)``, zeros at ``s >= len``; lengths: ``(B,)`` long, source lengths.
+
+    Returns:
+        ``(B, T, S)`` with column ``j`` = ``attn[..., j - (S - len)]`` (zeros in the left padding).
+    """
+    B, T, S = attn.shape
+    shift = (S - lengths).unsqueeze(1)  # (B, 1) left-padding width
+    idx = (torch.arange(S, device=attn.device).unsqueeze(0) - shift) % S  # (B, S); pad columns -> s >= len
+    return attn.gather(2, idx.unsqueeze(1).expand(B, T, S))
 
 
 def _report_windows(stats):
@@ -102,14 +122,17 @@ class RNNsearchDecoder(FairseqIncrementalDecoder):
     """One-layer LSTM decoder with additive attention from ``h_{t-1}`` (see the module docstring).
 
     ``forward(prev_output_tokens (B, T), encoder_out, incremental_state=None)`` returns logits
-    ``(B, T, V)`` and ``{"attn": [(B, T, S)], "gate": (B, T) or None, "window": (B, T)}``.
+    ``(B, T, V)`` and ``{"attn": [(B, T, S)], "gate": (B, T) or None, "window": (B, T)}``;
+    ``attn`` is indexed like fairseq's ``src_tokens`` (left-padded when ``left_pad``, see
+    :func:`left_pad_attention`), so ``--print-alignment`` names the right source words.
     Incremental state per hypothesis: ``h``, ``c`` ``(B, H)``, focus ``p`` ``(B,)`` and the
     precomputed keys ``(B, S, A)``, all reordered by :meth:`reorder_incremental_state`.
     """
 
     def __init__(self, dictionary, embed_dim, hidden_size, encoder_dim, attn_dim, out_dim, dropout,
-                 attention, sigma, threshold, local_d, sentence_avg=False):
+                 attention, sigma, threshold, local_d, sentence_avg=False, left_pad=True):
         super().__init__(dictionary)
+        self.left_pad = bool(left_pad)  # of the source: the padding of the returned attn
         self.padding_idx = dictionary.pad()
         self.embed_tokens = nn.Embedding(len(dictionary), embed_dim, padding_idx=self.padding_idx)
         nn.init.uniform_(self.embed_tokens.weight, -0.1, 0.1)
@@ -147,11 +170,12 @@ class RNNsearchDecoder(FairseqIncrementalDecoder):
             atexit.register(_report_windows, self.attention.stats)
             self._report_registered = True
 
+        mask = pad if bool(pad.any()) else None  # no padding (e.g. one sentence): no masking work
         x = self.dropout(self.embed_tokens(prev_output_tokens))  # (B, T, E)
         feats, attns, gates, windows = [], [], [], []
         for t in range(x.size(1)):
             i_t = x[:, t]  # (B, E)
-            step = self.attention(h, i_t, keys, enc, pad, lengths, p, count=incremental)
+            step = self.attention(h, i_t, keys, enc, mask, lengths, p, count=incremental)
             p = step.focus
             h, c = self.cell(torch.cat([i_t, step.context], -1), (h, c))  # (B, H)
             feats.append(torch.cat([h, step.context, i_t], -1))  # (B, H + C + E)
@@ -166,7 +190,10 @@ class RNNsearchDecoder(FairseqIncrementalDecoder):
         gate = torch.stack(gates, 1) if gates else None  # (B, T)
         if gate is not None and not incremental:
             self._record_gate(gate, prev_output_tokens.ne(self.padding_idx))
-        extra = {"attn": [torch.stack(attns, 1)], "gate": gate, "window": torch.stack(windows, 1)}
+        attn = torch.stack(attns, 1)  # (B, T, S), right-padded positions
+        if self.left_pad and mask is not None:
+            attn = left_pad_attention(attn, lengths)  # (B, T, S), the positions of src_tokens
+        extra = {"attn": [attn], "gate": gate, "window": torch.stack(windows, 1)}
         if features_only:
             return out, extra
         return self.output_projection(out), extra
@@ -241,13 +268,14 @@ class RNNsearchModel(FairseqEncoderDecoderModel):
         if args.rnn_attention not in ATTENTION_KINDS:
             raise ValueError(f"unknown rnn_attention {args.rnn_attention!r}; valid choices: "
                              f"{', '.join(ATTENTION_KINDS)}")
+        left_pad = bool(getattr(args, "left_pad_source", True))
         encoder = RNNsearchEncoder(task.source_dictionary, args.encoder_embed_dim, args.encoder_hidden_size,
-                                   args.dropout, left_pad=bool(getattr(args, "left_pad_source", True)))
+                                   args.dropout, left_pad=left_pad)
         decoder = RNNsearchDecoder(
             task.target_dictionary, args.decoder_embed_dim, args.decoder_hidden_size, encoder.output_dim,
             args.attention_dim, args.decoder_out_embed_dim, args.dropout, args.rnn_attention,
             args.flexible_sigma, args.flexible_threshold, args.local_window_d,
-            sentence_avg=bool(getattr(args, "sentence_avg", False)))
+            sentence_avg=bool(getattr(args, "sentence_avg", False)), left_pad=left_pad)
         return cls(encoder, decoder)
 
     def forward(self, src_tokens, src_lengths, prev_output_tokens, **kwargs):
