@@ -15,6 +15,7 @@ import importlib.machinery
 import importlib.util
 import os
 import re
+import shlex
 import subprocess
 import sys
 
@@ -228,7 +229,7 @@ def test_every_row_dry_run_resolves(paper, table, scale, capsys):
         assert all(("--max-epoch 20 " if table != "table1" else "--max-epoch 6 ") in l for l in trains if l not in ft)
         assert re.findall(r"--beam (\d+)", out) and set(re.findall(r"evaluate\.sh .*--beam (\d+)", out)) == {"20"}
     for cmd in REPRO.after_steps(REPRO.TABLES[paper][table], scale):  # post-training steps are printed, after the rows
-        line = "$ " + " ".join(cmd)
+        line = "$ " + " ".join(shlex.quote(c) for c in cmd)  # printed ready to paste into a shell
         assert line in out and out.index(line) > out.rindex("fairseq-train ")
     assert not os.path.exists(os.path.join(ROOT, "runs", "paper", "x"))
 
