@@ -372,3 +372,29 @@ def test_decode_checkpoint_best_or_average_or_a_clear_error(tmp_path):
     assert ckpt == str(tmp_path / "average_last5.pt") and cmd[cmd.index("--num-update-checkpoints") + 1] == "5"
     with pytest.raises(SystemExit, match="num-update-checkpoints: N.*checkpoint: best"):
         REPRO.experiment.decode_checkpoint({"average": {"checkpoint": "last"}}, str(tmp_path))
+
+
+def test_results_index_says_which_rows_ran_next_to_the_paper(tmp_path):
+    """results/<paper>/<table>.md: a finished row shows its score and 'done', a row whose training
+    did not learn shows '–', a missing row 'not run'; the paper's numbers are beside them."""
+    import json
+
+    runs = tmp_path / "runs"
+    spec = {"title": "T", "out": str(tmp_path / "t.md"), "runs": str(runs), "budget": "configs/multi30k/small_cpu.yaml",
+            "src": "en", "tgt": "de", "subsets": {"test": "test2016", "test1": "test2017"}, "paper_label": "paper X",
+            "rows": [{"id": 1, "name": "A", "arch": "stock_transformer_small", "paper": "26.9"},
+                     {"id": 2, "name": "B", "arch": "stock_transformer_small", "paper": None},
+                     {"id": 3, "name": "C", "arch": "stock_transformer_small", "paper": "26.0"}]}
+    spec_path = tmp_path / "spec.yaml"
+    spec_path.write_text(yaml.safe_dump(spec))
+    score = {"bleu": 24.125, "tok_bleu": 24.5, "tok_ribes": None}
+    for rid, valid in ((1, 4.0), (3, float("nan"))):
+        (runs / f"row{rid}").mkdir(parents=True)
+        (runs / f"row{rid}" / "result.json").write_text(json.dumps(
+            {"status": "done", "scores": {"test": score, "test1": score}, "valid_loss": [[400, valid]]}))
+    REPRO.write_index("p", "table9", {"small": [str(spec_path)]}, results_dir=str(tmp_path / "results"))
+    text = (tmp_path / "results" / "p" / "table9.md").read_text()
+    assert "| 1 | A | 26.9 | 24.12 (24.50) | done |" in text
+    assert "| 2 | B | – |  | not run |" in text
+    assert "| 3 | C | 26.0 | – | failed to train" in text
+    assert "data: multi30k en→de" in text and "(not rendered yet)" in text
