@@ -7,7 +7,8 @@
 #   scripts/analysis_multi30k.sh [RUNS_DIR] [DATA_PREP_DIR] [OUT_DIR]
 #
 # Defaults: RUNS_DIR=runs/rela_table1, DATA_PREP_DIR=data-bin/multi30k_en_de, OUT=results/analysis.
-# AER needs a De->En model: set DEEN_CHECKPOINT=path/to/checkpoint.pt (trained on the same data-prep,
+# AER needs a De->En model: set DEEN_CHECKPOINT=path/to/checkpoint.pt, or DEEN_CHECKPOINTS="label=ck ..."
+# for several (trained on the same data-prep,
 # e.g. `--source-lang de --target-lang en` on DATA_PREP_DIR/bin) and it is scored against the RWTH
 # gold alignments (GOLD_DIR, default ../shared/data/rwth_gold_alignment_de_en) with the data-prep's
 # BPE codes.  Checkpoints: average_last3.pt of each row (else checkpoints/checkpoint_last.pt).
@@ -26,8 +27,12 @@ ck() {  # checkpoint of a row
   else echo "no checkpoint for $1 in $RUNS" >&2; exit 1; fi
 }
 AER=()
-if [[ -n "${DEEN_CHECKPOINT:-}" ]]; then
-  AER=(--aer-checkpoint "deen=$DEEN_CHECKPOINT" --aer-gold "$GOLD_DIR" --bpe-codes "$PREP/bpe/codes")
+# DEEN_CHECKPOINTS="softmax=ck1 rela_g=ck2" (several De->En models, compared in one AER table) or
+# DEEN_CHECKPOINT=ck (one model, labelled deen)
+DEEN=(${DEEN_CHECKPOINTS:-})
+[[ -z "${DEEN_CHECKPOINT:-}" ]] || DEEN+=("deen=$DEEN_CHECKPOINT")
+if (( ${#DEEN[@]} )); then
+  AER=(--aer-checkpoint "${DEEN[@]}" --aer-gold "$GOLD_DIR" --bpe-codes "$PREP/bpe/codes")
 fi
 "$PYTHON" "$REPO/scripts/analyze_attention.py" \
   --checkpoint "softmax=$(ck row1)" "sparsemax=$(ck row2)" "entmax15=$(ck row3)" "rela_g=$(ck row7)" \

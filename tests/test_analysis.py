@@ -152,6 +152,14 @@ def test_argmax_links_and_rows():
     assert A.target_rows(3, shifted=True) == slice(1, 4)
 
 
+def test_diagonal_reference_alignment():
+    """I = 4 target words over J = 2 source words: i*J/I = 0, 0.5, 1, 1.5 rounds (half to even) to
+    0, 0, 1, 2 -> clipped to J-1 = 1; equal lengths give the identity; no source words, no links."""
+    assert A.diagonal_links(2, 4) == {(0, 0), (0, 1), (1, 2), (1, 3)}
+    assert A.diagonal_links(3, 3) == {(0, 0), (1, 1), (2, 2)}
+    assert A.diagonal_links(0, 3) == set()
+
+
 def test_segment_words_keeps_gold_boundaries():
     class CharBPE:  # splits every token into characters with the subword-nmt separator
         def process_line(self, line):

@@ -32,6 +32,7 @@ import torch
 __all__ = [
     "read_talp", "aer", "AERCounts", "merge_subwords", "argmax_links", "target_rows",
     "segment_words", "read_tokenized", "layer_head_links", "new_counts", "summarize_counts",
+    "diagonal_links",
 ]
 
 Link = Tuple[int, int]
@@ -110,6 +111,16 @@ def aer(hyps: Iterable[Set[Link]], gold: Iterable[Tuple[Set[Link], Set[Link]]]) 
     for h, (s, p) in zip(hyps, gold, strict=True):
         c.add(set(h), s, p)
     return c.aer
+
+
+def diagonal_links(n_src: int, n_tgt: int) -> Set[Link]:
+    """Model-free reference alignment: target word ``i`` -> source word ``round(i * J / I)``
+    (clipped to ``J - 1``), i.e. the diagonal of the ``I x J`` grid.  Its AER tells how much of an
+    attention-based AER is explained by word position alone (a common sanity baseline in the
+    word-alignment literature, e.g. the "diagonal" prior of Dyer et al. 2013)."""
+    if n_src <= 0:
+        return set()
+    return {(min(n_src - 1, round(i * n_src / n_tgt)), i) for i in range(n_tgt)}
 
 
 def _assignment(word_ids: Sequence[int], n_words: int, mean: bool) -> torch.Tensor:

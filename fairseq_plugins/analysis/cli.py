@@ -240,6 +240,10 @@ def render_markdown(report: dict) -> str:
         for l, a in report["aer"].items():
             md.append(f"| {l} | {a['normal']['AoL']:.2f} | {a['normal']['AoH']:.2f} | {a['shifted']['AoL']:.2f} | "
                       f"{a['shifted']['AoH']:.2f} | {100 * a['unk_rate']:.1f}% |")
+        diag = next(iter(report["aer"].values())).get("diagonal_aer")
+        if diag is not None:
+            md += ["", f"Reference without a model: the diagonal alignment (target word i -> source word "
+                   f"round(i·J/I)) has AER {diag:.2f} on the same gold set."]
         md.append("")
         for l, a in report["aer"].items():
             for mode in ("normal", "shifted"):

@@ -12,8 +12,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 
 from . import metrics as M
-from .alignment import layer_head_links, new_counts, read_talp, read_tokenized, segment_words, \
-    summarize_counts, target_rows
+from .alignment import AERCounts, diagonal_links, layer_head_links, new_counts, read_talp, read_tokenized, \
+    segment_words, summarize_counts, target_rows
 from .capture import ATTENTION_KINDS, AttentionCapture, dataset_pairs, iter_batches, pairs_dataset
 
 __all__ = ["AttentionStats", "analyze_dataset", "cross_null_by_sentence", "hallucination_test",
@@ -273,6 +273,10 @@ def alignment_aer(model, task, gold_dir: str, bpe_codes: Optional[str], src_lang
                             counts[mode]["heads"][li][h].add(links, sure, poss)
                         counts[mode]["layer"][li].add(layer_links, sure, poss)
     res = summarize_counts(counts)
+    diag = AERCounts()
+    for sw, tw, (sure, poss) in zip(src_words, tgt_words, gold):
+        diag.add(diagonal_links(len(sw), len(tw)), sure, poss)
     res.update(n_pairs=len(gold), unk_rate=n_unk / max(n_pieces, 1), cased=cased,
+               diagonal_aer=100.0 * diag.aer,
                bpe_codes=os.path.abspath(bpe_codes) if bpe_codes else None)
     return res
