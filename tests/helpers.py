@@ -1,6 +1,9 @@
 """Shared builders for the tests (tiny models over a toy dictionary; no data files needed)."""
 
 import argparse
+import os
+import subprocess
+import sys
 
 import torch
 from fairseq.data import Dictionary
@@ -57,3 +60,23 @@ def toy_batch(task, bsz=3, src_len=7, tgt_len=6, seed=0):
     prev = torch.randint(lo, hi, (bsz, tgt_len), generator=g)
     prev[:, 0] = d.eos()
     return src, src_lengths, prev
+
+
+# ---- real data and CLI runs (end-to-end tests) -----------------------------------------------
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+#: the raw Multi30k En-De of the shared data folder (end-to-end tests skip without it)
+MULTI30K_RAW = os.path.join(os.path.dirname(ROOT), "shared", "data", "multi30k_en_de", "raw")
+#: the virtualenv's bin directory (fairseq-* CLIs, python)
+VENV_BIN = os.path.dirname(sys.executable)
+
+
+def run_cli(cmd):
+    """Run ``cmd`` from the repo root with the venv's bin first on PATH; return stdout + stderr.
+
+    Fails the test (with the output tails) on a non-zero exit status.
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_FORCE")}
+    env["PATH"] = VENV_BIN + os.pathsep + env.get("PATH", "")
+    out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    assert out.returncode == 0, f"{cmd}\nSTDOUT:{out.stdout[-3000:]}\nSTDERR:{out.stderr[-3000:]}"
+    return out.stdout + out.stderr

@@ -4,7 +4,6 @@ Synthesizer positions, hybrids, energy accounting, and a short end-to-end run on
 import json
 import math
 import os
-import subprocess
 import sys
 
 import pytest
@@ -224,17 +223,7 @@ def test_energy_counts_against_hand_count():
 
 # ---- end to end on real data (short) ---------------------------------------------------------
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RAW = os.path.join(os.path.dirname(ROOT), "shared", "data", "multi30k_en_de", "raw")
-BIN = os.path.dirname(sys.executable)
-
-
-def _sh(cmd):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_FORCE")}
-    env["PATH"] = BIN + os.pathsep + env.get("PATH", "")
-    out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
-    assert out.returncode == 0, f"{cmd}\nSTDOUT:{out.stdout[-3000:]}\nSTDERR:{out.stderr[-3000:]}"
-    return out.stdout + out.stderr
+from helpers import MULTI30K_RAW as RAW, ROOT, VENV_BIN as BIN, run_cli as _sh  # noqa: E402
 
 
 @pytest.mark.skipif(not os.path.isdir(RAW), reason=f"real data not found at {RAW}")

@@ -10,7 +10,6 @@ import argparse
 import math
 import os
 import re
-import subprocess
 import sys
 
 import pytest
@@ -32,7 +31,7 @@ def build(kind, seed=0, task=None, **over):
     task = task or toy_task()
     args = argparse.Namespace(encoder_embed_dim=8, encoder_hidden_size=8, decoder_embed_dim=8,
                               decoder_hidden_size=12, attention_dim=10, decoder_out_embed_dim=8,
-                              dropout=0.0, rnn_attention=kind, local_window_d=2, **over)
+                              dropout=0.0, rnn_attention=kind, **{"local_window_d": 2, **over})
     ARCH_CONFIG_REGISTRY["rnnsearch_small"](args)
     return ARCH_MODEL_REGISTRY["rnnsearch_small"].build_model(args, task), task
 
@@ -185,6 +184,11 @@ def test_unknown_attention_kind_lists_choices():
         build("bahdanau")
     with pytest.raises(ValueError, match="flexible-threshold"):
         build("flexible", flexible_threshold=0.0)
+    # an explicit 0 is refused, not silently replaced by the default
+    with pytest.raises(ValueError, match="flexible-sigma"):
+        build("flexible", flexible_sigma=0.0)
+    with pytest.raises(ValueError, match="local-window-d"):
+        build("local_p", local_window_d=0)
 
 
 # -- decoding ---------------------------------------------------------------------------------
@@ -329,17 +333,7 @@ def test_finetune_term_through_criterion(sentence_avg):
 
 
 # -- end to end on real data ------------------------------------------------------------------
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RAW = os.path.join(os.path.dirname(ROOT), "shared", "data", "multi30k_en_de", "raw")
-BIN = os.path.dirname(sys.executable)
-
-
-def sh(cmd):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_FORCE")}
-    env["PATH"] = BIN + os.pathsep + env.get("PATH", "")
-    out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
-    assert out.returncode == 0, f"{cmd}\nSTDOUT:{out.stdout[-3000:]}\nSTDERR:{out.stderr[-3000:]}"
-    return out.stdout + out.stderr
+from helpers import MULTI30K_RAW as RAW, ROOT, VENV_BIN as BIN, run_cli as sh  # noqa: E402
 
 
 @pytest.mark.skipif(not os.path.isdir(RAW), reason=f"real data not found at {RAW}")

@@ -237,8 +237,8 @@ class RNNsearchModel(FairseqEncoderDecoderModel):
     """RNNsearch with selectable attention (Shu & Nakayama 2017, Sections 2-3 and 5.1).
 
     Raises (from :meth:`build_model`, also for checkpoint overrides):
-        ValueError: unknown ``rnn_attention`` (lists the valid choices), ``flexible_sigma <= 0``,
-            ``flexible_threshold <= 0``.
+        ValueError: unknown ``rnn_attention`` (lists the valid choices), ``flexible_sigma`` not a
+            finite number > 0, ``local_window_d < 1``, ``flexible_threshold <= 0``.
     """
 
     @staticmethod
@@ -268,6 +268,10 @@ class RNNsearchModel(FairseqEncoderDecoderModel):
         if args.rnn_attention not in ATTENTION_KINDS:
             raise ValueError(f"unknown rnn_attention {args.rnn_attention!r}; valid choices: "
                              f"{', '.join(ATTENTION_KINDS)}")
+        if not (math.isfinite(float(args.flexible_sigma)) and float(args.flexible_sigma) > 0):
+            raise ValueError(f"--flexible-sigma must be a finite number > 0 (paper 1.5), got {args.flexible_sigma}")
+        if int(args.local_window_d) < 1:
+            raise ValueError(f"--local-window-d must be >= 1 (Luong et al. 2015: D = 10), got {args.local_window_d}")
         left_pad = bool(getattr(args, "left_pad_source", True))
         encoder = RNNsearchEncoder(task.source_dictionary, args.encoder_embed_dim, args.encoder_hidden_size,
                                    args.dropout, left_pad=left_pad)
@@ -298,10 +302,13 @@ def base_architecture(args):
     args.decoder_out_embed_dim = getattr(args, "decoder_out_embed_dim", None) or 600
     args.dropout = 0.2 if getattr(args, "dropout", None) is None else args.dropout
     args.rnn_attention = getattr(args, "rnn_attention", None) or "global"
-    args.flexible_sigma = getattr(args, "flexible_sigma", None) or 1.5
+    # `is None` defaults, not `or`: an explicit 0 must reach the checks in build_model
+    sigma = getattr(args, "flexible_sigma", None)
+    args.flexible_sigma = 1.5 if sigma is None else sigma
     tau = getattr(args, "flexible_threshold", None)
     args.flexible_threshold = math.inf if tau is None else tau
-    args.local_window_d = getattr(args, "local_window_d", None) or 10
+    d = getattr(args, "local_window_d", None)
+    args.local_window_d = 10 if d is None else d
 
 
 @register_model_architecture("rnnsearch", "rnnsearch_small")
