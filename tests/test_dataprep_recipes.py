@@ -391,10 +391,12 @@ def test_results_index_says_which_rows_ran_next_to_the_paper(tmp_path):
     for rid, valid in ((1, 4.0), (3, float("nan"))):
         (runs / f"row{rid}").mkdir(parents=True)
         (runs / f"row{rid}" / "result.json").write_text(json.dumps(
-            {"status": "done", "scores": {"test": score, "test1": score}, "valid_loss": [[400, valid]]}))
+            {"status": "done", "scores": {"test": score, "test1": score}, "valid_loss": [[400, valid]],
+             "git_commit": "0123456789abcdef"}))
     REPRO.write_index("p", "table9", {"small": [str(spec_path)]}, results_dir=str(tmp_path / "results"))
     text = (tmp_path / "results" / "p" / "table9.md").read_text()
-    assert "| 1 | A | 26.9 | 24.12 (24.50) | done |" in text
-    assert "| 2 | B | – |  | not run |" in text
+    assert "| 1 | A | 26.9 | 24.12 (24.50) | done | `0123456789ab` |" in text
+    assert "| 2 | B | – |  | not run |  |" in text
+    assert "Index written at git commit `" in text
     assert "| 3 | C | 26.0 | – | failed to train" in text
     assert "data: multi30k en→de" in text and "(not rendered yet)" in text
