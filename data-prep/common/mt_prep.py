@@ -20,17 +20,41 @@ renamed; ``bin/`` built in a temp dir and swapped in):
                -> [Chinese: jieba / Japanese: KyTea segmentation] -> Moses tokenisation
                (sacremoses, the recipe's escape / aggressive-hyphen settings) -> [lowercase]
                -> tok/SPLIT.LANG;  [clean-corpus-n on train: ratio, min/max length]
-    3. bpe     joint BPE (subword-nmt) learned on tok/train (or the recipe's shipped codes,
-               ``--bpe-codes``) applied to every split -> bpe/SPLIT.LANG + bpe/codes
-    4. bin     fairseq-preprocess --joined-dictionary -> bin/
+    2b. tc     [truecasing, recipe ``truecase: true`` (every language) or ``[LANG, ...]``, CLI
+               ``--truecase`` / ``--no-truecase``]: per language a Moses truecaser (sacremoses
+               ``MosesTruecaser``, as train-truecaser.perl) learned on tok/train.LANG ->
+               tc/truecase-model.LANG (Moses model format), applied (as truecase.perl) to every split
+               -> tc/SPLIT.LANG.  tok/ keeps the original case: it is the tokenized reference the
+               scores use, and scripts/evaluate.sh detruecases hypotheses when
+               tc/truecase-model.TGT exists (so tc/ is removed when truecasing is off)
+    3. bpe     BPE (subword-nmt) on tc/ (truecasing on) or tok/: joint (recipe ``bpe_joint: true``,
+               the default) = one model learned on the concatenated train.* of both sides (or the recipe's
+               shipped codes, or ``--bpe-codes FILE``) -> bpe/codes; separate (``bpe_joint: false``,
+               CLI ``--bpe separate``) = one model per language learned on its own train side
+               (``bpe_merges`` a number for every language or ``{LANG: N}``; or ``--bpe-codes
+               LANG=FILE ...``) -> bpe/codes.LANG; applied to every split -> bpe/SPLIT.LANG
+    4. bin     fairseq-preprocess (``--joined-dictionary`` with joint BPE; separate dictionaries
+               dict.SRC.txt / dict.TGT.txt with separate BPE) -> bin/
+
+Variants (``--variant NAME``, spec key ``variants``): a corpus shared by several papers keeps its
+default recipe and names each paper's differing post-tokenisation settings (``truecase``,
+``bpe_joint``, ``bpe_merges``) as a variant; e.g. wmt14_en_de's ``eatt`` (E-ATT: truecased).  A
+variant shares download/, raw/ and tok/ with the default recipe (same tokenisation) and writes
+tc/, bpe/ and bin/ to ``<out>/<variant>/``, where raw/ and tok/ are relative links to the
+shared ones, so ``<out>/<variant>`` is a complete prep dir for scripts/evaluate.sh.
 
 Where the corpus's training data is not available (local mode on ``../shared/data`` holds only the
 dev/test sets), the stages run on the splits that are there and the run ends with a message naming
 what is missing and how to get it; BPE then needs codes (``--bpe-codes``, or the codes the corpus
-ships, e.g. the fairseq IWSLT14 codes) and ``bin/`` is not built (it needs the training dictionary).
+ships, e.g. the fairseq IWSLT14 codes), truecasing is not done (the truecaser is learned on train;
+tc/ and everything after it is then listed as missing) and ``bin/`` is not built (it needs the
+training dictionary).  A local split whose sources are all marked ``optional: true`` in the spec
+(e.g. IWSLT15 En-Vi's ``stanford/train.{lang}.gz``) is used when its files are in the local
+directory and is otherwise just not available.
 
 Raises SystemExit with a message naming the valid choices on bad options, a missing input, a
-checksum mismatch, or a missing language tool (the message names the package to install).
+checksum mismatch, or a missing language tool or truecaser / BPE library (the message names the
+package to install).
 """
 
 import argparse
@@ -67,6 +91,20 @@ LANG_TOOLS = {
 }
 
 
+# Libraries of the post-tokenisation steps (in the base environment, checked all the same so that a
+# trimmed environment fails with the package to install): module, install command, what needs it.
+STEP_TOOLS = {
+    "truecase": ("sacremoses", "pip install sacremoses", "Moses truecasing (sacremoses MosesTruecaser)"),
+    "bpe": ("subword_nmt", "pip install subword-nmt", "BPE (subword-nmt learn_bpe / apply_bpe)"),
+}
+# What a variant may change: the steps after tokenisation (it shares raw/ and tok/ with the default).
+VARIANT_KEYS = {"truecase", "bpe_joint", "bpe_merges"}
+TRUECASE_DESC = ("sacremoses MosesTruecaser: learned as train-truecaser.perl (surface-form counts of every "
+                 "non-sentence-initial token of tok/train.LANG), applied as truecase.perl (sentence-initial "
+                 "word -> its most frequent form; other known forms kept; other words -> most frequent form; "
+                 "words not in the model unchanged)")
+
+
 class Prep:
     """One run of the pipeline for one corpus spec; see the module docstring."""
 
@@ -76,7 +114,16 @@ class Prep:
         self.langs = list(spec["langs"])
         self.dry = args.dry_run
         self.out = os.path.abspath(args.out or os.path.join(REPO, "data-bin", spec["name"]))
-        self.recipe = spec.get("recipe", {})
+        self.variant = getattr(args, "variant", None)
+        # tc/, bpe/, bin/ of a variant go to <out>/<variant>; download/, raw/, tok/ are shared
+        self.vout = os.path.join(self.out, self.variant) if self.variant else self.out
+        try:
+            self.recipe = effective_recipe(spec, self.variant, truecase=getattr(args, "truecase", None),
+                                           bpe=getattr(args, "bpe", None), merges=args.bpe_merges)
+            self.tc_langs = truecase_langs(self.recipe, self.langs)
+            bpe_merges_for(self.recipe, self.langs, self.recipe.get("bpe_joint", True))
+        except SystemExit as e:
+            self.die(str(e))
         self.steps = 0
 
     # ------------------------------------------------------------------ logging / helpers
@@ -202,7 +249,12 @@ class Prep:
         is not available (its key is missing in the spec's ``local`` section)."""
         if self.mode == "download":
             return self.spec["splits"].get(split)
-        return self.spec["local"]["splits"].get(split)
+        srcs = self.spec["local"]["splits"].get(split)
+        if srcs and all(x.get("optional") for x in srcs) and not all(
+                os.path.exists(os.path.join(self.local_dir, x["file"].format(lang=l, **self._side(x, l))))
+                for x in srcs for l in self.langs):
+            return None  # an optional local split (e.g. training data) whose files are not there
+        return srcs
 
     def open_source(self, src, lang):
         """Text of one source for ``lang`` (str, newline-terminated lines)."""
@@ -284,7 +336,9 @@ class Prep:
             self.write_stamp(d, stamp)
 
     def spec_digest(self):
-        return hashlib.sha256(json.dumps(self.spec, sort_keys=True).encode()).hexdigest()[:16]
+        """Digest of the spec without its ``variants`` (they change nothing up to tok/)."""
+        spec = {k: v for k, v in self.spec.items() if k != "variants"}
+        return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
 
     # ------------------------------------------------------------------ stage 2: tok
     def stage_tok(self):
@@ -335,48 +389,173 @@ class Prep:
         if not self.dry:
             self.write_stamp(d, stamp)
 
-    def _prev(self, stage):
-        p = os.path.join(self.out, stage, ".done")
+    def _prev(self, stage, base=None):
+        p = os.path.join(base or self.out, stage, ".done")
         return hashlib.sha256(open(p, "rb").read()).hexdigest()[:16] if os.path.exists(p) else "none"
 
-    # ------------------------------------------------------------------ stage 3: bpe
-    def stage_bpe(self):
-        d = os.path.join(self.out, "bpe")
-        codes_src = self.a.bpe_codes or self._shipped_codes()
-        has_train = "train" in self.splits
-        if codes_src is None and not has_train:
-            self.missing.append("BPE codes: no training data to learn them from (pass --bpe-codes FILE)")
+    # ------------------------------------------------------------------ variant dir
+    def link_shared(self):
+        """A variant's ``<out>/<variant>/{raw,tok}``: relative links to the shared ``<out>/{raw,tok}``
+        (the references scripts/evaluate.sh reads from the prep dir)."""
+        for name in ("raw", "tok"):
+            link, target = os.path.join(self.vout, name), os.path.join("..", name)
+            if os.path.islink(link) and os.readlink(link) == target:
+                continue
+            self.step(f"link {self.variant}/{name} -> {target} (shared with the default recipe)")
+            if self.dry:
+                continue
+            if os.path.exists(link) and not os.path.islink(link):
+                self.die(f"{link} exists and is not a link to {target}; remove it")
+            os.makedirs(self.vout, exist_ok=True)
+            tmp = f"{link}.tmp{os.getpid()}"
+            if os.path.lexists(tmp):
+                os.unlink(tmp)
+            os.symlink(target, tmp)
+            os.replace(tmp, link)
+
+    # ------------------------------------------------------------------ stage 2b: tc
+    def stage_tc(self):
+        """Truecasing (see the module docstring).  Returns False when it cannot run here (no
+        training data to learn the truecasers from), True otherwise (done, skipped or off)."""
+        d = os.path.join(self.vout, "tc")
+        if not self.tc_langs:
+            if os.path.isdir(d):
+                self.step("truecasing is off: remove tc/ of an earlier run (scripts/evaluate.sh would "
+                          "detruecase by its models)")
+                if not self.dry:
+                    shutil.rmtree(d)
+            return True
+        if "train" not in self.splits:
+            self.missing.append(f"truecaser models ({', '.join(self.tc_langs)}): learned on the training data, "
+                                "which is not here -- so no tc/, bpe/ or bin/")
             return False
-        merges = self.a.bpe_merges or self.recipe.get("bpe_merges")
-        how = f"codes from {codes_src}" if codes_src else f"learn {merges} joint merges on tok/train.{{{','.join(self.langs)}}}"
-        stamp = self.stamp_text(stage="bpe", upstream=self._prev("tok"), how=how, versions=versions())
-        files = [os.path.join(d, "codes")] + [os.path.join(d, f"{s}.{l}") for s in self.splits for l in self.langs]
+        check_tool("truecase", self.dry, self.log)
+        models = {l: os.path.join(d, f"truecase-model.{l}") for l in self.tc_langs}
+        stamp = self.stamp_text(stage="tc", upstream=self._prev("tok"), langs=self.tc_langs, how=TRUECASE_DESC,
+                                versions=versions())
+        files = list(models.values()) + [os.path.join(d, f"{s}.{l}") for s in self.splits for l in self.langs]
         if self.stamp_ok(d, stamp, files) and not self.dry:
-            self.log("bpe: up to date, skipping")
+            self.log("tc: up to date, skipping")
             return True
         if not self.dry:
             os.makedirs(d, exist_ok=True)
-        self.step(f"BPE: {how} -> bpe/codes")
+            for f in os.listdir(d):  # a model of a language no longer truecased
+                if f.startswith("truecase-model.") and f.split(".", 1)[1] not in self.tc_langs:
+                    os.unlink(os.path.join(d, f))
+        tcs = {}
+        for l in self.tc_langs:
+            self.step(f"learn a Moses truecaser on tok/train.{l} -> tc/truecase-model.{l}")
+            if not self.dry:
+                t0 = time.time()
+                tcs[l] = learn_truecaser(text_tools.read_lines(os.path.join(self.out, "tok", f"train.{l}")))
+                with atomic_path(models[l]) as tmp:
+                    tcs[l].save_model(tmp)  # (sacremoses writes it 0600; readable like every other output)
+                    umask = os.umask(0)
+                    os.umask(umask)
+                    os.chmod(tmp, 0o666 & ~umask)
+                self.log(f"  truecase-model.{l}: {len(tcs[l].model['best'])} words ({time.time() - t0:.1f}s)")
+        for s in self.splits:
+            for l in self.langs:
+                if l in self.tc_langs:
+                    self.step(f"truecase tok/{s}.{l} -> tc/{s}.{l} (tc/truecase-model.{l})")
+                else:
+                    self.step(f"copy tok/{s}.{l} -> tc/{s}.{l} ({l} is not truecased)")
+                if self.dry:
+                    continue
+                lines = text_tools.read_lines(os.path.join(self.out, "tok", f"{s}.{l}"))
+                out = truecase_lines(lines, tcs[l]) if l in self.tc_langs else lines
+                text_tools.write_lines_atomic(os.path.join(d, f"{s}.{l}"), out)
         if not self.dry:
-            if codes_src:
-                data = open(codes_src, "rb").read()
-                data = gzip.decompress(data) if codes_src.endswith(".gz") else data
-                with atomic_path(os.path.join(d, "codes")) as tmp, open(tmp, "wb") as f:
+            self.write_stamp(d, stamp)
+        return True
+
+    # ------------------------------------------------------------------ stage 3: bpe
+    def stage_bpe(self):
+        """Joint or separate BPE on tc/ (truecasing on) or tok/ (see the module docstring).
+        Returns False when it cannot run here (no codes and no training data)."""
+        d = os.path.join(self.vout, "bpe")
+        src_stage = "tc" if self.tc_langs else "tok"
+        src_base = self.vout if self.tc_langs else self.out
+        joint = self.recipe.get("bpe_joint", True)
+        codes_src = self._codes_sources(joint)
+        if codes_src is None and "train" not in self.splits:
+            self.missing.append("BPE codes: no training data to learn them from (pass --bpe-codes "
+                                + ("FILE)" if joint else " ".join(f"{l}=FILE" for l in self.langs) + ")"))
+            return False
+        merges = bpe_merges_for(self.recipe, self.langs, joint)
+        # codes file -> (languages it segments, how it is made)
+        if joint:
+            names = {"codes": (self.langs, f"copy the codes {codes_src['*']}" if codes_src else
+                               f"learn {merges['*']} joint merges on {src_stage}/train.{{{','.join(self.langs)}}}")}
+        else:
+            names = {f"codes.{l}": ([l], f"copy the codes {codes_src[l]}" if codes_src else
+                                    f"learn {merges[l]} merges on {src_stage}/train.{l} only")
+                     for l in self.langs}
+        how = ("joint" if joint else "separate") + " BPE: " + "; ".join(f"{n}: {h}" for n, (_, h) in names.items())
+        stamp = self.stamp_text(stage="bpe", upstream=self._prev(src_stage, src_base), input=src_stage, how=how,
+                                versions=versions())
+        files = [os.path.join(d, n) for n in names] + [os.path.join(d, f"{s}.{l}") for s in self.splits
+                                                      for l in self.langs]
+        if self.stamp_ok(d, stamp, files) and not self.dry:
+            self.log("bpe: up to date, skipping")
+            return True
+        check_tool("bpe", self.dry, self.log)
+        if not self.dry:
+            os.makedirs(d, exist_ok=True)
+            for f in os.listdir(d):  # codes of the other mode (joint <-> separate) of an earlier run
+                if (f == "codes" or f.startswith("codes.")) and f not in names:
+                    os.unlink(os.path.join(d, f))
+        for name, (langs, h) in names.items():
+            self.step(f"{h} -> bpe/{name} ({'joint' if joint else 'separate'} BPE)")
+            if self.dry:
+                continue
+            src = codes_src and codes_src["*" if joint else langs[0]]
+            if src:
+                data = open(src, "rb").read()
+                data = gzip.decompress(data) if src.endswith(".gz") else data
+                with atomic_path(os.path.join(d, name)) as tmp, open(tmp, "wb") as f:
                     f.write(data)
             else:
                 text_tools.cmd_learn_bpe(argparse.Namespace(
-                    merges=merges, output=os.path.join(d, "codes"),
-                    inputs=[os.path.join(self.out, "tok", f"train.{l}") for l in self.langs]))
-        pairs = []
-        for s in self.splits:
-            for l in self.langs:
-                pairs += [os.path.join(self.out, "tok", f"{s}.{l}"), os.path.join(d, f"{s}.{l}")]
-        self.step(f"apply BPE to tok/{{{','.join(self.splits)}}}.{{{','.join(self.langs)}}} -> bpe/ ({self.a.workers} workers)")
+                    merges=merges["*" if joint else langs[0]], output=os.path.join(d, name),
+                    inputs=[os.path.join(src_base, src_stage, f"train.{l}") for l in langs]))
+        for name, (langs, _) in names.items():
+            pairs = []
+            for s in self.splits:
+                for l in langs:
+                    pairs += [os.path.join(src_base, src_stage, f"{s}.{l}"), os.path.join(d, f"{s}.{l}")]
+            self.step(f"apply bpe/{name} to {src_stage}/{{{','.join(self.splits)}}}.{_alts(langs)} -> bpe/ "
+                      f"({self.a.workers} workers)")
+            if not self.dry:
+                text_tools.cmd_apply_bpe(argparse.Namespace(codes=os.path.join(d, name), workers=self.a.workers,
+                                                            files=pairs))
         if not self.dry:
-            text_tools.cmd_apply_bpe(argparse.Namespace(codes=os.path.join(d, "codes"), workers=self.a.workers,
-                                                        files=pairs))
             self.write_stamp(d, stamp)
         return True
+
+    def _codes_sources(self, joint):
+        """Given or shipped codes: ``{'*': FILE}`` (joint), ``{LANG: FILE}`` (separate) or None (learn).
+
+        Raises:
+            SystemExit: ``--bpe-codes`` does not fit the mode (names the expected form)."""
+        given = self.a.bpe_codes
+        if not given:
+            sc = self._shipped_codes() if joint else None  # shipped codes are joint codes
+            return {"*": sc} if sc else None
+        pairs = [g.partition("=") for g in given]
+        if joint:
+            if len(given) != 1 or pairs[0][1]:
+                self.die(f"joint BPE takes one codes file: --bpe-codes FILE (got {' '.join(given)})")
+            out = {"*": given[0]}
+        else:
+            out = {k: v for k, sep, v in pairs if sep}
+            if len(out) != len(given) or sorted(out) != sorted(self.langs):
+                self.die("separate BPE takes one codes file per language: --bpe-codes "
+                         + " ".join(f"{l}=FILE" for l in self.langs) + f" (got {' '.join(given)})")
+        for f in out.values():
+            if not os.path.isfile(f):
+                self.die(f"--bpe-codes {f}: no such file")
+        return out
 
     def _shipped_codes(self):
         sc = self.recipe.get("shipped_codes")
@@ -391,16 +570,18 @@ class Prep:
             self.missing.append("bin/: fairseq-preprocess needs the training split for the dictionary")
             return
         src, tgt = self.a.src or self.langs[0], self.a.tgt or self.langs[1]
-        b = os.path.join(self.out, "bin")
+        b = os.path.join(self.vout, "bin")
         tests = [s for s in self.splits if s not in ("train", "valid")]
-        stamp = self.stamp_text(stage="bin", upstream=self._prev("bpe"), src=src, tgt=tgt, tests=tests)
-        if self.stamp_ok(b, stamp, [os.path.join(b, f"dict.{src}.txt")]) and not self.dry:
+        joined = self.recipe.get("bpe_joint", True)  # separate BPE -> separate dictionaries
+        stamp = self.stamp_text(stage="bin", upstream=self._prev("bpe", self.vout), src=src, tgt=tgt, tests=tests,
+                                joined_dictionary=joined)
+        if self.stamp_ok(b, stamp, [os.path.join(b, f"dict.{l}.txt") for l in (src, tgt)]) and not self.dry:
             self.log("bin: up to date, skipping")
             return
         tmp = b + ".tmp"
-        p = os.path.join(self.out, "bpe")
+        p = os.path.join(self.vout, "bpe")
         cmd = [sys.executable, "-m", "fairseq_cli.preprocess", "--source-lang", src, "--target-lang", tgt,
-               "--joined-dictionary", "--trainpref", f"{p}/train", "--validpref", f"{p}/valid",
+               *(["--joined-dictionary"] if joined else []), "--trainpref", f"{p}/train", "--validpref", f"{p}/valid",
                "--destdir", tmp, "--workers", str(self.a.workers)]
         if tests:
             cmd += ["--testpref", ",".join(f"{p}/{s}" for s in tests)]
@@ -408,10 +589,10 @@ class Prep:
         if self.dry:
             return
         shutil.rmtree(tmp, ignore_errors=True)
-        os.makedirs(os.path.join(self.out, "logs"), exist_ok=True)
-        with open(os.path.join(self.out, "logs", "bin.log"), "w") as f:
+        os.makedirs(os.path.join(self.vout, "logs"), exist_ok=True)
+        with open(os.path.join(self.vout, "logs", "bin.log"), "w") as f:
             if subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT).returncode != 0:
-                self.die(f"fairseq-preprocess failed (see {self.out}/logs/bin.log)")
+                self.die(f"fairseq-preprocess failed (see {self.vout}/logs/bin.log)")
         with open(os.path.join(tmp, "subsets.json"), "w") as f:
             json.dump({"test" if i == 0 else f"test{i}": s for i, s in enumerate(tests)}, f)
         with open(os.path.join(tmp, ".done"), "w") as f:
@@ -423,16 +604,24 @@ class Prep:
     def run(self):
         self.mode, self.local_dir = self.resolve_mode()
         self.missing = []
+        self._codes_sources(self.recipe.get("bpe_joint", True))  # a --bpe-codes that does not fit: fail now
         self.log(f"{self.spec['title']}: mode={self.mode}" + (f" ({self.local_dir})" if self.local_dir else "")
-                 + f" out={self.out}" + (" [dry run: nothing is written]" if self.dry else ""))
+                 + f" out={self.out}" + (f" variant={self.variant} (tc/, bpe/, bin/ in {self.vout})" if self.variant else "")
+                 + (" [dry run: nothing is written]" if self.dry else ""))
+        if self.variant and self.spec["variants"][self.variant].get("about"):
+            self.log(f"variant {self.variant}: " + " ".join(self.spec["variants"][self.variant]["about"].split()))
+        self.log("after tokenisation: " + (f"truecase {', '.join(self.tc_langs)}" if self.tc_langs else "no truecasing")
+                 + ("; joint BPE" if self.recipe.get("bpe_joint", True) else "; separate BPE per language"))
         if not self.dry:
             os.makedirs(self.out, exist_ok=True)
         self.stage_inputs()
         self.stage_raw()
         self.stage_tok()
-        if self.stage_bpe():
+        if self.variant:
+            self.link_shared()
+        if self.stage_tc() and self.stage_bpe():
             self.stage_bin()
-        if self.mode == "local":
+        if self.mode == "local" and set(self.spec["split_names"]) - set(self.splits):
             for what in self.spec["local"].get("missing", []):
                 self.missing.insert(0, what)
         if self.missing:
@@ -442,7 +631,7 @@ class Prep:
             if self.spec.get("obtain"):
                 print("    how to get it: " + " ".join(self.spec["obtain"].split()))
         self.log("done" + (" (dry run)" if self.dry else "") + f"; splits prepared: {', '.join(self.splits)}")
-        print(os.path.join(self.out, "bin") if "train" in self.splits else self.out)
+        print(os.path.join(self.vout, "bin") if "train" in self.splits else self.vout)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -510,19 +699,131 @@ def extract(text, fmt, src=None):
     raise SystemExit(f"unknown source format '{fmt}'; valid: plain, seg, sgm, iwslt_tags, tmx:LANG, bars:N, tsv:N")
 
 
-def check_lang_tool(lang, dry=False, log=print):
-    """Die with the package to install when ``lang`` needs a segmenter that is not importable."""
-    if lang not in LANG_TOOLS:
-        return
-    mod, install, why = LANG_TOOLS[lang]
+def _require(mod, install, what, dry, log):
     import importlib.util
 
     if importlib.util.find_spec(mod) is None:
-        msg = f"'{lang}' needs {why}: Python module '{mod}' is missing; install it with: {install}"
+        msg = f"{what}: Python module '{mod}' is missing; install it with: {install}"
         if dry:
             log("WARNING: " + msg)
         else:
             raise SystemExit(f"ERROR: {msg}")
+
+
+def check_lang_tool(lang, dry=False, log=print):
+    """Die with the package to install when ``lang`` needs a segmenter that is not importable
+    (a dry run only warns)."""
+    if lang not in LANG_TOOLS:
+        return
+    mod, install, why = LANG_TOOLS[lang]
+    _require(mod, install, f"'{lang}' needs {why}", dry, log)
+
+
+def _alts(items):
+    """``{a,b}`` (shell-brace style) for several items, the item itself for one."""
+    return items[0] if len(items) == 1 else "{" + ",".join(items) + "}"
+
+
+def check_tool(step, dry=False, log=print):
+    """Die with the package to install when the library of ``step`` (a key of STEP_TOOLS:
+    truecase, bpe) is not importable (a dry run only warns)."""
+    mod, install, why = STEP_TOOLS[step]
+    _require(mod, install, f"{why} is needed", dry, log)
+
+
+def effective_recipe(spec, variant=None, truecase=None, bpe=None, merges=None):
+    """The recipe a run uses: the spec's ``recipe``, updated by the spec's variant ``variant``
+    (``variants: {NAME: {about, truecase, bpe_joint, bpe_merges}}``), then by the CLI overrides
+    ``truecase`` (bool), ``bpe`` ('joint' / 'separate') and ``merges`` (int); None = not given.
+
+    Raises:
+        SystemExit: unknown variant (lists the valid ones), a variant key outside VARIANT_KEYS, or
+        an unknown ``bpe`` mode."""
+    r = dict(spec.get("recipe") or {})
+    if variant:
+        known = spec.get("variants") or {}
+        if variant not in known:
+            raise SystemExit(f"unknown variant '{variant}' of {spec['name']}; valid: "
+                             + (", ".join(sorted(known)) or "none (this corpus has no variants)"))
+        over = {k: v for k, v in known[variant].items() if k != "about"}
+        bad = sorted(set(over) - VARIANT_KEYS)
+        if bad:
+            raise SystemExit(f"variant '{variant}' of {spec['name']} sets {bad}; a variant may only set "
+                             f"{sorted(VARIANT_KEYS)} (it shares raw/ and tok/ with the default recipe)")
+        r.update(over)
+    if truecase is not None:
+        r["truecase"] = bool(truecase)
+    if bpe is not None:
+        if bpe not in ("joint", "separate"):
+            raise SystemExit(f"unknown BPE mode '{bpe}'; valid: joint, separate")
+        r["bpe_joint"] = bpe == "joint"
+    if merges is not None:
+        r["bpe_merges"] = merges
+    return r
+
+
+def truecase_langs(r, langs):
+    """Languages recipe ``r`` truecases: ``truecase: true`` -> all of ``langs``; a list -> those.
+
+    Raises:
+        SystemExit: a listed language is not one of ``langs``, or a value of another type."""
+    tc = r.get("truecase", False)
+    if tc is True:
+        return list(langs)
+    if not tc:
+        return []
+    if isinstance(tc, list) and all(l in langs for l in tc):
+        return [l for l in langs if l in tc]
+    raise SystemExit(f"recipe truecase: {tc!r}; valid: true, false, or a list of languages from {list(langs)}")
+
+
+def bpe_merges_for(r, langs, joint):
+    """Merges of recipe ``r``: ``{'*': N}`` for joint BPE, ``{LANG: N}`` for separate BPE
+    (``bpe_merges`` a number, used for every language, or ``{LANG: N}`` giving each).
+
+    Raises:
+        SystemExit: per-language merges with joint BPE, a language without merges, or a
+        non-positive number."""
+    m = r.get("bpe_merges")
+    if isinstance(m, dict):
+        if joint:
+            raise SystemExit(f"bpe_merges {m} gives merges per language, which needs separate BPE "
+                             "(bpe_joint: false / --bpe separate); joint BPE takes one number")
+        if sorted(m) != sorted(langs):
+            raise SystemExit(f"bpe_merges {m}: give merges for exactly the languages {list(langs)}")
+        out = dict(m)
+    else:
+        out = {"*": m} if joint else {l: m for l in langs}
+    if not all(isinstance(v, int) and v > 0 for v in out.values()):
+        raise SystemExit(f"bpe_merges must be positive integers (got {m!r})")
+    return out
+
+
+def learn_truecaser(lines):
+    """A Moses truecaser (sacremoses ``MosesTruecaser``) learned on tokenized ``lines`` (str) as
+    train-truecaser.perl does: every token that is not sentence-initial counts for its surface
+    form; the model's best form of a word is its most frequent one."""
+    from sacremoses import MosesTruecaser
+
+    tc = MosesTruecaser()
+    tc.train((line.split() for line in lines), possibly_use_first_token=False)
+    return tc
+
+
+def truecase_lines(lines, tc):
+    """Tokenized ``lines`` truecased with ``tc`` as truecase.perl does (``use_known=True``: a
+    non-initial token whose surface form is in the model is kept; the sentence-initial word and
+    other known words get their most frequent form; unknown words are unchanged).
+
+    Raises:
+        SystemExit: a line whose token count changed (the output would not align)."""
+    out = []
+    for line in lines:
+        t = tc.truecase(line, return_str=True, use_known=True)
+        if len(t.split()) != len(line.split()):
+            raise SystemExit(f"truecase: the token count changed on {line[:80]!r} -> {t[:80]!r}")
+        out.append(t)
+    return out
 
 
 def tok_description(r, langs):
@@ -665,8 +966,18 @@ def main(argv=None):
                    "../shared/data when present, else download)")
     p.add_argument("--download", action="store_true", help="force download mode")
     p.add_argument("--out", help="output directory (default: data-bin/<corpus>)")
-    p.add_argument("--bpe-merges", type=int, help="joint BPE merges (default: the paper's, from the spec)")
-    p.add_argument("--bpe-codes", help="use these BPE codes instead of learning them")
+    p.add_argument("--variant", help="a named variant of the recipe (corpus.yaml `variants`: truecasing / BPE "
+                   "settings of one paper); tc/, bpe/, bin/ go to <out>/<variant>/")
+    p.add_argument("--truecase", action=argparse.BooleanOptionalAction, default=None,
+                   help="learn Moses truecasers on the tokenized train set and truecase every split "
+                   "(default: the recipe's `truecase`)")
+    p.add_argument("--bpe", choices=["joint", "separate"], help="one BPE model for both languages (and a joined "
+                   "dictionary) or one per language (separate dictionaries); default: the recipe's `bpe_joint`")
+    p.add_argument("--bpe-merges", type=int, help="BPE merges (per language with --bpe separate; default: the "
+                   "paper's, from the spec)")
+    p.add_argument("--bpe-codes", nargs="+", metavar="FILE|LANG=FILE",
+                   help="use these BPE codes instead of learning them: one FILE (joint BPE) or LANG=FILE for "
+                   "every language (separate BPE)")
     p.add_argument("--src", help="source language for bin/ (default: the spec's first language)")
     p.add_argument("--tgt", help="target language for bin/")
     p.add_argument("--workers", type=int, default=2)
