@@ -246,6 +246,11 @@ def prep_cmd(budget):
         cmd += ["--bpe-merges", str(data["bpe-merges"])]
     if data.get("train-lines"):
         cmd += ["--train-lines", str(data["train-lines"])]
+    if data.get("variant") and os.path.exists(os.path.join(ROOT, "data-prep", data["corpus"], "corpus.yaml")):
+        # a corpus.yaml recipe variant (data-prep/common/mt_prep.py --variant: e.g. wmt14_en_de's
+        # `eatt`, truecased) writes <out>/<variant>/, the prep_dir above; the long-document preps
+        # build all their variants (lengths) in one run and take no --variant
+        cmd += ["--variant", data["variant"]]
     return cmd + flags(data.get("prep-flags") or {})
 
 
