@@ -8,7 +8,10 @@
 # <out>/S.generate.log), extracts the hypotheses in corpus order checking that none is missing
 # (scripts/extract_hypotheses.py), scores them against <prep-dir>/raw/S.TGT (sacreBLEU, 13a,
 # mixed case) and <prep-dir>/tok/S.TGT (tokenized BLEU) with scripts/score.py, writes
-# <out>/S.json and prints one summary line.
+# <out>/S.json and prints one summary line.  When the prep truecased the target side
+# (<prep-dir>/tc/truecase-model.TGT exists: data-prep's `truecase` recipes, e.g. E-ATT's), the
+# hypotheses are detruecased (Moses detruecase.perl, sacremoses) before both scores, so both
+# compare against the references in their original case.
 set -euo pipefail
 
 PROG="scripts/evaluate.sh"
@@ -41,7 +44,9 @@ Options:
 
 Outputs in <out>, per subset S:
   S.generate.log   full fairseq-generate output (stdout+stderr)
-  S.hyp.tok        hypotheses, Moses-tokenised, BPE removed (in corpus order)
+  S.hyp.tok        hypotheses, Moses-tokenised, BPE removed (in corpus order; detruecased
+                   when <prep-dir>/tc/truecase-model.TGT exists)
+  S.hyp.tc         (truecased preps only) the hypotheses as generated, before detruecasing
   S.hyp.detok      hypotheses, detokenized (sacremoses)
   S.json           scores: bleu, signature, tok_bleu, n_hyp, n_ref, hyp, ref, ... and the settings
 Each file is written to a temp file and renamed.  Exits non-zero if fairseq-generate fails or
@@ -135,7 +140,13 @@ for S in "${SUBSET_LIST[@]}"; do
   fi
 done
 
-log "checkpoint=$CKPT direction=$SRC->$TGT beam=$BEAM lenpen=$LENPEN batch_size=$BATCH_SIZE device=$([[ ${#CPU_ARGS[@]} -gt 0 ]] && echo cpu || echo cuda) out=$OUT"
+# A target side truecased by the prep (its truecaser model is there): detruecase the hypotheses.
+DETRUECASE=0 POSTPROCESS="remove-bpe,detokenize"
+if [[ -f "$PREP_DIR/tc/truecase-model.$TGT" ]]; then
+  DETRUECASE=1 POSTPROCESS="remove-bpe,detruecase,detokenize"
+fi
+
+log "checkpoint=$CKPT direction=$SRC->$TGT beam=$BEAM lenpen=$LENPEN batch_size=$BATCH_SIZE postprocess=$POSTPROCESS device=$([[ ${#CPU_ARGS[@]} -gt 0 ]] && echo cpu || echo cuda) out=$OUT"
 SUMMARY=()
 for S in "${SUBSET_LIST[@]}"; do
   NAME="$(testset_name "$S")"
@@ -145,7 +156,7 @@ for S in "${SUBSET_LIST[@]}"; do
         --source-lang "$SRC" --target-lang "$TGT" --beam "$BEAM" --lenpen "$LENPEN" --remove-bpe
         --batch-size "$BATCH_SIZE" --required-batch-size-multiple 1 "${CPU_ARGS[@]}" "${EXTRA_ARGS[@]}" )
   # drop results of an earlier run first, so a failure cannot leave stale scores looking current
-  rm -f "$OUT/$S.json" "$OUT/$S.hyp.tok" "$OUT/$S.hyp.detok" "$OUT/$S.score.txt" "$OUT/$S.generate.log" "$OUT/$S.generate.failed.log"
+  rm -f "$OUT/$S.json" "$OUT/$S.hyp.tok" "$OUT/$S.hyp.tc" "$OUT/$S.hyp.detok" "$OUT/$S.score.txt" "$OUT/$S.generate.log" "$OUT/$S.generate.failed.log"
   log "$S ($NAME): generating $N sentences ..."
   { printf '# command:'; printf ' %q' "${GEN[@]}"; printf '\n'; } > "$OUT/$S.generate.log.$TMP"
   if ! "${GEN[@]}" >> "$OUT/$S.generate.log.$TMP" 2>&1; then
@@ -154,14 +165,16 @@ for S in "${SUBSET_LIST[@]}"; do
     die "fairseq-generate failed on subset $S (log: $OUT/$S.generate.failed.log)"
   fi
   mv -f "$OUT/$S.generate.log.$TMP" "$OUT/$S.generate.log"
+  TC_ARGS=()
+  if (( DETRUECASE )); then TC_ARGS=(--detruecase --truecased-out "$OUT/$S.hyp.tc"); fi
   "$PYTHON" "$SCRIPT_DIR/extract_hypotheses.py" "$OUT/$S.generate.log" --expected "$N" --lang "$TGT" \
-    --tok-out "$OUT/$S.hyp.tok" --detok-out "$OUT/$S.hyp.detok" \
+    --tok-out "$OUT/$S.hyp.tok" --detok-out "$OUT/$S.hyp.detok" "${TC_ARGS[@]}" \
     || die "could not extract $N hypotheses for subset $S from $OUT/$S.generate.log"
   "$PYTHON" "$SCRIPT_DIR/score.py" --hyp "$OUT/$S.hyp.detok" --ref "$REF" \
     --tokenized-hyp "$OUT/$S.hyp.tok" --tokenized-ref "$TOKREF" --json "$OUT/$S.json" \
     --meta "subset=$S" --meta "testset=$NAME" --meta "src=$SRC" --meta "tgt=$TGT" \
     --meta "checkpoint=$(cd "$(dirname "$CKPT")" && pwd)/$(basename "$CKPT")" --meta "beam=$BEAM" \
-    --meta "lenpen=$LENPEN" --meta "extra=$EXTRA" > "$OUT/$S.score.txt.$TMP" \
+    --meta "lenpen=$LENPEN" --meta "extra=$EXTRA" --meta "postprocess=$POSTPROCESS" > "$OUT/$S.score.txt.$TMP" \
     || die "scoring failed for subset $S"
   mv -f "$OUT/$S.score.txt.$TMP" "$OUT/$S.score.txt"
   line="$("$PYTHON" - "$OUT/$S.json" <<'PY'

@@ -6,7 +6,7 @@ Usage::
     fairseq-generate ... --remove-bpe | python scripts/extract_hypotheses.py \\
         --expected N --lang de --tok-out HYP.tok --detok-out HYP.detok
     python scripts/extract_hypotheses.py GENERATE_LOG --expected N --lang de \\
-        --tok-out HYP.tok --detok-out HYP.detok
+        --tok-out HYP.tok --detok-out HYP.detok [--detruecase [--truecased-out HYP.tc]]
 
 Reads the ``H-<id>\\t<score>\\t<text>`` lines (other lines are ignored), sorts them by
 sentence id and checks that the ids are exactly ``0 .. N-1`` for ``N = --expected`` (the
@@ -21,6 +21,12 @@ Writes (each atomically: temp file in the same directory, then rename):
 * ``--detok-out``: the same, detokenized with sacremoses ``MosesDetokenizer(--lang)``
   (``unescape=False``: the data were tokenised without XML escaping, see
   data-prep/multi30k/prepare.sh), for sacreBLEU against the raw reference.
+
+With ``--detruecase`` (a model trained on truecased text: data-prep's ``truecase`` recipes, e.g.
+E-ATT's, where scripts/evaluate.sh finds ``<prep>/tc/truecase-model.TGT``), the hypotheses as
+generated (truecased; written to ``--truecased-out`` when given) are detruecased first with
+sacremoses ``MosesDetruecaser`` (Moses detruecase.perl: the first letter of every sentence-initial
+word upper-cased) -- so ``--tok-out`` and ``--detok-out`` are in the references' original case.
 """
 
 import argparse
@@ -31,7 +37,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from atomic import atomic_path, write_lines_atomic  # noqa: E402
 
-__all__ = ["ExtractError", "parse_hypotheses", "detokenize", "main"]
+__all__ = ["ExtractError", "parse_hypotheses", "detokenize", "detruecase", "main"]
 
 _H_LINE = re.compile(r"^H-(\d+)\t([^\t]*)(?:\t(.*))?$")
 _BPE_MARK = re.compile(r"(@@ )|(@@ ?$)")
@@ -97,6 +103,16 @@ def detokenize(texts, lang):
     return [detok.detokenize(t.split(), return_str=True, unescape=False) for t in texts]
 
 
+def detruecase(texts):
+    """Detruecase tokenized ``texts`` with sacremoses ``MosesDetruecaser`` (detruecase.perl: the
+    first letter of the first word of every sentence -- the line start and after ``. : ? !``,
+    skipping opening quotes/brackets -- upper-cased; nothing else changes)."""
+    from sacremoses import MosesDetruecaser
+
+    dt = MosesDetruecaser()
+    return [dt.detruecase(t, return_str=True) for t in texts]
+
+
 def _write_atomic(path, lines):
     write_lines_atomic(path, lines)
 
@@ -112,6 +128,9 @@ def main(argv=None):
     parser.add_argument("--lang", required=True, help="target language code for the Moses detokenizer (e.g. en, de)")
     parser.add_argument("--tok-out", required=True, help="output: tokenized hypotheses (BPE removed)")
     parser.add_argument("--detok-out", required=True, help="output: detokenized hypotheses")
+    parser.add_argument("--detruecase", action="store_true",
+                        help="the model was trained on truecased text: detruecase (Moses) before --tok-out/--detok-out")
+    parser.add_argument("--truecased-out", help="output (with --detruecase): the hypotheses as generated (truecased)")
     parser.add_argument("--remove-bpe", action="store_true",
                         help="remove '@@ ' BPE markers here (when fairseq-generate ran without --remove-bpe)")
     args = parser.parse_args(argv)
@@ -119,6 +138,8 @@ def main(argv=None):
         parser.error(f"--expected must be a positive integer (got {args.expected})")
     if not re.fullmatch(r"[a-z]{2,3}", args.lang):
         parser.error(f"--lang must be a language code such as en or de (got {args.lang!r})")
+    if args.truecased_out and not args.detruecase:
+        parser.error("--truecased-out needs --detruecase")
 
     if args.input == "-":
         stream = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", newline="\n")
@@ -144,11 +165,15 @@ def main(argv=None):
             print(f"extract_hypotheses.py: error: {name}: {with_bpe} hypotheses still contain BPE markers '@@'; "
                   f"run fairseq-generate with --remove-bpe, or pass --remove-bpe here", file=sys.stderr)
             return 1
+    if args.detruecase:
+        if args.truecased_out:
+            _write_atomic(args.truecased_out, hyps)
+        hyps = detruecase(hyps)
     detok = detokenize(hyps, args.lang)
     _write_atomic(args.tok_out, hyps)
     _write_atomic(args.detok_out, detok)
-    print(f"extract_hypotheses.py: {len(hyps)} hypotheses -> {args.tok_out} (tokenized), {args.detok_out} (detokenized)",
-          file=sys.stderr)
+    print(f"extract_hypotheses.py: {len(hyps)} hypotheses -> {args.tok_out} (tokenized"
+          + (", detruecased" if args.detruecase else "") + f"), {args.detok_out} (detokenized)", file=sys.stderr)
     return 0
 
 
