@@ -1,0 +1,293 @@
+"""Truecasing and separate (per-language) BPE in the data-prep pipeline (data-prep/common/mt_prep.py),
+as E-ATT preprocesses its corpora (Wan et al. 2022, App. A: Moses truecasers learned on the train
+set; joint BPE for En-Vi and En-De, separate BPE for Zh-En), and the scoring side that undoes the
+truecasing (scripts/extract_hypotheses.py --detruecase, picked by scripts/evaluate.sh).
+
+Everything runs on real files of ../shared/data in local-directory mode: a local directory in the
+corpus's layout whose optional training split is a real dev set (IWSLT15 En-Vi: tst2012's first
+1,000 pairs as train; WMT14 En-De: newstest2012 as train), with the real dev/test files beside it.
+Expected casings are read from the learned truecaser models, never hard-coded.
+"""
+
+import gzip
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DATA = os.path.normpath(os.path.join(ROOT, "..", "shared", "data"))
+sys.path.insert(0, os.path.join(ROOT, "data-prep", "common"))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+import experiment  # noqa: E402
+import extract_hypotheses  # noqa: E402
+import mt_prep  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not os.path.isdir(DATA), reason=f"real data folder {DATA} not present")
+ENV = dict(os.environ, PYTHON=sys.executable, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+BIN = os.path.dirname(sys.executable)
+
+
+def prepare(corpus, *args):
+    r = subprocess.run(["bash", os.path.join(ROOT, "data-prep", corpus, "prepare.sh"), "--workers", "1", *args],
+                       env=ENV, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return r.stdout
+
+
+def lines(path):
+    return mt_prep.text_tools.read_lines(str(path))
+
+
+def model(path):
+    """The truecaser model file as sacremoses reads it: {'best': {lower: form}, 'known': ...}."""
+    from sacremoses import MosesTruecaser
+
+    return MosesTruecaser(load_from=str(path)).model
+
+
+def mtimes(out, names):
+    return {n: (out / n).stat().st_mtime_ns for n in names}
+
+
+@pytest.fixture(scope="module")
+def iwslt(tmp_path_factory):
+    """IWSLT15 En-Vi (E-ATT's default recipe: truecasing) run with --bpe separate on a local
+    directory: train = the first 1,000 pairs of tst2012, valid = tst2012, test = tst2013."""
+    base = tmp_path_factory.mktemp("iwslt15")
+    loc = base / "local" / "stanford"
+    loc.mkdir(parents=True)
+    src = os.path.join(DATA, "iwslt15_en_vi", "stanford")
+    for lang in ("en", "vi"):
+        for f in (f"tst2012.{lang}.gz", f"tst2013.{lang}.gz"):
+            shutil.copy(os.path.join(src, f), loc / f)
+        head = gzip.decompress(open(os.path.join(src, f"tst2012.{lang}.gz"), "rb").read()).split(b"\n")[:1000]
+        (loc / f"train.{lang}.gz").write_bytes(gzip.compress(b"\n".join(head) + b"\n"))
+    out = base / "out"
+    args = ("--local-dir", str(base / "local"), "--out", str(out), "--bpe", "separate", "--bpe-merges", "500")
+    return out, args, prepare("iwslt15_en_vi", *args)
+
+
+def test_truecaser_is_learned_on_train_and_applied_to_every_split(iwslt):
+    out, _, log = iwslt
+    assert "NOT complete" not in log  # the optional local train split was found
+    train_words = {lang: {w.lower() for l in lines(out / "tok" / f"train.{lang}") for w in l.split()}
+                   for lang in ("en", "vi")}
+    for lang in ("en", "vi"):
+        best = model(out / "tc" / f"truecase-model.{lang}")["best"]
+        assert best and set(best) <= train_words[lang]  # learned from train only
+        for split in ("train", "valid", "test"):
+            tok, tc = lines(out / "tok" / f"{split}.{lang}"), lines(out / "tc" / f"{split}.{lang}")
+            assert len(tok) == len(tc)
+            assert all(a.lower().split() == b.lower().split() for a, b in zip(tok, tc))  # only the case changes
+        # words that are not in the model (test-only words) keep their case
+        unseen = [(w, i, j) for i, l in enumerate(lines(out / "tok" / f"test.{lang}")) for j, w in enumerate(l.split())
+                  if w.lower() not in best and w.lower() != w.upper()]
+        tc_test = [l.split() for l in lines(out / "tc" / f"test.{lang}")]
+        assert unseen and all(tc_test[i][j] == w for w, i, j in unseen)
+
+    # sentence-initial words, by what the model learned from the non-initial occurrences in train:
+    # a common word (best form lower-case) is lower-cased, a name / "I" (best form capitalised) keeps it
+    best = model(out / "tc" / "truecase-model.en")["best"]
+    tok, tc = lines(out / "tok" / "test.en"), lines(out / "tc" / "test.en")
+    common = [i for i, l in enumerate(tok) if l and l[0].isupper() and best.get(l.split()[0].lower()) == l.split()[0].lower()]
+    proper = [i for i, l in enumerate(tok) if l and best.get(l.split()[0].lower(), "x")[0].isupper()]
+    assert len(common) > 100 and len(proper) > 5
+    assert all(tc[i].split()[0] == tok[i].split()[0].lower() for i in common)
+    assert all(tc[i].split()[0] == best[tok[i].split()[0].lower()] and tc[i][0].isupper() for i in proper)
+
+
+def test_separate_bpe_has_one_model_and_one_dictionary_per_language(iwslt):
+    out, _, _ = iwslt
+    from subword_nmt.apply_bpe import BPE
+
+    assert not (out / "bpe" / "codes").exists()
+    codes = {lang: (out / "bpe" / f"codes.{lang}").read_text(encoding="utf-8") for lang in ("en", "vi")}
+    assert codes["en"] != codes["vi"]
+    for lang, other in (("en", "vi"), ("vi", "en")):
+        tc, bpe = lines(out / "tc" / f"test.{lang}"), lines(out / "bpe" / f"test.{lang}")
+        assert [b.replace("@@ ", "") for b in bpe] == tc  # lossless on the truecased text
+        own = BPE(open(out / "bpe" / f"codes.{lang}", encoding="utf-8"))
+        foreign = BPE(open(out / "bpe" / f"codes.{other}", encoding="utf-8"))
+        assert [own.process_line(l) for l in tc] == bpe  # segmented with its own language's codes
+        assert [foreign.process_line(l) for l in tc] != bpe
+    # fairseq-preprocess without --joined-dictionary: each dictionary holds its own side's symbols
+    dicts = {lang: [l.split()[0] for l in lines(out / "bin" / f"dict.{lang}.txt")
+                    if not l.startswith("madeupword")]  # fairseq's padding to a multiple of 8
+             for lang in ("en", "vi")}
+    for lang in ("en", "vi"):
+        train_syms = {w for l in lines(out / "bpe" / f"train.{lang}") for w in l.split()}
+        assert set(dicts[lang]) == train_syms
+    assert set(dicts["vi"]) - set(dicts["en"]) and set(dicts["en"]) - set(dicts["vi"])
+    assert json.loads((out / "bin" / ".done").read_text())["joined_dictionary"] is False
+
+
+def test_rerun_is_idempotent_and_dry_run_prints_the_new_steps(iwslt):
+    out, args, _ = iwslt
+    files = ["tc/truecase-model.en", "tc/test.vi", "bpe/codes.vi", "bpe/test.en", "bin/dict.en.txt", "bin/dict.vi.txt"]
+    before = mtimes(out, files)
+    log = prepare("iwslt15_en_vi", *args)
+    for stage in ("raw", "tok", "tc", "bpe", "bin"):
+        assert f"{stage}: up to date, skipping" in log
+    dry = prepare("iwslt15_en_vi", *args, "--dry-run")
+    for step in ("would learn a Moses truecaser on tok/train.en -> tc/truecase-model.en",
+                 "would learn a Moses truecaser on tok/train.vi -> tc/truecase-model.vi",
+                 "would truecase tok/test.vi -> tc/test.vi (tc/truecase-model.vi)",
+                 "would learn 500 merges on tc/train.en only -> bpe/codes.en (separate BPE)",
+                 "would learn 500 merges on tc/train.vi only -> bpe/codes.vi (separate BPE)",
+                 "would apply bpe/codes.vi to tc/{train,valid,test}.vi"):
+        assert step in dry, step
+    binarize = [l for l in dry.splitlines() if "would binarize" in l]
+    assert binarize and "--joined-dictionary" not in binarize[0]
+    assert mtimes(out, files) == before  # neither the re-run nor the dry run rewrote anything
+
+
+def test_switching_truecasing_off_and_back_to_joint_bpe(iwslt, tmp_path):
+    """--no-truecase --bpe joint on a copy of the prep: tc/ goes (scripts/evaluate.sh would otherwise
+    detruecase), BPE is learned on the cased tok/, one codes file, one joined dictionary."""
+    out = tmp_path / "out"
+    shutil.copytree(iwslt[0], out, symlinks=True)
+    args = [a if a != str(iwslt[0]) else str(out) for a in iwslt[1]]
+    args[args.index("separate")] = "joint"
+    log = prepare("iwslt15_en_vi", *args, "--no-truecase")
+    assert "raw: up to date" in log and "tok: up to date" in log
+    assert not (out / "tc").exists()
+    assert sorted(p.name for p in (out / "bpe").glob("codes*")) == ["codes"]
+    assert [b.replace("@@ ", "") for b in lines(out / "bpe" / "test.en")] == lines(out / "tok" / "test.en")
+    assert (out / "bin" / "dict.en.txt").read_bytes() == (out / "bin" / "dict.vi.txt").read_bytes()
+
+
+def test_detruecasing_restores_the_references_case(iwslt, tmp_path):
+    """extract_hypotheses --detruecase on truecased "hypotheses" (the truecased test references):
+    the truecased text is kept as is, and every one-sentence line whose truecasing only lower-cased
+    the first letter of the first word gets the tokenized reference back exactly."""
+    out = iwslt[0]
+    tc, tok = lines(out / "tc" / "test.vi"), lines(out / "tok" / "test.vi")
+    log = tmp_path / "gen.log"
+    log.write_text("".join(f"H-{i}\t-0.5\t{h}\n" for i, h in enumerate(tc)), encoding="utf-8")
+    o = {k: tmp_path / f"hyp.{k}" for k in ("tok", "detok", "tc")}
+    assert extract_hypotheses.main([str(log), "--expected", str(len(tc)), "--lang", "vi", "--tok-out", str(o["tok"]),
+                                    "--detok-out", str(o["detok"]), "--detruecase", "--truecased-out", str(o["tc"])]) == 0
+    assert lines(o["tc"]) == tc
+    hyp = lines(o["tok"])
+    # (detruecase.perl also upper-cases after a sentence end inside the line: . : ? ! -- left out here)
+    first_only = [i for i in range(len(tc)) if tc[i] != tok[i] and tc[i].split()[1:] == tok[i].split()[1:]
+                  and tok[i][:1] == tc[i][:1].upper() and tok[i][1:] == tc[i][1:]
+                  and not set(tok[i].split()[:-1]) & {".", ":", "?", "!"}]
+    assert len(first_only) > 100
+    assert all(hyp[i] == tok[i] for i in first_only)
+    assert all(h[:1] == h[:1].upper() for h in hyp)  # every sentence starts upper-case (or with no letter)
+    assert lines(o["detok"]) == extract_hypotheses.detokenize(hyp, "vi")
+
+
+def test_evaluate_detruecases_a_truecased_prep(iwslt, tmp_path):
+    """scripts/evaluate.sh on a model trained (a few updates) on the truecased prep: it finds
+    tc/truecase-model.vi, keeps the truecased output (S.hyp.tc), scores the detruecased one and
+    records the post-processing in S.json (what detruecasing does to real text: the test above)."""
+    out = iwslt[0]
+    ck = tmp_path / "ck"
+    env = dict(ENV, PATH=BIN + os.pathsep + os.environ.get("PATH", ""))
+    train = [os.path.join(BIN, "fairseq-train"), str(out / "bin"), "--arch", "transformer", "--encoder-layers", "1",
+             "--decoder-layers", "1", "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
+             "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64", "--encoder-attention-heads", "2",
+             "--decoder-attention-heads", "2", "--source-lang", "en", "--target-lang", "vi", "--optimizer", "adam",
+             "--lr", "0.005", "--max-tokens", "4000", "--max-update", "20", "--save-dir", str(ck), "--cpu",
+             "--no-epoch-checkpoints", "--num-workers", "0", "--seed", "1", "--disable-validation"]
+    r = subprocess.run(train, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = subprocess.run(["bash", os.path.join(ROOT, "scripts", "evaluate.sh"), "--checkpoint", str(ck / "checkpoint_last.pt"),
+                        "--data-bin", str(out / "bin"), "--prep-dir", str(out), "--src", "en", "--tgt", "vi",
+                        "--subsets", "test", "--beam", "1", "--batch-size", "512",
+                        "--extra", "--max-len-a 0 --max-len-b 6", "--out", str(tmp_path / "eval")],
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    res = json.load(open(tmp_path / "eval" / "test.json"))
+    assert res["postprocess"] == "remove-bpe,detruecase,detokenize" and res["n_hyp"] == 1268
+    tc, hyp = lines(tmp_path / "eval" / "test.hyp.tc"), lines(tmp_path / "eval" / "test.hyp.tok")
+    assert hyp == extract_hypotheses.detruecase(tc)
+    assert res["tok_hyp"] == str(tmp_path / "eval" / "test.hyp.tok") and res["tok_ref"] == str(out / "tok" / "test.vi")
+
+
+def test_wmt14_eatt_variant_is_truecased_and_leaves_the_default_prep_cased(tmp_path):
+    """wmt14_en_de is shared by ReLA, ReLUFormer and E-ATT: `--variant eatt` writes tc/, bpe/, bin/
+    to <out>/eatt/ (raw/ and tok/ linked to the shared ones), the default recipe (cased) is
+    untouched and reuses the same raw/ and tok/.  Train = newstest2012, valid = newstest2013,
+    test = newstest2014 (sgm), all real."""
+    loc = tmp_path / "local"
+    (loc / "plain").mkdir(parents=True)
+    shutil.copytree(os.path.join(DATA, "wmt", "sgm"), loc / "sgm")
+    for lang in ("en", "de"):
+        shutil.copy(os.path.join(DATA, "wmt", "plain", f"newstest2013.de-en.{lang}.gz"), loc / "plain")
+        shutil.copy(os.path.join(DATA, "wmt", "plain", f"newstest2012.de-en.{lang}.gz"),
+                    loc / "plain" / f"train.de-en.{lang}.gz")
+    out = tmp_path / "out"
+    common = ("--local-dir", str(loc), "--out", str(out), "--bpe-merges", "1000")
+    log = prepare("wmt14_en_de", *common, "--variant", "eatt")
+    assert "variant eatt: E-ATT" in log and "truecase en, de; joint BPE" in log
+    v = out / "eatt"
+    assert os.readlink(v / "raw") == os.path.join("..", "raw") and os.readlink(v / "tok") == os.path.join("..", "tok")
+    assert (v / "bin" / "dict.en.txt").read_bytes() == (v / "bin" / "dict.de.txt").read_bytes()  # joined
+    assert not (out / "bpe").exists() and not (out / "bin").exists()
+    log = prepare("wmt14_en_de", *common)
+    assert "raw: up to date, skipping" in log and "tok: up to date, skipping" in log
+    assert not (out / "tc").exists()
+    cased = [b.replace("@@ ", "") for b in lines(out / "bpe" / "train.en")]
+    truecased = [b.replace("@@ ", "") for b in lines(v / "bpe" / "train.en")]
+    assert cased == lines(out / "tok" / "train.en") and truecased == lines(v / "tc" / "train.en")
+    # German nouns: a sentence-initial noun keeps its capital (model), a function word loses it
+    best = model(v / "tc" / "truecase-model.de")["best"]
+    tok, tc = lines(out / "tok" / "test.de"), lines(v / "tc" / "test.de")
+    first = [(t.split()[0], c.split()[0]) for t, c in zip(tok, tc) if t]
+    assert any(c == best[t.lower()] and c[0].isupper() for t, c in first if t.lower() in best)
+    assert any(c == t.lower() != t for t, c in first)
+    # the E-ATT budget asks for this variant, and its prep dir is <out>/eatt
+    budget = experiment.load_budget(os.path.join(ROOT, "configs", "eatt", "wmt14_en_de", "budget.yaml"))
+    cmd = experiment.prep_cmd(budget)
+    assert cmd[cmd.index("--variant") + 1] == "eatt"
+    assert experiment.prep_dir(budget) == os.path.join(ROOT, "data-bin", "wmt14_en_de", "eatt")
+
+
+def test_eatt_corpus_recipes_follow_the_paper():
+    """E-ATT App. A: every corpus truecased; 32K merges (the budgets' --bpe-merges); joint BPE for
+    En-Vi and En-De, separate for Zh-En -- and the shared WMT14 default recipe stays cased."""
+    for corpus, variant, joint in (("iwslt15_en_vi", None, True), ("wmt14_en_de", "eatt", True),
+                                   ("wmt17_zh_en", None, False)):
+        spec = mt_prep.load_spec(corpus)
+        r = mt_prep.effective_recipe(spec, variant)
+        assert mt_prep.truecase_langs(r, spec["langs"]) == spec["langs"]
+        assert r.get("bpe_joint", True) is joint
+        budget = yaml.safe_load(open(os.path.join(ROOT, "configs", "eatt", corpus, "budget.yaml")))
+        assert budget["data"].get("variant") == variant
+        merges = budget["data"].get("bpe-merges") or r["bpe_merges"]
+        assert set(mt_prep.bpe_merges_for(dict(r, bpe_merges=merges), spec["langs"], joint).values()) == {32000}
+    assert not mt_prep.truecase_langs(mt_prep.load_spec("wmt14_en_de")["recipe"], ["en", "de"])
+
+
+def test_bad_options_name_the_valid_choices(tmp_path, monkeypatch):
+    spec = mt_prep.load_spec("wmt14_en_de")
+    with pytest.raises(SystemExit, match="valid: eatt"):
+        mt_prep.effective_recipe(spec, "nope")
+    with pytest.raises(SystemExit, match="a variant may only set"):
+        mt_prep.effective_recipe(dict(spec, variants={"x": {"lowercase": True}}), "x")
+    with pytest.raises(SystemExit, match="needs separate BPE"):
+        mt_prep.bpe_merges_for({"bpe_merges": {"en": 1, "de": 2}}, ["en", "de"], joint=True)
+    with pytest.raises(SystemExit, match="valid: true, false, or a list"):
+        mt_prep.truecase_langs({"truecase": ["fr"]}, ["en", "de"])
+    r = subprocess.run(["bash", os.path.join(ROOT, "data-prep", "wmt14_en_de", "prepare.sh"), "--dry-run", "--bpe",
+                        "separate", "--bpe-codes", "x", "--out", str(tmp_path / "o")],
+                       env=ENV, capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "--bpe-codes en=FILE de=FILE" in r.stderr
+    # a missing library names the package to install (a dry run warns, a real run stops)
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "sacremoses" else real(name, *a))
+    with pytest.raises(SystemExit, match="Python module 'sacremoses' is missing; install it with: pip install sacremoses"):
+        mt_prep.check_tool("truecase")
+    warned = []
+    mt_prep.check_tool("truecase", dry=True, log=warned.append)
+    assert warned and "pip install sacremoses" in warned[0]
