@@ -345,28 +345,47 @@ def _view(store: torch.Tensor, *shape) -> torch.Tensor:
     return store[:n].view(shape)
 
 
-def _forward_task(plan, h0, h1, ids, out, rsum, rslogs, dropout_p, seed):
-    store = _scratch("s", min(plan.group, h1 - h0) * min(plan.chunk, plan.T) * plan.S, plan.q)
+def _forward_blocks(plan):
+    """Work items ``(a, b, idx)`` of the forward pass: head groups ``a:b`` x live chunks ``idx``.
+
+    Ordered by cost, largest first (causal chunks see different numbers of keys), so that
+    threads pulling items from one shared queue finish together.
+    """
+    live = [i for i, (t0, t1, kend) in enumerate(plan.chunks) if kend > 0]
+    items = [(a, b, idx) for a, b in plan.groups(0, plan.B * plan.H) for idx in live]
+    cost = {i: (plan.chunks[i][1] - plan.chunks[i][0]) * plan.chunks[i][2] for i in live}
+    items.sort(key=lambda it: -(it[1] - it[0]) * cost[it[2]])
+    return items
+
+
+def _forward_task(plan, queue, out, rsum, rslogs, dropout_p, seed):
+    """Pull forward blocks from ``queue`` (a shared iterator of ``(a, b, idx)``) until empty.
+
+    Every block writes its own rows of ``out`` (and of the statistics), so blocks are
+    independent and dynamic scheduling (instead of a static split of heads) absorbs threads that
+    start late or run slower (measured: a pool thread woken from idle starts 2-3 ms after the
+    calling thread at T = 2048, which a static split turns into idle time of the other thread).
+    """
+    store = _scratch("s", min(plan.group, plan.B * plan.H) * min(plan.chunk, plan.T) * plan.S, plan.q)
     log_store = _scratch("log", store.numel(), plan.q) if rsum is not None else None
-    for a, b in plan.groups(h0, h1):
-        for idx in ids:
-            t0, t1, kend = plan.chunks[idx]
-            s = torch.bmm(plan.q[a:b, t0:t1], plan.k[a:b, :kend].transpose(1, 2),
-                          out=_view(store, b - a, t1 - t0, kend))
-            plan.finish_scores(s, a, b, t0, t1, kend)
-            if rsum is not None:
-                torch.sum(s, -1, out=rsum[a:b, t0:t1])
-                # s log s with 0 log 0 = 0: log(max(s, tiny)) is finite, times s = 0 is exact;
-                # (log of exact zeros and xlogy take a slow path: ~8x the cost)
-                logs = torch.clamp(s, min=torch.finfo(s.dtype).tiny, out=_view(log_store, *s.shape))
-                torch.sum(logs.log_().mul_(s), -1, out=rslogs[a:b, t0:t1])
-            o = out[a:b, t0:t1]
-            if dropout_p > 0:
-                s.masked_fill_(_dropped(seed, a, b, idx, s.shape[1:], dropout_p, s.device), 0.0)
-                torch.bmm(s, plan.v[a:b, :kend], out=o)
-                o.mul_(1.0 / (1.0 - dropout_p))
-            else:
-                torch.bmm(s, plan.v[a:b, :kend], out=o)
+    for a, b, idx in queue:  # next() on a shared iterator is atomic under the GIL
+        t0, t1, kend = plan.chunks[idx]
+        s = torch.bmm(plan.q[a:b, t0:t1], plan.k[a:b, :kend].transpose(1, 2),
+                      out=_view(store, b - a, t1 - t0, kend))
+        plan.finish_scores(s, a, b, t0, t1, kend)
+        if rsum is not None:
+            torch.sum(s, -1, out=rsum[a:b, t0:t1])
+            # s log s with 0 log 0 = 0: log(max(s, tiny)) is finite, times s = 0 is exact;
+            # (log of exact zeros and xlogy take a slow path: ~8x the cost)
+            logs = torch.clamp(s, min=torch.finfo(s.dtype).tiny, out=_view(log_store, *s.shape))
+            torch.sum(logs.log_().mul_(s), -1, out=rslogs[a:b, t0:t1])
+        o = out[a:b, t0:t1]
+        if dropout_p > 0:
+            s.masked_fill_(_dropped(seed, a, b, idx, s.shape[1:], dropout_p, s.device), 0.0)
+            torch.bmm(s, plan.v[a:b, :kend], out=o)
+            o.mul_(1.0 / (1.0 - dropout_p))
+        else:
+            torch.bmm(s, plan.v[a:b, :kend], out=o)
 
 
 def _backward_task(plan, h0, h1, ids, g_out, g_sum, g_slogs, dq, dvk_t, exclusive, dropout_p, seed):
@@ -459,9 +478,10 @@ class _ChunkedReluAttention(torch.autograd.Function):
                 for x in (out, rsum, rslogs):
                     if x is not None:
                         x[:, t0:t1].zero_()
+        queue = iter(_forward_blocks(plan))
         _run_tasks([
-            (lambda h0=h0, h1=h1, ids=ids: _forward_task(plan, h0, h1, ids, out, rsum, rslogs, dropout_p, seed))
-            for h0, h1, ids in plan.tasks
+            (lambda: _forward_task(plan, queue, out, rsum, rslogs, dropout_p, seed))
+            for _ in range(max(1, min(len(plan.tasks), threads)))
         ])
         out = out.view(B, H, T, d)
         if need_stats:
