@@ -122,9 +122,15 @@ if ! "$PYTHON" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() el
   CPU_ARGS=(--cpu)
 fi
 
+# The official test-set name of subset $1, recorded in S.json: only Multi30k preps map fairseq's
+# subset names to the WMT16 Multimodal file names; any other prep keeps the subset name.
 testset_name() {
-  case "$1" in
-    valid) echo val ;; test) echo test_2016_flickr ;; test1) echo test_2017_flickr ;; *) echo "$1" ;;
+  case "$(basename "$PREP_DIR")" in
+    multi30k*)
+      case "$1" in
+        valid) echo val ;; test) echo test_2016_flickr ;; test1) echo test_2017_flickr ;; *) echo "$1" ;;
+      esac ;;
+    *) echo "$1" ;;
   esac
 }
 TMP="tmp.$$"

@@ -207,6 +207,7 @@ def test_evaluate_detruecases_a_truecased_prep(iwslt, tmp_path):
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     res = json.load(open(tmp_path / "eval" / "test.json"))
     assert res["postprocess"] == "remove-bpe,detruecase,detokenize" and res["n_hyp"] == 1268
+    assert res["testset"] == "test"  # Multi30k's file names are for Multi30k preps only
     tc, hyp = lines(tmp_path / "eval" / "test.hyp.tc"), lines(tmp_path / "eval" / "test.hyp.tok")
     assert hyp == extract_hypotheses.detruecase(tc)
     assert res["tok_hyp"] == str(tmp_path / "eval" / "test.hyp.tok") and res["tok_ref"] == str(out / "tok" / "test.vi")

@@ -30,9 +30,13 @@ Two implementations share one signature:
     is ~8x slower);
   - ``causal``: key blocks after a chunk's last query are never touched (about half the work);
   - parallelism: instead of many short intra-op parallel regions (one barrier per op, which
-    collapses when the CPU is shared with another job), the heads (or, for fewer heads than
-    threads, the query chunks) are split over ``torch.get_num_threads()`` Python threads, each
-    running single-threaded ATen ops (which release the GIL) with one join per call;
+    collapses when the CPU is shared with another job), ``torch.get_num_threads()`` Python
+    threads each run single-threaded ATen ops (which release the GIL), with one join per call:
+    in forward they pull (head group, chunk) blocks from one shared queue, so a thread that
+    starts late (a pool thread woken from sleep, or one sharing its core with OpenMP workers
+    still spin-waiting after the previous op) costs no idle time; in backward the heads (or,
+    for fewer heads than threads, the query chunks) are split statically, since each head's
+    dK, dV accumulate over its chunks;
   - dropout: masks are never stored.  The mask of head ``h`` and chunk ``c`` is drawn from its
     own ``torch.Generator`` seeded from ``(seed, h, c)``; ``seed`` is drawn once per call from
     the default generator (so ``torch.manual_seed`` makes a call reproducible) and backward
@@ -481,7 +485,7 @@ class _ChunkedReluAttention(torch.autograd.Function):
         queue = iter(_forward_blocks(plan))
         _run_tasks([
             (lambda: _forward_task(plan, queue, out, rsum, rslogs, dropout_p, seed))
-            for _ in range(max(1, min(len(plan.tasks), threads)))
+            for _ in plan.tasks  # one worker per thread the plan uses
         ])
         out = out.view(B, H, T, d)
         if need_stats:
