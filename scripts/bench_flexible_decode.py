@@ -6,7 +6,9 @@ both models run the same number of steps; every step is a real incremental decod
 keys ``W_k h̄``, the LSTM cell, attention, pre-output layer and the full output softmax), one
 sentence at a time, on one CPU thread.  Inputs are long: ``--concat K`` consecutive sentences of a
 binarized subset are joined (source and reference), and only inputs of at least ``--min-len``
-source positions are kept.  The two models are timed interleaved (alternating order each round),
+source positions are kept.  ``--concat 5,10,20,40`` times every length in the same run (one row
+each): the speed-up grows with the source length, since the windowed step costs about the same
+at every length while global attention is linear in it.  The two models are timed interleaved (alternating order each round),
 CPU time by ``time.process_time``, and the ratio global / flexible is printed.
 
     OMP_NUM_THREADS=1 python scripts/bench_flexible_decode.py \\
@@ -87,6 +89,45 @@ def forced_decode(model, src, ref):
             torch.log_softmax(logits, -1)
 
 
+def parse_concat(text):
+    """``"5,10,20"`` -> ``[5, 10, 20]``.
+
+    Raises:
+        SystemExit: a value that is not a positive integer.
+    """
+    try:
+        values = [int(x) for x in str(text).split(",") if x.strip()]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise SystemExit(f"--concat must be positive integers separated by commas (e.g. 5,10,20), got {text!r}")
+    return values
+
+
+def measure(models, data, rounds):
+    """CPU ms per input of every model, interleaved: each round visits every input and, per input,
+    every model in a rotating order (reversed every other round).
+
+    Args:
+        models: list of ``(key, label, model)``; data: list of ``(source, reference)`` token tensors.
+
+    Returns:
+        ``{key: ms}``.
+    """
+    times = {k: 0.0 for k, _, _ in models}
+    for r in range(rounds):
+        order = models[r % len(models):] + models[: r % len(models)]
+        if r % 2:
+            order = order[::-1]
+        for src, ref in data:
+            for key, _, m in order:
+                t0 = time.process_time()
+                forced_decode(m, src, ref)
+                times[key] += time.process_time() - t0
+    n = rounds * len(data)
+    return {k: 1000 * v / n for k, v in times.items()}
+
+
 def run_info(checkpoint):
     """Provenance of the run that wrote ``checkpoint`` (its ``result.json`` next to it), if any."""
     import json
@@ -111,7 +152,9 @@ def main(argv=None):
     p.add_argument("--src", required=True)
     p.add_argument("--tgt", required=True)
     p.add_argument("--subset", default="test")
-    p.add_argument("--concat", type=int, default=10, help="sentences joined into one input")
+    p.add_argument("--concat", default="10",
+                   help="sentences joined into one input; a comma list (e.g. 5,10,20,40) times every length "
+                        "in the same run")
     p.add_argument("--min-len", type=int, default=100, help="minimum source positions of an input")
     p.add_argument("--n", type=int, default=20, help="number of long inputs")
     p.add_argument("--rounds", type=int, default=3)
@@ -122,6 +165,7 @@ def main(argv=None):
     p.add_argument("--note", default="", help="a line added to the Markdown (e.g. what the data is)")
     p.add_argument("--out", help="also write a Markdown table here (atomically)")
     a = p.parse_args(argv)
+    concats = parse_concat(a.concat)
     for f in [a.flexible, a.global_checkpoint]:
         if f and not os.path.exists(f):
             raise SystemExit(f"checkpoint not found: {f}")
@@ -150,27 +194,19 @@ def main(argv=None):
     fixed = f", g(t) fixed to {a.fixed_gate:g} (mechanism timing, not the trained gate)" if a.fixed_gate is not None else ""
     models[-1] = (models[-1][0], models[-1][1] + fixed, models[-1][2])
     models.append(("flex", f"Flexible Attention, tau = {a.tau:g} (`{os.path.relpath(a.flexible, ROOT)}`){fixed}", flex))
-    data = long_inputs(task, a.subset, a.concat, a.min_len, a.n)
-    src_len = sum(len(s) for s, _ in data) / len(data)
-    steps = sum(len(r) for _, r in data) / len(data)
+    sets = [(k, long_inputs(task, a.subset, k, a.min_len, a.n)) for k in concats]
     for _, _, m in models:
-        forced_decode(m, *data[0])  # warm-up
-        m.decoder.attention.reset_window_stats()
-    times = {k: 0.0 for k, _, _ in models}
-    for r in range(a.rounds):
-        order = models[r % len(models):] + models[: r % len(models)]
-        if r % 2:
-            order = order[::-1]
-        for src, ref in data:
-            for key, _, m in order:
-                t0 = time.process_time()
-                forced_decode(m, src, ref)
-                times[key] += time.process_time() - t0
-    n = a.rounds * len(data)
-    ms = {k: 1000 * v / n for k, v in times.items()}
+        forced_decode(m, *sets[0][1][0])  # warm-up
+    results = []  # per input length: dict(concat, src_len, steps, ms, wins, n)
+    for k, data in sets:
+        for _, _, m in models:
+            m.decoder.attention.reset_window_stats()
+        ms = measure(models, data, a.rounds)
+        results.append({"concat": k, "n": len(data), "src_len": sum(len(s) for s, _ in data) / len(data),
+                        "steps": sum(len(r) for _, r in data) / len(data), "ms": ms,
+                        "wins": {key: m.decoder.attention.average_window() for key, _, m in models}})
     base_key = "global" if a.global_checkpoint else "flex_inf"
-    ratio = ms[base_key] / ms["flex"]
-    wins = {k: m.decoder.attention.average_window() for k, _, m in models}
+    ratios = [r["ms"][base_key] / r["ms"]["flex"] for r in results]
     try:
         commit = subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True).strip()
         dirty = subprocess.check_output(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, text=True)
@@ -178,11 +214,13 @@ def main(argv=None):
     except (OSError, subprocess.CalledProcessError):
         commit = "unknown"
     wall = time.time() - wall0
-    print(f"inputs: {len(data)} x {a.rounds} rounds, avg source length {src_len:.1f}, avg steps {steps:.1f}")
-    for key, label, _ in models:
-        print(f"{label}: {ms[key]:.1f} ms/sentence (window {wins[key]:.1f})")
-    print(f"speed-up {base_key}/flexible: {ratio:.2f}x" +
-          (f"; flex_inf/flexible: {ms['flex_inf'] / ms['flex']:.2f}x" if base_key != "flex_inf" else ""))
+    for r, ratio in zip(results, ratios):
+        print(f"concat {r['concat']}: {r['n']} inputs x {a.rounds} rounds, avg source length {r['src_len']:.1f}, "
+              f"avg steps {r['steps']:.1f}")
+        for key, label, _ in models:
+            print(f"  {label}: {r['ms'][key]:.1f} ms/sentence (window {r['wins'][key]:.1f})")
+        print(f"  speed-up {base_key}/flexible: {ratio:.2f}x" +
+              (f"; flex_inf/flexible: {r['ms']['flex_inf'] / r['ms']['flex']:.2f}x" if base_key != "flex_inf" else ""))
     if a.out:
         cpu = platform.processor() or platform.machine()
         try:
@@ -191,24 +229,35 @@ def main(argv=None):
             pass
         stamp = os.path.join(a.data_bin, ".done")
         stamp = open(stamp).read().strip().replace("\n", "; ") if os.path.exists(stamp) else "no stamp"
-        rows = [f"| {label} | {wins[key]:.1f} | {ms[key]:.1f} ms | {ms[key] / ms['flex']:.2f}x |" for key, label, _ in models]
         runs = [x for x in (run_info(c) for c in [a.global_checkpoint, a.flexible] if c) if x]
         cmd = " ".join(argv if argv is not None else sys.argv[1:])
+        keys = [key for key, _, _ in models]
+        summary = ["| sentences joined | source positions (avg) | steps (avg) | "
+                   + " | ".join(f"{key} ms (window)" for key in keys) + f" | {base_key} / flexible |",
+                   "|---|---|---|" + "---|" * len(keys) + "---|"]
+        for r, ratio in zip(results, ratios):
+            summary.append(f"| {r['concat']} | {r['src_len']:.1f} | {r['steps']:.1f} | "
+                           + " | ".join(f"{r['ms'][key]:.1f} ({r['wins'][key]:.1f})" for key in keys)
+                           + f" | **{ratio:.2f}x** |")
+        met = [r["src_len"] for r, x in zip(results, ratios) if x >= 1.2]
+        verdict = (f"Target (>= 1.2x on inputs >= 100 positions): met from {min(met):.0f} source positions on "
+                   f"(of the lengths measured)" if met else
+                   "Target (>= 1.2x on inputs >= 100 positions): **not met** at any length measured")
+        legend = [f"- `{key}`: {label}" for key, label, _ in models]
         text = "\n".join([
             "# Flexible Attention Table 3: CPU decoding time per sentence", "",
             "Paper (character-level En-Ja, Theano, one core): global 751 ms, flexible 677 ms (1.11x).", "",
             f"Protocol: reference tokens forced as feedback (same steps for every model), incremental decoding "
             f"with cached keys and full output softmax, encoder included, one sentence at a time, 1 thread, "
-            f"CPU time (`time.process_time`); {a.rounds} interleaved rounds (rotating order) over {len(data)} "
-            f"inputs of {a.concat} concatenated {a.subset} sentences ({a.src}→{a.tgt}, >= {a.min_len} "
-            f"positions; average source length {src_len:.1f}, {steps:.1f} steps).", "",
-            *( [a.note, ""] if a.note else []),
-            "| Model | average window | CPU time / sentence | time / flexible |", "|---|---|---|---|", *rows,
-            "", f"Speed-up ({base_key} / flexible tau={a.tau:g}): **{ratio:.2f}x** (target >= 1.2x on inputs >= 100 "
-            f"positions).", "",
+            f"CPU time (`time.process_time`); {a.rounds} interleaved rounds (rotating order) over "
+            f"{results[0]['n']} inputs per length, each input = K consecutive {a.subset} sentences joined "
+            f"({a.src}→{a.tgt}, >= {a.min_len} source positions).", "",
+            *([a.note, ""] if a.note else []),
+            "Models:", "", *legend, "",
+            *summary, "", verdict + ".", "",
             "Provenance:", "",
             f"- command: `python scripts/bench_flexible_decode.py {cmd}`",
-            f"- code: git {commit}; torch {torch.__version__}; CPU {cpu} (shared machine; CPU time, not wall); "
+            f"- code: git {commit}; torch {torch.__version__}; CPU {cpu} (CPU time, not wall); "
             f"bench wall {wall:.0f} s",
             f"- data: `{os.path.relpath(a.data_bin, ROOT)}` (bin stamp: {stamp})",
             *[f"- model: {x}" for x in runs], ""])
@@ -216,7 +265,7 @@ def main(argv=None):
         with atomic_path(a.out) as tmp, open(tmp, "w") as f:
             f.write(text)
         print(f"wrote {a.out}")
-    return ratio
+    return ratios
 
 
 if __name__ == "__main__":

@@ -375,6 +375,19 @@ def test_end_to_end_train_generate_finetune(tmp_path):
     assert 1.0 <= win < src_len  # windowed
     win_all, src_len_all = reports["inf"]
     assert win_all == pytest.approx(src_len_all)  # no threshold: every position is scored
+    # the decode-time benchmark (Table 3) on the same checkpoint, two input lengths in one run
+    md = tmp_path / "bench" / "table3.md"
+    out = sh([sys.executable, "scripts/bench_flexible_decode.py", "--flexible", str(ft / "checkpoint_last.pt"),
+              "--data-bin", str(data / "bin"), "--src", "en", "--tgt", "de", "--subset", "valid",
+              "--concat", "2,4", "--min-len", "20", "--n", "2", "--rounds", "1", "--out", str(md)])
+    rows = [l for l in md.read_text().splitlines() if re.match(r"\| [24] \| ", l)]
+    assert len(rows) == 2, md.read_text()
+    src_pos = [float(r.split("|")[2]) for r in rows]
+    assert src_pos[0] >= 20 and src_pos[1] > src_pos[0]  # 4 joined sentences are longer than 2
+    for r, n in zip(rows, src_pos):  # windows: tau = inf scores every position, tau = 1.2 at most that
+        inf_win, flex_win = (float(c.split("(")[1].rstrip(") ")) for c in r.split("|")[4:6])
+        assert inf_win == pytest.approx(n, rel=0.05) and 1.0 <= flex_win <= inf_win
+    assert "speed-up flex_inf/flexible" in out
 
 
 @pytest.mark.skipif(not os.path.isdir(RAW), reason=f"real data not found at {RAW}")
