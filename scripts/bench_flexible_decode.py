@@ -8,8 +8,9 @@ sentence at a time, on one CPU thread.  Inputs are long: ``--concat K`` consecut
 binarized subset are joined (source and reference), and only inputs of at least ``--min-len``
 source positions are kept.  ``--concat 5,10,20,40`` times every length in the same run (one row
 each): the speed-up grows with the source length, since the windowed step costs about the same
-at every length while global attention is linear in it.  The two models are timed interleaved (alternating order each round),
-CPU time by ``time.process_time``, and the ratio global / flexible is printed.
+at every length while global attention is linear in it.  The models are timed interleaved
+(rotating order each round), CPU time by ``time.process_time``, and the ratio global / flexible
+is printed.
 
     OMP_NUM_THREADS=1 python scripts/bench_flexible_decode.py \\
         --flexible runs/flexible_table1_de_en/row4/average_last1.pt --tau 1.2 \\
