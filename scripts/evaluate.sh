@@ -3,7 +3,7 @@
 #
 # Usage: scripts/evaluate.sh --checkpoint CKPT --data-bin DIR --prep-dir DIR --src en --tgt de
 #            [--subsets test,test1] [--beam 4] [--lenpen 0.6] [--batch-size 128] [--out DIR]
-#            [--user-dir fairseq_plugins] [--extra "..."]
+#            [--user-dir fairseq_plugins] [--extra "..."] [--ribes]
 # Run with --help for details.  For every subset S this runs fairseq-generate (log kept as
 # <out>/S.generate.log), extracts the hypotheses in corpus order checking that none is missing
 # (scripts/extract_hypotheses.py), scores them against <prep-dir>/raw/S.TGT (sacreBLEU, 13a,
@@ -40,6 +40,8 @@ Options:
   --out DIR             output dir (default: <checkpoint dir>/eval_<checkpoint name>)
   --user-dir DIR        fairseq --user-dir (default: <repo>/fairseq_plugins; "" or none: no user dir)
   --extra "ARGS"        extra fairseq-generate arguments, split on whitespace (no quoting)
+  --ribes               also compute RIBES on the tokenized text (scripts/score.py --ribes;
+                        slow on long sentences, so off by default)
   -h, --help            show this help
 
 Outputs in <out>, per subset S:
@@ -62,12 +64,14 @@ is_number() { [[ "$1" =~ ^-?[0-9]+([.][0-9]+)?$|^-?[.][0-9]+$ ]]; }
 
 CKPT="" DATA_BIN="" PREP_DIR="" SRC="" TGT=""
 SUBSETS="test,test1" BEAM=4 LENPEN=0.6 BATCH_SIZE=128 OUT="" USER_DIR="$REPO/fairseq_plugins" EXTRA=""
-VALID_OPTS="--checkpoint, --data-bin, --prep-dir, --src, --tgt, --subsets, --beam, --lenpen, --batch-size, --out, --user-dir, --extra, --help"
+RIBES_ARGS=()
+VALID_OPTS="--checkpoint, --data-bin, --prep-dir, --src, --tgt, --subsets, --beam, --lenpen, --batch-size, --out, --user-dir, --extra, --ribes, --help"
 while (( $# )); do
   arg="$1"
   if [[ "$arg" == --*=* ]]; then set -- "${arg%%=*}" "${arg#*=}" "${@:2}"; arg="$1"; fi
   case "$arg" in
     -h|--help) usage; exit 0 ;;
+    --ribes) RIBES_ARGS=(--ribes); shift; continue ;;
     --checkpoint|--data-bin|--prep-dir|--src|--tgt|--subsets|--beam|--lenpen|--batch-size|--out|--user-dir|--extra)
       (( $# >= 2 )) || die "$arg needs a value (see --help)"
       val="$2"; shift 2
@@ -177,7 +181,7 @@ for S in "${SUBSET_LIST[@]}"; do
     --tok-out "$OUT/$S.hyp.tok" --detok-out "$OUT/$S.hyp.detok" "${TC_ARGS[@]}" \
     || die "could not extract $N hypotheses for subset $S from $OUT/$S.generate.log"
   "$PYTHON" "$SCRIPT_DIR/score.py" --hyp "$OUT/$S.hyp.detok" --ref "$REF" \
-    --tokenized-hyp "$OUT/$S.hyp.tok" --tokenized-ref "$TOKREF" --json "$OUT/$S.json" \
+    --tokenized-hyp "$OUT/$S.hyp.tok" --tokenized-ref "$TOKREF" "${RIBES_ARGS[@]}" --json "$OUT/$S.json" \
     --meta "subset=$S" --meta "testset=$NAME" --meta "src=$SRC" --meta "tgt=$TGT" \
     --meta "checkpoint=$(cd "$(dirname "$CKPT")" && pwd)/$(basename "$CKPT")" --meta "beam=$BEAM" \
     --meta "lenpen=$LENPEN" --meta "extra=$EXTRA" --meta "postprocess=$POSTPROCESS" > "$OUT/$S.score.txt.$TMP" \

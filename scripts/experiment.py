@@ -191,13 +191,14 @@ def build_train_cmd(data_bin, ckpt_dir, arch, src, tgt, train_cfg, fns=None, ext
     return cmd + shlex.split(extra or "")
 
 
-def eval_cmd(gen, checkpoint, data_bin, prep, src, tgt, subsets, eval_dir):
-    """The scripts/evaluate.sh command (generate + sacreBLEU + tokenized BLEU) for the budget's
-    ``generate`` section ``gen`` on ``subsets``."""
+def eval_cmd(gen, checkpoint, data_bin, prep, src, tgt, subsets, eval_dir, ribes=False):
+    """The scripts/evaluate.sh command (generate + sacreBLEU + tokenized BLEU, + RIBES when
+    ``ribes``) for the budget's ``generate`` section ``gen`` on ``subsets``."""
     return (["bash", os.path.join(ROOT, "scripts", "evaluate.sh"), "--checkpoint", checkpoint, "--data-bin", data_bin,
              "--prep-dir", prep, "--src", src, "--tgt", tgt, "--subsets", ",".join(subsets),
              "--beam", str(gen["beam"]), "--lenpen", str(gen["lenpen"]), "--batch-size", str(gen["batch-size"]),
-             "--out", eval_dir] + (["--extra", " ".join(flags(gen["extra"]))] if gen.get("extra") else []))
+             "--out", eval_dir] + (["--extra", " ".join(flags(gen["extra"]))] if gen.get("extra") else [])
+            + (["--ribes"] if ribes else []))
 
 
 def average_cmd(ckpt_dir, n_avg, output):
@@ -314,6 +315,8 @@ def main(argv=None):
     p.add_argument("--max-update", type=int, help="override the budget's max-update")
     p.add_argument("--name", default=None, help="label stored in result.json")
     p.add_argument("--extra", default="", help="extra fairseq-train flags (quoted)")
+    p.add_argument("--ribes", action="store_true",
+                   help="also score RIBES (scripts/score.py --ribes; the En-Ja tables report it)")
     a = p.parse_args(argv)
     if a.src == a.tgt:
         p.error("--src and --tgt must differ (e.g. --src en --tgt de)")
@@ -398,10 +401,11 @@ def run_stages(a, argv, budget, train_cfg, out):
     scores = {}
     subsets = budget["data"]["subsets"]
     missing = [s for s in subsets if not os.path.exists(os.path.join(eval_dir, f"{s}.json"))
-               or os.path.getmtime(os.path.join(eval_dir, f"{s}.json")) < os.path.getmtime(avg)]
+               or os.path.getmtime(os.path.join(eval_dir, f"{s}.json")) < os.path.getmtime(avg)
+               or (a.ribes and json.load(open(os.path.join(eval_dir, f"{s}.json"))).get("tok_ribes") is None)]
     if missing:
         t0 = time.time()
-        run(eval_cmd(gen, avg, data_bin, prep, a.src, a.tgt, missing, eval_dir))
+        run(eval_cmd(gen, avg, data_bin, prep, a.src, a.tgt, missing, eval_dir, ribes=a.ribes))
         state["wall_s"]["evaluate"] = time.time() - t0
     for s in subsets:
         scores[s] = json.load(open(os.path.join(eval_dir, f"{s}.json")))

@@ -151,7 +151,7 @@ def _score_cell(score, spec):
     if spec.get("ribes"):
         if score.get("tok_ribes") is None:
             raise ValueError(f"the table asks for RIBES but {score.get('hyp')} was scored without it; "
-                             "delete the row's eval/ directory and re-run to re-score")
+                             "delete the row's result.json and eval/ directory and re-run the table to re-score")
         cell += f" / {score['tok_ribes']:.4f}"
     return cell
 
@@ -256,6 +256,8 @@ def main(argv=None, default_table=None):
             argv_exp += ["--fns", *r["fns"]]
         if r.get("extra"):
             argv_exp += ["--extra", r["extra"]]
+        if spec.get("ribes"):
+            argv_exp.append("--ribes")
         t0 = time.time()
         try:
             experiment.main(argv_exp)

@@ -4,7 +4,7 @@
 Usage::
 
     python scripts/score.py --hyp HYP.detok --ref REF.detok \\
-        [--tokenized-hyp HYP.tok --tokenized-ref REF.tok] [--json OUT.json] [--meta KEY=VALUE ...]
+        [--tokenized-hyp HYP.tok --tokenized-ref REF.tok [--ribes]] [--json OUT.json] [--meta KEY=VALUE ...]
 
 * ``BLEU``: sacreBLEU corpus BLEU on detokenized text with the default settings
   (``13a`` tokenizer, mixed case, exponential smoothing), computed with the sacrebleu
@@ -12,21 +12,23 @@ Usage::
 * ``tok BLEU`` (only with ``--tokenized-hyp/--tokenized-ref``): BLEU on Moses-tokenised
   text with ``tokenize='none'``, i.e. what ``multi-bleu.perl`` reports (mixed case).
   Not comparable across tokenisations; report the sacreBLEU number.
-* ``RIBES`` (only with tokenized files): Isozaki et al. (2010) RIBES on the same tokens,
+* ``RIBES`` (opt-in, ``--ribes``; needs the tokenized files): Isozaki et al. (2010) RIBES on the same tokens,
   ``NKT * P^alpha * BP^beta`` with alpha = 0.25, beta = 0.10 (the defaults of RIBES 1.02, used
   by WAT for ASPEC En-Ja; the flexible-attention paper reports it there), averaged over
-  sentences -- computed with ``nltk.translate.ribes_score.corpus_ribes``.
+  sentences -- computed with ``nltk.translate.ribes_score.corpus_ribes``.  Opt-in because
+  nltk's RIBES is super-linear in sentence length: on long, repetitive hypotheses (document-level
+  translation) it can run for many CPU-minutes, and only the En-Ja tables report it.
 
 Each hypothesis file must have exactly as many lines as its reference: a mismatch (e.g.
 ``fairseq-generate`` silently dropping sentences) is an error (exit status 1), never a
 score.  Files are read as UTF-8 and split on ``\\n`` only.
 
 ``--json OUT`` writes (atomically) a dict with keys ``bleu``, ``signature``, ``tok_bleu`` and
-``tok_ribes`` (``null`` without tokenized files), ``n_hyp``, ``n_ref``, ``hyp``, ``ref`` and, for
+``tok_ribes`` (``null`` without tokenized files; ``tok_ribes`` also without ``--ribes``), ``n_hyp``, ``n_ref``, ``hyp``, ``ref`` and, for
 information, ``bleu_str``, ``tok_signature``, ``tok_hyp``, ``tok_ref``, plus any
 ``--meta KEY=VALUE`` pairs (strings; e.g. checkpoint, subset, beam -- see scripts/evaluate.sh).
 
-Importable: ``score_files(hyp, ref, tok_hyp=None, tok_ref=None) -> dict`` (same dict;
+Importable: ``score_files(hyp, ref, tok_hyp=None, tok_ref=None, ribes=False) -> dict`` (same dict;
 raises :class:`LineCountError` on a line-count mismatch).
 """
 
@@ -61,20 +63,23 @@ def _check_counts(hyp_path, hyp_lines, ref_path, ref_lines):
         raise LineCountError(f"reference {ref_path} is empty")
 
 
-def score_files(hyp, ref, tok_hyp=None, tok_ref=None):
+def score_files(hyp, ref, tok_hyp=None, tok_ref=None, ribes=False):
     """Score ``hyp`` against ``ref`` (file paths) and return a result dict.
 
     Keys: ``bleu`` (float, sacreBLEU 13a mixed case), ``bleu_str``, ``signature`` (str),
     ``tok_bleu`` (float or None; BLEU with ``tokenize='none'`` on ``tok_hyp``/``tok_ref``),
-    ``tok_signature``, ``tok_ribes`` (float in [0, 1] or None; RIBES on the tokenized files,
-    Isozaki et al. 2010), ``n_hyp``, ``n_ref``, ``hyp``, ``ref``, ``tok_hyp``, ``tok_ref``
+    ``tok_signature``, ``tok_ribes`` (float in [0, 1], or None unless ``ribes``; RIBES on the
+    tokenized files, Isozaki et al. 2010), ``n_hyp``, ``n_ref``, ``hyp``, ``ref``, ``tok_hyp``, ``tok_ref``
     (absolute paths).  Raises :class:`LineCountError` when a hypothesis and its reference
-    differ in line count, ``ValueError`` when only one of ``tok_hyp``/``tok_ref`` is given.
+    differ in line count, ``ValueError`` when only one of ``tok_hyp``/``tok_ref`` is given or
+    ``ribes`` is asked for without them.
     """
     from sacrebleu.metrics import BLEU
 
     if (tok_hyp is None) != (tok_ref is None):
         raise ValueError("give both tok_hyp and tok_ref (tokenized hypothesis and reference) or neither")
+    if ribes and tok_hyp is None:
+        raise ValueError("RIBES is computed on tokenized text: give tok_hyp and tok_ref with ribes=True")
     hyp_lines, ref_lines = read_lines(hyp), read_lines(ref)
     _check_counts(hyp, hyp_lines, ref, ref_lines)
 
@@ -105,11 +110,13 @@ def score_files(hyp, ref, tok_hyp=None, tok_ref=None):
         # force=True: the input is tokenized on purpose (silences sacrebleu's warning)
         tok_bleu = BLEU(tokenize="none", force=True)
         tok_score = tok_bleu.corpus_score(tok_hyp_lines, [tok_ref_lines])
-        from nltk.translate.ribes_score import corpus_ribes
+        if ribes:
+            from nltk.translate.ribes_score import corpus_ribes
 
+            result["tok_ribes"] = corpus_ribes([[r.split()] for r in tok_ref_lines],
+                                               [h.split() for h in tok_hyp_lines])
         result.update(
             tok_bleu=tok_score.score,
-            tok_ribes=corpus_ribes([[r.split()] for r in tok_ref_lines], [h.split() for h in tok_hyp_lines]),
             tok_signature=str(tok_bleu.get_signature()),
             tok_hyp=os.path.abspath(tok_hyp),
             tok_ref=os.path.abspath(tok_ref),
@@ -133,6 +140,8 @@ def main(argv=None):
     parser.add_argument("--ref", required=True, help="detokenized (raw) reference, one per line")
     parser.add_argument("--tokenized-hyp", help="Moses-tokenised hypotheses (for tokenized BLEU)")
     parser.add_argument("--tokenized-ref", help="Moses-tokenised reference (for tokenized BLEU)")
+    parser.add_argument("--ribes", action="store_true",
+                        help="also compute RIBES on the tokenized files (slow on long sentences)")
     parser.add_argument("--json", metavar="OUT", help="write the scores as JSON to OUT (atomically)")
     parser.add_argument("--meta", action="append", default=[], metavar="KEY=VALUE",
                         help="extra string field for the --json dict (repeatable)")
@@ -145,13 +154,15 @@ def main(argv=None):
         meta[key] = value
     if (args.tokenized_hyp is None) != (args.tokenized_ref is None):
         parser.error("--tokenized-hyp and --tokenized-ref must be given together")
+    if args.ribes and args.tokenized_hyp is None:
+        parser.error("--ribes needs --tokenized-hyp and --tokenized-ref (RIBES is computed on tokens)")
     for name in ("hyp", "ref", "tokenized_hyp", "tokenized_ref"):
         path = getattr(args, name)
         if path is not None and not os.path.isfile(path):
             print(f"score.py: error: --{name.replace('_', '-')} {path}: no such file", file=sys.stderr)
             return 1
     try:
-        result = score_files(args.hyp, args.ref, args.tokenized_hyp, args.tokenized_ref)
+        result = score_files(args.hyp, args.ref, args.tokenized_hyp, args.tokenized_ref, ribes=args.ribes)
     except LineCountError as e:
         print(f"score.py: error: {e}", file=sys.stderr)
         return 1
@@ -159,6 +170,7 @@ def main(argv=None):
     print(f"signature: {result['signature']}")
     if result["tok_bleu"] is not None:
         print(f"tokenized BLEU = {result['tok_bleu']:.2f} ({result['tok_signature']})")
+    if result["tok_ribes"] is not None:
         print(f"RIBES = {result['tok_ribes']:.4f} (nltk corpus_ribes, alpha 0.25, beta 0.10, tokenized)")
     if args.json:
         clash = sorted(set(meta) & set(result))

@@ -25,8 +25,21 @@ def test_ribes_matches_a_hand_computation(tmp_path):
     tau = -1, so RIBES = 0; an identical one scores 1.  The corpus score is the sentence mean."""
     ref = _write(tmp_path / "ref", ["a b c d", "e f g h", "i j k l"])
     hyp = _write(tmp_path / "hyp", ["a b d c", "h g f e", "i j k l"])
-    res = score.score_files(hyp, ref, hyp, ref)
+    res = score.score_files(hyp, ref, hyp, ref, ribes=True)
     assert res["tok_ribes"] == pytest.approx((5 / 6 + 0.0 + 1.0) / 3, abs=1e-12)
+
+
+def test_ribes_is_opt_in_and_needs_tokenized_files(tmp_path):
+    """RIBES (slow on long sentences) only when asked; asking without tokens is an error."""
+    ref = _write(tmp_path / "ref", ["a b c d"])
+    hyp = _write(tmp_path / "hyp", ["a b d c"])
+    res = score.score_files(hyp, ref, hyp, ref)
+    assert res["tok_ribes"] is None and res["tok_bleu"] is not None
+    with pytest.raises(ValueError, match="tokenized"):
+        score.score_files(hyp, ref, ribes=True)
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "score.py"), "--hyp", hyp, "--ref", ref,
+                        "--ribes"], capture_output=True, text=True)
+    assert p.returncode == 2 and "--ribes needs --tokenized-hyp" in p.stderr
 
 
 def test_ribes_is_absent_without_tokenized_files(tmp_path):
@@ -41,7 +54,7 @@ def test_cli_prints_and_stores_ribes_and_refuses_a_short_hypothesis(tmp_path):
     hyp = _write(tmp_path / "hyp", ["a b d c", "e f g h"])
     out = tmp_path / "s.json"
     cmd = [sys.executable, os.path.join(ROOT, "scripts", "score.py"), "--hyp", hyp, "--ref", ref,
-           "--tokenized-hyp", hyp, "--tokenized-ref", ref, "--json", str(out)]
+           "--tokenized-hyp", hyp, "--tokenized-ref", ref, "--ribes", "--json", str(out)]
     p = subprocess.run(cmd, capture_output=True, text=True, check=True)
     assert "RIBES = 0.9167" in p.stdout
     assert json.loads(out.read_text())["tok_ribes"] == pytest.approx((5 / 6 + 1) / 2)
