@@ -323,3 +323,84 @@ def test_cli_end_to_end(deen, tmp_path):
     md = (out / "analysis.md").read_text()
     assert "## AER" in md and "| tiny |" in md
     assert not [p for p in os.listdir(out) if p.endswith(".tmp")]  # no temp files left
+
+
+# ---------------------------------------------------------------------------------------------
+# source reliance (NLL with true vs shuffled sources)
+# ---------------------------------------------------------------------------------------------
+from fairseq_plugins.analysis.source_reliance import derangement, source_reliance  # noqa: E402
+
+
+def _xent_sample(task, bsz=4, seed=0):
+    src, lens, prev = toy_batch(task, bsz=bsz, src_len=7, tgt_len=6, seed=seed)
+    d = task.target_dictionary
+    target = torch.cat([prev[:, 1:], torch.full((bsz, 1), d.eos())], 1)
+    target[0, -2:] = d.pad()  # a padded target: its tokens must not count
+    return {"net_input": {"src_tokens": src, "src_lengths": lens, "prev_output_tokens": prev},
+            "target": target, "ntokens": int(target.ne(d.pad()).sum())}
+
+
+@pytest.mark.parametrize("n", [2, 3, 5, 17])
+def test_derangement_is_a_permutation_without_fixed_points(n):
+    for seed in range(20):
+        p = derangement(n, torch.Generator().manual_seed(seed))
+        assert sorted(p.tolist()) == list(range(n))
+        assert all(p[i] != i for i in range(n))
+    with pytest.raises(ValueError, match="at least 2"):
+        derangement(1)
+
+
+def test_source_reliance_true_nll_equals_fairseq_nll_loss():
+    """nll_true (nats/token) == fairseq label_smoothed_cross_entropy's nll_loss / ntokens."""
+    from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEntropyCriterion
+
+    torch.manual_seed(0)
+    model, task = build("stock_transformer_small")
+    sample = _xent_sample(task)
+    crit = LabelSmoothedCrossEntropyCriterion(task, sentence_avg=False, label_smoothing=0.1)
+    model.eval()
+    with torch.no_grad():
+        _, _, log = crit(model, sample)
+    res = source_reliance(model, [sample], task.target_dictionary.pad())
+    assert res["n_tokens"] == sample["ntokens"] == log["ntokens"]
+    assert res["nll_true"][0] == pytest.approx(float(log["nll_loss"]) / log["ntokens"], rel=1e-6)
+
+
+def test_source_reliance_shuffled_nll_uses_the_seeded_derangement():
+    """nll_shuffled equals the NLL of the batch with its sources permuted by hand."""
+    torch.manual_seed(0)
+    model, task = build("stock_transformer_small")
+    sample = _xent_sample(task)
+    pad = task.target_dictionary.pad()
+    res = source_reliance(model, [sample], pad, seed=3)
+    perm = derangement(4, torch.Generator().manual_seed(3))
+    ni = sample["net_input"]
+    by_hand = {**sample, "net_input": dict(ni, src_tokens=ni["src_tokens"][perm], src_lengths=ni["src_lengths"][perm])}
+    ref = source_reliance(model, [by_hand], pad, seed=99)["nll_true"][0]
+    assert res["nll_shuffled"][0] == pytest.approx(ref, rel=1e-6)
+    assert res["delta_nll"][0] == pytest.approx(res["nll_shuffled"][0] - res["nll_true"][0])
+    assert res["delta_nll"][0] != 0.0  # an untrained transformer's output still depends on its input
+
+
+def test_source_reliance_is_zero_when_every_source_is_the_same():
+    """Invariance: a batch whose sentences share one source has nothing to shuffle (delta 0)."""
+    torch.manual_seed(0)
+    model, task = build("stock_transformer_small")
+    sample = _xent_sample(task)
+    ni = sample["net_input"]
+    ni["src_tokens"] = ni["src_tokens"][:1].expand(4, -1).clone()
+    ni["src_lengths"] = ni["src_lengths"][:1].expand(4).clone()
+    res = source_reliance(model, [sample], task.target_dictionary.pad())
+    assert res["delta_nll"][0] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_source_reliance_skips_single_sentence_batches_and_rejects_only_those():
+    torch.manual_seed(0)
+    model, task = build("stock_transformer_small")
+    pad = task.target_dictionary.pad()
+    two = _xent_sample(task, bsz=2)
+    one = _xent_sample(task, bsz=1, seed=1)
+    res = source_reliance(model, [one, two], pad)
+    assert res["n_sentences"] == 2 and res["skipped_sentences"] == 1
+    with pytest.raises(ValueError, match="two or more sentences"):
+        source_reliance(model, [one], pad)

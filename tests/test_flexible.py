@@ -7,6 +7,7 @@ generate (+ fine-tune) on a slice of real Multi30k.
 """
 
 import argparse
+import json
 import math
 import os
 import re
@@ -359,6 +360,14 @@ def test_end_to_end_train_generate_finetune(tmp_path):
                       "--max-update", "10", "--save-dir", str(ft),
                       "--finetune-from-model", str(ck / "checkpoint_last.pt")])
     assert "flexible_gate_loss" in log and re.search(r"flexible_gate[ =]0\.\d", log)
+    # source reliance (scripts/source_reliance.py): NLL with true vs shuffled sources on valid
+    rel = tmp_path / "reliance.json"
+    sh([sys.executable, "scripts/source_reliance.py", "--checkpoint", str(ck / "checkpoint_last.pt"),
+        "--data-bin", str(data / "bin"), "--src", "en", "--tgt", "de", "--json", str(rel)])
+    r = json.loads(rel.read_text())
+    n_valid_sents = sum(1 for _ in open(data / "raw" / "valid.de"))
+    assert r["n_sentences"] + r["skipped_sentences"] == n_valid_sents and r["skipped_sentences"] <= 1
+    assert math.isfinite(r["nll_true"][0]) and r["delta_nll"][0] == pytest.approx(r["nll_shuffled"][0] - r["nll_true"][0])
     # decode with a threshold: only a window is scored, and its average size is reported
     n_valid = sum(1 for _ in open(data / "raw" / "valid.de"))
     reports = {}

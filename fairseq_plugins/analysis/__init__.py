@@ -2,3 +2,4 @@
 
 from .ffn_variance import ffn_variance_ratios  # noqa: F401
 from . import energy  # noqa: F401
+from .source_reliance import source_reliance  # noqa: F401
