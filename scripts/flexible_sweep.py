@@ -156,6 +156,16 @@ def plot(points: dict, path: str, title: str) -> None:
     plt.close(fig)
 
 
+def sweep_table(points) -> list:
+    """Markdown lines of the BLEU-vs-window table from ``(tau name, {valid, test})`` pairs."""
+    lines = ["| tau | valid window | valid BLEU (tok) | test window | test BLEU (tok) |", "|---|---|---|---|---|"]
+    for name, v in points:
+        lines.append(f"| {name} | {v['valid']['window']:.2f} | {v['valid']['bleu']:.2f} "
+                     f"({v['valid']['tok_bleu']:.2f}) | {v['test']['window']:.2f} | {v['test']['bleu']:.2f} "
+                     f"({v['test']['tok_bleu']:.2f}) |")
+    return lines
+
+
 def sweep(run_dir: str, taus, metric: str, max_loss: float, figure=None, out=None) -> dict:
     """Decode valid + test over ``taus`` (and inf); write sweep.json / sweep.md (+ figure)."""
     res = run_info(run_dir)
@@ -176,11 +186,7 @@ def sweep(run_dir: str, taus, metric: str, max_loss: float, figure=None, out=Non
     lines = [f"# BLEU vs average window over tau ({res['direction']}, `{summary['checkpoint']}`)", "",
              f"Selected tau (paper rule: smallest of {list(SELECT_FROM)} with validation {metric} >= "
              f"tau=inf - {max_loss}): **{tau_name(chosen) if chosen is not None else 'none'}**", "",
-             "| tau | valid window | valid BLEU (tok) | test window | test BLEU (tok) |", "|---|---|---|---|---|"]
-    for t, v in points.items():
-        lines.append(f"| {tau_name(t)} | {v['valid']['window']:.2f} | {v['valid']['bleu']:.2f} "
-                     f"({v['valid']['tok_bleu']:.2f}) | {v['test']['window']:.2f} | {v['test']['bleu']:.2f} "
-                     f"({v['test']['tok_bleu']:.2f}) |")
+             *sweep_table((tau_name(t), v) for t, v in points.items())]
     lines += ["", f"Window = source positions scored per hypothesis and step (beam {res['config']['budget']['generate']['beam']}); "
               f"average source length {points[math.inf]['test']['source_length']:.2f} (test). "
               "SacreBLEU with tokenized BLEU in brackets. Regenerate: `python scripts/flexible_sweep.py sweep "
@@ -243,8 +249,12 @@ def table1(runs, metric, max_loss, out_path, figure=None,
         for key, name, v in entries:
             cells = ["not run yet", ""] if v is None else [f"{v['window']:.2f}", f"{v['bleu']:.2f} ({v['tok_bleu']:.2f})"]
             lines.append(f"| {name} | {paper[key][0]} | {paper[key][1]} | " + " | ".join(cells) + " |")
-        lines += ["", f"Runs: `{os.path.relpath(rdir, ROOT)}/row1..4` (see their result.json for commands and "
-                  f"commits); sweep: `{sw['run']}/sweep/sweep.md`.", ""]
+        sig = next((v.get("signature") for _, _, v in entries if v and v.get("signature")), "n/a")
+        lines += ["", f"Runs: `{os.path.relpath(rdir, ROOT)}/row1..4` (see their result.json for commands, configs, "
+                  f"commits, hardware and wall times); sacreBLEU signature `{sig}`.", "",
+                  f"### BLEU vs window over tau, flexible row (Figure 3{' -- plotted in ' + os.path.relpath(figure, ROOT) if figure and rdir == runs[-1] else ''})",
+                  "", f"`{sw['checkpoint']}`, git commit `{sw.get('git_commit')}`; from `{sw['run']}/sweep/sweep.md`.", "",
+                  *sweep_table(sw["points"].items()), ""]
     lines += ["_Rendered by `python scripts/flexible_sweep.py table1 --runs "
               + " ".join(os.path.relpath(r, ROOT) for r in runs) + "`._", ""]
     write_text(out_path, "\n".join(lines))
