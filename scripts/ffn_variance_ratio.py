@@ -9,47 +9,26 @@ Prints ``{"encoder": [...], "decoder": [...], "mean": [m]}`` (see
 :func:`fairseq_plugins.analysis.ffn_variance_ratios`) and writes it to ``--json`` atomically.
 """
 
-import argparse
-import json
 import os
 import sys
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from atomic import atomic_path  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--checkpoint", required=True)
-    p.add_argument("--data-bin", required=True)
-    p.add_argument("--src", required=True)
-    p.add_argument("--tgt", required=True)
-    p.add_argument("--subset", default="valid")
-    p.add_argument("--max-tokens", type=int, default=4096)
-    p.add_argument("--json", help="write the result here (atomically)")
-    a = p.parse_args(argv)
-    for path in (a.checkpoint, a.data_bin):
-        if not os.path.exists(path):
-            p.error(f"not found: {path}")
     sys.path.insert(0, ROOT)
-    import fairseq_plugins  # noqa: F401  (safe globals, archs)
-    from fairseq import checkpoint_utils
+    from fairseq_plugins.analysis.loading import analysis_parser, checkpoint_batches, emit_result
 
+    p = analysis_parser(__doc__.split("\n\n")[0])
+    a = p.parse_args(argv)
     from fairseq_plugins.analysis import ffn_variance_ratios
 
-    models, _, task = checkpoint_utils.load_model_ensemble_and_task(
-        [a.checkpoint], arg_overrides={"data": a.data_bin, "source_lang": a.src, "target_lang": a.tgt})
-    task.load_dataset(a.subset)
-    itr = task.get_batch_iterator(dataset=task.dataset(a.subset), max_tokens=a.max_tokens,
-                                  required_batch_size_multiple=1).next_epoch_itr(shuffle=False)
-    res = ffn_variance_ratios(models[0], itr, task.target_dictionary.pad())
-    res.update(checkpoint=os.path.abspath(a.checkpoint), subset=a.subset)
-    print(json.dumps(res, indent=1))
-    if a.json:
-        with atomic_path(a.json) as tmp, open(tmp, "w") as f:
-            json.dump(res, f, indent=1)
+    try:
+        model, task, itr = checkpoint_batches(a.checkpoint, a.data_bin, a.src, a.tgt, a.subset, a.max_tokens)
+    except FileNotFoundError as e:
+        p.error(str(e))
+    res = ffn_variance_ratios(model, itr, task.target_dictionary.pad())
+    emit_result(res, a.checkpoint, a.subset, a.json)
 
 
 if __name__ == "__main__":
