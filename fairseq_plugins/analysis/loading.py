@@ -52,20 +52,13 @@ def emit_result(res: dict, checkpoint: str, subset: str, json_path=None) -> dict
     ``json_path``, write it there atomically (never a half-written file).  Returns ``res``."""
     import json
     import os
-    import tempfile
+
+    from ..atomic_io import atomic_path
 
     res.update(checkpoint=os.path.abspath(checkpoint), subset=subset)
     text = json.dumps(res, indent=1)
     print(text)
     if json_path:
-        d = os.path.dirname(os.path.abspath(json_path))
-        os.makedirs(d, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp.", suffix=".json")
-        try:
-            with os.fdopen(fd, "w") as f:
-                f.write(text + "\n")
-            os.replace(tmp, json_path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
+        with atomic_path(json_path) as tmp, open(tmp, "w") as f:
+            f.write(text + "\n")
     return res
