@@ -5,29 +5,23 @@ __all__ = ["checkpoint_batches"]
 
 def checkpoint_batches(checkpoint: str, data_bin: str, src: str, tgt: str, subset: str = "valid",
                        max_tokens: int = 4096):
-    """Load ``checkpoint`` (with this plugin's archs and safe globals) over ``data_bin`` and
-    return ``(model, task, batches)``: the first model of the ensemble, the translation task, and
-    an iterator over ``subset`` in fairseq's length-sorted batches of at most ``max_tokens``
-    tokens (every sentence once, ``required_batch_size_multiple=1``, no shuffling).
+    """``(model, task, batches)`` for a per-checkpoint analysis: the model and task from
+    :func:`.capture.load_model_for_analysis` (eval mode, the plugin's safe checkpoint loader) and
+    :func:`.capture.iter_batches` over ``subset`` (every sentence once, no shuffling).
 
     Raises:
-        FileNotFoundError: ``checkpoint`` or ``data_bin`` does not exist, or ``subset`` is not
-            binarized there (fairseq's own error).
+        FileNotFoundError: ``checkpoint`` or ``data_bin`` does not exist.
+        fairseq_plugins.checkpoint.UnsafeCheckpointError: a non-allow-listed pickle global.
     """
     import os
+
+    from .capture import iter_batches, load_model_for_analysis
 
     for path in (checkpoint, data_bin):
         if not os.path.exists(path):
             raise FileNotFoundError(f"not found: {path}")
-    import fairseq_plugins  # noqa: F401  (safe globals, archs)
-    from fairseq import checkpoint_utils
-
-    models, _, task = checkpoint_utils.load_model_ensemble_and_task(
-        [checkpoint], arg_overrides={"data": data_bin, "source_lang": src, "target_lang": tgt})
-    task.load_dataset(subset)
-    itr = task.get_batch_iterator(dataset=task.dataset(subset), max_tokens=max_tokens,
-                                  required_batch_size_multiple=1).next_epoch_itr(shuffle=False)
-    return models[0], task, itr
+    model, task, _ = load_model_for_analysis(checkpoint, data_bin, src, tgt, subsets=[subset])
+    return model, task, iter_batches(task, task.dataset(subset), max_tokens=max_tokens)
 
 
 def analysis_parser(description: str):
