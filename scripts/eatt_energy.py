@@ -127,26 +127,10 @@ def model_markdown(res):
 
 
 def plot(res, path):
-    import matplotlib
+    """Paper Figure 2 as a PNG (``fairseq_plugins.analysis.plots.rho_curves``)."""
+    from fairseq_plugins.analysis.plots import rho_curves
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5, 3.2))
-    for label, typ, role in (("Enc-Self", "encoder", "query"), ("Dec-Self", "decoder", "query"),
-                             ("Dec-Crs-Query", "cross", "query"), ("Dec-Crs-Key", "cross", "key")):
-        pts = [(i + 1, res["rho"][f"{typ}/{i}/{role}"]) for i in range(max(res["layers"].values()))
-               if f"{typ}/{i}/{role}" in res["rho"]]
-        if pts:
-            ax.plot(*zip(*pts), marker="o", label=label)
-    ax.set_xlabel("layer")
-    ax.set_ylabel("ratio of nonzero values ρ")
-    ax.set_title(f"E-ATT binarisation ratio (τ = {res['tau']})")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=120)
-    plt.close(fig)
+    return rho_curves(res["rho"], max(res["layers"].values()), res["tau"], path)
 
 
 def main(argv=None):

@@ -10,7 +10,7 @@ from typing import Dict, List, Optional, Sequence
 
 from ..atomic_io import atomic_path
 
-__all__ = ["layer_curves", "hallucination_curves", "aer_curves", "top_p_curves", "heatmap_grid"]
+__all__ = ["layer_curves", "hallucination_curves", "aer_curves", "top_p_curves", "heatmap_grid", "rho_curves"]
 
 KIND_TITLES = {"encoder": "encoder self-attention", "decoder": "decoder self-attention",
                "cross": "cross-attention"}
@@ -26,6 +26,14 @@ def _plt():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def _layer_axis(ax):
+    """Label ``ax``'s x axis as 1-based layer numbers with integer ticks only."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.set_xlabel("layer")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
 def _save(fig, path):
@@ -50,7 +58,7 @@ def layer_curves(results: Dict[str, dict], metric: str, ylabel: str, path: str,
                 continue
             ax.plot(range(1, len(ys) + 1), ys, marker="o", label=label)
         ax.set_title(KIND_TITLES[kind])
-        ax.set_xlabel("layer")
+        _layer_axis(ax)
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
     axes[0][-1].legend(fontsize=8)
@@ -72,7 +80,7 @@ def hallucination_curves(results: Dict[str, dict], path: str) -> str:
         xs = range(1, len(h["reference"]) + 1)
         ax.plot(xs, h["reference"], color=c, marker="o", label=f"{label} (reference)")
         ax.plot(xs, h["shuffled"], color=c, marker="x", linestyle="--", label=f"{label} (shuffled)")
-    ax.set_xlabel("layer")
+    _layer_axis(ax)
     ax.set_ylabel("cross-attention null rate")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
@@ -91,7 +99,7 @@ def aer_curves(aer_results: Dict[str, dict], path: str) -> str:
             ax.plot(xs, m["best_head"], color=f"C{n}", marker="o", label=f"{label} best head")
             ax.plot(xs, m["layer"], color=f"C{n}", marker="x", linestyle="--", label=f"{label} layer")
         ax.set_title(f"{mode} attention")
-        ax.set_xlabel("layer")
+        _layer_axis(ax)
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("AER (%)")
     axes[1].legend(fontsize=7)
@@ -156,4 +164,29 @@ def heatmap_grid(weights: List, row_tokens: Sequence[str], col_tokens: Sequence[
             ax.set_title(f"layer {li + 1} head {h} (null {sum(null)}/{T})", fontsize=7)
     if title:
         fig.suptitle(title, fontsize=9)
+    return _save(fig, path)
+
+
+def rho_curves(rho: Dict[str, float], n_layers: int, tau: float, path: str) -> str:
+    """E-ATT's ratio of ones after binarisation ρ per layer (paper Figure 2): one line each for
+    encoder self-attention, decoder self-attention, and the cross-attention query and key inputs.
+
+    Args:
+        rho: ``"{encoder|decoder|cross}/{layer (0-based)}/{query|key}" -> ρ`` in [0, 1]; missing
+            keys (a layer without E-ATT) are skipped.
+        n_layers: the largest number of layers of any attention type.
+        tau: the binarisation threshold τ, shown in the title.
+    """
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    for label, typ, role in (("Enc-Self", "encoder", "query"), ("Dec-Self", "decoder", "query"),
+                             ("Dec-Crs-Query", "cross", "query"), ("Dec-Crs-Key", "cross", "key")):
+        pts = [(i + 1, rho[f"{typ}/{i}/{role}"]) for i in range(n_layers) if f"{typ}/{i}/{role}" in rho]
+        if pts:
+            ax.plot(*zip(*pts), marker="o", label=label)
+    _layer_axis(ax)
+    ax.set_ylabel("ratio of nonzero values ρ")
+    ax.set_title(f"E-ATT binarisation ratio (τ = {tau})")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
     return _save(fig, path)
