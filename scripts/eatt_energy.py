@@ -133,6 +133,21 @@ def plot(res, path):
     return rho_curves(res["rho"], max(res["layers"].values()), res["tau"], path)
 
 
+def provenance_markdown(argv=None):
+    """The Markdown footer that lets a reader regenerate the file: command, git commit, hardware."""
+    import shlex
+
+    from experiment import git_commit, hardware
+
+    args = sys.argv[1:] if argv is None else list(argv)
+    command = "python scripts/eatt_energy.py " + " ".join(
+        shlex.quote(os.path.relpath(x, ROOT) if os.path.isabs(x) and x.startswith(ROOT) else x) for x in args)
+    return ("\n## Provenance\n\n"
+            f"- command: `{command.strip()}`\n"
+            f"- git commit: `{git_commit()}`\n"
+            f"- hardware: {hardware()}\n")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--l", type=float, help="sequence length for the Table 2 form (default: implied by Dense, 23.03)")
@@ -172,6 +187,8 @@ def main(argv=None):
             plot(res, a.plot)
     elif a.json or a.plot:
         p.error("--json and --plot need --checkpoint")
+    if a.md:
+        md += provenance_markdown(argv)
     print(md)
     if a.md:
         with atomic_path(a.md) as tmp, open(tmp, "w") as f:
