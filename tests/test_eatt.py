@@ -261,3 +261,5 @@ def test_end_to_end_train_generate_energy(tmp_path):
     assert all(0.0 <= v <= 1.0 for v in res["rho"].values())
     assert 0.0 < res["energy_scores_asic_pct"][0] < 100.0
     assert os.path.getsize(tmp_path / "rho.png") > 0
+    md = (tmp_path / "energy.md").read_text()  # the Markdown names how to regenerate it
+    assert "## Provenance" in md and "--max-sentences 50" in md and "- git commit: `" in md
