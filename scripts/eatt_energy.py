@@ -133,6 +133,13 @@ def plot(res, path):
     return rho_curves(res["rho"], max(res["layers"].values()), res["tau"], path)
 
 
+def _repo_relative(arg):
+    """``arg`` relative to the repository root when it is an absolute path inside it, else unchanged."""
+    if os.path.isabs(arg) and os.path.commonpath([os.path.abspath(arg), ROOT]) == ROOT:
+        return os.path.relpath(arg, ROOT)
+    return arg
+
+
 def provenance_markdown(argv=None):
     """The Markdown footer that lets a reader regenerate the file: command, git commit, hardware."""
     import shlex
@@ -141,7 +148,7 @@ def provenance_markdown(argv=None):
 
     args = sys.argv[1:] if argv is None else list(argv)
     command = "python scripts/eatt_energy.py " + " ".join(
-        shlex.quote(os.path.relpath(x, ROOT) if os.path.isabs(x) and x.startswith(ROOT) else x) for x in args)
+        shlex.quote(_repo_relative(x)) for x in args)
     return ("\n## Provenance\n\n"
             f"- command: `{command.strip()}`\n"
             f"- git commit: `{git_commit()}`\n"

@@ -176,6 +176,10 @@ def rho_curves(rho: Dict[str, float], n_layers: int, tau: float, path: str) -> s
             keys (a layer without E-ATT) are skipped.
         n_layers: the largest number of layers of any attention type.
         tau: the binarisation threshold τ, shown in the title.
+        path: the PNG to write (atomically).
+
+    Returns:
+        ``path``.
     """
     plt = _plt()
     fig, ax = plt.subplots(figsize=(5, 3.2))
