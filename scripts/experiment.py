@@ -107,12 +107,42 @@ def run(cmd, logfile=None):
             raise subprocess.CalledProcessError(proc.returncode, cmd)
 
 
+def _json_stats(line, tag):
+    """The stats dict of a fairseq ``--log-format json`` line of progress ``tag`` (``train_inner``,
+    ``valid``), keys without their ``valid_`` prefix, values as floats where numeric; else None."""
+    marker = f"| {tag} | "
+    i = line.find(marker)
+    if i < 0 or "{" not in line[i:]:
+        return None
+    try:
+        stats = json.loads(line[line.index("{", i):])
+    except ValueError:
+        return None
+    out = {}
+    for k, v in stats.items():
+        k = k[len(tag) + 1:] if k.startswith(tag + "_") else k
+        try:
+            out[k] = float(v)
+        except (TypeError, ValueError):
+            out[k] = v
+    return out
+
+
 def loss_curve(train_log):
-    """(updates, train loss) pairs and valid losses parsed from fairseq's simple log format."""
+    """(updates, train loss) pairs and valid losses parsed from a fairseq log, in the simple
+    or the json ``--log-format``."""
     curve, valid = [], []
     if not os.path.exists(train_log):
         return curve, valid
     for line in open(train_log):
+        st = _json_stats(line, "train_inner")
+        if st is not None and "loss" in st:
+            curve.append((int(st["num_updates"]), st["loss"]))
+            continue
+        st = _json_stats(line, "valid")
+        if st is not None and "loss" in st:
+            valid.append((int(st["num_updates"]), st["loss"]))
+            continue
         m = re.search(r"\| train_inner \|.*?loss=([\d.naif]+).*?num_updates=(\d+)", line)
         if m:
             curve.append((int(m.group(2)), float(m.group(1))))
@@ -165,6 +195,9 @@ def last_valid_metrics(train_log):
                 last = line
     if last is None:
         return {}
+    st = _json_stats(last, "valid")
+    if st is not None:
+        return {k: v for k, v in st.items() if isinstance(v, float)}
     out = {}
     for m in re.finditer(r"\| ([a-z_0-9]+) (-?[\d.]+(?:e-?\d+)?|nan|inf)\b", last):
         out[m.group(1)] = float(m.group(2))
@@ -201,10 +234,11 @@ def eval_cmd(gen, checkpoint, data_bin, prep, src, tgt, subsets, eval_dir, ribes
             + (["--ribes"] if ribes else []))
 
 
-def average_cmd(ckpt_dir, n_avg, output):
-    """The checkpoint-averaging command (last ``n_avg`` update checkpoints of ``ckpt_dir``)."""
+def average_cmd(ckpt_dir, n_avg, output, kind="update"):
+    """The checkpoint-averaging command (last ``n_avg`` ``kind`` = update or epoch checkpoints
+    of ``ckpt_dir``)."""
     return [sys.executable, os.path.join(ROOT, "scripts", "average_checkpoints.py"), "--inputs", ckpt_dir,
-            "--num-update-checkpoints", str(n_avg), "--output", output]
+            f"--num-{kind}-checkpoints", str(n_avg), "--output", output]
 
 
 def decode_checkpoint(budget, run_dir):
@@ -227,8 +261,13 @@ def decode_checkpoint(budget, run_dir):
         n = int(avg["num-update-checkpoints"])
         out = os.path.join(run_dir, f"average_last{n}.pt")
         return out, average_cmd(os.path.join(run_dir, "checkpoints"), n, out)
+    if avg.get("num-epoch-checkpoints"):
+        n = int(avg["num-epoch-checkpoints"])
+        out = os.path.join(run_dir, f"average_last{n}_epochs.pt")
+        return out, average_cmd(os.path.join(run_dir, "checkpoints"), n, out, kind="epoch")
     raise SystemExit(f"budget `average` section {avg!r}: give `num-update-checkpoints: N` (average the last N "
-                     "update checkpoints) or `checkpoint: best` (fairseq's checkpoint_best.pt)")
+                     "update checkpoints), `num-epoch-checkpoints: N` (the last N epoch checkpoints) or "
+                     "`checkpoint: best` (fairseq's checkpoint_best.pt)")
 
 
 def prep_dir(budget):
@@ -322,6 +361,10 @@ def main(argv=None):
         p.error("--src and --tgt must differ (e.g. --src en --tgt de)")
     budget = load_budget(a.budget)
     train_cfg = dict(budget["train"])
+    import torch
+
+    if torch.cuda.is_available():  # e.g. bf16: the budget's GPU-only flags
+        train_cfg.update(budget.get("train-gpu") or {})
     if a.max_update:
         train_cfg["max-update"] = a.max_update
     os.makedirs(a.out, exist_ok=True)

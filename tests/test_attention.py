@@ -213,6 +213,45 @@ def test_rela_g_matches_equation_5():
     torch.testing.assert_close(fn.post_aggregate(z), expected)
 
 
+@pytest.mark.parametrize("name", ["relu_rmsnorm", "rela_i", "rela_g", "rela_g_layernorm"])
+def test_norm_scope_head_normalises_each_head(name):
+    """--rela-norm-scope head: statistics per head over d_h (the paper's text), gains of the
+    same C-wide layout as the concat scope (the released code), so checkpoints interchange."""
+    import argparse
+
+    torch.manual_seed(0)
+    concat = build_attention_fn(name, C, H, argparse.Namespace(rela_norm_scope="concat"))
+    head = build_attention_fn(name, C, H, argparse.Namespace(rela_norm_scope="head"))
+    head.load_state_dict(concat.state_dict())  # same keys and shapes
+    z = torch.randn(3, 2, C, dtype=torch.float64)
+    concat.double(), head.double()
+    d = C // H
+    if name == "rela_g_layernorm":
+        inner = head.norm.norm
+        zh = z.view(3, 2, H, d)
+        ref = ((zh - zh.mean(-1, keepdim=True)) / (zh.var(-1, unbiased=False, keepdim=True) + inner.eps).sqrt())
+        ref = ref.view(3, 2, C) * inner.weight + inner.bias
+    else:
+        zh = z.view(3, 2, H, d)
+        ref = (zh / zh.pow(2).mean(-1, keepdim=True).add(head.eps).sqrt()).view(3, 2, C)
+        ref = ref * (head.norm.norm.weight if hasattr(head.norm, "gate") else head.norm.weight)
+    if hasattr(head.norm, "gate"):
+        ref = torch.sigmoid(head.norm.gate * z) * ref
+    torch.testing.assert_close(head.post_aggregate(z), ref)
+    assert not torch.allclose(concat.post_aggregate(z), head.post_aggregate(z))
+    # scaling one head leaves the other heads' outputs unchanged only per head
+    z2 = z.clone()
+    z2[..., :d] *= 10.0
+    torch.testing.assert_close(head.post_aggregate(z2)[..., d:], head.post_aggregate(z)[..., d:])
+
+
+def test_norm_scope_rejects_unknown():
+    import argparse
+
+    with pytest.raises(ValueError, match="concat, head"):
+        build_attention_fn("rela_g", C, H, argparse.Namespace(rela_norm_scope="layer"))
+
+
 @pytest.fixture
 def zero_fn():
     @register_attention_fn("_test_zero")

@@ -9,7 +9,7 @@ import torch
 import torch.nn as nn
 
 from fairseq_plugins.attention import FunctionalMultiheadAttention, build_attention_fn
-from fairseq_plugins.attention.stats import ROW_EPS, entropy_from_terms, row_mass_terms, valid_keys
+from fairseq_plugins.attention.stats import entropy_from_terms, row_mass_terms, valid_keys
 from fairseq_plugins.criterions import LabelSmoothedCrossEntropyWithRegCriterion
 from fairseq_plugins.modules import LinearThenLayerNorm, collect_auxiliary, enable_auxiliary
 from fairseq_plugins.modules.ffn import softmax_over_slots
@@ -132,14 +132,62 @@ def test_null_and_fully_masked_rows_are_finite():
     w = f.normalize(scores, mask)
     assert torch.equal(w[0, 0, 2], torch.zeros(3))
     t = _terms(f, w, mask)
-    assert int(t["reluformer_norm"][1]) == 2  # the fully masked row is excluded
-    # null row: constant |log eps|, never inf/NaN
-    assert float(t["reluformer_norm"][0]) == pytest.approx(
-        abs(math.log(ROW_EPS)) + abs(math.log(float(w[0, 0, 1].sum()))), rel=1e-5)
+    # the fully masked row is excluded, and so is the null row (no distribution, log 0): the
+    # eq. 7 terms are means over the one live row; the null row is counted by the null rate
+    assert int(t["reluformer_norm"][1]) == 1 and int(t["reluformer_entropy"][1]) == 1
+    assert float(t["reluformer_norm"][0]) == pytest.approx(abs(math.log(float(w[0, 0, 1].sum()))), rel=1e-6)
     assert float(t["attn_null_rate"][0]) == 1.0 and int(t["attn_null_rate"][1]) == 2
     assert int(t["attn_entropy"][1]) == 1  # entropy averaged over the non-null row only
     (t["reluformer_norm"][0] + t["reluformer_entropy"][0]).backward()
     assert torch.isfinite(scores.grad).all() and torch.equal(scores.grad[0, 0, 0], torch.zeros(3))
+
+
+def test_padded_query_rows_are_excluded():
+    """A padded query still sees real keys; its row must not enter eq. 7's means."""
+    f = fn(reluformer_entropy_c=0.1)
+    w = torch.tensor([[0.5, 0.25, 0.0], [0.1, 0.2, 0.3], [2.0, 0.0, 0.0]]).view(1, 1, 3, 3)
+    full = _terms(f, w, None)
+    f.query_padding = torch.tensor([[False, True, False]])  # (B, T): row 1 is padding
+    part = _terms(f, w, None)
+    assert int(full["reluformer_norm"][1]) == 3 and int(part["reluformer_norm"][1]) == 2
+    expect = abs(math.log(0.75)) + abs(math.log(2.0))
+    assert float(part["reluformer_norm"][0]) == pytest.approx(expect, rel=1e-6)
+
+
+def test_model_counts_only_real_tokens_in_every_attention_type():
+    """End to end through the model: encoder self rows = real source tokens, decoder self and
+    cross rows = real target tokens (the decoder layer hands its padding to the cross-attention)."""
+    torch.manual_seed(0)
+    model, task = build("reluformer_small", encoder_layers=1, decoder_layers=1)
+    src, src_lengths, prev = toy_batch(task, bsz=3, src_len=7, tgt_len=6)
+    pad = task.target_dictionary.pad()
+    prev[0, 4:] = pad  # right-padded target of sentence 0
+    enable_auxiliary(model)
+    model(src, src_lengths, prev)
+    counts = {}
+    for name, m in model.named_modules():
+        if isinstance(m, FunctionalMultiheadAttention):
+            recs = m.attn_fn.aux.pop()
+            counts[name.split(".")[0] + ("_cross" if "encoder_attn" in name else "")] = int(recs["attn_null_rate"][1])
+    heads = model.encoder.layers[0].self_attn.num_heads
+    assert counts["encoder"] == heads * int(src.ne(pad).sum())
+    assert counts["decoder"] == heads * int(prev.ne(pad).sum())
+    assert counts["decoder_cross"] == heads * int(prev.ne(pad).sum())
+
+
+@pytest.mark.parametrize("terms,losses", [("both", {"reluformer_norm", "reluformer_entropy"}),
+                                          ("norm", {"reluformer_norm"}), ("entropy", {"reluformer_entropy"})])
+def test_reg_terms_choose_the_trained_terms(terms, losses):
+    f = fn(reluformer_reg_terms=terms)
+    f.observe(torch.tensor([0.5, 0.25, 0.0]).view(1, 1, 1, 3), None)
+    recs = f.aux.pop()
+    assert {k for k, (_, _, is_loss) in recs.items() if is_loss} == losses
+    assert {"reluformer_norm", "reluformer_entropy"} <= set(recs)  # both still logged
+
+
+def test_bad_reg_terms_name_the_choices():
+    with pytest.raises(ValueError, match="both, norm, entropy"):
+        fn(reluformer_reg_terms="all")
 
 
 def test_bad_gamma_is_rejected():

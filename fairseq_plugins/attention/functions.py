@@ -29,7 +29,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..modules.auxiliary import AuxiliaryBuffer
-from ..modules.norms import GatedNorm, RMSNorm
+from ..modules.norms import NORM_SCOPES, GatedNorm, RMSNorm
 from .stats import ROW_EPS, entropy_from_terms, row_mass_terms, valid_keys
 
 __all__ = [
@@ -38,6 +38,7 @@ __all__ = [
     "register_attention_fn",
     "build_attention_fn",
     "attention_fn_names",
+    "REG_TERMS",
 ]
 
 ATTENTION_FUNCTIONS: Dict[str, Type["AttentionFunction"]] = {}
@@ -121,6 +122,11 @@ class AttentionFunction(nn.Module):
     name = "base"
     #: False for functions whose weights are not a distribution over keys.
     is_distribution = True
+    #: Padded *query* rows of the current call, ``(B, T)`` bool (True = padding) or None, set by
+    #: the attention module while recording is on (training/validation with the criterion):
+    #: statistics and eq. 7 terms average over real tokens only, as the papers do.  Key padding
+    #: is in the mask; query padding is not (a padded query still sees real keys).
+    query_padding = None
     #: Analysis slot: ``None`` (off, the default: no cost) or a callable ``capture(weights, mask)``
     #: set by :class:`fairseq_plugins.analysis.capture.AttentionCapture`.  While set,
     #: :meth:`wants_weights` is True (the fused path is skipped) and :meth:`observe` hands it
@@ -196,9 +202,19 @@ class AttentionFunction(nn.Module):
             n = valid_keys(mask, weights.size(-1)).to(weights.device)
             self._record_entropy(row_sum, row_slogs, n)
 
+    def counted_rows(self, n: torch.Tensor, row_sum: torch.Tensor) -> torch.Tensor:
+        """Rows that enter statistics and losses: ``(B, H, T)`` bool, True where the query may
+        see at least one key (``n`` ``(B|1, H|1, T|1, 1)`` valid keys) and is not padding
+        (:attr:`query_padding`)."""
+        valid = (n.squeeze(-1) > 0).expand_as(row_sum)
+        qp = self.query_padding
+        if qp is not None and qp.shape == (row_sum.size(0), row_sum.size(2)):
+            valid = valid & ~qp.to(valid.device).unsqueeze(1)
+        return valid
+
     def _record_entropy(self, row_sum, row_slogs, n):
         """Record entropy / null-rate statistics; ``n`` ``(B|1, H|1, T|1, 1)`` valid keys."""
-        valid = (n.squeeze(-1) > 0).expand_as(row_sum)
+        valid = self.counted_rows(n, row_sum)
         live = valid & (row_sum > 0)
         ent = entropy_from_terms(row_sum, row_slogs).detach()
         self.aux.record("attn_entropy", torch.where(live, ent, 0.0).sum(), live.sum(), False)
@@ -279,6 +295,15 @@ class _RectifiedAttention(AttentionFunction):
     ever meets a multiplication.  A row without a positive score is all zeros for ReLU
     (null attention); GeLU / Leaky ReLU give small negative weights there instead.
     Subclasses choose ``act`` and the normalisation of the concatenated heads.
+
+    Hyper-parameters (``args``): ``rela_norm_eps`` (``--rela-norm-eps``, default 1e-8, the
+    released code's) and ``rela_norm_scope`` (``--rela-norm-scope``, one of
+    :data:`~fairseq_plugins.modules.norms.NORM_SCOPES`; default ``concat``): the norm's
+    statistics over the concatenated heads (the released code) or per head (``head``: the
+    paper's text, ``z in R^{d_h}``); :attr:`norm_groups` is 1 or ``H`` accordingly.
+
+    Raises:
+        ValueError: an unknown ``rela_norm_scope`` (names the valid choices).
     """
 
     is_distribution = False
@@ -291,7 +316,12 @@ class _RectifiedAttention(AttentionFunction):
 
     def __init__(self, embed_dim, num_heads, args=None):
         super().__init__(embed_dim, num_heads, args)
-        self.eps = float(getattr(args, "rela_norm_eps", 1e-8) if args is not None else 1e-8)
+        eps = getattr(args, "rela_norm_eps", None)
+        self.eps = 1e-8 if eps is None else float(eps)
+        scope = getattr(args, "rela_norm_scope", None) or "concat"
+        if scope not in NORM_SCOPES:
+            raise ValueError(f"--rela-norm-scope {scope!r}; valid choices: {', '.join(NORM_SCOPES)}")
+        self.norm_groups = num_heads if scope == "head" else 1
         self.norm = self.build_norm()
 
     def normalize(self, scores, mask):
@@ -313,7 +343,7 @@ class ReluRMSNormAttention(_RectifiedAttention):
     """ReLU + RMSNorm with gain initialised to 1 (ReLA Table 1 row 5, eqs. 3-4)."""
 
     def build_norm(self):
-        return RMSNorm(self.embed_dim, eps=self.eps)
+        return RMSNorm(self.embed_dim, eps=self.eps, groups=self.norm_groups)
 
 
 @register_attention_fn("rela_i")
@@ -321,7 +351,8 @@ class RelaIAttention(_RectifiedAttention):
     """ReLA-i: ReLU + RMSNorm, gain ``g ~ U(±sqrt(3/d_h))`` (ReLA Section 4, footnote 4; Table 1 row 6)."""
 
     def build_norm(self):
-        return RMSNorm(self.embed_dim, eps=self.eps, gain_init="xavier", fan=self.head_dim)
+        return RMSNorm(self.embed_dim, eps=self.eps, gain_init="xavier", fan=self.head_dim,
+                       groups=self.norm_groups)
 
 
 @register_attention_fn("rela_g")
@@ -329,7 +360,7 @@ class RelaGAttention(_RectifiedAttention):
     """ReLA-g: ReLU + ``sigmoid(w ⊙ z) ⊙ RMSNorm(z)`` (ReLA eq. 5; Table 1 row 7)."""
 
     def build_norm(self):
-        return GatedNorm(self.embed_dim, norm="rmsnorm", eps=self.eps)
+        return GatedNorm(self.embed_dim, norm="rmsnorm", eps=self.eps, groups=self.norm_groups)
 
 
 @register_attention_fn("rela_g_layernorm")
@@ -337,7 +368,7 @@ class RelaGLayerNormAttention(_RectifiedAttention):
     """ReLA-g with LayerNorm in place of RMSNorm (ReLA Table 1 row 8)."""
 
     def build_norm(self):
-        return GatedNorm(self.embed_dim, norm="layernorm", eps=self.eps)
+        return GatedNorm(self.embed_dim, norm="layernorm", eps=self.eps, groups=self.norm_groups)
 
 
 @register_attention_fn("rela_g_gelu")
@@ -356,6 +387,10 @@ class RelaGLeakyReluAttention(RelaGAttention):
         return F.leaky_relu(x, negative_slope=0.01)
 
 
+#: choices of ``--reluformer-reg-terms``: which terms of ReLUFormer eq. 7 are training losses
+REG_TERMS = ("both", "norm", "entropy")
+
+
 class _ReluFormerBase(AttentionFunction):
     """ReLU attention with ReLUFormer's variance-reduction factor and regulariser.
 
@@ -371,13 +406,20 @@ class _ReluFormerBase(AttentionFunction):
     * ``reluformer_entropy = max(H(s_bar_i) - c log n_i, 0)`` with ``s_bar = s / sum s``
       (Appendix A: ``c = 0.7``).
 
-    ``log`` uses ``max(sum s, ROW_EPS)`` (``1e-6``), so a null row is finite: it contributes the
-    constant ``|log 1e-6|`` with zero gradient to the first term and 0 to the second.  Rows
-    whose every key is masked are excluded.  The entropy (nats) and the null rate are logged
-    too, in training and evaluation.
+    Both are means over the rows that have a distribution: real (non-padding) query tokens
+    (:attr:`query_padding`) with at least one visible key and ``sum_j s_ij > 0``.  A *null*
+    row (no positive score) has no ``s_bar`` and ``log 0`` is undefined; it passes no
+    gradient (ReLU) and is counted by the logged null rate ``attn_null_rate`` instead of adding
+    a constant to ``reluformer_norm``.  The entropy (nats) and the null rate are logged too, in
+    training and evaluation.
 
     Hyper-parameters (``args``): ``reluformer_gamma`` (``--reluformer-gamma``, default 1.0;
-    not given in the paper), ``reluformer_entropy_c`` (``--reluformer-entropy-c``, 0.7).
+    not given in the paper), ``reluformer_entropy_c`` (``--reluformer-entropy-c``, 0.7),
+    ``reluformer_reg_terms`` (``--reluformer-reg-terms``, one of :data:`REG_TERMS`, default
+    ``both``): which eq. 7 terms are losses; the other is still logged, as a statistic.
+
+    Raises:
+        ValueError: ``gamma`` not finite and > 0; unknown ``reluformer_reg_terms``.
     """
 
     is_distribution = False
@@ -392,6 +434,10 @@ class _ReluFormerBase(AttentionFunction):
         self.entropy_c = 0.7 if c is None else float(c)
         if not (math.isfinite(self.gamma) and self.gamma > 0):
             raise ValueError(f"--reluformer-gamma must be a finite number > 0, got {self.gamma}")
+        terms = getattr(args, "reluformer_reg_terms", None) or "both"
+        if terms not in REG_TERMS:
+            raise ValueError(f"--reluformer-reg-terms {terms!r}; valid choices: {', '.join(REG_TERMS)}")
+        self.reg_terms = terms
 
     def row_scale(self, n: torch.Tensor) -> torch.Tensor:
         """``1 / (gamma sqrt(n / 2))`` for ``n`` ``(B|1, H|1, T|1, 1)``; 0 where ``n = 0``."""
@@ -441,18 +487,19 @@ class _ReluFormerBase(AttentionFunction):
         """
         if not self.aux.enabled:
             return
+        valid = self.counted_rows(n, row_sum)
+        live = valid & (row_sum > 0)
         n = n.squeeze(-1).expand_as(row_sum)
-        valid = n > 0
-        log_mass = torch.log(row_sum.clamp_min(ROW_EPS))
-        norm_term = log_mass.abs()
+        norm_term = torch.log(row_sum.clamp_min(ROW_EPS)).abs()  # (clamp: no log 0 on null rows)
         ent = entropy_from_terms(row_sum, row_slogs)
         margin = F.relu(ent - self.entropy_c * torch.log(n.clamp_min(1.0)))
-        count = valid.sum()
-        self.aux.record("reluformer_norm", torch.where(valid, norm_term, 0.0).sum(), count, True)
-        self.aux.record("reluformer_entropy", torch.where(valid, margin, 0.0).sum(), count, True)
-        live = valid & (row_sum > 0)
-        self.aux.record("attn_entropy", torch.where(live, ent, 0.0).detach().sum(), live.sum(), False)
-        self.aux.record("attn_null_rate", (valid & ~live).sum().float(), count, False)
+        count = live.sum()
+        self.aux.record("reluformer_norm", torch.where(live, norm_term, 0.0).sum(), count,
+                        self.reg_terms in ("both", "norm"))
+        self.aux.record("reluformer_entropy", torch.where(live, margin, 0.0).sum(), count,
+                        self.reg_terms in ("both", "entropy"))
+        self.aux.record("attn_entropy", torch.where(live, ent, 0.0).detach().sum(), count, False)
+        self.aux.record("attn_null_rate", (valid & ~live).sum().float(), valid.sum(), False)
 
 
 @register_attention_fn("reluformer")

@@ -59,6 +59,9 @@ class FunctionalMultiheadAttention(MultiheadAttention):
         if attn_fn.embed_dim != embed_dim or attn_fn.num_heads != num_heads:
             raise ValueError("attn_fn was built for a different embed_dim/num_heads")
         self.attn_fn = attn_fn
+        #: ``(B, T)`` bool padding of the *queries* of a cross-attention call, or None; set by
+        #: the decoder layer around each forward (self-attention derives it from its keys)
+        self.query_padding_mask: Optional[Tensor] = None
 
     def _split_heads(self, x: Tensor) -> Tensor:
         # (L, B, C) -> (B, H, L, d)
@@ -163,6 +166,16 @@ class FunctionalMultiheadAttention(MultiheadAttention):
                 q_pos = q_pos.reshape(-1, beam * tgt_len) if q_pos.size(0) > 1 else q_pos.repeat(1, beam)
 
         mask = self._build_mask(key_padding_mask, attn_mask, kv_bsz, src_len)  # (Bk|1, 1, T|1, S)
+        # padded query rows, for statistics and auxiliary losses only (recording is off in
+        # generation): self-attention queries are the keys' positions, cross-attention ones are
+        # the decoder's (set by the decoder layer in `query_padding_mask`)
+        fn.query_padding = None
+        if fn.aux.enabled and incremental_state is None and beam == 1:
+            if self.self_attention:
+                if key_padding_mask is not None and key_padding_mask.dim() > 0 and src_len == tgt_len:
+                    fn.query_padding = key_padding_mask.to(torch.bool)
+            else:
+                fn.query_padding = self.query_padding_mask
         dropout_p = self.dropout_module.p if (
             self.training or self.dropout_module.apply_during_inference) else 0.0
         use_fused = not (need_weights or beam > 1 or fn.wants_weights())

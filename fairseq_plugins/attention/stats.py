@@ -21,8 +21,8 @@ import torch
 __all__ = ["valid_keys", "row_mass_terms", "RowMassTerms", "entropy_from_terms", "ROW_EPS"]
 
 #: floor of ``sum s`` inside logarithms: ``log(max(sum s, ROW_EPS))``.  Rows above it are exact;
-#: a null row gets ``|log ROW_EPS| = 13.8`` in ReLUFormer's normalisation term (a constant with
-#: zero gradient, since ReLU passes no gradient to non-positive scores) instead of ``inf``.
+#: null rows (``sum s = 0``) never reach a log unmasked: they are excluded from entropy means and
+#: from ReLUFormer's eq. 7 terms and counted by the null rate instead.
 ROW_EPS = 1e-6
 
 

@@ -38,8 +38,10 @@ from fairseq.modules.transformer_layer import (
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 
 from ..attention import FunctionalMultiheadAttention, attention_fn_names, build_attention_fn
+from ..attention.functions import REG_TERMS
 from ..modules.auxiliary import clear_auxiliary
 from ..modules.ffn import FFN_ACTIVATIONS, configure_ffn
+from ..modules.norms import NORM_SCOPES
 
 __all__ = ["AttentionTransformerModel", "ATTENTION_TYPES", "validate_args"]
 
@@ -83,6 +85,26 @@ class AttentionDecoderLayer(TransformerDecoderLayerBase):
         super().__init__(cfg, no_encoder_attn=no_encoder_attn, add_bias_kv=add_bias_kv,
                          add_zero_attn=add_zero_attn)
         configure_ffn(self, cfg)
+
+    def forward(self, x, encoder_out=None, encoder_padding_mask=None, incremental_state=None,
+                prev_self_attn_state=None, prev_attn_state=None, self_attn_mask=None,
+                self_attn_padding_mask=None, need_attn=False, need_head_weights=False):
+        """fairseq's decoder layer, with the target padding ``(B, T)`` handed to the
+        cross-attention as its query padding (statistics and auxiliary losses of the
+        attention functions average over real target tokens only)."""
+        cross = self.encoder_attn
+        if cross is not None:
+            cross.query_padding_mask = self_attn_padding_mask
+        try:
+            return super().forward(
+                x, encoder_out=encoder_out, encoder_padding_mask=encoder_padding_mask,
+                incremental_state=incremental_state, prev_self_attn_state=prev_self_attn_state,
+                prev_attn_state=prev_attn_state, self_attn_mask=self_attn_mask,
+                self_attn_padding_mask=self_attn_padding_mask, need_attn=need_attn,
+                need_head_weights=need_head_weights)
+        finally:
+            if cross is not None:
+                cross.query_padding_mask = None
 
     def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
         return _attention(cfg, "decoder", embed_dim, cfg.decoder.attention_heads,
@@ -178,7 +200,8 @@ def validate_args(args):
                            "not by %s", " or ".join(AUX_CRITERIONS), criterion)
     if not uses_reluformer:
         given = [f for f, a in (("--reluformer-gamma", "reluformer_gamma"),
-                                ("--reluformer-entropy-c", "reluformer_entropy_c"))
+                                ("--reluformer-entropy-c", "reluformer_entropy_c"),
+                                ("--reluformer-reg-terms", "reluformer_reg_terms"))
                  if getattr(args, a, None) is not None]
         if given:
             logger.warning("%s given but no attention type uses a ReLUFormer function "
@@ -205,6 +228,14 @@ class AttentionTransformerModel(TransformerModel):
             )
         parser.add_argument("--rela-norm-eps", type=float, metavar="EPS",
                             help="epsilon of ReLA's (gated) RMSNorm (released code: 1e-8)")
+        parser.add_argument("--rela-norm-scope", choices=NORM_SCOPES,
+                            help="statistics of ReLA's (gated) RMSNorm/LayerNorm: over the "
+                                 "concatenated heads ('concat', the released code; default) or "
+                                 "per head ('head', the paper's text: z, g in R^{d_h})")
+        parser.add_argument("--reluformer-reg-terms", choices=REG_TERMS,
+                            help="which terms of ReLUFormer's eq. 7 regulariser are trained on "
+                                 "(the other is still logged): both (default), norm "
+                                 "(|log sum s|) or entropy (max(H - c log n, 0))")
         parser.add_argument("--reluformer-gamma", type=float, metavar="G",
                             help="gamma of ReLUFormer's variance-reduction factor "
                                  "gamma*sqrt(n/2) (eq. 6; default 1.0)")
