@@ -34,7 +34,7 @@ import os
 import re
 import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from atomic import atomic_path  # noqa: E402
+from mt_pipeline.atomic import atomic_path  # noqa: E402
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO_ROOT not in sys.path:
@@ -152,7 +152,7 @@ def average_checkpoints(paths):
 
 
 def save_atomic(state, output):
-    """``torch.save`` to ``output`` atomically (see scripts/atomic.py)."""
+    """``torch.save`` to ``output`` atomically (see mt_pipeline.atomic)."""
     import torch
 
     with atomic_path(output) as tmp:

@@ -99,7 +99,7 @@ def main():
     md = "\n".join(lines) + "\n"
     print(md)
     if a.out:
-        from atomic import atomic_path
+        from mt_pipeline.atomic import atomic_path
 
         os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
         with atomic_path(a.out) as tmp, open(tmp, "w") as f:

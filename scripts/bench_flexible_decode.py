@@ -28,14 +28,13 @@ import argparse
 import math
 import os
 import platform
-import subprocess
 import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from atomic import atomic_path  # noqa: E402
+from mt_pipeline.atomic import atomic_path  # noqa: E402
 
 
 def load(path, data_bin, src, tgt, tau=None):
@@ -208,12 +207,9 @@ def main(argv=None):
                         "wins": {key: m.decoder.attention.average_window() for key, _, m in models}})
     base_key = "global" if a.global_checkpoint else "flex_inf"
     ratios = [r["ms"][base_key] / r["ms"]["flex"] for r in results]
-    try:
-        commit = subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True).strip()
-        dirty = subprocess.check_output(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, text=True)
-        commit += " (+ uncommitted changes)" if dirty.strip() else ""
-    except (OSError, subprocess.CalledProcessError):
-        commit = "unknown"
+    from mt_pipeline.provenance import git_commit
+
+    commit = git_commit()
     wall = time.time() - wall0
     for r, ratio in zip(results, ratios):
         print(f"concat {r['concat']}: {r['n']} inputs x {a.rounds} rounds, avg source length {r['src_len']:.1f}, "

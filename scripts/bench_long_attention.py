@@ -39,7 +39,7 @@ import torch.nn.functional as F
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
-from atomic import write_lines_atomic  # noqa: E402
+from mt_pipeline.atomic import write_lines_atomic  # noqa: E402
 from experiment import git_commit  # noqa: E402
 
 from fairseq_plugins.attention.kernels import (  # noqa: E402

@@ -30,6 +30,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import experiment  # noqa: E402
+from mt_pipeline import provenance  # noqa: E402
+from mt_pipeline.atomic import atomic_path  # noqa: E402
 
 ROOT = experiment.ROOT
 sys.path.insert(0, ROOT)
@@ -204,7 +206,7 @@ def main():
     med = {k: {m: statistics.median(v) for m, v in d.items()} for k, d in meas.items()}
     peak = {k: float("nan") if a.no_memory else peak_memory(a, k) for k in models}
     ref = med["stock transformer (fairseq)"]
-    hw = experiment.hardware()
+    hw = provenance.hardware()
     lines = [
         "# ReLA Table 2 on CPU: parameters and speed relative to stock fairseq `transformer`",
         "",
@@ -238,13 +240,13 @@ def main():
                      f"big {[round(v, 1) for v in d['decB']]}")
     lines += ["", "## Provenance", "",
               f"- command: `python scripts/bench_speed.py {' '.join(sys.argv[1:])}`".rstrip(),
-              f"- git commit: `{experiment.git_commit()}`",
+              f"- git commit: `{provenance.git_commit()}`",
               f"- data: `{os.path.relpath(a.data_bin, ROOT)}` (data-prep/multi30k/prepare.sh defaults)",
               f"- hardware: {hw}",
               f"- wall time: {time.time() - t_start:.0f} s; measured {time.strftime('%Y-%m-%d %H:%M:%S')}",
               ""]
     os.makedirs(os.path.dirname(a.out), exist_ok=True)
-    with experiment.atomic_path(a.out) as tmp, open(tmp, "w") as f:
+    with atomic_path(a.out) as tmp, open(tmp, "w") as f:
         f.write("\n".join(lines))
     print("\n".join(lines))
 

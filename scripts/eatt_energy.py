@@ -26,7 +26,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from atomic import atomic_path  # noqa: E402
+from mt_pipeline.atomic import atomic_path  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -133,26 +133,12 @@ def plot(res, path):
     return rho_curves(res["rho"], max(res["layers"].values()), res["tau"], path)
 
 
-def _repo_relative(arg):
-    """``arg`` relative to the repository root when it is an absolute path inside it, else unchanged."""
-    if os.path.isabs(arg) and os.path.commonpath([os.path.abspath(arg), ROOT]) == ROOT:
-        return os.path.relpath(arg, ROOT)
-    return arg
-
-
 def provenance_markdown(argv=None):
     """The Markdown footer that lets a reader regenerate the file: command, git commit, hardware."""
-    import shlex
+    from mt_pipeline import provenance
 
-    from experiment import git_commit, hardware
-
-    args = sys.argv[1:] if argv is None else list(argv)
-    command = "python scripts/eatt_energy.py " + " ".join(
-        shlex.quote(_repo_relative(x)) for x in args)
-    return ("\n## Provenance\n\n"
-            f"- command: `{command.strip()}`\n"
-            f"- git commit: `{git_commit()}`\n"
-            f"- hardware: {hardware()}\n")
+    rec = provenance.collect(provenance.command_line("python scripts/eatt_energy.py", argv))
+    return "\n" + provenance.markdown(rec)
 
 
 def main(argv=None):

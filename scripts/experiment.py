@@ -25,7 +25,6 @@ import contextlib
 import fcntl
 import json
 import os
-import platform
 import re
 import shlex
 import subprocess
@@ -36,7 +35,8 @@ import yaml
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's fairseq_plugins
-from atomic import atomic_path, remove_leftovers  # noqa: E402
+from mt_pipeline.atomic import atomic_path, remove_leftovers  # noqa: E402
+from mt_pipeline.provenance import git_commit, hardware  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.dirname(sys.executable)
@@ -44,32 +44,6 @@ BIN = os.path.dirname(sys.executable)
 
 def log(msg):
     print(f"[experiment] {msg}", flush=True)
-
-
-def git_commit():
-    """``<sha>`` or ``<sha>+dirty`` of the repo (``unknown`` outside git)."""
-    try:
-        sha = subprocess.check_output(["git", "rev-parse", "HEAD"], cwd=ROOT, text=True).strip()
-        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "fairseq_plugins", "scripts",
-                                "configs", "data-prep"], cwd=ROOT).returncode != 0
-        return sha + ("+dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
-def hardware():
-    cpu = platform.processor() or "unknown"
-    try:
-        with open("/proc/cpuinfo") as f:
-            names = [l.split(":", 1)[1].strip() for l in f if l.startswith("model name")]
-        cpu = names[0] if names else cpu
-    except OSError:
-        pass
-    import torch
-
-    dev = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu only"
-    return {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "accelerator": dev, "torch": torch.__version__, "python": platform.python_version()}
 
 
 def flags(mapping):

@@ -35,7 +35,7 @@ import os
 import re
 import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from atomic import atomic_path, write_lines_atomic  # noqa: E402
+from mt_pipeline.atomic import atomic_path, write_lines_atomic  # noqa: E402
 
 __all__ = ["ExtractError", "parse_hypotheses", "detokenize", "detruecase", "main"]
 

@@ -35,7 +35,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from atomic import atomic_path  # noqa: E402
+from mt_pipeline.atomic import atomic_path  # noqa: E402
 from experiment import decode_checkpoint  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -37,7 +37,7 @@ import json
 import os
 import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from atomic import atomic_path, write_lines_atomic  # noqa: E402
+from mt_pipeline.atomic import atomic_path, write_lines_atomic  # noqa: E402
 
 __all__ = ["LineCountError", "read_lines", "score_files", "write_json_atomic", "main"]
 
@@ -125,7 +125,7 @@ def score_files(hyp, ref, tok_hyp=None, tok_ref=None, ribes=False):
 
 
 def write_json_atomic(path, obj):
-    """Write ``obj`` as JSON to ``path`` atomically (see scripts/atomic.py)."""
+    """Write ``obj`` as JSON to ``path`` atomically (see mt_pipeline.atomic)."""
     with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
         json.dump(obj, f, indent=2, ensure_ascii=False)
         f.write("\n")

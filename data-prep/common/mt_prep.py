@@ -78,8 +78,7 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 import text_tools  # noqa: E402  (read_lines, write_lines_atomic, learn/apply BPE, count-bin)
 
-sys.path.insert(0, os.path.join(REPO, "scripts"))
-from atomic import atomic_path  # noqa: E402
+from mt_pipeline.atomic import atomic_path  # noqa: E402
 
 SHARED_DATA = os.path.join(REPO, "..", "shared", "data")
 

@@ -33,15 +33,14 @@ module and registers the subcommands it offers with :func:`add_subcommands`::
 
 Files are read with :func:`read_lines` (split on ``\\n`` only: ``codecs``-style readers also
 break lines at U+2028, U+0085, ..., which would shift every later sentence pair) and written
-with :func:`write_lines_atomic` (``scripts/atomic.py``: temp file + ``os.replace``).
+with :func:`write_lines_atomic` (:mod:`mt_pipeline.atomic`: temp file + ``os.replace``).
 """
 
 import gzip
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts"))
-from atomic import write_lines_atomic  # noqa: E402,F401  (used here and by the tool scripts)
+from mt_pipeline.atomic import write_lines_atomic  # noqa: E402,F401  (used here and by the tool scripts)
 
 APPLY_BPE_CHUNK = 2000  # lines per task of the apply-bpe worker pool
 

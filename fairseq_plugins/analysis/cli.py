@@ -18,8 +18,6 @@ All files are written atomically.
 import argparse
 import hashlib
 import os
-import platform
-import subprocess
 import sys
 import time
 from typing import Dict, List, Optional, Tuple
@@ -95,16 +93,6 @@ def _sha256(path: str) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
-
-
-def _git_commit() -> Optional[str]:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-        return out.stdout.strip() + ("+dirty" if dirty else "") if out.returncode == 0 else None
-    except (OSError, subprocess.SubprocessError):
-        return None
 
 
 def _subset(task, dataset, limit):
@@ -282,17 +270,15 @@ def main(argv=None):
     import fairseq_plugins  # noqa: F401
     from . import plots
     from .capture import hypothesis_batches, load_model_for_analysis, pairs_dataset
-    from ..atomic_io import atomic_path, write_json_atomic, write_text_atomic
+    from mt_pipeline import provenance
+    from mt_pipeline.atomic import atomic_path, write_json_atomic, write_text_atomic
     from .metrics import ffn_anisotropy
     from .report import alignment_aer, analyze_dataset, cross_null_by_sentence, hallucination_test, rank_pairs
 
     t0 = time.time()
     os.makedirs(os.path.join(args.out, "figures"), exist_ok=True)
     report = {
-        "provenance": {"command": " ".join(["fairseq-attention-analysis"] + [a for a in (argv or sys.argv[1:])]),
-                       "git_commit": _git_commit(), "python": platform.python_version(),
-                       "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
-                       "date": time.strftime("%Y-%m-%d %H:%M:%S %z")},
+        "provenance": provenance.collect(provenance.command_line("fairseq-attention-analysis", argv)),
         "settings": {"taus": args.taus, "top_p": [f"{p:g}" for p in args.top_p], "max_tokens": args.max_tokens,
                      "seed": args.seed, "beam": args.beam},
         "data": {"dir": os.path.abspath(args.data), "split": args.split},

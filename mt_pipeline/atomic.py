@@ -1,10 +1,10 @@
 """Atomic file writing: never leave a half-written output file (the one implementation, used by
-the package and, through ``scripts/atomic.py``, by the scripts).
+the pipeline, the data preparation and the plugin's analyses).
 
 ``with atomic_path(path) as tmp: <write tmp>`` writes to a temporary file in the target's
 directory and moves it over ``path`` with ``os.replace`` only if the block succeeds; on any
 error (or Ctrl-C) the temporary file is removed and ``path`` is untouched.  Standard library
-only, so scripts can load it without importing fairseq.
+only, so scoring and data preparation do not pay for importing torch or fairseq.
 """
 
 import contextlib
