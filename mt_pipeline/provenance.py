@@ -7,6 +7,7 @@ caller adds (config, data, sacreBLEU signature, updates, wall time); :func:`mark
 such a record as the ``## Provenance`` section of a Markdown result.
 """
 
+import hashlib
 import os
 import platform
 import shlex
@@ -16,7 +17,7 @@ import time
 from typing import Dict, Iterable, Optional
 
 __all__ = ["ROOT", "CODE_DIRS", "git_commit", "hardware", "command_line", "repo_relative", "collect",
-           "markdown"]
+           "markdown", "file_sha256"]
 
 #: the repository root (the directory holding ``mt_pipeline/`` and ``fairseq_plugins/``)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -37,6 +38,15 @@ def git_commit(root: str = ROOT) -> str:
         return sha.stdout.strip() + ("+dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
+
+
+def file_sha256(path: str) -> str:
+    """Hex SHA-256 of a file (checkpoints, data), read in 1 MiB blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def hardware() -> Dict[str, object]:

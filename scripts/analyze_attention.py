@@ -1,14 +1,5 @@
 #!/usr/bin/env python
-"""Attention analysis of fairseq checkpoints (the ``fairseq-attention-analysis`` console command).
+"""Attention analyses (sparsity, entropy, AER, ...) -- entry point of :mod:`fairseq_plugins.analysis.cli` (console command ``fairseq-attention-analysis``)."""
+import runpy
 
-See ``python scripts/analyze_attention.py --help`` and :mod:`fairseq_plugins.analysis.cli`.
-"""
-
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from fairseq_plugins.analysis.cli import main  # noqa: E402
-
-if __name__ == "__main__":
-    sys.exit(main())
+runpy.run_module("fairseq_plugins.analysis.cli", run_name="__main__", alter_sys=True)

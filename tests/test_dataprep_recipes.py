@@ -186,17 +186,9 @@ def test_clean_and_final_period_rules():
 # ---------------------------------------------------------------------------------------------
 # scripts/reproduce
 # ---------------------------------------------------------------------------------------------
-def load_reproduce():
-    loader = importlib.machinery.SourceFileLoader("reproduce_script", os.path.join(ROOT, "scripts", "reproduce"))
-    spec = importlib.util.spec_from_loader("reproduce_script", loader)
-    mod = importlib.util.module_from_spec(spec)
-    loader.exec_module(mod)
-    return mod
-
-
-REPRO = load_reproduce()
+from mt_pipeline import reproduce as REPRO  # noqa: E402
 CASES = [(p, t, s) for p, ts in REPRO.TABLES.items() for t, e in ts.items()
-         for s in ("small", "paper") if s in e]
+         for s in ("small", "converged", "paper") if s in REPRO._scales(e) and "benchmark" not in e]
 
 
 @pytest.mark.parametrize("paper,table,scale", CASES)
@@ -205,17 +197,23 @@ def test_every_row_dry_run_resolves(paper, table, scale, capsys):
     own training parser (arch, criterion, attention functions, every flag)."""
     assert REPRO.main([paper, table, "--scale", scale, "--dry-run", "--gpus", "3" if scale == "paper" else "0"]) == 0
     out = capsys.readouterr().out
-    n_rows = sum(len(yaml.safe_load(open(os.path.join(ROOT, s)))["rows"]) for s in REPRO.TABLES[paper][table][scale])
+    n_rows = sum(len(yaml.safe_load(open(os.path.join(ROOT, s)))["rows"])
+                 for s, _ in REPRO._specs(REPRO.TABLES[paper][table], scale))
     assert out.count("(resolved: fairseq's training parser accepts this command)") == n_rows
     assert out.count("fairseq-train ") == n_rows
     assert f"{n_rows} row(s) resolved" in out
     if scale == "paper":
         assert "--update-freq" in out and "--distributed-world-size 3" in out and "--cpu" not in out
+    if scale == "converged":  # the converged budget replaces the smoke/diagnostic one in every row
+        trains = [l for l in out.splitlines() if "fairseq-train " in l]
+        assert all("--max-update 3000" in l and "--dropout 0.3" in l and "--warmup-updates 1000" in l
+                   and "--keep-last-epochs 5" in l and "/runs/converged/" in l for l in trains)
+        assert out.count("--num-epoch-checkpoints 5") == n_rows
     assert "(paper: None)" not in out  # rows without a paper number print "–"
     if paper == "eatt" and scale == "paper":  # App. B: the paper's schedule, best checkpoint on dev
         assert out.count("--lr-scheduler warmup_hold_inverse_sqrt --warmup-updates 8000 "
                          "--decay-start-updates 20000") == n_rows
-        evals = re.findall(r"evaluate\.sh --checkpoint (\S+)", out)
+        evals = re.findall(r"mt_pipeline\.evaluate --checkpoint (\S+)", out)
         assert len(evals) == n_rows and all(e.endswith("/checkpoints/checkpoint_best.pt") for e in evals)
         assert "average_checkpoints" not in out
     if paper == "flexible" and scale == "paper":  # Section 5.1: 64 sentences, Adam 1e-4, halving from epoch 4 (T2: 18)
@@ -227,7 +225,7 @@ def test_every_row_dry_run_resolves(paper, table, scale, capsys):
         assert ft and all("--criterion label_smoothed_cross_entropy_with_reg" in l and "--reg-weight 0.1" in l
                           and "--max-epoch 1" in l and "--force-anneal" not in l for l in ft)
         assert all(("--max-epoch 20 " if table != "table1" else "--max-epoch 6 ") in l for l in trains if l not in ft)
-        assert re.findall(r"--beam (\d+)", out) and set(re.findall(r"evaluate\.sh .*--beam (\d+)", out)) == {"20"}
+        assert re.findall(r"--beam (\d+)", out) and set(re.findall(r"mt_pipeline\.evaluate .*--beam (\d+)", out)) == {"20"}
     for cmd in REPRO.after_steps(REPRO.TABLES[paper][table], scale):  # post-training steps are printed, after the rows
         line = "$ " + " ".join(shlex.quote(c) for c in cmd)  # printed ready to paste into a shell
         assert line in out and out.index(line) > out.rindex("fairseq-train ")
@@ -248,7 +246,7 @@ def spec_rows(spec_path):
 def test_finetune_rows_start_from_an_earlier_rows_checkpoint(paper, table, scale):
     """A row with --finetune-from-model starts from the checkpoint an earlier row of the same spec
     is evaluated with (run_table runs rows in order, so the fine-tuning runs after it)."""
-    for spec_path in REPRO.TABLES[paper][table][scale]:
+    for spec_path, _ in REPRO._specs(REPRO.TABLES[paper][table], scale):
         seen = []
         for r, rdir, ckpt in spec_rows(spec_path):
             words = (r.get("extra") or "").split()
@@ -269,14 +267,14 @@ def test_flexible_post_training_steps_use_the_tables_runs(table, scale):
     assert steps
     for cmd in steps:
         arg = lambda f: os.path.join(ROOT, cmd[cmd.index(f) + 1])  # noqa: E731
-        if cmd[1] == "scripts/flexible_sweep.py" and cmd[2] == "sweep":
+        if cmd[1:3] == ["-m", "mt_pipeline.sweeps"] and cmd[3] == "sweep":
             (r, _, _), = [x for x in rows if x[1] == arg("--run")]
             assert "--rnn-attention flexible" in r["extra"]
-        elif cmd[1] == "scripts/flexible_sweep.py":  # table1: one run dir per direction, rows 1-4 there
+        elif cmd[1:3] == ["-m", "mt_pipeline.sweeps"]:  # table1: one run dir per direction, rows 1-4 there
             runs = cmd[cmd.index("--runs") + 1: cmd.index("--out")]
             assert sorted(os.path.join(ROOT, d, f"row{i}") for d in runs for i in (1, 2, 3, 4)) == sorted(x[1] for x in rows)
         else:
-            assert cmd[1] == "scripts/bench_flexible_decode.py"
+            assert cmd[1:3] == ["-m", "mt_pipeline.bench_flexible_decode"]
             by_ckpt = {ckpt: r for r, _, ckpt in rows}
             flex, glob = by_ckpt[arg("--flexible")], by_ckpt[arg("--global-checkpoint")]
             assert "--finetune-from-model" in flex["extra"] and "--rnn-attention global" in glob["extra"]
@@ -287,7 +285,7 @@ def test_every_eatt_table_is_registered_at_both_scales():
     """E-ATT Tables 3, 4, 5: a small (Multi30k) and a paper-scale spec each (so the dry-run test
     above covers every E-ATT row at both scales); Table 4 at paper scale has the paper's three
     datasets, each with the energy column."""
-    assert {(t, s) for p, t, s in CASES if p == "eatt"} == {(t, s) for t in ("table3", "table4", "table5")
+    assert {(t, s) for p, t, s in CASES if p == "eatt" and s != "converged"} == {(t, s) for t in ("table3", "table4", "table5")
                                                            for s in ("small", "paper")}
     t4 = [yaml.safe_load(open(os.path.join(ROOT, s))) for s in REPRO.TABLES["eatt"]["table4"]["paper"]]
     assert [(t["src"], t["tgt"]) for t in t4] == [("en", "vi"), ("en", "de"), ("zh", "en")]

@@ -22,9 +22,8 @@ import yaml
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.normpath(os.path.join(ROOT, "..", "shared", "data"))
 sys.path.insert(0, os.path.join(ROOT, "data-prep", "common"))
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
-import experiment  # noqa: E402
-import extract_hypotheses  # noqa: E402
+from mt_pipeline import experiment  # noqa: E402
+from mt_pipeline import hypotheses as extract_hypotheses  # noqa: E402
 import mt_prep  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not os.path.isdir(DATA), reason=f"real data folder {DATA} not present")

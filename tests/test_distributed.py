@@ -18,8 +18,7 @@ import torch
 
 import train_helpers as th
 
-sys.path.insert(0, os.path.join(th.ROOT, "scripts"))
-from train_distributed import distributed_flags  # noqa: E402
+from mt_pipeline.launch import distributed_flags
 
 TORCHRUN = os.path.join(th.BIN, "torchrun")
 
@@ -46,8 +45,7 @@ EXTRA = ("--criterion", "label_smoothed_cross_entropy_with_reg", "--label-smooth
 # only) so that every rank, not only rank 0, also writes its replica's parameters.
 DRIVER = textwrap.dedent("""
     import os, sys, torch
-    sys.path.insert(0, os.path.join({root!r}, "scripts"))
-    import train_distributed
+    from mt_pipeline import launch as train_distributed
     from fairseq import checkpoint_utils
     _save = checkpoint_utils.save_checkpoint
     def save(cfg, trainer, epoch_itr, val_loss):

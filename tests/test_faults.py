@@ -23,7 +23,7 @@ import torch
 import train_helpers as th
 from fairseq_plugins.checkpoint import checkpoint_is_complete, load_checkpoint, repair_last_checkpoint
 
-LAUNCH = os.path.join(th.ROOT, "scripts", "train_distributed.py")
+LAUNCH = os.path.join(th.ROOT, "scripts", "train_distributed.py")  # the thin entry point of mt_pipeline.launch
 EXTRA = ("--max-update", "30", "--save-interval-updates", "5", "--disable-validation", "--dropout", "0.1",
          "--criterion", "label_smoothed_cross_entropy_with_reg", "--label-smoothing", "0.1")
 # 192 pairs / batch 8 = 24 updates per epoch: update 17 is mid-epoch 1, 30 is in epoch 2
@@ -31,7 +31,6 @@ EXTRA = ("--max-update", "30", "--save-interval-updates", "5", "--disable-valida
 DRIVER = textwrap.dedent("""
     import io, os, signal, sys
     mode, k = sys.argv.pop(1), int(sys.argv.pop(1))
-    sys.path.insert(0, {scripts!r})
     import torch
     from fairseq import checkpoint_utils, trainer
     from fairseq.file_io import PathManager
@@ -66,8 +65,8 @@ DRIVER = textwrap.dedent("""
                 die()
             return real_copy(src, dst, overwrite)
         PathManager.copy = staticmethod(copy)
-    import train_distributed
-    train_distributed.main()
+    from mt_pipeline import launch
+    launch.main()
 """)
 
 
@@ -85,7 +84,7 @@ def reference(data_bin, tmp_path_factory):
 
 def _killed(data_bin, ck, mode, k, tmp_path):
     driver = tmp_path / "driver.py"
-    driver.write_text(DRIVER.format(scripts=os.path.join(th.ROOT, "scripts")))
+    driver.write_text(DRIVER.format())
     res = th.run([sys.executable, str(driver), mode, str(k), *th.train_args(data_bin, ck, *EXTRA)],
                  check=False, timeout=300)
     assert res.returncode == -signal.SIGKILL, res.stderr[-2000:]

@@ -14,6 +14,7 @@ fairseq-generate's temp log exists (generation then runs for seconds).
 """
 
 import glob
+import shutil
 import json
 import os
 import signal
@@ -41,8 +42,8 @@ MODEL = ("--encoder-layers 1 --decoder-layers 1 --encoder-embed-dim 16 --decoder
 DRIVER = textwrap.dedent("""
     import os, signal, sys
     mode, arg = sys.argv.pop(1), sys.argv.pop(1)
-    sys.path.insert(0, {scripts!r})
-    import experiment, run_table
+    from mt_pipeline import experiment
+    from mt_pipeline import tables as run_table
 
     TRAIN = '''
     import os, signal, sys
@@ -67,7 +68,11 @@ DRIVER = textwrap.dedent("""
         os.killpg(0, signal.SIGKILL)
     torch.save = save
     sys.argv = sys.argv[1:]
-    runpy.run_path(sys.argv[0], run_name="__main__")
+    if sys.argv[0] == "-m":  # python -m MODULE ARGS
+        sys.argv = sys.argv[1:]
+        runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+    else:
+        runpy.run_path(sys.argv[0], run_name="__main__")
     '''
     if mode == "train":
         orig_train = experiment.build_train_cmd
@@ -76,15 +81,16 @@ DRIVER = textwrap.dedent("""
             return [sys.executable, "-c", TRAIN % int(arg), *cmd]
         experiment.build_train_cmd = build_train_cmd
     elif mode == "average":
-        orig_avg = experiment.average_cmd
-        def average_cmd(*a):
-            cmd = orig_avg(*a)
+        from mt_pipeline import budget
+        orig_avg = budget.average_cmd
+        def average_cmd(*a, **kw):
+            cmd = orig_avg(*a, **kw)
             return [cmd[0], "-c", AVERAGE, *cmd[1:]]
-        experiment.average_cmd = average_cmd
+        budget.average_cmd = average_cmd
     elif mode == "after-render":
         orig_render = run_table.render
-        def render(spec):
-            orig_render(spec)
+        def render(spec, seeds=None):
+            orig_render(spec, seeds)
             done = [r for r in spec["rows"] if os.path.exists(os.path.join(run_table.run_dir(spec, r), "result.json"))]
             if len(done) == int(arg):
                 sys.stdout.flush(); os.killpg(0, signal.SIGKILL)
@@ -117,7 +123,7 @@ def exp_args(budget, out, fns=("rela_g", "rela_g", "softmax")):
 def start(driver_args, tmp_path):
     """Start the driver in a new process group (so that its SIGKILL spares pytest)."""
     driver = tmp_path / "driver.py"
-    driver.write_text(DRIVER.format(scripts=SCRIPTS))
+    driver.write_text(DRIVER.format())
     return subprocess.Popen([sys.executable, str(driver), *driver_args], cwd=th.ROOT, env=th.env(),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
@@ -174,7 +180,7 @@ def test_experiment_killed_in_train_average_and_evaluate_resumes_to_the_same_res
     ckpt_mtime = os.path.getmtime(ck / "checkpoint_last.pt")
     # 3. the re-run neither trains again nor uses the half-written average; killed in generation
     killed(["none", "0", "experiment", *exp_args(budget, out)], tmp_path,
-           when=lambda: glob.glob(str(out / "eval" / "test.generate.log.tmp.*")))
+           when=lambda: glob.glob(str(out / "eval" / ".test.generate.log.*.tmp")))
     assert os.path.getmtime(ck / "checkpoint_last.pt") == ckpt_mtime  # a finished training is not extended
     assert not glob.glob(str(out / ".average_last2.pt.*.tmp"))
     assert (out / "average_last2.pt").exists() and not (out / "eval" / "test.json").exists()
@@ -247,3 +253,61 @@ def test_run_table_killed_between_rows_and_mid_row_resumes(budget, tmp_path):
     assert json.loads((row2 / "result.json").read_text())["updates"] == MAX_UPDATE
     assert all("| done |" in r for r in rows()) and "resumed 1 time(s)" in md.read_text()
     assert leftovers(str(tmp_path / "runs")) == [] and not glob.glob(str(tmp_path / ".table.md.*"))
+
+
+def test_a_changed_configuration_is_refused_with_its_differences(budget, reference, tmp_path):
+    """Issue 21.1: a finished run re-run with other attention functions must not reuse the old
+    checkpoint and scores under the new name: refused, naming what changed; --force-new starts over."""
+    out = tmp_path / "run"
+    shutil.copytree(reference, out)
+    before = (out / "result.json").read_bytes()
+    res = th.run([sys.executable, os.path.join(SCRIPTS, "experiment.py"),
+                  *exp_args(budget, out, fns=("softmax", "softmax", "softmax"))], check=False, timeout=600)
+    assert res.returncode != 0
+    msg = res.stdout + res.stderr
+    assert "another configuration" in msg and "fns: ['rela_g', 'rela_g', 'softmax'] -> ['softmax', 'softmax', 'softmax']" in msg
+    assert "--force-new" in msg and (out / "result.json").read_bytes() == before
+    # the same configuration continues (nothing to do: the finished result is rewritten unchanged)
+    plain("experiment.py", exp_args(budget, out))
+    assert json.loads((out / "result.json").read_text())["attention_fns"]["encoder"] == "rela_g"
+    # --force-new: the old run is removed and the new configuration trained from scratch
+    plain("experiment.py", [*exp_args(budget, out, fns=("softmax", "softmax", "softmax")), "--force-new"])
+    new = json.loads((out / "result.json").read_text())
+    assert new["attention_fns"] == {"encoder": "softmax", "decoder": "softmax", "cross": "softmax"}
+    assert "Loaded checkpoint" not in (out / "train.log").read_text()  # trained from scratch
+
+
+def test_an_interrupted_re_evaluation_never_mixes_two_checkpoints(reference, tmp_path):
+    """Issue 21.2: evaluating another checkpoint into a directory that holds scores of the first
+    removes those first, so a kill during generation leaves fewer subsets, never a mix; every
+    S.json names the checkpoint (SHA-256) that produced it."""
+    from mt_pipeline.evaluate import checkpoint_sha256, done_subsets
+
+    res = json.loads((reference / "result.json").read_text())
+    eval_dir = tmp_path / "eval"
+    shutil.copytree(reference / "eval", eval_dir)
+    first = reference / "average_last2.pt"
+    assert json.loads((eval_dir / "test.json").read_text())["checkpoint_sha256"] == checkpoint_sha256(str(first))
+    # every subset of the first checkpoint goes, also one not asked for now (test1)
+    stale = dict(json.loads((eval_dir / "test.json").read_text()), subset="test1")
+    (eval_dir / "test1.json").write_text(json.dumps(stale))
+    other = reference / "checkpoints" / "checkpoint_last.pt"
+    prep = os.path.join(th.ROOT, res["data"]["prep_dir"])
+    args = ["-m", "mt_pipeline.evaluate", "--checkpoint", str(other), "--data-bin", os.path.join(prep, "bin"),
+            "--prep-dir", prep, "--src", "en", "--tgt", "de", "--subsets", "test", "--beam", "1",
+            "--batch-size", "500", "--extra", "--max-len-a 0 --max-len-b 8", "--out", str(eval_dir)]
+    proc = subprocess.Popen([sys.executable, *args], cwd=th.ROOT, env=th.env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    while proc.poll() is None and not glob.glob(str(eval_dir / ".test.generate.log.*.tmp")):
+        time.sleep(0.005)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=60)
+    left = sorted(os.path.basename(p) for p in glob.glob(str(eval_dir / "*")))
+    assert not any(n.startswith(("test.", "test1.")) for n in left), left  # nothing of the first checkpoint
+    assert done_subsets(str(eval_dir), checkpoint_sha256(str(first)), ["test", "test1"]) == []
+    # the plain re-run completes for the second checkpoint and records it
+    out = th.run([sys.executable, *args], check=False, timeout=600)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    got = json.loads((eval_dir / "test.json").read_text())
+    assert got["checkpoint_sha256"] == checkpoint_sha256(str(other)) and got["checkpoint"] == str(other)
+    assert leftovers(str(eval_dir)) == []

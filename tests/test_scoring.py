@@ -8,9 +8,8 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
-import run_table  # noqa: E402
-import score  # noqa: E402
+from mt_pipeline import scoring as score
+from mt_pipeline import tables as run_table
 
 
 def _write(path, lines):

@@ -8,9 +8,8 @@ import pytest
 import yaml
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
-import experiment  # noqa: E402
-import run_table  # noqa: E402
+from mt_pipeline import experiment
+from mt_pipeline import tables as run_table
 
 CONFIGS = os.path.join(ROOT, "configs")
 

@@ -16,7 +16,6 @@ All files are written atomically.
 """
 
 import argparse
-import hashlib
 import os
 import sys
 import time
@@ -85,14 +84,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rank-out", help="ranked TSV (default: OUT/ranked_<split|raw>.tsv)")
     p.add_argument("--no-figures", action="store_true")
     return p
-
-
-def _sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _subset(task, dataset, limit):
@@ -292,7 +283,7 @@ def main(argv=None):
         dataset = _subset(task, task.dataset(args.split), args.limit)
         report["data"].update(direction=f"{task.cfg.source_lang}-{task.cfg.target_lang}", n_pairs=len(dataset))
         summary, heat = analyze_dataset(model, task, dataset, args.max_tokens, args.heatmap_ids, args.taus, args.top_p)
-        entry = {"checkpoint": os.path.abspath(path), "sha256": _sha256(path), "info": info, "metrics": summary,
+        entry = {"checkpoint": os.path.abspath(path), "sha256": provenance.file_sha256(path), "info": info, "metrics": summary,
                  "ffn_anisotropy": ffn_anisotropy(model)}
         if args.hallucination:
             entry["hallucination"] = hallucination_test(model, task, dataset, args.seed, args.max_tokens)
@@ -349,7 +340,7 @@ def main(argv=None):
         model, task, info = load_model_for_analysis(path, args.aer_data or args.data, "de", "en")
         res = alignment_aer(model, task, args.aer_gold, args.bpe_codes, "de", "en", cased=not args.aer_lowercase,
                             max_tokens=args.max_tokens, limit=args.aer_limit)
-        res.update(checkpoint=os.path.abspath(path), sha256=_sha256(path), info=info)
+        res.update(checkpoint=os.path.abspath(path), sha256=provenance.file_sha256(path), info=info)
         report["aer"][label] = res
         del model
     res = report["models"]

@@ -15,7 +15,7 @@ from typing import Dict, Iterable, List
 import torch
 import torch.nn as nn
 
-__all__ = ["ffn_variance_ratios"]
+__all__ = ["ffn_variance_ratios", "main"]
 
 
 def _layers(model: nn.Module):
@@ -76,3 +76,24 @@ def ffn_variance_ratios(model: nn.Module, batches: Iterable[dict], pad: int) -> 
     allv = out["encoder"] + out["decoder"]
     out["mean"] = [sum(allv) / len(allv)] if allv else [float("nan")]
     return out
+
+
+def main(argv=None):
+    """``fairseq-attention-ffn-variance --checkpoint CK --data-bin BIN --src de --tgt en [--subset
+    valid] [--json OUT]``: prints ``{"encoder": [...], "decoder": [...], "mean": [m]}`` of
+    :func:`ffn_variance_ratios` on a split and writes it to ``--json`` atomically."""
+    from .loading import analysis_parser, checkpoint_batches, emit_result
+
+    p = analysis_parser("Variance ratio Var(FFN output) / Var(residual) of a trained checkpoint "
+                        "(ReLUFormer Table 1).", prog="fairseq-attention-ffn-variance")
+    a = p.parse_args(argv)
+    try:
+        model, task, itr = checkpoint_batches(a.checkpoint, a.data_bin, a.src, a.tgt, a.subset, a.max_tokens)
+    except FileNotFoundError as e:
+        p.error(str(e))
+    res = ffn_variance_ratios(model, itr, task.target_dictionary.pad())
+    emit_result(res, a.checkpoint, a.subset, a.json)
+
+
+if __name__ == "__main__":
+    main()

@@ -24,13 +24,13 @@ def checkpoint_batches(checkpoint: str, data_bin: str, src: str, tgt: str, subse
     return model, task, iter_batches(task, task.dataset(subset), max_tokens=max_tokens)
 
 
-def analysis_parser(description: str):
-    """The argparse parser shared by the per-checkpoint analysis scripts (``--checkpoint``,
+def analysis_parser(description: str, prog: str = None):
+    """The argparse parser shared by the per-checkpoint analysis commands (``--checkpoint``,
     ``--data-bin``, ``--src``, ``--tgt``, ``--subset`` (default valid), ``--max-tokens``,
-    ``--json``: the contract ``scripts/run_table.py`` analyses are called with)."""
+    ``--json``: the contract ``mt-table`` analyses are called with)."""
     import argparse
 
-    p = argparse.ArgumentParser(description=description)
+    p = argparse.ArgumentParser(prog=prog, description=description)
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--data-bin", required=True)
     p.add_argument("--src", required=True)

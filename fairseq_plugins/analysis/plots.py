@@ -1,4 +1,4 @@
-"""PNG figures of the attention analyses (matplotlib, Agg backend).
+"""PNG figures of the attention analyses and of training runs (matplotlib, Agg backend).
 
 Shape legend: H heads, T query length, S key length.  Every function writes one PNG
 atomically (temp file + rename) and returns its path.  Layers are shown 1-based, as in the
@@ -10,7 +10,8 @@ from typing import Dict, List, Optional, Sequence
 
 from mt_pipeline.atomic import atomic_path
 
-__all__ = ["layer_curves", "hallucination_curves", "aer_curves", "top_p_curves", "heatmap_grid", "rho_curves"]
+__all__ = ["layer_curves", "hallucination_curves", "aer_curves", "top_p_curves", "heatmap_grid", "rho_curves",
+           "training_curves"]
 
 KIND_TITLES = {"encoder": "encoder self-attention", "decoder": "decoder self-attention",
                "cross": "cross-attention"}
@@ -193,4 +194,29 @@ def rho_curves(rho: Dict[str, float], n_layers: int, tau: float, path: str) -> s
     ax.set_title(f"E-ATT binarisation ratio (τ = {tau})")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def training_curves(series: Dict[str, Sequence], path: str, ylabel: str = "validation loss",
+                    title: Optional[str] = None) -> str:
+    """One line per run: ``series[label]`` is a sequence of ``(num_updates, value)`` points
+    (e.g. a run's validation losses, base 2).  Non-finite values (a diverged run) are left out
+    of the line and marked by the label."""
+    import math
+
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7.0, 4.2))
+    for label, points in series.items():
+        pts = [(int(u), float(v)) for u, v in points]
+        finite = [(u, v) for u, v in pts if math.isfinite(v)]
+        if len(finite) < len(pts):
+            label += " (diverged)"
+        if finite:
+            ax.plot([u for u, _ in finite], [v for _, v in finite], marker=".", label=label)
+    ax.set_xlabel("updates")
+    ax.set_ylabel(ylabel)
+    if title:
+        ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="upper right")
     return _save(fig, path)

@@ -1,0 +1,187 @@
+"""Energy of attention (E-ATT Tables 1, 2, 4) and binarisation ratios rho (Figure 2).
+
+Usage (``fairseq-attention-energy``; also ``python scripts/eatt_energy.py``):
+    # the form of the paper's Table 2 (Transformer base; l defaults to the length implied by
+    # Dense's 51.10 %):
+    fairseq-attention-energy [--l 23] [--d 512] [--h 8] [--rho 0.2] [--md OUT.md]
+
+    # a trained model: rho per layer / attention type / role on a data split (teacher forcing,
+    # one sentence per batch), and the energy of its attention relative to vanilla attention
+    # at the same sizes and mean lengths:
+    fairseq-attention-energy --checkpoint runs/.../average_last3.pt \\
+        --data-bin data-bin/multi30k_en_de/bin --src en --tgt de [--subset valid] \\
+        [--max-sentences 500] [--json OUT.json] [--md OUT.md] [--plot OUT.png]
+
+Counting conventions and assumptions: :mod:`fairseq_plugins.analysis.energy`.  The JSON holds
+``energy_scores_asic_pct``, ``energy_scores_fpga_pct``, ``energy_block_asic_pct``,
+``energy_block_fpga_pct`` (each ``[value]``, the form ``mt-table`` analyses read),
+``rho`` (``"type/layer/role" -> value``), ``l_src``, ``l_tgt``, the model's attention functions.
+Outputs are written atomically.
+"""
+
+import argparse
+import json
+import os
+import sys
+
+from mt_pipeline.atomic import atomic_path
+
+PAPER_T2 = {"Vanilla": "100.00", "Dense": "51.10", "RandInit": "0.00", "E-ATT": "0.44"}
+FORMULAS = {"Vanilla": ("2ld² + l²d", "2ld² + l²d"), "Dense": ("ld² + l²d", "ld² + l²d"),
+            "RandInit": ("0", "0"), "E-ATT": ("2ρld² + c·l²d", "0")}
+
+
+def table2_markdown(l, d, h, rho, l1_adds):
+    from fairseq_plugins.analysis import energy as E
+
+    lines = [f"## Table 2 form: self-attention, l = {l:g}, d = {d}, h = {h}, ρ = {rho:g}, "
+             f"c_L1 = {l1_adds} addition(s) per L1 element", "",
+             "| Model | # add | # mul | adds | muls | Δ ASIC scores (%) | Δ FPGA scores (%) | "
+             "Δ ASIC block (%) | Δ FPGA block (%) | paper Δ (%) |", "|" + "---|" * 10]
+    rows = {hw: {p: E.table2(l, d, h, rho, hw, p, l1_adds_per_element=l1_adds) for p in ("scores", "block")}
+            for hw in ("asic", "fpga")}
+    for j, r in enumerate(rows["asic"]["scores"]):
+        m = r["model"]
+        cells = [m, *FORMULAS[m], E.fmt_count(r["adds"]), E.fmt_count(r["muls"])]
+        cells += [f"{rows[hw][p][j]['ratio_pct']:.2f}" for p in ("scores", "block") for hw in ("asic", "fpga")]
+        cells.append(PAPER_T2[m])
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", f"- Dense's 51.10 % implies l = {E.implied_length(0.5110, d):.2f} at d = {d} (independent of hardware).",
+              f"- E-ATT's 0.44 % (scores) needs ρ = {E.implied_rho(0.0044, l, d, h, 'asic', l1_adds):.4f} on ASIC "
+              f"and ρ = {E.implied_rho(0.0044, l, d, h, 'fpga', l1_adds):.4f} on FPGA at this l, d.",
+              "- Table 1 costs (pJ, FP32): ASIC add 0.9 / mul 3.7; FPGA add 0.4 / mul 18.8.", ""]
+    return "\n".join(lines)
+
+
+def measure(a):
+    """Load the checkpoint, measure rho and mean lengths, compute the model's energy ratios."""
+    import fairseq_plugins  # noqa: F401  (archs, safe globals for checkpoint loading)
+    import torch
+    from fairseq import checkpoint_utils
+
+    from fairseq_plugins.analysis import energy as E
+    from fairseq_plugins.models.transformer import ATTENTION_TYPES
+
+    torch.set_grad_enabled(False)
+    models, cfg, task = checkpoint_utils.load_model_ensemble_and_task(
+        [a.checkpoint], arg_overrides={"data": a.data_bin, "source_lang": a.src, "target_lang": a.tgt})
+    model = models[0].eval()
+    margs = cfg.model
+    fns = {kind: getattr(margs, attr, "softmax") or "softmax" for kind, (_, attr) in ATTENTION_TYPES.items()}
+    task.load_dataset(a.subset)
+    ds = task.dataset(a.subset)
+    n = len(ds) if a.max_sentences is None else min(len(ds), a.max_sentences)
+    samples, ls, lt = [], 0, 0
+    for i in range(n):
+        s = ds.collater([ds[i]])
+        samples.append(s)
+        ls += int(ds.src_sizes[i])
+        lt += int(ds.tgt_sizes[i])
+    rho = E.measure_rho(model, samples)
+    l_src, l_tgt = ls / n, lt / n
+    d, h = model.encoder.layers[0].self_attn.embed_dim, model.encoder.layers[0].self_attn.num_heads
+    layers = {"encoder": len(model.encoder.layers), "decoder": len(model.decoder.layers)}
+    vanilla = {k: "softmax" for k in fns}
+    res = {"checkpoint": os.path.abspath(a.checkpoint), "subset": a.subset, "sentences": n,
+           "attention_fns": fns, "l_src": l_src, "l_tgt": l_tgt, "d": d, "h": h, "layers": layers,
+           "tau": getattr(margs, "eatt_tau", None), "l1_adds_per_element": a.l1_adds,
+           "rho": {f"{t}/{i}/{r}": v for (t, i, r), v in sorted(rho.items())}}
+    for part in ("scores", "block"):
+        ours = E.model_ops(fns, layers, l_src, l_tgt, d, h, rho, part, l1_adds_per_element=a.l1_adds)
+        base = E.model_ops(vanilla, layers, l_src, l_tgt, d, h, None, part, l1_adds_per_element=a.l1_adds)
+        to, tb = E.total(ours.values()), E.total(base.values())
+        res[f"ops_{part}"] = {"adds": to.adds, "muls": to.muls, "vanilla_adds": tb.adds, "vanilla_muls": tb.muls}
+        for hw in ("asic", "fpga"):
+            res[f"energy_{part}_{hw}_pct"] = [100.0 * E.energy_pj(to, hw) / E.energy_pj(tb, hw)]
+            res[f"energy_{part}_{hw}_pJ_per_sentence"] = E.energy_pj(to, hw)
+    return res
+
+
+def model_markdown(res):
+    lines = [f"## Attention energy of `{res['checkpoint']}`", "",
+             f"Attention functions {res['attention_fns']}; d = {res['d']}, h = {res['h']}, layers {res['layers']}; "
+             f"mean lengths on `{res['subset']}` ({res['sentences']} sentences): source {res['l_src']:.2f}, "
+             f"target {res['l_tgt']:.2f} tokens; τ = {res['tau']}.", "",
+             "| part | ASIC (% of vanilla) | FPGA (% of vanilla) | adds / sentence | muls / sentence |",
+             "|---|---|---|---|---|"]
+    from fairseq_plugins.analysis import energy as E
+
+    for part in ("scores", "block"):
+        o = res[f"ops_{part}"]
+        lines.append(f"| {part} | {res[f'energy_{part}_asic_pct'][0]:.2f} | {res[f'energy_{part}_fpga_pct'][0]:.2f} | "
+                     f"{E.fmt_count(o['adds'])} | {E.fmt_count(o['muls'])} |")
+    if res["rho"]:
+        lines += ["", "### Ratio of ones after binarisation ρ (paper Figure 2)", "",
+                  "| layer | Enc-Self | Dec-Self | Dec-Crs-Query | Dec-Crs-Key |", "|---|---|---|---|---|"]
+        n = max(res["layers"].values())
+        for i in range(n):
+            cell = [res["rho"].get(k) for k in (f"encoder/{i}/query", f"decoder/{i}/query",
+                                                f"cross/{i}/query", f"cross/{i}/key")]
+            lines.append(f"| {i + 1} | " + " | ".join("–" if c is None else f"{c:.3f}" for c in cell) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(res, path):
+    """Paper Figure 2 as a PNG (``fairseq_plugins.analysis.plots.rho_curves``)."""
+    from fairseq_plugins.analysis.plots import rho_curves
+
+    return rho_curves(res["rho"], max(res["layers"].values()), res["tau"], path)
+
+
+def provenance_markdown(argv=None):
+    """The Markdown footer that lets a reader regenerate the file: command, git commit, hardware."""
+    from mt_pipeline import provenance
+
+    rec = provenance.collect(provenance.command_line("fairseq-attention-energy", argv))
+    return "\n" + provenance.markdown(rec)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--l", type=float, help="sequence length for the Table 2 form (default: implied by Dense, 23.03)")
+    p.add_argument("--d", type=int, default=512)
+    p.add_argument("--h", type=int, default=8)
+    p.add_argument("--rho", type=float, default=0.2, help="ratio of ones for the Table 2 form (default 0.2)")
+    p.add_argument("--l1-adds", type=int, default=1, choices=(1, 2),
+                   help="additions per L1 element: 1 (the paper's l²d) or 2 (subtraction counted too)")
+    p.add_argument("--checkpoint")
+    p.add_argument("--data-bin")
+    p.add_argument("--src")
+    p.add_argument("--tgt")
+    p.add_argument("--subset", default="valid")
+    p.add_argument("--max-sentences", type=int, help="measure on the first N sentences only")
+    p.add_argument("--json", help="write the measurement here (with --checkpoint)")
+    p.add_argument("--md", help="write Markdown here")
+    p.add_argument("--plot", help="write the Figure 2 plot (PNG) here (with --checkpoint)")
+    a = p.parse_args(argv)
+    from fairseq_plugins.analysis import energy as E
+
+    l = a.l if a.l is not None else E.implied_length(0.5110, 512)
+    md = table2_markdown(l, a.d, a.h, a.rho, a.l1_adds)
+    if a.checkpoint:
+        missing = [f for f in ("data_bin", "src", "tgt") if getattr(a, f) is None]
+        if missing:
+            p.error("--checkpoint needs " + ", ".join("--" + m.replace("_", "-") for m in missing))
+        for path in (a.checkpoint, a.data_bin):
+            if not os.path.exists(path):
+                p.error(f"not found: {path}")
+        res = measure(a)
+        md = model_markdown(res) + "\n" + md
+        print(json.dumps({k: v for k, v in res.items() if k != "rho"}, indent=1))
+        if a.json:
+            with atomic_path(a.json) as tmp, open(tmp, "w") as f:
+                json.dump(res, f, indent=1)
+        if a.plot and res["rho"]:
+            plot(res, a.plot)
+    elif a.json or a.plot:
+        p.error("--json and --plot need --checkpoint")
+    if a.md:
+        md += provenance_markdown(argv)
+    print(md)
+    if a.md:
+        with atomic_path(a.md) as tmp, open(tmp, "w") as f:
+            f.write(md)
+
+
+if __name__ == "__main__":
+    main()

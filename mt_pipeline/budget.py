@@ -1,0 +1,192 @@
+"""Training budgets (``configs/**/*.yaml``) and the commands one budget defines for one run.
+
+A budget is a YAML mapping::
+
+    base: configs/multi30k/small_cpu.yaml   # optional: loaded first, then overridden key by key
+    regime: smoke | diagnostic | converged | paper   # what its numbers can claim
+    train: {fairseq-train flag: value, ...}          # without "--"; true = bare flag, null/false = off
+    train-gpu: {bf16: true}                          # added to `train` when CUDA is available
+    average: {num-update-checkpoints: N} | {num-epoch-checkpoints: N} | {checkpoint: best}
+    generate: {beam: 4, lenpen: 0.6, batch-size: 128, extra: {...}}
+    data: {corpus: multi30k, bpe-merges: 8000, subsets: [test, test1], variant: ..., out: ...}
+    batch: {tokens_per_update: ..., max_tokens_per_gpu: ...}   # paper-scale budgets (reproduce --gpus)
+
+The command builders return argument lists (no shell): data preparation
+(``data-prep/<corpus>/prepare.sh``), ``fairseq-train``, checkpoint averaging
+(:mod:`mt_pipeline.averaging`) and evaluation (:mod:`mt_pipeline.evaluate`).  Python steps run as
+``python -m mt_pipeline.<module>`` from the repository root, so they use this checkout's code.
+"""
+
+import os
+import shlex
+import sys
+from typing import Dict, List, Optional, Tuple
+
+import yaml
+
+from .provenance import ROOT
+
+__all__ = ["REGIMES", "flags", "merge", "load_budget", "regime", "train_flags", "prep_dir", "prep_cmd",
+           "build_train_cmd", "average_cmd", "decode_checkpoint", "eval_cmd"]
+
+#: what a budget's numbers can claim (shown in every rendered table)
+REGIMES = {
+    "smoke": "early-training smoke test (a few hundred updates): shows the pipeline runs, never a replication",
+    "diagnostic": "early training (the first updates of the converged budget): compares rows of one study, "
+                  "not a paper's claim",
+    "converged": "trained to convergence at reduced scale (small model, Multi30k): tests a claim's direction",
+    "paper": "the paper's data, model size and budget",
+}
+BIN = os.path.dirname(sys.executable)
+
+
+def flags(mapping: Dict) -> List[str]:
+    """YAML mapping -> fairseq CLI flags (``true`` = bare flag, ``false``/None = omitted)."""
+    out = []
+    for k, v in mapping.items():
+        if v is True:
+            out.append(f"--{k}")
+        elif v is False or v is None:
+            continue
+        else:
+            out += [f"--{k}", str(v)]
+    return out
+
+
+def merge(base: Dict, over: Dict) -> Dict:
+    """Deep-merge two YAML mappings (``over`` wins; nested mappings are merged key by key)."""
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def load_budget(path: str) -> Dict:
+    """Read a budget YAML, its ``base:`` chain (paths relative to the repo root) merged first.
+
+    Raises:
+        SystemExit: the file (or a base) does not exist, or bases form a cycle.
+    """
+    seen: List[str] = []
+    chain = []
+    while path:
+        path = path if os.path.isabs(path) else os.path.join(ROOT, path)
+        if path in seen:
+            raise SystemExit(f"budget bases form a cycle: {seen + [path]}")
+        if not os.path.exists(path):
+            raise SystemExit(f"budget config not found: {path}")
+        seen.append(path)
+        with open(path) as f:
+            cfg = yaml.safe_load(f) or {}
+        chain.append(cfg)
+        path = cfg.get("base")
+    budget: Dict = {}
+    for cfg in reversed(chain):
+        budget = merge(budget, {k: v for k, v in cfg.items() if k != "base"})
+    return budget
+
+
+def regime(budget: Dict) -> str:
+    """The budget's ``regime`` (one of :data:`REGIMES`; ``unstated`` when missing).
+
+    Raises:
+        SystemExit: an unknown regime (the message names the valid ones).
+    """
+    r = budget.get("regime", "unstated")
+    if r != "unstated" and r not in REGIMES:
+        raise SystemExit(f"budget regime {r!r}; valid: {', '.join(REGIMES)}")
+    return r
+
+
+def train_flags(budget: Dict, cuda: bool, max_update: Optional[int] = None) -> Dict:
+    """The effective ``train`` mapping: the budget's, plus ``train-gpu`` when ``cuda``, with
+    ``max-update`` overridden when given."""
+    cfg = dict(budget["train"])
+    if cuda:
+        cfg.update(budget.get("train-gpu") or {})
+    if max_update:
+        cfg["max-update"] = max_update
+    return cfg
+
+
+def _data_out(budget: Dict) -> str:
+    data = budget["data"]
+    return os.path.join(ROOT, data.get("out", os.path.join("data-bin", f"{data['corpus']}_en_de")))
+
+
+def prep_dir(budget: Dict) -> str:
+    """The prep dir the budget's data preparation fills (``raw/``, ``tok/``, ``bin/``, ...)."""
+    data = budget["data"]
+    out = _data_out(budget)
+    return os.path.join(out, data["variant"]) if data.get("variant") else out
+
+
+def prep_cmd(budget: Dict) -> List[str]:
+    """The data-prep command (idempotent) for ``budget``."""
+    data = budget["data"]
+    cmd = ["bash", os.path.join(ROOT, "data-prep", data["corpus"], "prepare.sh"), "--out", _data_out(budget)]
+    if data.get("bpe-merges"):
+        cmd += ["--bpe-merges", str(data["bpe-merges"])]
+    if data.get("train-lines"):
+        cmd += ["--train-lines", str(data["train-lines"])]
+    if data.get("variant") and os.path.exists(os.path.join(ROOT, "data-prep", data["corpus"], "corpus.yaml")):
+        # a corpus.yaml recipe variant (e.g. wmt14_en_de's `eatt`, truecased) writes <out>/<variant>/;
+        # the long-document preps build all their variants (lengths) in one run and take no --variant
+        cmd += ["--variant", data["variant"]]
+    return cmd + flags(data.get("prep-flags") or {})
+
+
+def build_train_cmd(data_bin: str, ckpt_dir: str, arch: str, src: str, tgt: str, train_cfg: Dict,
+                    fns: Optional[List[str]] = None, extra: str = "", cpu: bool = False) -> List[str]:
+    """The fairseq-train command of one run: the budget's ``train`` flags, the attention
+    functions ``fns`` (encoder self, decoder self, cross) when given, ``extra`` flags (a
+    shell-quoted string) and ``--cpu`` when ``cpu``."""
+    cmd = [os.path.join(BIN, "fairseq-train"), data_bin, "--user-dir", os.path.join(ROOT, "fairseq_plugins"),
+           "--arch", arch, "--source-lang", src, "--target-lang", tgt, "--save-dir", ckpt_dir, *flags(train_cfg)]
+    if fns:
+        cmd += ["--encoder-attention-fn", fns[0], "--decoder-attention-fn", fns[1], "--cross-attention-fn", fns[2]]
+    if cpu:
+        cmd.append("--cpu")
+    return cmd + shlex.split(extra or "")
+
+
+def average_cmd(ckpt_dir: str, n_avg: int, output: str, kind: str = "update") -> List[str]:
+    """Average the last ``n_avg`` update (``kind="update"``) or epoch checkpoints of ``ckpt_dir``."""
+    return [sys.executable, "-m", "mt_pipeline.averaging", "--inputs", ckpt_dir,
+            f"--num-{kind}-checkpoints", str(n_avg), "--output", output]
+
+
+def decode_checkpoint(budget: Dict, run_dir: str) -> Tuple[str, Optional[List[str]]]:
+    """``(checkpoint, command)``: the checkpoint a run is evaluated with and the command that
+    makes it (``None`` when fairseq writes it itself), from the budget's ``average`` section:
+
+    - ``num-update-checkpoints: N`` -> ``<run_dir>/average_lastN.pt`` (last N update checkpoints);
+    - ``num-epoch-checkpoints: N`` -> ``<run_dir>/average_lastN_epochs.pt`` (last N epoch checkpoints);
+    - ``checkpoint: best`` -> ``<run_dir>/checkpoints/checkpoint_best.pt``, fairseq's best on the
+      validation set, no averaging (E-ATT App. B: "we choose the best model over dev set").
+
+    Raises:
+        SystemExit: an ``average`` section with none of these keys (the message names them).
+    """
+    avg = budget.get("average") or {}
+    if avg.get("checkpoint") == "best":
+        return os.path.join(run_dir, "checkpoints", "checkpoint_best.pt"), None
+    for key, kind, suffix in (("num-update-checkpoints", "update", ""), ("num-epoch-checkpoints", "epoch", "_epochs")):
+        if avg.get(key):
+            n = int(avg[key])
+            out = os.path.join(run_dir, f"average_last{n}{suffix}.pt")
+            return out, average_cmd(os.path.join(run_dir, "checkpoints"), n, out, kind=kind)
+    raise SystemExit(f"budget `average` section {avg!r}: give `num-update-checkpoints: N` (average the last N "
+                     "update checkpoints), `num-epoch-checkpoints: N` (the last N epoch checkpoints) or "
+                     "`checkpoint: best` (fairseq's checkpoint_best.pt)")
+
+
+def eval_cmd(gen: Dict, checkpoint: str, data_bin: str, prep: str, src: str, tgt: str, subsets: List[str],
+             eval_dir: str, ribes: bool = False) -> List[str]:
+    """The evaluation command (:mod:`mt_pipeline.evaluate`: generate + sacreBLEU + chrF +
+    tokenized BLEU, + RIBES when ``ribes``) for the budget's ``generate`` section ``gen``."""
+    return ([sys.executable, "-m", "mt_pipeline.evaluate", "--checkpoint", checkpoint, "--data-bin", data_bin,
+             "--prep-dir", prep, "--src", src, "--tgt", tgt, "--subsets", ",".join(subsets),
+             "--beam", str(gen["beam"]), "--lenpen", str(gen["lenpen"]), "--batch-size", str(gen["batch-size"]),
+             "--out", eval_dir] + (["--extra", " ".join(flags(gen["extra"]))] if gen.get("extra") else [])
+            + (["--ribes"] if ribes else []))

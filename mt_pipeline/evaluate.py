@@ -1,0 +1,252 @@
+"""Translate test sets with a fairseq checkpoint and score them (sacreBLEU, chrF, tokenized BLEU).
+
+Usage (``mt-evaluate``, ``python -m mt_pipeline.evaluate`` or ``bash scripts/evaluate.sh``)::
+
+    mt-evaluate --checkpoint CKPT --data-bin DIR --prep-dir DIR --src en --tgt de \\
+        [--subsets test,test1] [--beam 4] [--lenpen 0.6] [--batch-size 128] [--out DIR] \\
+        [--user-dir fairseq_plugins|none] [--extra "ARGS"] [--ribes]
+
+For every subset ``S``: ``fairseq-generate`` (always with ``--required-batch-size-multiple 1``:
+fairseq as built here silently drops the last ``N mod 8`` sentences otherwise), its log kept as
+``<out>/S.generate.log``; the hypotheses extracted in corpus order, none missing
+(:mod:`mt_pipeline.hypotheses`); detruecased when the prep truecased the target side
+(``<prep>/tc/truecase-model.TGT``); scored against ``<prep>/raw/S.TGT`` (detokenized sacreBLEU,
+13a, mixed case; chrF) and ``<prep>/tok/S.TGT`` (tokenized BLEU) by :mod:`mt_pipeline.scoring`;
+``<out>/S.json`` written last.  Every file is written atomically.
+
+One directory, one checkpoint: ``S.json`` records the checkpoint's path and SHA-256
+(``checkpoint_sha256``).  Before anything is generated, the results of any *other* checkpoint in
+``--out`` are removed (all subsets, not just the ones asked for), so an interrupted re-evaluation
+leaves a directory with fewer subsets, never a mix of two models.  :func:`done_subsets` tells a
+caller which subsets are complete for a checkpoint.
+"""
+
+import argparse
+import glob
+import json
+import os
+import re
+import subprocess
+import sys
+from typing import Dict, List, Optional
+
+from .atomic import atomic_path, remove_leftovers, write_json_atomic, write_text_atomic
+from .provenance import ROOT
+from .provenance import file_sha256 as checkpoint_sha256
+
+__all__ = ["checkpoint_sha256", "done_subsets", "evaluate", "testset_name", "main", "EvaluateError"]
+
+#: files of one subset ``S`` in an evaluation directory
+SUBSET_FILES = ("{s}.json", "{s}.hyp.tok", "{s}.hyp.tc", "{s}.hyp.detok", "{s}.score.txt",
+                "{s}.generate.log", "{s}.generate.failed.log")
+
+
+class EvaluateError(RuntimeError):
+    """Bad input or a failed step; the message says which and what to do."""
+
+
+def testset_name(prep_dir: str, subset: str) -> str:
+    """The official test-set name of a fairseq subset: Multi30k preps map ``valid/test/test1`` to
+    the WMT16 Multimodal names (``val``, ``test_2016_flickr``, ``test_2017_flickr``); any other
+    prep keeps the subset name."""
+    if os.path.basename(os.path.normpath(prep_dir)).startswith("multi30k"):
+        return {"valid": "val", "test": "test_2016_flickr", "test1": "test_2017_flickr"}.get(subset, subset)
+    return subset
+
+
+def _read_json(path: str) -> Optional[Dict]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def done_subsets(out: str, sha256: str, subsets: List[str], ribes: bool = False) -> List[str]:
+    """The ``subsets`` whose ``<out>/S.json`` was written for the checkpoint with this SHA-256
+    (and holds RIBES when ``ribes``)."""
+    done = []
+    for s in subsets:
+        res = _read_json(os.path.join(out, f"{s}.json"))
+        if res and res.get("checkpoint_sha256") == sha256 and (not ribes or res.get("tok_ribes") is not None):
+            done.append(s)
+    return done
+
+
+def _purge_other_checkpoints(out: str, sha256: str) -> List[str]:
+    """Remove every subset's files in ``out`` unless its ``S.json`` belongs to ``sha256``; returns
+    the subsets removed.  Files of a subset without ``S.json`` (an interrupted run) go too."""
+    names = {os.path.basename(p).split(".")[0] for p in glob.glob(os.path.join(out, "*.*"))
+             if re.fullmatch(r"[A-Za-z0-9_]+\.(json|hyp\.tok|hyp\.tc|hyp\.detok|score\.txt|generate\.log|"
+                             r"generate\.failed\.log)", os.path.basename(p))}
+    removed = []
+    for s in sorted(names):
+        res = _read_json(os.path.join(out, f"{s}.json"))
+        if res and res.get("checkpoint_sha256") == sha256:
+            continue
+        for pattern in SUBSET_FILES:
+            path = os.path.join(out, pattern.format(s=s))
+            if os.path.exists(path):
+                os.unlink(path)
+        removed.append(s)
+    return removed
+
+
+def _check_inputs(a) -> None:
+    """Raise :class:`EvaluateError` naming the first bad input (before the slow generation)."""
+    for name in ("checkpoint", "data_bin", "prep_dir", "src", "tgt"):
+        if not getattr(a, name):
+            raise EvaluateError(f"--{name.replace('_', '-')} is required (see --help)")
+    if not os.path.isfile(a.checkpoint):
+        raise EvaluateError(f"--checkpoint {a.checkpoint}: no such file")
+    for flag, path in (("--data-bin", a.data_bin), ("--prep-dir", a.prep_dir)):
+        if not os.path.isdir(path):
+            raise EvaluateError(f"{flag} {path}: no such directory")
+    langs = sorted(os.path.basename(p)[5:-4] for p in glob.glob(os.path.join(a.data_bin, "dict.*.txt")))
+    for lang in (a.src, a.tgt):
+        if not os.path.isfile(os.path.join(a.data_bin, f"dict.{lang}.txt")):
+            raise EvaluateError(f"no dictionary {a.data_bin}/dict.{lang}.txt; languages available in "
+                                f"--data-bin: {' '.join(langs) or 'none'}")
+    if a.src == a.tgt:
+        raise EvaluateError("--src and --tgt must differ")
+    if a.beam < 1 or a.batch_size < 1:
+        raise EvaluateError(f"--beam and --batch-size must be positive integers (got {a.beam}, {a.batch_size})")
+    if a.user_dir and a.user_dir != "none" and not os.path.isdir(a.user_dir):
+        raise EvaluateError(f"--user-dir {a.user_dir}: no such directory (use --user-dir none for no plugin)")
+    if not a.subsets:
+        raise EvaluateError("--subsets is empty")
+    raw = os.path.join(a.prep_dir, "raw")
+    for s in a.subsets:
+        if not re.fullmatch(r"[A-Za-z0-9_]+", s):
+            raise EvaluateError(f"bad subset name {s!r} in --subsets (e.g. test,test1)")
+        if not os.path.isfile(os.path.join(raw, f"{s}.{a.tgt}")):
+            have = sorted(n[: -len(a.tgt) - 1] for n in os.listdir(raw) if n.endswith("." + a.tgt)) \
+                if os.path.isdir(raw) else []
+            raise EvaluateError(f"missing detokenized reference {raw}/{s}.{a.tgt} (subsets available in "
+                                f"--prep-dir: {' '.join(have) or 'none'})")
+        if not os.path.isfile(os.path.join(a.prep_dir, "tok", f"{s}.{a.tgt}")):
+            raise EvaluateError(f"missing tokenized reference {a.prep_dir}/tok/{s}.{a.tgt}")
+        if not any(os.path.isfile(os.path.join(a.data_bin, f"{s}.{x}.{a.src}.idx"))
+                   for x in (f"{a.src}-{a.tgt}", f"{a.tgt}-{a.src}")):
+            raise EvaluateError(f"subset {s!r} not binarized in {a.data_bin} (no {s}.{a.src}-{a.tgt}.{a.src}.idx "
+                                f"or {s}.{a.tgt}-{a.src}.{a.src}.idx)")
+
+
+def _generate(a, subset: str, log_path: str) -> None:
+    """Run fairseq-generate on ``subset``; its output (command first) goes to ``log_path``
+    atomically, or to ``<subset>.generate.failed.log`` and an :class:`EvaluateError`."""
+    import torch
+
+    cmd = [sys.executable, "-m", "fairseq_cli.generate", a.data_bin, "--path", a.checkpoint,
+           "--gen-subset", subset, "--source-lang", a.src, "--target-lang", a.tgt, "--beam", str(a.beam),
+           "--lenpen", str(a.lenpen), "--remove-bpe", "--batch-size", str(a.batch_size),
+           "--required-batch-size-multiple", "1"]
+    if a.user_dir and a.user_dir != "none":
+        cmd[4:4] = ["--user-dir", os.path.abspath(a.user_dir)]
+    if not torch.cuda.is_available():
+        cmd.append("--cpu")
+    cmd += a.extra.split()
+    with atomic_path(log_path) as tmp:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write("# command: " + " ".join(cmd) + "\n")
+            f.flush()
+            rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT).returncode
+        if rc != 0:
+            failed = os.path.join(os.path.dirname(log_path), f"{subset}.generate.failed.log")
+            os.replace(tmp, failed)
+            with open(failed, encoding="utf-8", errors="replace") as f:
+                sys.stderr.write("".join(f.readlines()[-20:]))
+            raise EvaluateError(f"fairseq-generate failed on subset {subset} (log: {failed})")
+
+
+def evaluate(a) -> List[Dict]:
+    """Generate and score every subset of ``a`` (the parsed arguments of :func:`main`); returns
+    the ``S.json`` dicts.
+
+    Raises:
+        EvaluateError: bad input, a failed generation, or hypotheses that do not match the
+            references (count, missing ids, BPE left).
+    """
+    from . import hypotheses, scoring
+
+    _check_inputs(a)
+    out = os.path.abspath(a.out or os.path.join(os.path.dirname(a.checkpoint),
+                                                "eval_" + os.path.splitext(os.path.basename(a.checkpoint))[0]))
+    os.makedirs(out, exist_ok=True)
+    remove_leftovers(out)
+    sha = checkpoint_sha256(a.checkpoint)
+    for s in _purge_other_checkpoints(out, sha):
+        print(f"[evaluate] removed the results of subset {s} (another checkpoint, or incomplete)", file=sys.stderr)
+    truecased = os.path.isfile(os.path.join(a.prep_dir, "tc", f"truecase-model.{a.tgt}"))
+    post = "remove-bpe,detruecase,detokenize" if truecased else "remove-bpe,detokenize"
+    print(f"[evaluate] checkpoint={a.checkpoint} sha256={sha[:12]} direction={a.src}->{a.tgt} beam={a.beam} "
+          f"lenpen={a.lenpen} postprocess={post} out={out}", file=sys.stderr)
+    results = []
+    for s in a.subsets:
+        ref = os.path.join(a.prep_dir, "raw", f"{s}.{a.tgt}")
+        tok_ref = os.path.join(a.prep_dir, "tok", f"{s}.{a.tgt}")
+        n = len(scoring.read_lines(ref))
+        print(f"[evaluate] {s} ({testset_name(a.prep_dir, s)}): generating {n} sentences ...", file=sys.stderr)
+        log = os.path.join(out, f"{s}.generate.log")
+        _generate(a, s, log)
+        hyp_tok, hyp_detok = os.path.join(out, f"{s}.hyp.tok"), os.path.join(out, f"{s}.hyp.detok")
+        argv = [log, "--expected", str(n), "--lang", a.tgt, "--tok-out", hyp_tok, "--detok-out", hyp_detok]
+        if truecased:
+            argv += ["--detruecase", "--truecased-out", os.path.join(out, f"{s}.hyp.tc")]
+        if hypotheses.main(argv) != 0:
+            raise EvaluateError(f"could not extract {n} hypotheses for subset {s} from {log}")
+        try:
+            res = scoring.score_files(hyp_detok, ref, hyp_tok, tok_ref, ribes=a.ribes)
+        except scoring.LineCountError as err:
+            raise EvaluateError(f"scoring failed for subset {s}: {err}") from err
+        res.update(subset=s, testset=testset_name(a.prep_dir, s), src=a.src, tgt=a.tgt,
+                   checkpoint=os.path.abspath(a.checkpoint), checkpoint_sha256=sha, beam=str(a.beam),
+                   lenpen=str(a.lenpen), extra=a.extra, postprocess=post)
+        line = (f"{s} ({res['testset']}) {a.src}->{a.tgt}: BLEU = {res['bleu']:.2f} | chrF = {res['chrf']:.2f} | "
+                f"tok BLEU = {res['tok_bleu']:.2f} | n = {res['n_hyp']} | {res['signature']}")
+        write_text_atomic(os.path.join(out, f"{s}.score.txt"), res["bleu_str"] + "\n" + line + "\n")
+        write_json_atomic(os.path.join(out, f"{s}.json"), res)  # last: marks the subset done
+        print(line)
+        results.append(res)
+    print(f"[evaluate] done; results in {out}/{{{','.join(a.subsets)}}}.json", file=sys.stderr)
+    return results
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="mt-evaluate", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="Outputs in --out, per subset S: S.generate.log, S.hyp.tok, [S.hyp.tc], "
+                                       "S.hyp.detok, S.score.txt, S.json (scores, settings, checkpoint sha256).")
+    p.add_argument("--checkpoint", required=True, help="model checkpoint (.pt)")
+    p.add_argument("--data-bin", required=True, help="fairseq binarized data dir (e.g. data-bin/multi30k_en_de/bin)")
+    p.add_argument("--prep-dir", required=True,
+                   help="data-prep dir holding raw/S.TGT (detokenized reference) and tok/S.TGT (tokenized)")
+    p.add_argument("--src", required=True, help="source language, e.g. en")
+    p.add_argument("--tgt", required=True, help="target language, e.g. de")
+    p.add_argument("--subsets", default="test,test1", type=lambda x: [s for s in x.split(",") if s],
+                   help="comma-separated fairseq subsets (default: test,test1; Multi30k: valid=val, "
+                        "test=test_2016_flickr, test1=test_2017_flickr)")
+    p.add_argument("--beam", type=int, default=4, help="beam size (default 4)")
+    p.add_argument("--lenpen", type=float, default=0.6, help="length penalty (default 0.6)")
+    p.add_argument("--batch-size", type=int, default=128, help="sentences per batch (default 128)")
+    p.add_argument("--out", help="output dir (default: <checkpoint dir>/eval_<checkpoint name>)")
+    p.add_argument("--user-dir", default=os.path.join(ROOT, "fairseq_plugins"),
+                   help="fairseq --user-dir (default: this checkout's fairseq_plugins; none: no plugin)")
+    p.add_argument("--extra", default="", help='extra fairseq-generate arguments, split on whitespace')
+    p.add_argument("--ribes", action="store_true", help="also RIBES on the tokenized text (slow on long sentences)")
+    return p
+
+
+def main(argv=None) -> int:
+    """Command line of :func:`evaluate`; exit status 0, or 1 with the error on stderr."""
+    a = parser().parse_args(argv)
+    try:
+        evaluate(a)
+    except EvaluateError as err:
+        print(f"[evaluate] ERROR: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

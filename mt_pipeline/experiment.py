@@ -1,0 +1,348 @@
+"""Run one translation experiment end to end, resumably, and record its provenance.
+
+prep (``data-prep/<corpus>/prepare.sh``, idempotent) -> ``fairseq-train`` (resumes from
+``checkpoint_last.pt``) -> average the last N checkpoints (:mod:`mt_pipeline.averaging`; or
+fairseq's ``checkpoint_best.pt``, budget ``average: {checkpoint: best}``) -> ``fairseq-generate``
++ sacreBLEU / chrF / tokenized BLEU on each test set (:mod:`mt_pipeline.evaluate`) ->
+``result.json``.
+
+Every stage is skipped when its output is complete, so a killed run continues where it
+stopped.  A run directory belongs to one configuration: ``config.json`` holds its fingerprint
+(:func:`run_config`: arch, functions, direction, extra flags, resolved budget), and a re-run
+with another configuration is refused with the list of differences (``--force-new`` starts
+over).  ``result.json`` carries the commands, config, git commit, data, sacreBLEU signature,
+hardware, regime, seed, number of updates, wall time (fairseq's cumulative training time, which
+survives kills and resumes, plus the runner-timed stages) and the SHA-256 of the evaluated
+checkpoint.
+
+Usage (from the repo root; also ``python scripts/experiment.py``)::
+
+    mt-experiment --out runs/demo/rela_g --arch rela_transformer_small --fns rela_g rela_g rela_g \
+        [--budget configs/multi30k/small_cpu.yaml] [--src en --tgt de] [--max-update N] [--seed S]
+
+Raises SystemExit with a message on bad input (unknown arch/function are checked by
+fairseq at start-up and listed with their valid choices).
+"""
+
+import argparse
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+
+from .atomic import remove_leftovers, write_json_atomic
+from .budget import (build_train_cmd, decode_checkpoint, eval_cmd, flags, load_budget, prep_cmd,  # noqa: F401
+                     prep_dir, regime, train_flags)
+from .curves import last_valid_metrics, loss_curves
+from .provenance import ROOT, git_commit, hardware
+
+
+def log(msg):
+    print(f"[experiment] {msg}", flush=True)
+
+
+def run(cmd, logfile=None):
+    log("$ " + " ".join(shlex.quote(c) for c in cmd))
+    if logfile is None:
+        subprocess.run(cmd, check=True, cwd=ROOT)
+        return
+    with open(logfile, "a") as f:
+        env = dict(os.environ, PYTHONUNBUFFERED="1")  # progress lines as they happen
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        for line in proc.stdout:
+            f.write(line)
+            if " | train_inner | " in line or " | valid | " in line or "done training" in line:
+                print("   " + line.rstrip()[20:], flush=True)
+        if proc.wait() != 0:
+            raise subprocess.CalledProcessError(proc.returncode, cmd)
+
+
+def prepare_data(budget):
+    """Run ``data-prep/<corpus>/prepare.sh`` (idempotent) and return the prep dir holding
+    ``bin/``, ``raw/`` and ``tok/``: ``<data.out>[/<data.variant>]``."""
+    run(prep_cmd(budget))
+    return prep_dir(budget)
+
+
+@contextlib.contextmanager
+def run_dir_lock(out):
+    """Hold ``<out>/.lock`` (``flock``) for the block, so that two runners never share a run
+    directory (two fairseq-train on one save dir would corrupt it).
+
+    Raises:
+        SystemExit: another process holds the lock (the message names the directory).
+    """
+    f = open(os.path.join(out, ".lock"), "a")
+    try:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise SystemExit(f"another experiment.py is running in {out} (it holds {out}/.lock); "
+                             "wait for it to finish or stop it first") from None
+        yield
+    finally:
+        f.close()  # releases the lock
+
+
+def target_updates(train_cmd):
+    """The ``--max-update`` of a fairseq-train command (the last one wins, as in argparse);
+    None when there is none (or it is 0: no limit)."""
+    value = None
+    for i, word in enumerate(train_cmd):
+        if word == "--max-update" and i + 1 < len(train_cmd):
+            value = int(train_cmd[i + 1])
+        elif word.startswith("--max-update="):
+            value = int(word.split("=", 1)[1])
+    return value or None
+
+
+def training_finished(ckpt_dir, max_update):
+    """Number of updates of ``checkpoint_last.pt`` if it has reached ``max_update``, else None.
+
+    fairseq-train restarted on a finished run does not exit at once: it runs one more update
+    (update ``max_update + 1``) before its stop check, and saves it -- which would change a
+    finished model and invalidate its average and scores.  The runner skips training instead.
+    """
+    last = os.path.join(ckpt_dir, "checkpoint_last.pt")
+    if max_update is None or not os.path.exists(last):
+        return None
+    from fairseq_plugins.checkpoint import load_checkpoint
+
+    updates = int(load_checkpoint(last)["optimizer_history"][-1]["num_updates"])
+    return updates if updates >= max_update else None
+
+
+#: files of a run directory that ``--force-new`` removes (everything a run writes)
+RUN_OUTPUTS = ("checkpoints", "eval", "result.json", "state.json", "train.log", "config.json")
+
+
+def run_config(a, budget, train_cfg):
+    """The run's full configuration: everything that decides what is trained and scored
+    (architecture, attention functions, direction, extra flags, the resolved budget and the
+    effective ``train`` flags).  Paths and the code version are not part of it."""
+    return {"arch": a.arch, "fns": list(a.fns) if a.fns else None, "src": a.src, "tgt": a.tgt,
+            "extra": shlex.split(a.extra or ""), "ribes": bool(a.ribes), "budget": budget, "train": train_cfg}
+
+
+def config_hash(cfg):
+    """SHA-256 of the canonical JSON of a :func:`run_config` dict."""
+    return hashlib.sha256(json.dumps(cfg, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _differences(old, new, prefix=""):
+    """``["key.path: old -> new", ...]`` between two nested dicts."""
+    out = []
+    for k in sorted(set(old) | set(new), key=str):
+        o, n = old.get(k, "<absent>"), new.get(k, "<absent>")
+        if isinstance(o, dict) and isinstance(n, dict):
+            out += _differences(o, n, f"{prefix}{k}.")
+        elif o != n:
+            out.append(f"{prefix}{k}: {o!r} -> {n!r}")
+    return out
+
+
+def check_config(out, cfg, force_new=False):
+    """Make ``<out>/config.json`` hold ``cfg``: written on a new run; on an existing run the same
+    configuration continues, a changed one is refused (or, with ``force_new``, every output of
+    the old run is removed first).  A run directory from before fingerprints (outputs but no
+    ``config.json``) is refused too: its configuration cannot be checked.
+
+    Raises:
+        SystemExit: the configuration changed; the message lists the differences and the way out.
+    """
+    path = os.path.join(out, "config.json")
+    had_outputs = any(os.path.exists(os.path.join(out, n)) for n in RUN_OUTPUTS if n != "config.json")
+    if force_new:
+        for name in RUN_OUTPUTS + tuple(n for n in os.listdir(out) if n.startswith(("average_last", "analysis_"))):
+            p = os.path.join(out, name)
+            if os.path.isdir(p):
+                shutil.rmtree(p)
+            elif os.path.exists(p):
+                os.unlink(p)
+        log(f"--force-new: removed the outputs of the earlier run in {out}")
+    elif os.path.exists(path):
+        with open(path) as f:
+            old = json.load(f)
+        if old.get("sha256") != config_hash(cfg):
+            diff = _differences(old.get("config", {}), cfg)
+            raise SystemExit(f"{out} holds a run with another configuration; refusing to reuse its checkpoints "
+                             f"and scores. Differences (earlier -> now):\n  " + "\n  ".join(diff or ["(unknown)"])
+                             + f"\nUse another --out, or --force-new to delete the earlier run and start over.")
+        return
+    elif had_outputs:
+        raise SystemExit(f"{out} holds outputs of a run without a configuration record (config.json), so it "
+                         "cannot be checked against this one; use another --out, or --force-new to start over")
+    write_json_atomic(path, {"sha256": config_hash(cfg), "config": cfg})
+
+
+def main(argv=None) -> int:
+    """Command line of one experiment (``mt-experiment``); exit status 0 (errors raise SystemExit)."""
+    run_experiment(argv)
+    return 0
+
+
+def run_experiment(argv=None):
+    """Parse ``argv`` (the :func:`main` flags), run every stage and return the ``result.json`` dict."""
+    p = argparse.ArgumentParser(prog="mt-experiment", description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True, help="run directory (checkpoints, logs, config.json, result.json)")
+    p.add_argument("--arch", required=True)
+    p.add_argument("--fns", nargs=3, metavar=("ENC", "DEC", "CROSS"),
+                   help="attention functions for encoder self / decoder self / cross attention")
+    p.add_argument("--budget", default=os.path.join(ROOT, "configs", "multi30k", "small_cpu.yaml"))
+    p.add_argument("--src", default="en", help="source language (a language of the budget's corpus)")
+    p.add_argument("--tgt", default="de", help="target language")
+    p.add_argument("--max-update", type=int, help="override the budget's max-update")
+    p.add_argument("--seed", type=int, help="override the budget's seed")
+    p.add_argument("--name", default=None, help="label stored in result.json")
+    p.add_argument("--extra", default="", help="extra fairseq-train flags (quoted)")
+    p.add_argument("--ribes", action="store_true",
+                   help="also score RIBES (mt-score --ribes; the En-Ja tables report it)")
+    p.add_argument("--force-new", action="store_true",
+                   help="delete the outputs of an earlier run in --out (another configuration) and start over")
+    a = p.parse_args(argv)
+    if a.src == a.tgt:
+        p.error("--src and --tgt must differ (e.g. --src en --tgt de)")
+    budget = load_budget(a.budget)
+    import torch
+
+    train_cfg = train_flags(budget, torch.cuda.is_available(), a.max_update)
+    if a.seed is not None:
+        train_cfg["seed"] = a.seed
+    os.makedirs(a.out, exist_ok=True)
+    out = os.path.abspath(a.out)
+    with run_dir_lock(out):
+        # temp files of a run killed while writing them (never read: a stage is redone instead)
+        for d in (out, os.path.join(out, "eval")):
+            for path in remove_leftovers(d):
+                log(f"removed {path}, left by a killed run")
+        check_config(out, run_config(a, budget, train_cfg), a.force_new)
+        return run_stages(a, argv, budget, train_cfg, out)
+
+
+def _failed_result(a, out, train_cmd, state):
+    """The ``result.json`` of a run whose training stopped with an error (e.g. fairseq's
+    FloatingPointError on a diverged run), with its loss curve."""
+    curve, valid = loss_curves(os.path.join(out, "train.log"))
+    with open(os.path.join(out, "train.log"), errors="replace") as f:
+        tail = f.read().splitlines()[-5:]
+    return {"name": a.name or os.path.basename(out), "status": "failed", "error_tail": tail,
+            "arch": a.arch, "attention_fns": a.fns, "commands": {"train": " ".join(train_cmd)},
+            "git_commit": git_commit(), "hardware": hardware(), "loss_curve": curve, "valid_loss": valid,
+            "updates": curve[-1][0] if curve else 0, "wall_s": state["wall_s"], "scores": {},
+            "time": time.strftime("%Y-%m-%d %H:%M:%S")}
+
+
+def run_stages(a, argv, budget, train_cfg, out):
+    """The stages of :func:`main` (called with the run directory ``out`` locked)."""
+    from fairseq_plugins.checkpoint import load_checkpoint, repair_last_checkpoint
+
+    from .evaluate import checkpoint_sha256, done_subsets
+
+    state_path = os.path.join(out, "state.json")
+    state = json.load(open(state_path)) if os.path.exists(state_path) else {"wall_s": {}}
+
+    prep = prepare_data(budget)
+    data_bin = os.path.join(prep, "bin")
+    ckpt_dir = os.path.join(out, "checkpoints")
+    import torch
+
+    train_cmd = build_train_cmd(data_bin, ckpt_dir, a.arch, a.src, a.tgt, train_cfg, a.fns, a.extra,
+                                cpu=not torch.cuda.is_available())
+
+    # 1. train (fairseq resumes from checkpoint_last.pt; a finished training is skipped, see
+    # training_finished).  A kill while fairseq copied checkpoint_last.pt into place leaves it
+    # torn: restore it first.
+    repair_last_checkpoint(ckpt_dir)
+    t0 = time.time()
+    finished = training_finished(ckpt_dir, target_updates(train_cmd))
+    try:
+        if finished is None:
+            run(train_cmd, logfile=os.path.join(out, "train.log"))
+        else:
+            log(f"train: done (checkpoint_last.pt at {finished} updates), skipping")
+    except subprocess.CalledProcessError as err:
+        if err.returncode < 0:  # killed (OOM killer, pre-emption, Ctrl-C): not a training failure
+            log(f"fairseq-train was killed by signal {-err.returncode}; nothing recorded as failed: "
+                "re-run the same command to resume from checkpoint_last.pt")
+            raise
+        write_json_atomic(os.path.join(out, "result.json"), _failed_result(a, out, train_cmd, state))
+        log(f"training failed; see {os.path.join(out, 'train.log')}")
+        raise
+    state["wall_s"]["train"] = state["wall_s"].get("train", 0.0) + time.time() - t0
+    write_json_atomic(state_path, state)
+
+    last = load_checkpoint(os.path.join(ckpt_dir, "checkpoint_last.pt"))
+    updates = int(last["optimizer_history"][-1]["num_updates"])
+    # fairseq's own cumulative training time, which survives kills and resumes
+    state["wall_s"]["train_fairseq_cumulative"] = float(last["extra_state"].get("previous_training_time", 0.0))
+    curve, valid = loss_curves(os.path.join(out, "train.log"))
+
+    # 2. average the last N checkpoints (or take fairseq's checkpoint_best.pt)
+    avg, avg_cmd = decode_checkpoint(budget, out)
+    if avg_cmd and (not os.path.exists(avg)
+                    or os.path.getmtime(avg) < os.path.getmtime(os.path.join(ckpt_dir, "checkpoint_last.pt"))):
+        t0 = time.time()
+        run(avg_cmd)
+        state["wall_s"]["average"] = time.time() - t0
+
+    # 3. generate + score each test set; a subset counts as done only when its S.json was
+    # written for this very checkpoint (SHA-256), so scores of two models never mix
+    gen = budget["generate"]
+    eval_dir = os.path.join(out, "eval")
+    subsets = budget["data"]["subsets"]
+    sha = checkpoint_sha256(avg)
+    done = done_subsets(eval_dir, sha, subsets, ribes=a.ribes)
+    missing = [s for s in subsets if s not in done]
+    if missing:
+        t0 = time.time()
+        run(eval_cmd(gen, avg, data_bin, prep, a.src, a.tgt, missing, eval_dir, ribes=a.ribes))
+        state["wall_s"]["evaluate"] = time.time() - t0
+    scores = {}
+    for s in subsets:
+        with open(os.path.join(eval_dir, f"{s}.json")) as f:
+            scores[s] = json.load(f)
+        if scores[s].get("checkpoint_sha256") != sha:
+            raise SystemExit(f"{eval_dir}/{s}.json was not written for {avg}; re-run to re-evaluate")
+
+    result = {
+        "name": a.name or os.path.basename(out),
+        "arch": a.arch,
+        "attention_fns": dict(zip(["encoder", "decoder", "cross"], a.fns)) if a.fns else "arch default",
+        "direction": f"{a.src}-{a.tgt}",
+        "commands": {"train": " ".join(shlex.quote(c) for c in train_cmd),
+                     "reproduce": " ".join(shlex.quote(c) for c in ["mt-experiment"] + list(argv or sys.argv[1:]))},
+        "config": {"budget_file": os.path.relpath(a.budget, ROOT), "budget": budget, "train": train_cfg,
+                   "sha256": config_hash(run_config(a, budget, train_cfg))},
+        "regime": regime(budget),
+        "seed": train_cfg.get("seed"),
+        "git_commit": git_commit(),
+        "decoded_checkpoint": os.path.relpath(avg, out),
+        "decoded_checkpoint_sha256": sha,
+        "data": {"corpus": budget["data"]["corpus"], "prep_dir": os.path.relpath(prep, ROOT),
+                 "prep_stamp": open(os.path.join(prep, "bin", ".done")).read().strip()
+                 if os.path.exists(os.path.join(prep, "bin", ".done")) else None},
+        "hardware": hardware(),
+        "updates": updates,
+        "wall_s": state["wall_s"],
+        "loss_curve": curve,
+        "valid_loss": valid,
+        "valid_last": last_valid_metrics(os.path.join(out, "train.log")),
+        "scores": scores,
+        "status": "done",
+        "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+    write_json_atomic(os.path.join(out, "result.json"), result)
+    for s in subsets:
+        log(f"{result['name']} {s}: SacreBLEU {scores[s]['bleu']:.2f}, chrF {scores[s]['chrf']:.2f} "
+            f"(tokenized BLEU {scores[s].get('tok_bleu')}) {scores[s]['signature']}")
+    return result
+
+
+if __name__ == "__main__":
+    main()

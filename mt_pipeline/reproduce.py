@@ -1,0 +1,524 @@
+"""Regenerate one table of one paper: prep -> train (resumable) -> average -> generate -> score.
+
+    reproduce <paper> <table> [--scale small|converged|paper] [--seeds 1,2,3] [--dry-run] [--gpus N] [--rows 1,5]
+
+(also ``scripts/reproduce``).  ``paper`` is one of rela, reluformer, eatt, flexible; ``table`` is
+``table1``, ``table2``, ... as numbered in that paper (plus the studies ``reluformer lambda`` and
+``rela normscope``).  A table is one or more table specs (``configs/<paper>/...``) run by
+:mod:`mt_pipeline.tables` (each row one :mod:`mt_pipeline.experiment` run: resumable, skipped
+when done).  Scales:
+
+* ``small`` -- the CPU-sized specs on the data that is here, with their own budgets (the
+  400-update smoke budget ``configs/multi30k/small_cpu.yaml`` for most Multi30k tables: early
+  training, labelled "smoke");
+* ``converged`` -- the same Multi30k specs under ``configs/multi30k/converged.yaml`` (3,000
+  updates, ~23 epochs; minutes a row on a GPU, ~80 min on 2 CPU cores), runs in
+  ``runs/converged/``, tables in ``<out>_converged.md``; with ``--seeds`` every row per seed,
+  mean ± sd and significance against the reference row;
+* ``paper`` -- the paper's hyper-parameters from ``configs/<paper>/<dataset>/`` with the batch
+  (tokens per update) turned into ``--max-tokens`` / ``--update-freq`` for ``--gpus`` GPUs.
+
+Afterwards ``results/<paper>/<table>.md`` collects every part of the table at every scale next
+to the paper's numbers.  Steps that need the
+trained runs (Flexible Attention's tau sweeps and decode-time benchmark) run after the rows.
+
+``--dry-run`` prints every command (data prep, fairseq-train, averaging, evaluation, analyses,
+post-training steps) and checks that every row resolves -- the arch, criterion, attention
+functions and every flag are parsed by fairseq's own training parser with this repo's --user-dir --
+without running anything.
+
+Raises SystemExit naming the valid papers / tables / rows on bad input, and a "not yet available"
+error for tables whose configs have not landed yet.
+"""
+
+import argparse
+import math
+import os
+import shlex
+import sys
+
+import yaml
+
+from . import experiment
+from . import tables as run_table
+from .atomic import atomic_path
+from .budget import regime
+from .provenance import ROOT, git_commit
+
+# paper -> table -> {"small": [spec...], "paper": [spec...]} (a missing scale = not configured),
+# optionally with "after": {scale: [command...], "note": ...} -- post-training steps (analyses,
+# sweeps, benchmarks on the trained runs) run after the specs and printed by --dry-run; or
+# {"benchmark": {...}} (a speed table); or {"pending": reason}.
+TABLES = {
+    "rela": {
+        "table1": {"small": ["configs/rela/table1.yaml"], "paper": ["configs/rela/wmt14_en_de/table1.yaml"]},
+        "table2": {"benchmark": {
+            "small": [sys.executable, "-m", "mt_pipeline.bench_speed", "--out", "results/rela/table2_speed_cpu.md"],
+            "paper": [sys.executable, "-m", "mt_pipeline.bench_speed", "--data-bin", "data-bin/wmt14_en_de/bin",
+                      "--max-tokens", "25000", "--train-batches", "500", "--out", "results/rela/table2_speed_wmt14.md"],
+            "note": "speed ratios vs fairseq's stock transformer measured in the same run (scripts/bench_speed.py; "
+                    "models at the *_small sizes -- bench_speed has no Transformer-base option yet)"}},
+        "table3": {"paper": ["configs/rela/wmt14_en_fr/table3.yaml", "configs/rela/wmt18_en_fi/table3.yaml",
+                             "configs/rela/wmt18_zh_en/table3.yaml", "configs/rela/wmt16_ro_en/table3.yaml"]},
+        # RMSNorm over the concatenated heads (released code) vs per head (paper text)
+        "normscope": {"small": ["configs/rela/norm_scope.yaml"]},
+    },
+    "reluformer": {
+        "table1": {"small": ["configs/reluformer/table1_ffn_memory.yaml"],
+                   "paper": ["configs/reluformer/iwslt14_de_en/table1.yaml"]},
+        "table4": {"small": ["configs/reluformer/table4_multi30k.yaml"],
+                   "paper": ["configs/reluformer/iwslt14_de_en/table4.yaml", "configs/reluformer/wmt14_en_de/table4.yaml"]},
+        "table5": {"small": ["configs/reluformer/table5_ablation.yaml"],
+                   "paper": ["configs/reluformer/iwslt14_de_en/table5.yaml"]},
+        "table6": {"small": ["configs/reluformer/table6_long_documents.yaml"],
+                   "paper": ["configs/reluformer/europarl7_doc/table6.yaml"]},
+        # the eq. 7 weight the paper does not give (diagnostic budget on CPU; --scale converged on a GPU)
+        "lambda": {"small": ["configs/reluformer/lambda_study.yaml"]},
+    },
+    "eatt": {
+        "table3": {"small": ["configs/eatt/table3_ablation_multi30k.yaml"],
+                   "paper": ["configs/eatt/iwslt15_en_vi/table3.yaml"]},
+        "table4": {"small": ["configs/eatt/table4_multi30k.yaml"],
+                   "paper": ["configs/eatt/iwslt15_en_vi/table4.yaml", "configs/eatt/wmt14_en_de/table4.yaml",
+                             "configs/eatt/wmt17_zh_en/table4.yaml"],
+                   "after": {
+                       "small": [[sys.executable, "-m", "fairseq_plugins.analysis.energy_cli",
+                                  "--checkpoint", "runs/eatt_table3/row4/average_last3.pt",
+                                  "--data-bin", "data-bin/multi30k_en_de/bin", "--src", "en", "--tgt", "de",
+                                  "--md", "results/eatt/figure2_rho_multi30k.md",
+                                  "--plot", "results/eatt/figure2_rho_multi30k.png"]],
+                       "note": "ratio of ones rho after binarisation per layer and attention type of the trained "
+                               "E-ATT model on the validation set, with its energy accounting (paper Figure 2)"}},
+        "table5": {"small": ["configs/eatt/table5_hybrids_multi30k.yaml"],
+                   "paper": ["configs/eatt/iwslt15_en_vi/table5.yaml"]},
+    },
+    "flexible": {
+        # Table 1: the rows train the models (tau = inf); the window columns, the tau selected on the
+        # validation set and the tau rows are post-training steps (scripts/flexible_sweep.py).
+        "table1": {"small": ["configs/flexible/table1_multi30k_en_de.yaml", "configs/flexible/table1_multi30k_de_en.yaml"],
+                   "paper": ["configs/flexible/wmt15_de_en/table1.yaml", "configs/flexible/aspec_en_ja/table1.yaml"],
+                   "after": {
+                       "small": [[sys.executable, "-m", "mt_pipeline.sweeps", "table1", "--runs", "runs/flexible_table1_en_de",
+                                  "runs/flexible_table1_de_en", "--out", "results/flexible/table1_multi30k.md",
+                                  "--figure", "results/flexible/figure3_tradeoff.png"]],
+                       "paper": [[sys.executable, "-m", "mt_pipeline.sweeps", "table1", "--runs", "runs/paper/flexible_table1_de_en",
+                                  "runs/paper/flexible_table1_en_ja", "--out", "results/flexible/table1_paper.md",
+                                  "--title", "Flexible Attention Table 1 at paper scale (WMT15 De-En, ASPEC En-Ja; `rnnsearch`)",
+                                  "--figure", "results/flexible/figure3_tradeoff_paper.png"]],
+                       "note": "tau sweep (0.3 ... 999 and inf) on valid + test of each direction's flexible row, tau chosen by "
+                               "the paper's rule (smallest of 0.8-1.6 losing <= 0.5 validation BLEU vs tau = inf), windows "
+                               "and BLEU of every model at that tau, the trade-off figure (paper Figure 3)"}},
+        # Table 2 (character-level ASPEC En-Ja): no character-level corpus here, so no small scale.
+        "table2": {"paper": ["configs/flexible/aspec_en_ja/table2.yaml"],
+                   "after": {
+                       "paper": [[sys.executable, "-m", "mt_pipeline.sweeps", "sweep", "--run", "runs/paper/flexible_table2_en_ja_char/row2",
+                                  "--out", "results/flexible/table2_sweep_flexible"],
+                                 [sys.executable, "-m", "mt_pipeline.sweeps", "sweep", "--run", "runs/paper/flexible_table2_en_ja_char/row3",
+                                  "--out", "results/flexible/table2_sweep_finetuned",
+                                  "--figure", "results/flexible/table2_tradeoff_finetuned.png"]],
+                       "note": "tau sweep on the flexible row (tau selection by the paper's rule; paper: 1.0) and on the "
+                               "fine-tuned row (its BLEU and window at that tau): windows and the tau rows of Table 2"}},
+        # Table 3 (decoding time): the global and fine-tuned flexible models, then the benchmark.
+        "table3": {"small": ["configs/flexible/table3_multi30k_de_en.yaml"],
+                   "paper": ["configs/flexible/aspec_en_ja/table3.yaml"],
+                   "after": {
+                       "small": [[sys.executable, "-m", "mt_pipeline.bench_flexible_decode",
+                                  "--flexible", "runs/flexible_table1_de_en/row4/average_last1.pt", "--tau", "1.2",
+                                  "--global-checkpoint", "runs/flexible_table1_de_en/row1/average_last3.pt",
+                                  "--data-bin", "data-bin/multi30k_en_de/bin", "--src", "de", "--tgt", "en",
+                                  "--concat", "10,20,40",
+                                  "--out", "results/flexible/table3_decode_time_multi30k.md"]],
+                       "paper": [[sys.executable, "-m", "mt_pipeline.bench_flexible_decode",
+                                  "--flexible", "runs/paper/flexible_table2_en_ja_char/row3/checkpoints/checkpoint_best.pt",
+                                  "--tau", "1.0", "--global-checkpoint",
+                                  "runs/paper/flexible_table2_en_ja_char/row1/checkpoints/checkpoint_best.pt",
+                                  "--data-bin", "data-bin/aspec_en_ja_char/bin", "--src", "en", "--tgt", "ja",
+                                  "--subset", "test", "--concat", "1", "--min-len", "1", "--n", "1812", "--rounds", "1",
+                                  "--out", "results/flexible/table3_decode_time_aspec_char.md"]],
+                       "note": "CPU decoding time per sentence, global vs fine-tuned flexible attention, reference fed "
+                               "back (forced decoding), one thread, both models interleaved in the same run "
+                               "(scripts/bench_flexible_decode.py; the paper's GPU column is not measured)"}},
+    },
+}
+# Run order matters for specs whose rows reuse another spec's runs (ReLUFormer T1/T5 reuse T4; E-ATT
+# T4/T5 reuse T3's Vanilla and E-ATT rows, and small T3-T5 reuse ReLA T1's softmax row; Flexible T3
+# reuses T2's runs (paper) / T1's de-en runs (small): a reused row not yet run is trained by
+# whichever table comes first, in the shared run directory).  Within a spec the rows run in order,
+# so a fine-tuning row (--finetune-from-model) comes after the row it starts from.
+
+
+#: the Multi30k CPU budgets a ``--scale converged`` run replaces by the converged budget
+MULTI30K_CPU_BUDGETS = ("configs/multi30k/small_cpu.yaml", "configs/multi30k/diagnostic_cpu.yaml")
+CONVERGED_BUDGET = "configs/multi30k/converged.yaml"
+SCALES = ("small", "converged", "paper")
+
+
+def converged_specs(entry):
+    """The ``small`` specs of a table entry that ``--scale converged`` runs: those whose rows all
+    use one of :data:`MULTI30K_CPU_BUDGETS` (not the long-document or RNN budgets)."""
+    out = []
+    for path in entry.get("small", []):
+        with open(os.path.join(ROOT, path)) as f:
+            spec = yaml.safe_load(f)
+        if spec["budget"] in MULTI30K_CPU_BUDGETS and not any(r.get("budget") for r in spec["rows"]):
+            out.append(path)
+    return out
+
+
+def _scales(entry):
+    """The scales a table entry can run at."""
+    have = [s for s in ("small", "paper") if s in entry or s in entry.get("benchmark", {})]
+    if "benchmark" not in entry and converged_specs(entry):
+        have.insert(1, "converged")
+    return have
+
+
+def _specs(entry, scale):
+    """``[(spec path, budget override or None)]`` of a table entry at ``scale``."""
+    if scale == "converged":
+        return [(p, CONVERGED_BUDGET) for p in converged_specs(entry)]
+    return [(p, None) for p in entry.get(scale, [])]
+
+
+def available():
+    """``paper: table (scales), ...`` lines of what can be run now."""
+    lines = []
+    for paper, tables in TABLES.items():
+        parts = []
+        for t, e in tables.items():
+            if "pending" in e:
+                parts.append(f"{t} (pending)")
+            else:
+                parts.append(f"{t} ({'/'.join(_scales(e))})")
+        lines.append(f"  {paper}: " + ", ".join(parts))
+    return "\n".join(lines)
+
+
+def lookup(paper, table, scale):
+    """The table entry (``scale`` None: any scale); SystemExit naming the valid choices otherwise."""
+    if paper not in TABLES:
+        raise SystemExit(f"unknown paper '{paper}'; valid: {', '.join(TABLES)}\navailable:\n{available()}")
+    if table not in TABLES[paper]:
+        raise SystemExit(f"unknown table '{table}' for {paper}; valid: {', '.join(TABLES[paper])}\n"
+                         f"available:\n{available()}")
+    e = TABLES[paper][table]
+    if "pending" in e:
+        raise SystemExit(f"{paper} {table} is not yet available ({e['pending']}).\navailable now:\n{available()}")
+    if scale is not None and scale not in _scales(e):
+        raise SystemExit(f"{paper} {table} has no --scale {scale} configuration; valid: {', '.join(_scales(e))}")
+    return e
+
+
+def batch_for_gpus(batch, gpus):
+    """``(per_gpu, update_freq)`` giving about ``batch['tokens_per_update']`` tokens per update on
+    ``gpus`` GPUs with at most ``batch['max_tokens_per_gpu']`` tokens per GPU batch -- or, for a
+    batch counted in sentences (``sentences_per_update`` / ``max_sentences_per_gpu``, e.g. the
+    64-sentence mini-batches of Flexible Attention), that many sentences."""
+    unit = "sentences" if "sentences_per_update" in batch else "tokens"
+    per_update = int(batch[f"{unit}_per_update"])
+    cap = int(batch[f"max_{unit}_per_gpu"])
+    uf = max(1, math.ceil(per_update / (cap * gpus)))
+    return math.ceil(per_update / (gpus * uf)), uf
+
+
+def batch_flags(batch, gpus):
+    """fairseq-train overrides for ``gpus`` GPUs from a budget's ``batch`` section (see
+    :func:`batch_for_gpus`): ``max-tokens`` or ``batch-size``, ``update-freq``,
+    ``distributed-world-size`` and ``fp16`` (unless the section says ``fp16: false``), plus a
+    one-line description.
+
+    Raises:
+        SystemExit: the section counts neither tokens nor sentences (the message names both).
+    """
+    keys = {"tokens": ("tokens_per_update", "max_tokens_per_gpu"),
+            "sentences": ("sentences_per_update", "max_sentences_per_gpu")}
+    unit = next((u for u, k in keys.items() if all(x in batch for x in k)), None)
+    if unit is None:
+        raise SystemExit(f"budget `batch` section {batch!r}: give {' + '.join(keys['tokens'])} or "
+                         f"{' + '.join(keys['sentences'])}")
+    per_gpu, uf = batch_for_gpus(batch, gpus)
+    over = {"max-tokens" if unit == "tokens" else "batch-size": per_gpu, "update-freq": uf,
+            "distributed-world-size": gpus, "fp16": bool(batch.get("fp16", True))}
+    return over, (f"~{batch[keys[unit][0]]} {unit} per update = {gpus} x {per_gpu} {unit} x update-freq {uf}")
+
+
+def resolve_spec(spec_path, gpus, scale="paper"):
+    """Table spec for this run.  Paper scale: writes (atomically) a copy of the spec whose budgets
+    carry ``--max-tokens``/``--update-freq``/``--distributed-world-size``/``--fp16`` for ``gpus``
+    GPUs, next to its runs (``<runs>/gpus<N>/``), and returns its path; small scale: the spec."""
+    if scale != "paper":
+        return os.path.join(ROOT, spec_path)
+    spec = yaml.safe_load(open(os.path.join(ROOT, spec_path)))
+    outdir = os.path.join(ROOT, spec["runs"], f"gpus{gpus}")
+    os.makedirs(outdir, exist_ok=True)
+    cache = {}
+
+    def resolved(budget_path):
+        if budget_path not in cache:
+            b = experiment.load_budget(budget_path)
+            if "batch" not in b:
+                raise SystemExit(f"{budget_path}: a paper-scale budget needs a `batch` section "
+                                 "(tokens_per_update + max_tokens_per_gpu, or sentences_per_update + "
+                                 "max_sentences_per_gpu)")
+            train, desc = batch_flags(b["batch"], gpus)
+            over = {"base": budget_path, "train": train}
+            path = os.path.join(outdir, os.path.basename(budget_path).replace(".yaml", f"_gpus{gpus}.yaml"))
+            with atomic_path(path) as tmp, open(tmp, "w") as f:
+                f.write(f"# {budget_path} for {gpus} GPU(s): {desc} (written by scripts/reproduce)\n")
+                yaml.safe_dump(over, f, sort_keys=False)
+            cache[budget_path] = os.path.relpath(path, ROOT)
+        return cache[budget_path]
+
+    spec["budget"] = resolved(spec["budget"])
+    for r in spec["rows"]:
+        if r.get("budget"):
+            r["budget"] = resolved(r["budget"])
+    path = os.path.join(outdir, os.path.basename(spec_path))
+    with atomic_path(path) as tmp, open(tmp, "w") as f:
+        f.write(f"# {spec_path} resolved for {gpus} GPU(s) by scripts/reproduce\n")
+        yaml.safe_dump(spec, f, sort_keys=False, allow_unicode=True)
+    return path
+
+
+def select_rows(spec, rows):
+    ids = [r["id"] for r in spec["rows"]]
+    if not rows:
+        return spec["rows"]
+    want = [int(x) for x in rows.split(",")]
+    bad = [i for i in want if i not in ids]
+    if bad:
+        raise SystemExit(f"{spec['_path']}: unknown row ids {bad}; valid: {ids}")
+    return [r for r in spec["rows"] if r["id"] in want]
+
+
+def check_row(train_cmd):
+    """Parse a fairseq-train command line with fairseq's own training parser (arch, criterion,
+    task, attention functions and every flag must exist).  Raises SystemExit with fairseq's
+    message otherwise."""
+    from fairseq import options
+
+    args = train_cmd[1:]
+    # --user-dir must be imported before the parser is built (fairseq does the same at start-up)
+    from fairseq.utils import import_user_module
+
+    import_user_module(argparse.Namespace(user_dir=os.path.join(ROOT, "fairseq_plugins")))
+    parser = options.get_training_parser()
+    try:
+        return options.parse_args_and_arch(parser, input_args=args)
+    except SystemExit as err:
+        raise SystemExit(f"row does not resolve (fairseq rejected the flags; see above): {' '.join(args)}") from err
+
+
+def dry_run(spec_path, rows, gpus, scale, check=True, shown=None, budget=None):
+    """Print every command of the table spec's rows (under ``budget`` when given); parse each
+    training command (see check_row).  Returns the number of rows checked."""
+    spec = run_table.load_table(spec_path, None if budget is None else os.path.join(ROOT, budget))
+    q = lambda cmd: " ".join(shlex.quote(str(c)) for c in cmd)  # noqa: E731
+    shown = shown or os.path.relpath(spec_path, ROOT)
+    print(f"## {shown}: {spec['title']}")
+    print(f"   direction {spec['src']}->{spec['tgt']}, renders {spec['out']}")
+    prepped = set()
+    n = 0
+    for r in select_rows(spec, rows):
+        budget = r["_budget"]
+        rdir = run_table.run_dir(spec, r)
+        print(f"\n# row {r['id']}: {r['name']}  (paper: {'–' if r.get('paper') is None else r['paper']})  run dir {os.path.relpath(rdir, ROOT)}")
+        pcmd = experiment.prep_cmd(budget)
+        if q(pcmd) not in prepped:
+            prepped.add(q(pcmd))
+            print("$ " + q(pcmd))
+        prep = experiment.prep_dir(budget)
+        data_bin = os.path.join(prep, "bin")
+        train_cfg = dict(budget["train"])
+        cmd = experiment.build_train_cmd(data_bin, os.path.join(rdir, "checkpoints"), r["arch"], spec["src"],
+                                         spec["tgt"], train_cfg, r.get("fns"), r.get("extra", ""),
+                                         cpu=(scale != "paper" and gpus == 0))
+        print("$ " + q(cmd) + "    # resumes from checkpoint_last.pt")
+        avg, avg_cmd = experiment.decode_checkpoint(budget, rdir)
+        if avg_cmd:
+            print("$ " + q(avg_cmd))
+        else:
+            print(f"# evaluate {os.path.relpath(avg, ROOT)} (fairseq's best checkpoint on the validation set)")
+        print("$ " + q(experiment.eval_cmd(budget["generate"], avg, data_bin, prep, spec["src"], spec["tgt"],
+                                           budget["data"]["subsets"], os.path.join(rdir, "eval"))))
+        for an in spec.get("analyses") or []:
+            print("$ " + q([sys.executable, an["script"], "--checkpoint", avg, "--data-bin", data_bin,
+                            "--src", spec["src"], "--tgt", spec["tgt"], "--json",
+                            os.path.join(rdir, f"analysis_{an['name']}.json")]))
+        if check:
+            check_row(cmd)
+            print("  (resolved: fairseq's training parser accepts this command)")
+        n += 1
+    print(f"\n$ mt-table --table {shown}" + (f" --budget {budget}" if budget else "")
+          + (f" --rows {rows}" if rows else "") + "    # renders " + spec["out"] + "\n")
+    return n
+
+
+def _row_status(spec, row):
+    """``(ours, status, commit)`` of one table row from its run's result.json: the score cell of
+    the table's first subset, ``done`` / ``failed`` / ``not run``, and the git commit it ran at."""
+    path = os.path.join(run_table.run_dir(spec, row), "result.json")
+    if not os.path.exists(path):
+        return "", "not run", ""
+    import json
+
+    res = json.load(open(path))
+    commit = f"`{res.get('git_commit', 'unknown')[:12]}`"
+    if res.get("status") != "done" or not res.get("scores"):
+        return "", res.get("status", "unknown"), commit
+    if run_table.row_failed(res, None):
+        return "–", "failed to train (see the full table)", commit
+    first = next(iter(spec["subsets"]))
+    return run_table._score_cell(res["scores"][first], spec), "done", commit
+
+
+def write_index(paper, table, entry, results_dir=None):
+    """results/<paper>/<table>.md (atomically): for every scale and part of the table, which rows
+    ran on which data with which budget, our score next to the paper's number, and where the full
+    table with its provenance is (the part's own ``out`` file).  Reads only what has run."""
+    lines = [f"# {paper} {table}: what ran, at which scale, on which data", "",
+             f"Regenerate: `reproduce {paper} {table} --scale small|converged|paper` (runs what is missing; "
+             f"`--dry-run` prints every command first; `--index-only` rewrites this file from what has run).",
+             "", f"Index written at git commit `{git_commit()}`; each row's commit is in the `commit` "
+             "column (full provenance -- command, config, data, signature, hardware, wall time -- in the part's "
+             "full table).", ""]
+    for scale in ("paper", "converged", "small"):
+        if "benchmark" in entry:
+            if scale in entry["benchmark"]:
+                out = entry["benchmark"][scale][entry["benchmark"][scale].index("--out") + 1]
+                state = "written" if os.path.exists(os.path.join(ROOT, out)) else "not run yet"
+                lines += [f"## scale: {scale}", "", f"{entry['benchmark']['note']}: `{out}` ({state}).", ""]
+            continue
+        for spec_path, override in _specs(entry, scale):
+            spec = run_table.load_table(os.path.join(ROOT, spec_path),
+                                        None if override is None else os.path.join(ROOT, override))
+            budget = experiment.load_budget(os.path.join(ROOT, spec["budget"]))
+            out = spec["out"]
+            lines += [f"## scale: {scale} -- {spec['title']}", "",
+                      f"Spec `{spec_path}`, budget `{spec['budget']}` (**regime: {regime(budget)}**), data: "
+                      f"{budget['data']['corpus']} "
+                      f"{spec['src']}→{spec['tgt']}; full table with provenance: `{out}` "
+                      f"({'written' if os.path.exists(os.path.join(ROOT, out)) else 'not rendered yet'}).", "",
+                      f"| row | model | {spec['paper_label']} | ours ({next(iter(spec['subsets'].values()))}) | status "
+                      "| commit |", "|---|---|---|---|---|---|"]
+            for r in spec["rows"]:
+                ours, status, commit = _row_status(spec, r)
+                lines.append(f"| {r['id']} | {r['name']} | {'–' if r.get('paper') is None else r['paper']} | "
+                             f"{ours} | {status} | {commit} |")
+            lines.append("")
+        for cmd in after_steps(entry, scale):
+            outs = [f"`{o}` ({'written' if os.path.exists(os.path.join(ROOT, o)) else 'not run yet'})"
+                    for o in step_outputs(cmd)]
+            lines += [f"- after the rows ({scale}): {entry['after']['note']} -> " + ", ".join(outs)]
+        if after_steps(entry, scale):
+            lines.append("")
+    out = os.path.join(results_dir or os.path.join(ROOT, "results"), paper, f"{table}.md")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with atomic_path(out) as tmp, open(tmp, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print(f"[reproduce] wrote {os.path.relpath(out, ROOT)}")
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="reproduce", description=__doc__.split("\n\n")[0],
+                                epilog="available tables:\n" + available(),
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("paper", help=f"one of {', '.join(TABLES)}")
+    p.add_argument("table", help="table1, table2, ... as numbered in the paper")
+    p.add_argument("--scale", default="small", choices=list(SCALES),
+                   help="small: the CPU-sized specs with their own (smoke) budgets (default); converged: the "
+                        "Multi30k specs under configs/multi30k/converged.yaml; paper: the paper's "
+                        "hyper-parameters and data")
+    p.add_argument("--seeds", help="comma-separated training seeds, e.g. 1,2,3 (default: the budget's seed)")
+    p.add_argument("--dry-run", action="store_true", help="print every command, check every row, run nothing")
+    p.add_argument("--gpus", type=int, default=None,
+                   help="GPUs for --scale paper (default 1): sets --max-tokens/--update-freq to keep the paper's "
+                        "tokens per update")
+    p.add_argument("--rows", help="comma-separated row ids (default: all)")
+    p.add_argument("--no-check", action="store_true", help="with --dry-run: do not parse the rows with fairseq")
+    p.add_argument("--index-only", action="store_true",
+                   help="only rewrite results/<paper>/<table>.md from what has run (runs nothing)")
+    a = p.parse_args(argv)
+    if a.index_only:  # every scale goes into the index
+        write_index(a.paper, a.table, lookup(a.paper, a.table, None))
+        return 0
+    entry = lookup(a.paper, a.table, a.scale)
+    gpus = a.gpus if a.gpus is not None else (1 if a.scale == "paper" else 0)
+    if gpus < 0 or (a.scale == "paper" and gpus < 1):
+        p.error("--gpus must be >= 1 with --scale paper (>= 0 with --scale small or converged)")
+    if a.seeds and "benchmark" in entry:
+        p.error("--seeds applies to trained tables, not to benchmarks")
+
+    if "benchmark" in entry:
+        cmd = entry["benchmark"][a.scale]
+        print(f"# {a.paper} {a.table}: {entry['benchmark']['note']}")
+        print("$ " + " ".join(shlex.quote(c) for c in cmd))
+        if not a.dry_run:
+            experiment.run(cmd)
+            write_index(a.paper, a.table, entry)
+        return 0
+
+    specs = _specs(entry, a.scale)
+    if a.dry_run:
+        # resolved specs are written under runs/ only for real runs; a dry run resolves in a temp dir
+        import tempfile
+
+        n = 0
+        with tempfile.TemporaryDirectory() as tmp:
+            for s, override in specs:
+                path = os.path.join(ROOT, s) if a.scale != "paper" else _resolve_in(tmp, s, gpus)
+                shown = s if a.scale != "paper" else os.path.join(
+                    yaml.safe_load(open(os.path.join(ROOT, s)))["runs"], f"gpus{gpus}", os.path.basename(s))
+                n += dry_run(path, a.rows, gpus, a.scale, check=not a.no_check, shown=shown, budget=override)
+        after = after_steps(entry, a.scale)
+        if after:
+            print(f"# after the rows: {entry['after']['note']}")
+            for cmd in after:
+                print("$ " + " ".join(shlex.quote(c) for c in cmd))
+            print()
+        print(f"[reproduce] dry run: {n} row(s) resolved; nothing was run. Results would go to "
+              f"results/{a.paper}/{a.table}.md")
+        return 0
+    for s, override in specs:
+        path = resolve_spec(s, gpus, a.scale) if a.scale == "paper" else os.path.join(ROOT, s)
+        run_table.main(["--table", path] + (["--budget", override] if override else [])
+                       + (["--rows", a.rows] if a.rows else []) + (["--seeds", a.seeds] if a.seeds else []))
+    if a.rows and after_steps(entry, a.scale):
+        print(f"[reproduce] --rows given: the post-training steps ({entry['after']['note']}) need every row; "
+              "not run")
+    else:
+        for cmd in after_steps(entry, a.scale):
+            experiment.run(cmd)
+    write_index(a.paper, a.table, entry)
+    return 0
+
+
+def after_steps(entry, scale):
+    """The table's post-training commands at ``scale`` (sweeps, analyses, benchmarks on the trained
+    runs; run after every spec, in order), ``[]`` if none."""
+    return (entry.get("after") or {}).get(scale, [])
+
+
+def step_outputs(cmd):
+    """Paths a post-training command writes (its ``--out`` / ``--figure`` / ``--md`` / ``--plot`` values)."""
+    return [cmd[i + 1] for i, c in enumerate(cmd[:-1]) if c in ("--out", "--figure", "--md", "--plot")]
+
+
+def _resolve_in(tmpdir, spec_path, gpus):
+    """resolve_spec writing into ``tmpdir`` instead of the runs dir (dry runs write nothing)."""
+    spec = yaml.safe_load(open(os.path.join(ROOT, spec_path)))
+    fake = dict(spec, runs=os.path.relpath(os.path.join(tmpdir, "runs"), ROOT))
+    tmp_spec = os.path.join(tmpdir, os.path.basename(spec_path))
+    with open(tmp_spec, "w") as f:
+        yaml.safe_dump(fake, f, sort_keys=False, allow_unicode=True)
+    out = resolve_spec(os.path.relpath(tmp_spec, ROOT), gpus, "paper")
+    # keep the real run directories in the printed commands
+    resolved = yaml.safe_load(open(out))
+    resolved["runs"] = spec["runs"]
+    with open(out, "w") as f:
+        yaml.safe_dump(resolved, f, sort_keys=False, allow_unicode=True)
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())

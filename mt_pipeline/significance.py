@@ -1,0 +1,83 @@
+"""Are two systems' scores different beyond noise?  Test-set noise by sacreBLEU's paired
+bootstrap, seed noise from several training runs.
+
+* :func:`paired_bootstrap`: sacreBLEU's paired bootstrap resampling (Koehn 2004;
+  ``sacrebleu.significance.PairedTest`` with ``test_type="bs"``, 1,000 resamples, sacreBLEU's
+  fixed seed 12345) of BLEU and chrF between a baseline's and a system's hypotheses of one test
+  set.  The p-value is sacreBLEU's: the fraction of resamples in which the difference is not in
+  the observed direction (``(c + 1) / (n + 1)``).  It measures test-set sampling noise of *one*
+  trained model each -- not training noise.
+* :func:`seed_summary` / :func:`verdict`: with scores of several seeds per system, the mean, the
+  sample standard deviation, and whether ``|mean_sys - mean_base|`` exceeds twice its standard
+  error ``sqrt(sd_sys^2 / n_sys + sd_base^2 / n_base)`` *and* every seed-matched paired bootstrap
+  has ``p < 0.05``: "exceeds seed noise".  With one seed the seed noise is unknown and the verdict
+  says so.
+"""
+
+import math
+import statistics
+from typing import Dict, List, Optional, Sequence
+
+__all__ = ["paired_bootstrap", "seed_summary", "verdict", "N_SAMPLES", "ALPHA"]
+
+N_SAMPLES = 1000
+ALPHA = 0.05
+
+
+def paired_bootstrap(references: Sequence[str], baseline: Sequence[str], system: Sequence[str],
+                     n_samples: int = N_SAMPLES) -> Dict[str, float]:
+    """Paired bootstrap of ``system`` against ``baseline`` on one test set (detokenized text).
+
+    Returns:
+        ``{"bleu_delta", "bleu_p", "chrf_delta", "chrf_p", "n_samples", "signature"}``: score
+        differences (system - baseline, corpus level) and sacreBLEU's p-values.
+
+    Raises:
+        ValueError: the three sequences differ in length or are empty.
+    """
+    from sacrebleu.metrics import BLEU, CHRF
+    from sacrebleu.significance import PairedTest
+
+    if not (len(references) == len(baseline) == len(system)) or not references:
+        raise ValueError(f"paired bootstrap needs equally many references, baseline and system lines "
+                         f"(got {len(references)}, {len(baseline)}, {len(system)})")
+    if list(baseline) == list(system):
+        # sacreBLEU's p = (#{|d_i - mean d| > |d_obs|} + 1) / (n + 1) degenerates to 1 / (n + 1) for
+        # two identical outputs (every d_i = 0); there is no difference to test
+        return {"n_samples": n_samples, "signature": "identical hypotheses", "bleu_delta": 0.0, "bleu_p": 1.0,
+                "chrf_delta": 0.0, "chrf_p": 1.0}
+    test = PairedTest([("baseline", list(baseline)), ("system", list(system))],
+                      {"BLEU": BLEU(), "chrF": CHRF()}, [list(references)], test_type="bs", n_samples=n_samples)
+    sigs, res = test()
+    chrf_key = next(k for k in res if k.startswith("chrF"))
+    out = {"n_samples": n_samples, "signature": str(sigs["BLEU"])}
+    for key, name in (("BLEU", "bleu"), (chrf_key, "chrf")):
+        base, sys_ = res[key]
+        out[f"{name}_delta"] = sys_.score - base.score
+        out[f"{name}_p"] = float(sys_.p_value)
+    return out
+
+
+def seed_summary(scores: Sequence[float]) -> Dict[str, Optional[float]]:
+    """``{"mean", "sd", "n"}`` of per-seed scores (``sd`` is the sample standard deviation,
+    None for one seed)."""
+    scores = list(scores)
+    return {"mean": statistics.fmean(scores), "sd": statistics.stdev(scores) if len(scores) > 1 else None,
+            "n": len(scores)}
+
+
+def verdict(base: Sequence[float], system: Sequence[float], p_values: Sequence[float]) -> str:
+    """Words for a table cell: does ``system`` differ from ``base`` (per-seed scores, same seeds
+    order) beyond noise?  ``p_values``: the seed-matched paired-bootstrap p-values.
+
+    Returns one of ``"exceeds seed noise (+d)"``, ``"within seed noise (+d)"``,
+    ``"1 seed: p = x, seed noise unknown"``.
+    """
+    b, s = seed_summary(base), seed_summary(system)
+    delta = s["mean"] - b["mean"]
+    if b["n"] < 2 or s["n"] < 2:
+        p = max(p_values) if p_values else float("nan")
+        return f"1 seed: Δ {delta:+.2f}, p = {p:.3f}, seed noise unknown"
+    se = math.sqrt(s["sd"] ** 2 / s["n"] + b["sd"] ** 2 / b["n"])
+    beyond = abs(delta) > 2 * se and p_values and max(p_values) < ALPHA
+    return f"{'exceeds' if beyond else 'within'} seed noise (Δ {delta:+.2f} ± {2 * se:.2f})"

@@ -1,0 +1,292 @@
+#!/usr/bin/env python
+"""Flexible Attention: BLEU vs average window over thresholds tau, and Table 1.
+
+Two sub-commands (Shu & Nakayama 2017, Sections 5.2-5.3):
+
+``sweep``: decode the valid and test sets of a trained flexible-attention checkpoint with every
+``tau`` (default the paper's 0.3 0.5 0.8 1.0 1.2 1.4 1.6 5 8 999, plus inf) through
+``scripts/evaluate.sh --extra "--model-overrides {'flexible_threshold':TAU}"``, read BLEU and the
+average window the model reports (``[rnnsearch] ... average window X``), pick ``tau`` by the
+paper's rule -- the smallest ``tau`` in {0.8, 1.0, 1.2, 1.4, 1.6} whose validation BLEU is at most
+0.5 below ``tau = inf`` -- and write ``<out>/sweep.json``, ``<out>/sweep.md`` and the trade-off
+figure (paper Figure 3)::
+
+    python scripts/flexible_sweep.py sweep --run runs/flexible_table1_de_en/row4 \\
+        --figure results/flexible/figure3_tradeoff.png
+
+``table1``: assemble ``results/flexible/table1_multi30k.md`` from the table runs of
+``configs/flexible/table1_multi30k_*.yaml`` (rows 1 global, 2 local-p, 3 flexible, 4 fine-tuned)
+of one or more directions: window and BLEU on the test set for Global, Local-p, Flexible
+``tau = inf``, Flexible at the ``tau`` selected on row 3's validation set, and + fine-tuning at that
+``tau`` (sweeps and decodes what is missing)::
+
+    python scripts/flexible_sweep.py table1 --runs runs/flexible_table1_en_de runs/flexible_table1_de_en
+
+Every decode is resumable (skipped when its ``<subset>.json`` is newer than the checkpoint);
+outputs are written atomically.  Raises SystemExit on a missing run / checkpoint / report.
+"""
+
+import argparse
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+
+from .atomic import atomic_path
+from .experiment import decode_checkpoint
+from .provenance import ROOT
+PAPER_TAUS = (0.3, 0.5, 0.8, 1.0, 1.2, 1.4, 1.6, 5.0, 8.0, 999.0)
+SELECT_FROM = (0.8, 1.0, 1.2, 1.4, 1.6)
+WINDOW_RE = re.compile(r"\[rnnsearch\] (\w+) attention \(tau=([^)]+)\): average window ([\d.]+) positions "
+                       r"per hypothesis-step over (\d+) hypothesis-steps \(average source length ([\d.]+)\)")
+
+
+def log(msg):
+    print(f"[flexible] {msg}", flush=True)
+
+
+def tau_name(tau: float) -> str:
+    return "inf" if math.isinf(tau) else f"{tau:g}"
+
+
+def read_window(generate_log: str) -> dict:
+    """``{kind, tau, window, steps, source_length}`` from the line the model prints at the end of
+    fairseq-generate.
+
+    Raises:
+        SystemExit: no such line (the checkpoint is not an ``rnnsearch`` model, or the log is cut).
+    """
+    m = None
+    for m in WINDOW_RE.finditer(open(generate_log).read()):
+        pass
+    if m is None:
+        raise SystemExit(f"no '[rnnsearch] ... average window' line in {generate_log}")
+    return {"kind": m.group(1), "tau": m.group(2), "window": float(m.group(3)), "steps": int(m.group(4)),
+            "source_length": float(m.group(5))}
+
+
+def run_info(run_dir: str) -> dict:
+    """result.json of an experiment run plus its checkpoint path.
+
+    Raises:
+        SystemExit: the run is missing or did not finish.
+    """
+    path = os.path.join(run_dir, "result.json")
+    if not os.path.exists(path):
+        raise SystemExit(f"{run_dir}: no result.json (train it first with scripts/run_table.py)")
+    res = json.load(open(path))
+    if res.get("status") != "done":
+        raise SystemExit(f"{run_dir}: run status is {res.get('status')!r}, not 'done'")
+    # the checkpoint the run was evaluated with: average_lastN.pt or checkpoints/checkpoint_best.pt
+    res["_checkpoint"] = decode_checkpoint(res["config"]["budget"], run_dir)[0]
+    res["_prep"] = os.path.join(ROOT, res["data"]["prep_dir"])
+    return res
+
+
+def decode(res: dict, tau: float, subsets, out_dir: str) -> dict:
+    """Decode ``subsets`` with threshold ``tau`` (resumable); ``{subset: {bleu, tok_bleu, window, ...}}``."""
+    ckpt = res["_checkpoint"]
+    src, tgt = res["direction"].split("-")
+    gen = res["config"]["budget"]["generate"]
+    todo = [s for s in subsets if not os.path.exists(os.path.join(out_dir, f"{s}.json"))
+            or os.path.getmtime(os.path.join(out_dir, f"{s}.json")) < os.path.getmtime(ckpt)]
+    if todo:
+        override = "{'flexible_threshold':'%s'}" % tau_name(tau)
+        cmd = ["bash", os.path.join(ROOT, "scripts", "evaluate.sh"), "--checkpoint", ckpt,
+               "--data-bin", os.path.join(res["_prep"], "bin"), "--prep-dir", res["_prep"], "--src", src,
+               "--tgt", tgt, "--subsets", ",".join(todo), "--beam", str(gen["beam"]), "--lenpen",
+               str(gen["lenpen"]), "--batch-size", str(gen["batch-size"]), "--out", out_dir,
+               "--extra", f"--model-overrides {override}"]
+        log("$ " + " ".join(cmd))
+        subprocess.run(cmd, check=True, cwd=ROOT, env=dict(os.environ, PYTHON=sys.executable))
+    out = {}
+    for s in subsets:
+        score = json.load(open(os.path.join(out_dir, f"{s}.json")))
+        out[s] = {"bleu": score["bleu"], "tok_bleu": score["tok_bleu"], "signature": score["signature"],
+                  **read_window(os.path.join(out_dir, f"{s}.generate.log"))}
+    return out
+
+
+def select_tau(points: dict, metric: str, max_loss: float = 0.5, candidates=SELECT_FROM):
+    """The paper's rule (Section 5.2): the smallest candidate ``tau`` (i.e. the smallest window)
+    whose validation ``metric`` is at least ``BLEU(tau = inf) - max_loss``; None if none is.
+
+    Args:
+        points: ``{tau (float): {"valid": {metric: value, ...}, ...}}`` including ``inf``.
+    """
+    ref = points[math.inf]["valid"][metric]
+    ok = [t for t in sorted(candidates) if t in points and points[t]["valid"][metric] >= ref - max_loss]
+    return ok[0] if ok else None
+
+
+def write_text(path: str, text: str) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with atomic_path(path) as tmp, open(tmp, "w") as f:
+        f.write(text)
+
+
+def plot(points: dict, path: str, title: str) -> None:
+    """BLEU against average window for valid and test (paper Figure 3), atomically as PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 4))
+    taus = sorted(t for t in points if not math.isinf(t))
+    for subset, style in (("valid", "o-"), ("test", "s--")):
+        xs = [points[t][subset]["window"] for t in taus]
+        ys = [points[t][subset]["tok_bleu"] for t in taus]
+        ax.plot(xs, ys, style, label=subset)
+        for t, x, y in zip(taus, xs, ys):
+            ax.annotate(f"{t:g}", (x, y), textcoords="offset points", xytext=(3, 3), fontsize=7)
+    ax.set_xlabel("average window (positions scored per hypothesis-step)")
+    ax.set_ylabel("BLEU (tokenized)")
+    ax.set_title(title, fontsize=9)
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=120, format="png")
+    plt.close(fig)
+
+
+def sweep_table(points) -> list:
+    """Markdown lines of the BLEU-vs-window table from ``(tau name, {valid, test})`` pairs."""
+    lines = ["| tau | valid window | valid BLEU (tok) | test window | test BLEU (tok) |", "|---|---|---|---|---|"]
+    for name, v in points:
+        lines.append(f"| {name} | {v['valid']['window']:.2f} | {v['valid']['bleu']:.2f} "
+                     f"({v['valid']['tok_bleu']:.2f}) | {v['test']['window']:.2f} | {v['test']['bleu']:.2f} "
+                     f"({v['test']['tok_bleu']:.2f}) |")
+    return lines
+
+
+def sweep(run_dir: str, taus, metric: str, max_loss: float, figure=None, out=None) -> dict:
+    """Decode valid + test over ``taus`` (and inf); write sweep.json / sweep.md (+ figure)."""
+    res = run_info(run_dir)
+    out = out or os.path.join(run_dir, "sweep")
+    points = {}
+    for tau in list(taus) + [math.inf]:
+        points[tau] = decode(res, tau, ["valid", "test"], os.path.join(out, f"tau_{tau_name(tau)}"))
+        log(f"tau={tau_name(tau)}: valid {metric} {points[tau]['valid'][metric]:.2f} window "
+            f"{points[tau]['valid']['window']:.2f}; test {metric} {points[tau]['test'][metric]:.2f} window "
+            f"{points[tau]['test']['window']:.2f}")
+    chosen = select_tau(points, metric, max_loss)
+    summary = {"run": os.path.relpath(run_dir, ROOT), "checkpoint": os.path.relpath(res["_checkpoint"], ROOT),
+               "direction": res["direction"], "metric": metric, "max_loss": max_loss,
+               "selected_tau": chosen, "select_from": list(SELECT_FROM),
+               "points": {tau_name(t): v for t, v in points.items()}, "git_commit": res.get("git_commit")}
+    with atomic_path(os.path.join(out, "sweep.json")) as tmp, open(tmp, "w") as f:
+        json.dump(summary, f, indent=2)
+    lines = [f"# BLEU vs average window over tau ({res['direction']}, `{summary['checkpoint']}`)", "",
+             f"Selected tau (paper rule: smallest of {list(SELECT_FROM)} with validation {metric} >= "
+             f"tau=inf - {max_loss}): **{tau_name(chosen) if chosen is not None else 'none'}**", "",
+             *sweep_table((tau_name(t), v) for t, v in points.items())]
+    lines += ["", f"Window = source positions scored per hypothesis and step (beam {res['config']['budget']['generate']['beam']}); "
+              f"average source length {points[math.inf]['test']['source_length']:.2f} (test). "
+              "SacreBLEU with tokenized BLEU in brackets. Regenerate: `python scripts/flexible_sweep.py sweep "
+              f"--run {summary['run']}`.", ""]
+    write_text(os.path.join(out, "sweep.md"), "\n".join(lines))
+    if figure:
+        plot(points, figure, f"Flexible attention, {res['direction']}: BLEU vs window (tau annotated)")
+        log(f"wrote {figure}")
+    log(f"selected tau = {tau_name(chosen) if chosen is not None else 'none'}; wrote {out}/sweep.md")
+    return summary
+
+
+#: Paper Table 1 cells (window, BLEU[ / RIBES]) per column; a run is compared with the En-Ja column
+#: when its target is Japanese, else with the De-En column (Multi30k runs, both directions).
+PAPER_TABLE1 = {
+    "De-En": {"global": ("20.7", "20.62"), "local": ("15.7", "21.09"), "inf": ("20.7", "21.31"),
+              "tau": ("7.8", "21.11"), "ft": ("7.4", "20.79")},
+    "En-Ja": {"global": ("24.4", "34.87 / 0.810"), "local": ("18.4", "34.52 / 0.809"),
+              "inf": ("24.4", "35.01 / 0.814"), "tau": ("16.4", "34.90 / 0.812"), "ft": ("10.7", "34.78 / 0.807")},
+}
+
+
+def table1(runs, metric, max_loss, out_path, figure=None,
+           title="Flexible Attention Table 1 on Multi30k (`rnnsearch_small`, CPU budget)"):
+    """Assemble Table 1 (window and BLEU per model) over the given direction run directories.
+
+    Each direction is shown next to the paper's En-Ja column when its target language is ``ja``,
+    else next to the paper's De-En column (:data:`PAPER_TABLE1`).
+    """
+    lines = [f"# {title}", "",
+             "Paper: Shu & Nakayama (2017), Table 1 (De-En: WMT15, En-Ja: ASPEC; 1000-unit RNNsearch, tokenized "
+             "BLEU; RIBES for En-Ja). "
+             "Window = source positions scored per hypothesis and decoding step, averaged over beam "
+             "hypotheses and steps (test set). tau chosen on the validation set by the paper's rule "
+             f"(smallest of {list(SELECT_FROM)} losing at most {max_loss} {metric} against tau = inf). "
+             "SacreBLEU with tokenized BLEU in brackets.", ""]
+    for rdir in runs:
+        rows = {i: os.path.join(rdir, f"row{i}") for i in (1, 2, 3, 4)}
+        res3 = run_info(rows[3])
+        sw = sweep(rows[3], PAPER_TAUS, metric, max_loss, figure=figure if rdir == runs[-1] else None)
+        tau = sw["selected_tau"] if sw["selected_tau"] is not None else 1.2
+        entries = []
+        for key, name, i, t in (("global", "Global Attention", 1, None), ("local", "Local Attention (local-p)", 2, None),
+                                ("inf", "Flexible Attention (tau=inf)", 3, math.inf),
+                                ("tau", f"Flexible Attention (tau={tau_name(tau)})", 3, tau),
+                                ("ft", f"+ fine-tuning (tau={tau_name(tau)})", 4, tau)):
+            if not os.path.exists(os.path.join(rows[i], "result.json")):
+                entries.append((key, name, None))
+                continue
+            res = run_info(rows[i])
+            sub = os.path.join(rows[i], "eval") if t is None else (
+                os.path.join(rows[3], "sweep", f"tau_{tau_name(t)}") if i == 3 else os.path.join(rows[i], f"eval_tau_{tau_name(t)}"))
+            entries.append((key, name, decode(res, t, ["test"], sub)["test"] if t is not None else {
+                **json.load(open(os.path.join(sub, "test.json"))), **read_window(os.path.join(sub, "test.generate.log"))}))
+        column = "En-Ja" if res3["direction"].split("-")[-1] == "ja" else "De-En"
+        paper = PAPER_TABLE1[column]
+        lines += [f"## {res3['direction']}", "", f"Selected tau: {tau_name(tau)}"
+                  + ("" if sw["selected_tau"] is not None else " (no candidate met the rule; paper's 1.2 used)"), "",
+                  f"| Model | paper window ({column}) | paper BLEU ({column}) | window | BLEU (tok) |", "|---|---|---|---|---|"]
+        for key, name, v in entries:
+            cells = ["not run yet", ""] if v is None else [f"{v['window']:.2f}", f"{v['bleu']:.2f} ({v['tok_bleu']:.2f})"]
+            lines.append(f"| {name} | {paper[key][0]} | {paper[key][1]} | " + " | ".join(cells) + " |")
+        sig = next((v.get("signature") for _, _, v in entries if v and v.get("signature")), "n/a")
+        lines += ["", f"Runs: `{os.path.relpath(rdir, ROOT)}/row1..4` (see their result.json for commands, configs, "
+                  f"commits, hardware and wall times); sacreBLEU signature `{sig}`.", "",
+                  f"### BLEU vs window over tau, flexible row (Figure 3{' -- plotted in ' + os.path.relpath(figure, ROOT) if figure and rdir == runs[-1] else ''})",
+                  "", f"`{sw['checkpoint']}`, git commit `{sw.get('git_commit')}`; from `{sw['run']}/sweep/sweep.md`.", "",
+                  *sweep_table(sw["points"].items()), ""]
+    lines += ["_Rendered by `python scripts/flexible_sweep.py table1 --runs "
+              + " ".join(os.path.relpath(r, ROOT) for r in runs) + "`._", ""]
+    write_text(out_path, "\n".join(lines))
+    log(f"wrote {out_path}")
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("sweep", help="BLEU and window over tau for one run")
+    s.add_argument("--run", required=True, help="experiment run directory (with result.json)")
+    s.add_argument("--taus", type=float, nargs="+", default=list(PAPER_TAUS))
+    s.add_argument("--figure", help="write the trade-off figure here (PNG)")
+    s.add_argument("--out", help="output directory (default: <run>/sweep)")
+    t = sub.add_parser("table1", help="assemble results/flexible/table1_multi30k.md")
+    t.add_argument("--runs", nargs="+", required=True, help="table run dirs, one per direction")
+    t.add_argument("--out", default=os.path.join(ROOT, "results", "flexible", "table1_multi30k.md"))
+    t.add_argument("--title", default="Flexible Attention Table 1 on Multi30k (`rnnsearch_small`, CPU budget)",
+                   help="heading of the table (the paper-scale reproduce command sets its own)")
+    t.add_argument("--figure", default=os.path.join(ROOT, "results", "flexible", "figure3_tradeoff.png"),
+                   help="trade-off figure of the last direction's flexible row")
+    for q in (s, t):
+        q.add_argument("--metric", choices=["tok_bleu", "bleu"], default="tok_bleu",
+                       help="BLEU used by the selection rule (paper: tokenized BLEU)")
+        q.add_argument("--max-loss", type=float, default=0.5, help="allowed validation BLEU loss (paper 0.5)")
+    a = p.parse_args(argv)
+    if a.cmd == "sweep":
+        bad = [x for x in a.taus if not x > 0]
+        if bad:
+            p.error(f"--taus must be > 0, got {bad}")
+        sweep(os.path.abspath(a.run), a.taus, a.metric, a.max_loss, a.figure, a.out)
+    else:
+        table1([os.path.abspath(r) for r in a.runs], a.metric, a.max_loss, a.out, a.figure, a.title)
+
+
+if __name__ == "__main__":
+    main()

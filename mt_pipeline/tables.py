@@ -1,0 +1,457 @@
+"""Fill a results table row by row, resumably, from a table spec in ``configs/<paper>/``.
+
+Each row is one :mod:`mt_pipeline.experiment` run (the table's one budget for every row) in
+``<runs>/row<id>`` (or the ``run:`` directory of another table's row when the direction and
+budget are the same, so a run is never repeated); a finished row is not re-run, an interrupted
+one resumes from its checkpoints.  After every row the Markdown table ``out`` is re-rendered
+from all finished rows, with the paper's numbers beside ours, the budget's regime, seeds,
+significance against the reference row, a validation-loss figure and each row's provenance.
+
+Usage (``mt-table``; also ``python scripts/run_table.py``)::
+
+    mt-table --table configs/reluformer/table4_multi30k.yaml [--rows 1,5] [--max-rows K]
+        [--budget configs/multi30k/converged.yaml] [--seeds 1,2,3] [--render-only]
+
+``--budget`` runs the whole table under another budget (e.g. the converged one): its runs go to
+``runs/<regime>/...`` and its table to ``<out>_<regime>.md``, so the smoke-test runs are kept.
+``--seeds`` trains every row once per seed (the budget's own seed in the row's directory, seed
+``k`` in ``<dir>-seed<k>``); the table then shows mean ± sd over seeds and says whether each
+row's difference to the reference row exceeds seed noise (:mod:`mt_pipeline.significance`).
+
+Table spec (YAML): ``title``, ``intro`` (Markdown), ``out``, ``runs``, ``budget``, ``src``,
+``tgt``, ``subsets`` (fairseq subset -> column label; must be the budget's subsets),
+``paper_label``, optional ``reference`` (row id the others are tested against; default the first
+row), ``metrics`` (final-validation metrics shown as columns, e.g. ``attn_entropy``),
+``ribes: true`` (RIBES after each score), ``analyses`` (``[{name, script, key}]``: after a row is
+trained, ``python SCRIPT --checkpoint <evaluated ckpt> --data-bin <bin> --src S --tgt T --json
+<run>/analysis_<name>.json`` runs once and ``json[key][0]`` is shown as a column), and ``rows``:
+``id``, ``name``, ``arch``, optional ``fns`` (encoder, decoder, cross), ``extra``
+(fairseq-train flags), ``run`` (reuse a directory), ``budget`` (a row-specific budget, e.g. one
+per document length; same subsets), ``paper`` (shown verbatim).
+
+A row whose training diverges or does not learn (final validation loss NaN or above 90% of the
+loss of a uniform prediction) is reported as "–" with its loss curve, as the papers do.
+"""
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from typing import Dict, List, Optional
+
+import yaml
+
+from . import experiment
+from .atomic import atomic_path, remove_leftovers, write_json_atomic
+from .budget import REGIMES, load_budget, regime
+from .provenance import ROOT
+
+REQUIRED = ("title", "out", "runs", "budget", "src", "tgt", "subsets", "paper_label", "rows")
+
+
+def load_table(path: str, budget: Optional[str] = None) -> Dict:
+    """Read and check a table spec; with ``budget``, run it under that budget instead (see the
+    module docstring: ``runs/<regime>/`` and ``<out>_<regime>.md``).
+
+    Raises:
+        SystemExit: missing file or keys, duplicate row ids, subsets that differ from the
+            budget's, or ``budget`` given for a spec whose rows have their own budgets.
+    """
+    if not os.path.exists(path):
+        raise SystemExit(f"table spec not found: {path}")
+    with open(path) as f:
+        spec = yaml.safe_load(f)
+    missing = [k for k in REQUIRED if k not in spec]
+    if missing:
+        raise SystemExit(f"{path}: missing keys {missing}; required: {list(REQUIRED)}")
+    ids = [r["id"] for r in spec["rows"]]
+    if len(set(ids)) != len(ids):
+        raise SystemExit(f"{path}: duplicate row ids in {ids}")
+    if spec.get("reference") is not None and spec["reference"] not in ids:
+        raise SystemExit(f"{path}: reference row {spec['reference']} is not a row id; valid: {ids}")
+    if budget:
+        own = [r["id"] for r in spec["rows"] if r.get("budget")]
+        if own:
+            raise SystemExit(f"{path}: rows {own} have their own budgets; --budget applies to tables whose rows "
+                             "all use the table's budget")
+        reg = regime(load_budget(budget))
+        spec["budget"] = os.path.relpath(budget, ROOT) if os.path.isabs(budget) else budget
+        spec["out"] = spec["out"][:-3] + f"_{reg}.md" if spec["out"].endswith(".md") else spec["out"] + f"_{reg}"
+        spec["_regime"] = reg
+    for row in spec["rows"]:
+        b = load_budget(row_budget(spec, row))
+        if list(spec["subsets"]) != list(b["data"]["subsets"]):
+            raise SystemExit(f"{path}: subsets {list(spec['subsets'])} differ from those of budget "
+                             f"{row_budget(spec, row)}: {b['data']['subsets']}")
+        row["_budget"] = b
+    spec["_path"] = path
+    return spec
+
+
+def row_budget(spec: Dict, row: Dict) -> str:
+    return row.get("budget") or spec["budget"]
+
+
+def run_dir(spec: Dict, row: Dict, seed: Optional[int] = None) -> str:
+    """The run directory of ``row`` (for ``seed``: the budget's own seed, or None, is the row's
+    directory; seed ``k`` is ``<dir>-seed<k>``).  Under a ``--budget`` override the leading
+    ``runs/`` becomes ``runs/<regime>/`` (an absolute ``.../rowN``: ``.../<regime>/rowN``)."""
+    rel = row.get("run") or os.path.join(spec["runs"], f"row{row['id']}")
+    reg = spec.get("_regime")
+    if reg:  # runs/<x>/rowN -> runs/<regime>/<x>/rowN; an absolute /a/b/rowN -> /a/b/<regime>/rowN
+        parts = rel.split(os.sep)
+        if os.path.isabs(rel):
+            rel = os.path.join(os.path.dirname(rel), reg, os.path.basename(rel))
+        else:
+            rel = os.path.join("runs", reg, *(parts[1:] if parts[0] == "runs" else parts))
+    base = os.path.join(ROOT, rel)
+    if seed is None or seed == _default_seed(row):
+        return base
+    return f"{base}-seed{seed}"
+
+
+def _default_seed(row: Dict) -> int:
+    return int(row["_budget"]["train"].get("seed", 1))
+
+
+def row_results(spec: Dict, row: Dict, seeds: Optional[List[int]] = None) -> List[Dict]:
+    """``result.json`` dicts of the row's runs, one per seed that has finished (the row's own
+    directory and every ``-seed<k>`` sibling when ``seeds`` is None)."""
+    base = run_dir(spec, row)
+    if seeds is None:
+        parent, name = os.path.split(base)
+        dirs = [base] + sorted(os.path.join(parent, n) for n in (os.listdir(parent) if os.path.isdir(parent) else [])
+                               if n.startswith(name + "-seed"))
+    else:
+        dirs = [run_dir(spec, row, s) for s in seeds]
+    out = []
+    for d in dirs:
+        path = os.path.join(d, "result.json")
+        if os.path.exists(path):
+            with open(path) as f:
+                res = json.load(f)
+            res["_dir"] = d
+            out.append(res)
+    return out
+
+
+def row_failed(res: Dict, vocab_size: Optional[int]) -> bool:
+    """Training diverged (NaN validation loss) or did not learn (above 90% of a uniform guess)."""
+    valid = [v for _, v in res.get("valid_loss", [])]
+    if not valid:
+        return False
+    last = valid[-1]
+    return not math.isfinite(last) or (vocab_size is not None and last > 0.9 * math.log2(vocab_size))
+
+
+def train_seconds(res: Dict, rdir: str) -> float:
+    """Cumulative training wall time: fairseq's own counter (kept in the checkpoint across
+    kills/resumes) when recorded, else the runner's sum over completed invocations."""
+    from_ckpt = res["wall_s"].get("train_fairseq_cumulative")
+    if from_ckpt:
+        return from_ckpt
+    ckpt = os.path.join(rdir, "checkpoints", "checkpoint_last.pt")
+    if os.path.exists(ckpt):
+        from fairseq_plugins.checkpoint import load_checkpoint
+
+        return float(load_checkpoint(ckpt)["extra_state"].get("previous_training_time", 0.0))
+    return res["wall_s"].get("train", 0.0)
+
+
+def resumes(rdir: str):
+    """How often the row's training restarted from a checkpoint (from its train.log)."""
+    log = os.path.join(rdir, "train.log")
+    if not os.path.exists(log):
+        return "?"
+    with open(log, errors="replace") as f:
+        return sum(1 for line in f if "Loaded checkpoint" in line and "@ 0 updates" not in line)
+
+
+def _vocab(spec: Dict, row: Dict) -> Optional[int]:
+    path = os.path.join(experiment.prep_dir(row["_budget"]), "bin", f"dict.{spec['tgt']}.txt")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return sum(1 for _ in f) + 4
+
+
+def run_analyses(spec: Dict, row: Dict) -> None:
+    """Run the table's analyses on a finished row (skipping those already done)."""
+    rdir = run_dir(spec, row)
+    res_path = os.path.join(rdir, "result.json")
+    if not os.path.exists(res_path):
+        return
+    with open(res_path) as f:
+        res = json.load(f)
+    if res.get("status") != "done":
+        return
+    ckpt, _ = experiment.decode_checkpoint(row["_budget"], rdir)
+    for an in spec.get("analyses") or []:
+        out = os.path.join(rdir, f"analysis_{an['name']}.json")
+        if os.path.exists(out) and os.path.getmtime(out) >= os.path.getmtime(ckpt):
+            continue
+        experiment.run([sys.executable, os.path.join(ROOT, an["script"]), "--checkpoint", ckpt,
+                        "--data-bin", os.path.join(ROOT, res["data"]["prep_dir"], "bin"),
+                        "--src", spec["src"], "--tgt", spec["tgt"], "--json", out])
+
+
+def _analysis_cells(spec: Dict, row: Dict) -> List[str]:
+    cells = []
+    for an in spec.get("analyses") or []:
+        path = os.path.join(run_dir(spec, row), f"analysis_{an['name']}.json")
+        if os.path.exists(path):
+            with open(path) as f:
+                cells.append(f"{json.load(f)[an['key']][0]:.3f}")
+        else:
+            cells.append("n/a")
+    return cells
+
+
+def _score_cell(score: Dict, spec: Dict) -> str:
+    """``"BLEU (tokBLEU)"``, plus ``" / RIBES"`` when the spec asks for ``ribes``.
+
+    Raises:
+        ValueError: ``ribes`` requested but the row was scored without it (re-evaluate the row).
+    """
+    cell = f"{score['bleu']:.2f} ({score['tok_bleu']:.2f})"
+    if spec.get("ribes"):
+        if score.get("tok_ribes") is None:
+            raise ValueError(f"the table asks for RIBES but {score.get('hyp')} was scored without it; "
+                             "delete the row's result.json and eval/ directory and re-run the table to re-score")
+        cell += f" / {score['tok_ribes']:.4f}"
+    return cell
+
+
+def _mean_cell(values: List[float]) -> str:
+    if len(values) == 1:
+        return f"{values[0]:.2f}"
+    from .significance import seed_summary
+
+    s = seed_summary(values)
+    return f"{s['mean']:.2f} ± {s['sd']:.2f}"
+
+
+def _read(path: str) -> List[str]:
+    from .scoring import read_lines
+
+    return read_lines(path)
+
+
+def _significance(ref_res: Dict, res: Dict, subset: str) -> Optional[Dict]:
+    """Seed-matched paired bootstrap of ``res`` against ``ref_res`` on ``subset``, cached in the
+    system's run directory (``significance.json``, keyed by both hypotheses' checkpoints)."""
+    from .significance import paired_bootstrap
+
+    a, b = ref_res["scores"].get(subset), res["scores"].get(subset)
+    if not a or not b or not all(os.path.exists(x) for x in (a["hyp"], b["hyp"], a["ref"])):
+        return None
+    key = f"{subset}:{a.get('checkpoint_sha256', a['hyp'])}:{b.get('checkpoint_sha256', b['hyp'])}"
+    cache_path = os.path.join(res["_dir"], "significance.json")
+    cache = {}
+    if os.path.exists(cache_path):
+        with open(cache_path) as f:
+            cache = json.load(f)
+    if key not in cache:
+        cache[key] = paired_bootstrap(_read(a["ref"]), _read(a["hyp"]), _read(b["hyp"]))
+        write_json_atomic(cache_path, cache)
+    return cache[key]
+
+
+def _by_seed(results: List[Dict]) -> Dict[object, Dict]:
+    return {r.get("seed", r.get("config", {}).get("train", {}).get("seed")): r for r in results}
+
+
+def _verdict_cell(spec: Dict, row: Dict, ok: List[Dict], ref_ok: List[Dict], first: str) -> str:
+    """The significance cell of one row against the reference row (first subset)."""
+    from .significance import verdict
+
+    if not ok or not ref_ok:
+        return ""
+    ref_by, sys_by = _by_seed(ref_ok), _by_seed(ok)
+    common = [s for s in sys_by if s in ref_by]
+    if not common:
+        return "no seed in common with the reference"
+    try:
+        tests = [_significance(ref_by[s], sys_by[s], first) for s in common]
+    except (OSError, ValueError) as err:
+        return f"n/a ({type(err).__name__})"
+    if any(t is None for t in tests):
+        return "n/a (hypotheses missing)"
+    return verdict([ref_by[s]["scores"][first]["bleu"] for s in common],
+                   [sys_by[s]["scores"][first]["bleu"] for s in common], [t["bleu_p"] for t in tests])
+
+
+def _loss_figure(spec: Dict, results: Dict[int, List[Dict]], out_md: str) -> Optional[str]:
+    """``<out>_valid_loss.png``: validation loss over updates, one line per row (its first seed)."""
+    series = {f"{rid}: {next(r['name'] for r in spec['rows'] if r['id'] == rid)}": res[0]["valid_loss"]
+              for rid, res in results.items() if res and res[0].get("valid_loss")}
+    if not series:
+        return None
+    from fairseq_plugins.analysis.plots import training_curves
+
+    path = out_md[:-3] + "_valid_loss.png" if out_md.endswith(".md") else out_md + "_valid_loss.png"
+    return training_curves(series, path, ylabel="validation loss (base 2, label-smoothed)",
+                           title=spec["title"])
+
+
+def render(spec: Dict, seeds: Optional[List[int]] = None) -> None:
+    """Write the Markdown table ``spec['out']`` (atomically) and its validation-loss figure from
+    the finished rows (every seed found, or ``seeds``)."""
+    rows, subsets, metrics = spec["rows"], spec["subsets"], spec.get("metrics") or []
+    analyses = [an["name"] for an in spec.get("analyses") or []]
+    results = {r["id"]: row_results(spec, r, seeds) for r in rows}
+    results = {k: v for k, v in results.items() if v}
+    first = next(iter(subsets))
+    ref_id = spec.get("reference", rows[0]["id"])
+    ref_row = next(r for r in rows if r["id"] == ref_id)
+    table_path = os.path.relpath(spec["_path"], ROOT)
+    reg = regime(load_budget(spec["budget"]))
+    n_seeds = sorted({len(v) for v in results.values()}) or [0]
+    seed_list = sorted({str(x.get("seed", "?")) for v in results.values() for x in v})
+    override = f" --budget {spec['budget']}" if spec.get("_regime") else ""
+    lines = [f"# {spec['title']}", "", spec.get("intro", "").strip(), "",
+             f"**Regime: {reg}** -- {REGIMES.get(reg, 'not stated by the budget')}. "
+             f"Seeds: {', '.join(seed_list) or 'none yet'} ({'/'.join(map(str, n_seeds))} per row"
+             + ("; one seed: differences are not tested against seed noise" if n_seeds == [1] else "") + ").", "",
+             f"Regenerate: `mt-table --table {table_path}{override}` (= `python scripts/run_table.py ...`; runs "
+             "missing rows, resumes unfinished ones, re-renders this file; `--seeds 1,2,3` adds seeds). Budget: "
+             f"`{spec['budget']}` unless a row names its own, direction {spec['src']}→{spec['tgt']}. Train wall = "
+             "fairseq's cumulative training time; rows that shared the machine with other jobs, or were killed and "
+             "resumed, ran slower than alone.", ""]
+    head = (["ID", "Model", spec["paper_label"]] + [f"ours {lab}" for lab in subsets.values()]
+            + [f"chrF {subsets[first]}", f"vs row {ref_id} ({subsets[first]})"]
+            + [f"valid {m}" for m in metrics] + analyses + ["seeds", "updates", "train wall", "status"])
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    vocab = {r["id"]: _vocab(spec, r) for r in rows}
+    ref_ok = [x for x in results.get(ref_id, []) if x.get("status") == "done" and not row_failed(x, vocab[ref_id])]
+    for r in rows:
+        paper = "–" if r.get("paper") is None else str(r["paper"])
+        res = results.get(r["id"])
+        if not res:
+            lines.append("| " + " | ".join([str(r["id"]), r["name"], paper] + ["not run yet"] * len(subsets)
+                                           + [""] * (2 + len(metrics) + len(analyses) + 3) + ["pending"]) + " |")
+            continue
+        ok = [x for x in res if x.get("status") == "done" and not row_failed(x, vocab[r["id"]])]
+        if not ok:
+            cells = ["–"] * (len(subsets) + 2)
+        else:
+            cells = ([_score_cell(ok[0]["scores"][s], spec) if len(ok) == 1
+                      else _mean_cell([x["scores"][s]["bleu"] for x in ok]) for s in subsets]
+                     + [_mean_cell([x["scores"][first]["chrf"] for x in ok]) if all("chrf" in x["scores"][first]
+                                                                                   for x in ok) else "n/a",
+                        "reference" if r["id"] == ref_id else _verdict_cell(spec, r, ok, ref_ok, first)])
+        last = res[0].get("valid_last", {})
+        mcells = [f"{last[m]:.3f}" if m in last else "n/a" for m in metrics]
+        status = "done" if len(ok) == len(res) else (
+            "failed to train (see loss curve below)" if not ok else f"{len(res) - len(ok)} seed(s) failed")
+        lines.append("| " + " | ".join([str(r["id"]), r["name"], paper] + cells + mcells + _analysis_cells(spec, r) + [
+            str(len(res)), str(res[0]["updates"]), f"{train_seconds(res[0], res[0]['_dir']) / 60:.1f} min",
+            status]) + " |")
+    lines += ["", "SacreBLEU (detokenised) with tokenized BLEU in brackets"
+              + ("; RIBES (Isozaki et al. 2010, nltk, tokenized text) after the slash" if spec.get("ribes") else "")
+              + "; with several seeds, mean ± sample sd of SacreBLEU. chrF: sacreBLEU's chrF (character 6-grams, "
+              f"β = 2). `vs row {ref_id}`: difference to row {ref_id} ({ref_row['name']}) on {subsets[first]}, "
+              "sacreBLEU's paired bootstrap (1,000 resamples) per seed; with several seeds \"exceeds seed noise\" "
+              "means |Δ mean| > 2 standard errors over seeds and p < 0.05 for every seed-matched pair "
+              "(`mt_pipeline.significance`).", ""]
+    figure = _loss_figure(spec, results, os.path.join(ROOT, spec["out"])) if results else None
+    if figure:
+        lines += [f"Validation loss over updates: `{os.path.relpath(figure, ROOT)}`.", ""]
+    lines += ["## Provenance", ""]
+    if results:
+        any_res = next(iter(results.values()))[0]
+        sig = any_res["scores"][first]["signature"] if any_res.get("scores") else "n/a"
+        lines += [f"- SacreBLEU signature: `{sig}`", f"- hardware: {any_res['hardware']}",
+                  f"- data: {any_res['data']}", ""]
+    for r in rows:
+        for res in results.get(r["id"], []):
+            rdir = res["_dir"]
+            lines += [f"### Row {r['id']}: {r['name']}" + (f" (seed {res.get('seed')})" if res.get("seed") else ""),
+                      ""]
+            if res.get("status") == "failed":
+                lines += ["- training stopped with an error: `" + " / ".join(res.get("error_tail", [])[-2:]) + "`"]
+            lines += [f"- run directory: `{os.path.relpath(rdir, ROOT)}`; git commit: `{res['git_commit']}`; "
+                      f"finished {res['time']}",
+                      f"- attention functions: {res['attention_fns']}",
+                      f"- command: `{res['commands']['train']}`",
+                      f"- updates: {res['updates']}; training time {train_seconds(res, rdir):.0f} s (fairseq "
+                      f"cumulative); resumed {resumes(rdir)} time(s); runner-timed stages of the last invocation (s): "
+                      + ", ".join(f"{k} {v:.0f}" for k, v in sorted(res['wall_s'].items())
+                                  if k != "train_fairseq_cumulative"),
+                      "- validation loss (update, loss): " + ", ".join(f"({u}, {l:.3f})" for u, l in res["valid_loss"]),
+                      "- training loss curve (update, loss): "
+                      + ", ".join(f"({u}, {l:.2f})" for u, l in res["loss_curve"][:: max(1, len(res["loss_curve"]) // 10)]),
+                      ""]
+    lines += ["", f"_Rendered by mt-table from {table_path}; git commit of each row above._", ""]
+    out = os.path.join(ROOT, spec["out"])
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    remove_leftovers(os.path.dirname(out), names=[os.path.basename(out)])  # of a killed render
+    with atomic_path(out) as tmp, open(tmp, "w") as f:
+        f.write("\n".join(lines))
+    print(f"[table] wrote {out} ({len(results)}/{len(rows)} rows)")
+
+
+def main(argv=None, default_table=None) -> None:
+    p = argparse.ArgumentParser(prog="mt-table", description=__doc__.split("\n\n")[0])
+    p.add_argument("--table", default=default_table, required=default_table is None,
+                   help="table spec YAML, e.g. configs/reluformer/table4_multi30k.yaml")
+    p.add_argument("--rows", help="comma-separated row ids, run in this order (default: all)")
+    p.add_argument("--max-rows", type=int, help="stop after running this many rows (row x seed runs)")
+    p.add_argument("--budget", help="run every row under this budget instead of the spec's (e.g. "
+                                    "configs/multi30k/converged.yaml): runs/<regime>/..., <out>_<regime>.md")
+    p.add_argument("--seeds", help="comma-separated training seeds (default: the budget's seed)")
+    p.add_argument("--render-only", action="store_true")
+    a = p.parse_args(argv)
+    budget = None
+    if a.budget:
+        budget = a.budget if os.path.isabs(a.budget) else os.path.join(ROOT, a.budget)
+    spec = load_table(a.table if os.path.isabs(a.table) else os.path.join(ROOT, a.table), budget)
+    by_id = {r["id"]: r for r in spec["rows"]}
+    todo = list(by_id) if not a.rows else [int(x) for x in a.rows.split(",")]
+    bad = [i for i in todo if i not in by_id]
+    if bad:
+        p.error(f"unknown row ids {bad}; valid: {list(by_id)}")
+    try:
+        seeds = [int(x) for x in a.seeds.split(",")] if a.seeds else None
+    except ValueError:
+        p.error(f"--seeds must be comma-separated integers, got {a.seeds!r}")
+    done = 0
+    for r in ([] if a.render_only else [by_id[i] for i in todo]):  # in the order given
+        for seed in seeds or [None]:
+            if a.max_rows is not None and done >= a.max_rows:
+                break
+            out = run_dir(spec, r, seed)
+            if os.path.exists(os.path.join(out, "result.json")):
+                print(f"[table] row {r['id']}{'' if seed is None else f' seed {seed}'} already done "
+                      f"({os.path.relpath(out, ROOT)})")
+                continue
+            argv_exp = ["--out", out, "--arch", r["arch"], "--budget", os.path.join(ROOT, row_budget(spec, r)),
+                        "--src", spec["src"], "--tgt", spec["tgt"], "--name", f"row{r['id']}: {r['name']}"]
+            if seed is not None:
+                argv_exp += ["--seed", str(seed)]
+            if r.get("fns"):
+                argv_exp += ["--fns", *r["fns"]]
+            if r.get("extra"):
+                argv_exp += ["--extra", r["extra"]]
+            if spec.get("ribes"):
+                argv_exp.append("--ribes")
+            t0 = time.time()
+            try:
+                experiment.run_experiment(argv_exp)
+            except Exception as err:  # a diverged row must not stop the table
+                print(f"[table] row {r['id']} raised {type(err).__name__}: {err}", file=sys.stderr)
+            print(f"[table] row {r['id']} took {(time.time() - t0) / 60:.1f} min")
+            done += 1
+            render(spec, seeds)
+    for r in ([] if a.render_only else [by_id[i] for i in todo]):
+        try:
+            run_analyses(spec, r)
+        except Exception as err:  # an analysis failure must not lose the table
+            print(f"[table] analyses of row {r['id']} raised {type(err).__name__}: {err}", file=sys.stderr)
+    render(spec, seeds)
+
+
+if __name__ == "__main__":
+    main()

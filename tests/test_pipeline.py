@@ -1,0 +1,225 @@
+"""The pipeline package's pieces without training: the JSON curve reader, run configuration
+fingerprints, evaluation directories that never mix checkpoints, significance, seeded tables,
+provenance, and the thin entry points."""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from mt_pipeline import curves, evaluate, experiment, provenance, significance
+from mt_pipeline import tables as run_table
+
+ROOT = provenance.ROOT
+CONFIGS = os.path.join(ROOT, "configs")
+
+JSON_LOG = """\
+2026-11-24 08:21:10 | INFO | fairseq_cli.train | training on 1 devices
+2026-11-24 08:21:20 | INFO | train_inner | {"epoch": 1, "update": 0.2, "loss": "13.56", "nll_loss": "13.39", "num_updates": "25", "lr": "2.5e-05"}
+2026-11-24 08:21:30 | INFO | train_inner | {"epoch": 1, "update": 0.4, "loss": "11.2", "nll_loss": "11.0", "num_updates": "50", "lr": "5e-05"}
+2026-11-24 08:21:40 | INFO | valid | {"epoch": 1, "valid_loss": "10.5", "valid_nll_loss": "10.1", "valid_attn_entropy": "1.4586", "valid_ppl": "1097.5", "valid_num_updates": "60"}
+2026-11-24 08:21:50 | INFO | train_inner | {"epoch": 2, "update": 1.2, "loss": "9.1", "num_updates": "75"}
+2026-11-24 08:22:00 | INFO | valid | {"epoch": 2, "valid_loss": "8.25", "valid_nll_loss": "7.9", "valid_attn_null_rate": "0.0473", "valid_num_updates": "120"}
+2026-11-24 08:22:01 | INFO | train | {"epoch": 2, "train_loss": "9.0", "train_num_updates": "120"}
+"""
+
+
+def test_json_log_curves_and_last_validation(tmp_path):
+    log = tmp_path / "train.log"
+    log.write_text(JSON_LOG)
+    train, valid = curves.loss_curves(str(log))
+    assert train == [(25, 13.56), (50, 11.2), (75, 9.1)]
+    assert valid == [(60, 10.5), (120, 8.25)]
+    last = curves.last_valid_metrics(str(log))
+    assert last["loss"] == 8.25 and last["nll_loss"] == 7.9 and last["attn_null_rate"] == 0.0473
+    assert last["num_updates"] == 120 and "attn_entropy" not in last  # the last line's metrics only
+    assert curves.progress_stats(JSON_LOG.splitlines()[-1], "train")["loss"] == 9.0
+
+
+def test_simple_and_json_logs_mix_in_one_run(tmp_path):
+    """A run resumed after the budgets moved to JSON logs holds both formats."""
+    log = tmp_path / "train.log"
+    log.write_text("2026 | INFO | train_inner | epoch 001:     10 / 117 loss=13.627, nll_loss=13.51, num_updates=10, lr=1e-05\n"
+                   "2026 | INFO | valid | epoch 001 | valid on 'valid' subset | loss 12.4 | nll_loss 12.1 | num_updates 20\n"
+                   + JSON_LOG)
+    train, valid = curves.loss_curves(str(log))
+    assert train[0] == (10, 13.627) and valid[0] == (20, 12.4) and valid[-1] == (120, 8.25)
+    assert curves.loss_curves(str(tmp_path / "missing.log")) == ([], [])
+
+
+def _args(**kw):
+    base = dict(arch="rela_transformer_small", fns=["rela_g", "rela_g", "softmax"], src="en", tgt="de",
+                extra="--encoder-layers 1", ribes=False)
+    base.update(kw)
+    return argparse.Namespace(**base)
+
+
+def test_run_config_fingerprint_refuses_a_changed_run(tmp_path):
+    budget = experiment.load_budget(os.path.join(CONFIGS, "multi30k", "small_cpu.yaml"))
+    cfg = experiment.run_config(_args(), budget, dict(budget["train"]))
+    experiment.check_config(str(tmp_path), cfg)
+    assert json.loads((tmp_path / "config.json").read_text())["sha256"] == experiment.config_hash(cfg)
+    experiment.check_config(str(tmp_path), cfg)  # the same configuration continues
+    changed = experiment.run_config(_args(fns=["softmax"] * 3), budget, dict(budget["train"], lr=0.002))
+    with pytest.raises(SystemExit) as err:
+        experiment.check_config(str(tmp_path), changed)
+    msg = str(err.value)
+    assert "fns: ['rela_g', 'rela_g', 'softmax'] -> ['softmax', 'softmax', 'softmax']" in msg
+    assert "train.lr: 0.001 -> 0.002" in msg and "--force-new" in msg
+    # --force-new removes the earlier run's outputs and records the new configuration
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "result.json").write_text("{}")
+    (tmp_path / "average_last3.pt").write_text("x")
+    experiment.check_config(str(tmp_path), changed, force_new=True)
+    assert not (tmp_path / "checkpoints").exists() and not (tmp_path / "result.json").exists()
+    assert not (tmp_path / "average_last3.pt").exists()
+    assert json.loads((tmp_path / "config.json").read_text())["sha256"] == experiment.config_hash(changed)
+
+
+def test_a_run_directory_without_a_configuration_record_is_refused(tmp_path):
+    budget = experiment.load_budget(os.path.join(CONFIGS, "multi30k", "small_cpu.yaml"))
+    (tmp_path / "result.json").write_text("{}")
+    with pytest.raises(SystemExit, match="without a configuration record"):
+        experiment.check_config(str(tmp_path), experiment.run_config(_args(), budget, budget["train"]))
+
+
+def test_evaluation_directory_keeps_only_the_current_checkpoints_subsets(tmp_path):
+    ck_a, ck_b = tmp_path / "a.pt", tmp_path / "b.pt"
+    ck_a.write_bytes(b"model a")
+    ck_b.write_bytes(b"model b")
+    sha_a, sha_b = evaluate.checkpoint_sha256(str(ck_a)), evaluate.checkpoint_sha256(str(ck_b))
+    out = tmp_path / "eval"
+    out.mkdir()
+    for s, sha in (("test", sha_a), ("test1", sha_b)):
+        (out / f"{s}.json").write_text(json.dumps({"checkpoint_sha256": sha}))
+        (out / f"{s}.hyp.detok").write_text("x\n")
+    (out / "valid.generate.log").write_text("half a run, no json\n")
+    assert evaluate.done_subsets(str(out), sha_a, ["test", "test1"]) == ["test"]
+    assert evaluate.done_subsets(str(out), sha_a, ["test"], ribes=True) == []  # scored without RIBES
+    removed = evaluate._purge_other_checkpoints(str(out), sha_b)
+    assert sorted(removed) == ["test", "valid"]
+    assert sorted(os.listdir(out)) == ["test1.hyp.detok", "test1.json"]
+
+
+def test_evaluate_rejects_bad_input_before_generating(tmp_path, capsys):
+    ck = tmp_path / "m.pt"
+    ck.write_bytes(b"x")
+    assert evaluate.main(["--checkpoint", str(ck), "--data-bin", str(tmp_path), "--prep-dir", str(tmp_path),
+                          "--src", "en", "--tgt", "de"]) == 1
+    assert "no dictionary" in capsys.readouterr().err
+
+
+def test_multi30k_testset_names():
+    assert evaluate.testset_name("data-bin/multi30k_en_de", "test1") == "test_2017_flickr"
+    assert evaluate.testset_name("data-bin/iwslt14_de_en", "test") == "test"
+
+
+def test_paired_bootstrap_finds_a_real_difference_and_not_a_null_one():
+    refs = [f"the cat number {i} sat on the mat today" for i in range(120)]
+    good = list(refs)
+    bad = [r if i % 3 else "a dog" for i, r in enumerate(refs)]
+    res = significance.paired_bootstrap(refs, bad, good, n_samples=200)
+    assert res["bleu_delta"] > 0 and res["bleu_p"] < 0.05 and res["chrf_p"] < 0.05
+    same = significance.paired_bootstrap(refs, good, good, n_samples=200)
+    assert same["bleu_delta"] == 0 and same["bleu_p"] > 0.5
+    with pytest.raises(ValueError, match="equally many"):
+        significance.paired_bootstrap(refs, good[:-1], good)
+
+
+def test_verdict_uses_seed_noise():
+    assert significance.verdict([30.0, 30.2, 29.9], [31.5, 31.7, 31.4], [0.01, 0.02, 0.001]).startswith("exceeds")
+    # a mean difference inside two standard errors of noisy seeds
+    assert significance.verdict([30.0, 31.5, 29.0], [30.6, 29.8, 31.6], [0.01, 0.2, 0.01]).startswith("within")
+    # a large difference whose bootstrap is not significant in one seed
+    assert significance.verdict([30.0, 30.1], [32.0, 32.1], [0.01, 0.2]).startswith("within")
+    assert "seed noise unknown" in significance.verdict([30.0], [31.0], [0.03])
+
+
+def _result(tmp_path, rdir, seed, bleu, hyp_lines):
+    rdir.mkdir(parents=True, exist_ok=True)
+    ref = tmp_path / "ref.txt"
+    if not ref.exists():
+        ref.write_text("".join(f"the cat number {i} sat on the mat\n" for i in range(60)))
+    hyp = rdir / "test.hyp.detok"
+    hyp.write_text("".join(line + "\n" for line in hyp_lines))
+    score = {"bleu": bleu, "tok_bleu": bleu + 1, "chrf": bleu + 20, "signature": "nrefs:1|sig", "hyp": str(hyp),
+             "ref": str(ref), "checkpoint_sha256": f"{rdir.name}-{seed}"}
+    res = {"name": "x", "status": "done", "arch": "a", "attention_fns": "arch default", "seed": seed,
+           "commands": {"train": "fairseq-train ..."}, "git_commit": "abc", "hardware": {"cpu": "c"},
+           "data": {"corpus": "multi30k"}, "updates": 3000, "time": "t", "regime": "converged",
+           "wall_s": {"train_fairseq_cumulative": 60.0}, "loss_curve": [[10, 9.0]],
+           "valid_loss": [[1000, 5.0], [3000, 4.0]], "valid_last": {}, "scores": {"test": score, "test1": score}}
+    (rdir / "result.json").write_text(json.dumps(res))
+
+
+def test_render_with_seeds_shows_mean_sd_significance_and_a_loss_figure(tmp_path):
+    spec = yaml.safe_load(open(os.path.join(CONFIGS, "rela", "table1.yaml")))
+    spec.update(out=str(tmp_path / "out.md"), runs=str(tmp_path / "runs"))
+    spec["rows"] = spec["rows"][:3]
+    path = tmp_path / "t.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    spec = run_table.load_table(str(path), os.path.join(CONFIGS, "multi30k", "converged.yaml"))
+    assert spec["out"].endswith("out_converged.md")
+    refs = [f"the cat number {i} sat on the mat" for i in range(60)]
+    bad = [r if i % 2 else "a dog" for i, r in enumerate(refs)]
+    for seed in (1, 2, 3):
+        _result(tmp_path, Path(run_table.run_dir(spec, spec["rows"][0], seed)), seed,
+                20.0 + seed / 10, bad)
+        _result(tmp_path, Path(run_table.run_dir(spec, spec["rows"][1], seed)), seed,
+                30.0 + seed / 10, refs)
+    assert run_table.run_dir(spec, spec["rows"][0], 2) == str(tmp_path / "runs" / "converged" / "row1-seed2")
+    run_table.render(spec)
+    text = open(spec["out"]).read()
+    rows = [l for l in text.splitlines() if l.startswith("| ")]
+    assert "**Regime: converged**" in text and "Seeds: 1, 2, 3" in text
+    assert "20.20 ± 0.10" in rows[1] and "reference" in rows[1] and "| 3 |" in rows[1]
+    assert "30.20 ± 0.10" in rows[2] and "50.20 ± 0.10" in rows[2] and "exceeds seed noise" in rows[2]
+    assert "not run yet" in rows[3]
+    assert os.path.exists(str(tmp_path / "out_converged_valid_loss.png"))
+    assert "(seed 2)" in text and os.path.exists(os.path.join(run_table.run_dir(spec, spec["rows"][1], 2),
+                                                             "significance.json"))
+
+
+def test_budget_override_is_refused_for_rows_with_their_own_budget():
+    with pytest.raises(SystemExit, match="their own budgets"):
+        run_table.load_table(os.path.join(CONFIGS, "reluformer", "table6_long_documents.yaml"),
+                             os.path.join(CONFIGS, "multi30k", "converged.yaml"))
+
+
+def test_every_multi30k_budget_states_its_regime():
+    from mt_pipeline.budget import REGIMES, load_budget, regime
+
+    for name in ("small_cpu", "diagnostic_cpu", "converged"):
+        assert regime(load_budget(os.path.join(CONFIGS, "multi30k", f"{name}.yaml"))) in REGIMES
+    conv = load_budget(os.path.join(CONFIGS, "multi30k", "converged.yaml"))
+    diag = load_budget(os.path.join(CONFIGS, "multi30k", "diagnostic_cpu.yaml"))
+    # the diagnostic budget is the converged one stopped early: same optimisation up to there
+    assert {k: v for k, v in diag["train"].items() if k not in ("max-update", "keep-last-epochs")} == \
+        {k: v for k, v in conv["train"].items() if k not in ("max-update", "keep-last-epochs")}
+    assert conv["train"]["max-update"] == 3000 and diag["train"]["max-update"] == 1000
+
+
+def test_provenance_record_and_markdown():
+    rec = provenance.collect("mt-table --table x.yaml", data="multi30k", wall_s=12.5)
+    assert rec["git_commit"] != "" and rec["hardware"]["cores"] >= 1
+    md = provenance.markdown(rec)
+    assert md.startswith("## Provenance") and "- command: `mt-table --table x.yaml`" in md and "- wall s: 12.5" in md
+    assert provenance.repo_relative(os.path.join(ROOT, "configs", "a.yaml")) == os.path.join("configs", "a.yaml")
+    sibling = os.path.dirname(ROOT) + os.sep + os.path.basename(ROOT) + "2" + os.sep + "x"
+    assert provenance.repo_relative(sibling) == sibling
+
+
+@pytest.mark.parametrize("script", sorted(f for f in os.listdir(os.path.join(ROOT, "scripts"))
+                                          if f.endswith(".py") or f == "reproduce"))
+def test_scripts_are_thin_entry_points(script):
+    """scripts/ holds entry points of package modules only (<= 20 lines, no sys.path games)."""
+    text = open(os.path.join(ROOT, "scripts", script)).read()
+    assert len(text.splitlines()) <= 20 and "sys.path" not in text
+    res = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", script), "--help"], capture_output=True,
+                         text=True, cwd=ROOT, timeout=300)
+    assert res.returncode == 0 and "usage" in res.stdout.lower(), res.stderr[-2000:]
