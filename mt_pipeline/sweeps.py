@@ -128,30 +128,79 @@ def write_text(path: str, text: str) -> None:
 
 
 def plot(points: dict, path: str, title: str) -> None:
-    """BLEU against average window for valid and test (paper Figure 3), atomically as PNG."""
+    """BLEU against average window for valid and test (paper Figure 3), atomically as PNG.
+
+    ``points``: ``{tau: {"valid": {"window", "tok_bleu"}, "test": {...}}}`` (``math.inf`` for
+    tau = ∞).  Taus are annotated on the validation curve only; a finite tau whose points equal
+    those of tau = ∞ (a threshold beyond every window, e.g. 999) is drawn once, as ∞; labels of
+    points closer than a few points on the canvas are staggered so that none overlap.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(5.5, 4))
-    taus = sorted(t for t in points if not math.isinf(t))
+    inf = points.get(math.inf)
+
+    def same_as_inf(t):
+        return inf is not None and all(points[t][s]["window"] == inf[s]["window"] and
+                                       points[t][s]["tok_bleu"] == inf[s]["tok_bleu"] for s in ("valid", "test"))
+
+    taus = sorted(t for t in points if not math.isinf(t) and not same_as_inf(t)) + ([math.inf] if inf else [])
+    fig, ax = plt.subplots(figsize=(6.0, 4.2))
     for subset, style in (("valid", "o-"), ("test", "s--")):
-        xs = [points[t][subset]["window"] for t in taus]
-        ys = [points[t][subset]["tok_bleu"] for t in taus]
-        ax.plot(xs, ys, style, label=subset)
-        for t, x, y in zip(taus, xs, ys):
-            ax.annotate(f"{t:g}", (x, y), textcoords="offset points", xytext=(3, 3), fontsize=7)
-    ax.set_xlabel("average window (positions scored per hypothesis-step)")
+        ax.plot([points[t][subset]["window"] for t in taus], [points[t][subset]["tok_bleu"] for t in taus],
+                style, label=subset, markersize=4)
+    # stagger labels of neighbouring points (in axis-fraction units) so that they do not overlap
+    xs = [points[t]["valid"]["window"] for t in taus]
+    ys = [points[t]["valid"]["tok_bleu"] for t in taus]
+    xr, yr = (max(xs) - min(xs)) or 1.0, (max(ys) - min(ys)) or 1.0
+    placed = []
+    for t, x, y in zip(taus, xs, ys):
+        k = sum(1 for px, py in placed if abs(px - x) / xr < 0.06 and abs(py - y) / yr < 0.08)
+        placed.append((x, y))
+        ax.annotate("∞" if math.isinf(t) else f"{t:g}", (x, y), textcoords="offset points",
+                    xytext=(4, 4 + 9 * k if k % 2 == 0 else -10 - 9 * k), fontsize=7)
+    ax.set_xlabel("average window (source positions scored per hypothesis-step)")
     ax.set_ylabel("BLEU (tokenized)")
     ax.set_title(title, fontsize=9)
-    ax.legend()
+    ax.legend(loc="lower right")
     ax.grid(alpha=0.3)
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with atomic_path(path) as tmp:
         fig.savefig(tmp, dpi=120, format="png")
     plt.close(fig)
+
+
+_ROW = re.compile(r"^\| (\S+) \| ([\d.]+) \| ([\d.]+) \(([\d.]+)\) \| ([\d.]+) \| ([\d.]+) \(([\d.]+)\) \|$")
+
+
+def read_sweep_tables(md_path: str) -> list:
+    """The BLEU-vs-window tables of a rendered Table 1 file (:func:`table1`), in file order:
+    ``[(direction, {tau: {"valid": {...}, "test": {...}}})]``.
+
+    Raises:
+        SystemExit: the file holds no such table.
+    """
+    out, direction, points = [], None, None
+    with open(md_path, encoding="utf-8") as f:
+        for line in f:
+            line = line.rstrip("\n")
+            if line.startswith("## "):
+                direction = line[3:].strip()
+            elif line.startswith("| tau | valid window"):
+                points = {}
+                out.append((direction, points))
+            elif points is not None and (m := _ROW.match(line)):
+                tau = math.inf if m.group(1) == "inf" else float(m.group(1))
+                points[tau] = {s: {"window": float(m.group(2 + 3 * i)), "bleu": float(m.group(3 + 3 * i)),
+                                   "tok_bleu": float(m.group(4 + 3 * i))} for i, s in enumerate(("valid", "test"))}
+            elif points is not None and line and not line.startswith("|"):
+                points = None
+    if not out:
+        raise SystemExit(f"{md_path}: no BLEU-vs-window table ('| tau | valid window | ...') found")
+    return out
 
 
 def sweep_table(points) -> list:
@@ -278,8 +327,20 @@ def main(argv=None):
         q.add_argument("--metric", choices=["tok_bleu", "bleu"], default="tok_bleu",
                        help="BLEU used by the selection rule (paper: tokenized BLEU)")
         q.add_argument("--max-loss", type=float, default=0.5, help="allowed validation BLEU loss (paper 0.5)")
+    r = sub.add_parser("replot", help="re-render the trade-off figure from a rendered Table 1 file")
+    r.add_argument("--table", default=os.path.join(ROOT, "results", "flexible", "table1_multi30k.md"))
+    r.add_argument("--direction", help="which direction's sweep (default: the last in the file)")
+    r.add_argument("--figure", default=os.path.join(ROOT, "results", "flexible", "figure3_tradeoff.png"))
     a = p.parse_args(argv)
-    if a.cmd == "sweep":
+    if a.cmd == "replot":
+        tables = read_sweep_tables(a.table)
+        chosen = [t for t in tables if a.direction in (None, t[0])]
+        if not chosen:
+            p.error(f"--direction {a.direction!r}; valid: {', '.join(str(d) for d, _ in tables)}")
+        direction, points = chosen[-1]
+        plot(points, a.figure, f"Flexible attention, {direction}: BLEU vs window (tau annotated)")
+        log(f"wrote {a.figure} from {a.table} ({direction})")
+    elif a.cmd == "sweep":
         bad = [x for x in a.taus if not x > 0]
         if bad:
             p.error(f"--taus must be > 0, got {bad}")

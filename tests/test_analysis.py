@@ -404,3 +404,21 @@ def test_source_reliance_skips_single_sentence_batches_and_rejects_only_those():
     assert res["n_sentences"] == 2 and res["skipped_sentences"] == 1
     with pytest.raises(ValueError, match="two or more sentences"):
         source_reliance(model, [one], pad)
+
+
+def test_replot_rerenders_the_curve_figures_from_analysis_json(tmp_path):
+    """--replot draws the committed report's curves again without any checkpoint (integer layer ticks)."""
+    import shutil
+
+    from fairseq_plugins.analysis.cli import main
+
+    src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results", "analysis",
+                       "analysis.json")
+    shutil.copy(src, tmp_path / "analysis.json")
+    assert main(["--replot", str(tmp_path / "analysis.json")]) == 0
+    figs = sorted(os.listdir(tmp_path / "figures"))
+    assert figs == ["aer.png", "entropy.png", "hallucination.png", "js.png", "null_rate.png", "sparsity.png",
+                    "top_p.png"]
+    assert all(os.path.getsize(tmp_path / "figures" / f) > 10_000 for f in figs)
+    with pytest.raises(SystemExit):
+        main(["--replot", str(tmp_path / "missing.json")])

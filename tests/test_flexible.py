@@ -417,3 +417,22 @@ def test_char_level_prep_round_trips(tmp_path):
     assert 50 < n_dict < 400, n_dict  # characters (+ their "@@" forms), not words
     assert "char: up to date" in sh(["bash", "data-prep/multi30k/prepare.sh", "--raw-dir", RAW, "--out", str(out),
                                      "--train-lines", "300", "--char"]) and log
+
+
+def test_tradeoff_figure_is_rerendered_from_the_rendered_table(tmp_path):
+    """mt-flexible-sweep replot reads the sweep tables of a Table 1 file: tau = inf stays inf,
+    a finite tau equal to it (999) is drawn once, as inf."""
+    import math
+
+    from mt_pipeline import sweeps
+
+    table = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results", "flexible",
+                         "table1_multi30k.md")
+    tables = sweeps.read_sweep_tables(table)
+    assert [d for d, _ in tables] == ["en-de", "de-en"]
+    points = tables[-1][1]
+    assert math.inf in points and points[1.2]["valid"]["window"] == 4.50 and points[0.3]["test"]["tok_bleu"] == 0.40
+    sweeps.main(["replot", "--table", table, "--figure", str(tmp_path / "f.png")])
+    assert os.path.getsize(tmp_path / "f.png") > 10_000
+    with pytest.raises(SystemExit):
+        sweeps.main(["replot", "--table", table, "--direction", "xx-yy", "--figure", str(tmp_path / "g.png")])

@@ -47,11 +47,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="checkpoint(s) to analyse on --split; several = --compare in one table/figure")
     p.add_argument("--compare", nargs="+", default=[], metavar="LABEL=PATH",
                    help="more checkpoints to put next to --checkpoint (same as listing them there)")
-    p.add_argument("--data", required=True, help="fairseq data dir (binarized splits + dictionaries)")
+    p.add_argument("--data", help="fairseq data dir (binarized splits + dictionaries); required unless --replot")
     p.add_argument("--source-lang"), p.add_argument("--target-lang")
     p.add_argument("--split", default="test", help="split of --data to analyse (default: test)")
     p.add_argument("--limit", type=int, help="only the first N pairs of the split")
-    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--out", help="output directory (required unless --replot)")
+    p.add_argument("--replot", metavar="ANALYSIS_JSON",
+                   help="only re-render the curve figures from a written analysis.json (no checkpoints needed; "
+                        "--out defaults to its directory)")
     p.add_argument("--max-tokens", type=int, default=4096)
     p.add_argument("--taus", type=float, nargs="+", default=[1.0, 0.5, 0.25, 0.1],
                    help="temperatures of the softmax re-normalisation of non-distributions (ReLA Table 6)")
@@ -238,8 +241,47 @@ def render_markdown(report: dict) -> str:
     return "\n".join(md) + "\n"
 
 
+def curve_figures(report: dict, out: str) -> List[str]:
+    """The per-layer and summary figures of a report (sparsity, null rate, JS divergence, entropy,
+    top-p, hallucination and AER when the report has them) as PNGs in ``<out>/figures``; returns
+    their paths.  The heatmaps need the weights and are drawn only by a full run."""
+    from . import plots
+
+    res, figures = report["models"], []
+    fig_dir = os.path.join(out, "figures")
+    if res:
+        for metric, ylabel in (("sparsity", "sparsity rate"), ("null_rate", "null rate"),
+                               ("js", "JS divergence (nats)"), ("entropy", "entropy (nats)")):
+            figures.append(plots.layer_curves(res, metric, ylabel, os.path.join(fig_dir, f"{metric}.png")))
+        figures.append(plots.top_p_curves(res, os.path.join(fig_dir, "top_p.png")))
+        if all("hallucination" in r for r in res.values()):
+            figures.append(plots.hallucination_curves(res, os.path.join(fig_dir, "hallucination.png")))
+    if report.get("aer"):
+        figures.append(plots.aer_curves(report["aer"], os.path.join(fig_dir, "aer.png")))
+    return figures
+
+
+def replot(json_path: str, out: Optional[str] = None) -> List[str]:
+    """Re-render :func:`curve_figures` from a written ``analysis.json`` (into ``out``, default its
+    directory) without the checkpoints, e.g. after a change to the plotting code."""
+    import json
+
+    with open(json_path, encoding="utf-8") as f:
+        report = json.load(f)
+    return curve_figures(report, out or os.path.dirname(os.path.abspath(json_path)))
+
+
 def main(argv=None):
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.replot:
+        if not os.path.isfile(args.replot):
+            parser.error(f"--replot {args.replot}: no such file")
+        figures = replot(args.replot, args.out)
+        print(f"re-rendered {len(figures)} figures from {args.replot}")
+        return 0
+    if not args.data or not args.out:
+        parser.error("--data and --out are required (unless --replot)")
     models = _labelled(args.checkpoint + args.compare, "--checkpoint")
     aer_models = _labelled(args.aer_checkpoint, "--aer-checkpoint")
     if not models and not aer_models:
@@ -343,17 +385,8 @@ def main(argv=None):
         res.update(checkpoint=os.path.abspath(path), sha256=provenance.file_sha256(path), info=info)
         report["aer"][label] = res
         del model
-    res = report["models"]
     if not args.no_figures:
-        if res:
-            for metric, ylabel in (("sparsity", "sparsity rate"), ("null_rate", "null rate"),
-                                   ("js", "JS divergence (nats)"), ("entropy", "entropy (nats)")):
-                figures.append(plots.layer_curves(res, metric, ylabel, os.path.join(args.out, "figures", f"{metric}.png")))
-            figures.append(plots.top_p_curves(res, os.path.join(args.out, "figures", "top_p.png")))
-            if args.hallucination:
-                figures.append(plots.hallucination_curves(res, os.path.join(args.out, "figures", "hallucination.png")))
-        if report["aer"]:
-            figures.append(plots.aer_curves(report["aer"], os.path.join(args.out, "figures", "aer.png")))
+        figures += curve_figures(report, args.out)
     report["figures"] = [os.path.relpath(f, args.out) for f in figures]
     report["provenance"]["wall_s"] = round(time.time() - t0, 1)
     report["data"].setdefault("direction", "de-en")
