@@ -18,14 +18,16 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def main(argv=None):
     sys.path.insert(0, ROOT)
     from fairseq_plugins.analysis.loading import analysis_parser, checkpoint_batches, emit_result
+    from fairseq_plugins.checkpoint import CheckpointError
 
     p = analysis_parser(__doc__.split("\n\n")[0])
     a = p.parse_args(argv)
     from fairseq_plugins.analysis import ffn_variance_ratios
 
     try:
-        model, task, itr = checkpoint_batches(a.checkpoint, a.data_bin, a.src, a.tgt, a.subset, a.max_tokens)
-    except FileNotFoundError as e:
+        model, task, itr = checkpoint_batches(a.checkpoint, a.data_bin, a.src, a.tgt, a.subset, a.max_tokens,
+                                              tool="ffn_variance_ratio.py")
+    except (FileNotFoundError, CheckpointError) as e:  # names the file: empty, cut short, unsafe, wrong model
         p.error(str(e))
     res = ffn_variance_ratios(model, itr, task.target_dictionary.pad())
     emit_result(res, a.checkpoint, a.subset, a.json)

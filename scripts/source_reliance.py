@@ -19,6 +19,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def main(argv=None):
     sys.path.insert(0, ROOT)
     from fairseq_plugins.analysis.loading import analysis_parser, checkpoint_batches, emit_result
+    from fairseq_plugins.checkpoint import CheckpointError
 
     p = analysis_parser(__doc__.split("\n\n")[0])
     p.add_argument("--seed", type=int, default=0, help="seed of the source shuffles")
@@ -26,8 +27,9 @@ def main(argv=None):
     from fairseq_plugins.analysis import source_reliance
 
     try:
-        model, task, itr = checkpoint_batches(a.checkpoint, a.data_bin, a.src, a.tgt, a.subset, a.max_tokens)
-    except FileNotFoundError as e:
+        model, task, itr = checkpoint_batches(a.checkpoint, a.data_bin, a.src, a.tgt, a.subset, a.max_tokens,
+                                              transformer_only=False)
+    except (FileNotFoundError, CheckpointError) as e:  # names the file: empty, cut short, unsafe, wrong model
         p.error(str(e))
     res = source_reliance(model, itr, task.target_dictionary.pad(), seed=a.seed)
     emit_result(res, a.checkpoint, a.subset, a.json)

@@ -39,7 +39,12 @@ def ffn_variance_ratios(model: nn.Module, batches: Iterable[dict], pad: int) -> 
 
     Raises:
         ValueError: a pre-norm model (``normalize_before``), whose FFN input is not the residual.
+        fairseq_plugins.checkpoint.UnsupportedCheckpointError: not an encoder-decoder
+            Transformer (e.g. ``rnnsearch``: no FFN layers, which gave ``{"mean": [NaN]}``).
     """
+    from .capture import check_transformer
+
+    check_transformer(model, "ffn_variance_ratios")
     layers = _layers(model)
     if any(getattr(l, "normalize_before", False) for _, _, l in layers):
         raise ValueError("ffn_variance_ratios supports post-norm layers only (normalize_before=False)")
