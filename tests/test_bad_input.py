@@ -196,3 +196,56 @@ def test_fairseq_train_fails_at_start_up(data_bin, tmp_path, extra, message):
     assert not os.path.exists(tmp_path / "ck" / "checkpoint_last.pt")
     if "relu2" in extra:
         assert "reluformer" in res.stderr and "softmax" in res.stderr  # the valid choices
+
+
+# ---------------------------------------------------------------------------------------------
+# label_smoothed_cross_entropy_with_reg on a model without auxiliary losses (issue 21, item 7)
+# ---------------------------------------------------------------------------------------------
+def _with_reg_sample(task):
+    import torch
+
+    from helpers import toy_batch
+
+    src, src_lengths, prev = toy_batch(task, bsz=3, src_len=7, tgt_len=6)
+    target = torch.cat([prev[:, 1:], torch.full((3, 1), task.target_dictionary.eos())], 1)
+    return {"net_input": {"src_tokens": src, "src_lengths": src_lengths, "prev_output_tokens": prev},
+            "target": target, "ntokens": target.numel()}
+
+
+@pytest.mark.parametrize("arch,reg_weight,warns", [
+    ("rela_transformer_small", 1.0, True),   # ReLA: no regulariser -> plain CE: the probe
+    ("reluformer_small", 1.0, False),        # ReLUFormer eq. 7: the intended setup
+    ("rela_transformer_small", 0.0, False),  # --reg-weight 0: plain CE asked for
+])
+def test_reg_criterion_warns_once_when_the_model_reports_no_auxiliary_loss(caplog, arch, reg_weight, warns):
+    import torch
+
+    from fairseq_plugins.criterions import LabelSmoothedCrossEntropyWithRegCriterion
+    from helpers import build
+
+    caplog.set_level(logging.WARNING, logger="fairseq_plugins.criterions.label_smoothed_cross_entropy_with_reg")
+    torch.manual_seed(0)
+    model, task = build(arch, encoder_layers=1, decoder_layers=1)
+    sample = _with_reg_sample(task)
+    crit = LabelSmoothedCrossEntropyWithRegCriterion(task, sentence_avg=False, label_smoothing=0.1,
+                                                     reg_weight=reg_weight)
+    model.eval()
+    crit(model, sample)  # validation passes never warn (nothing is trained)
+    assert caplog.text == ""
+    model.train()
+    for _ in range(3):
+        loss, _, log = crit(model, sample)
+    if warns:  # once per criterion instance, and the loss is exactly label-smoothed CE
+        assert caplog.text.count("reports no auxiliary loss") == 1, caplog.text
+        assert "trains plain label-smoothed cross-entropy and --reg-weight 1 has no effect" in caplog.text
+        assert "AttentionTransformerModel" in caplog.text and "reg_loss" not in "".join(log)
+        from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEntropyCriterion
+
+        plain, _, _ = LabelSmoothedCrossEntropyCriterion(task, False, 0.1)(model, sample)
+        torch.testing.assert_close(loss, plain)
+        crit2 = LabelSmoothedCrossEntropyWithRegCriterion(task, False, 0.1, reg_weight=reg_weight)
+        crit2(model, sample)
+        assert caplog.text.count("reports no auxiliary loss") == 2  # a new instance warns again
+    else:
+        assert caplog.text == "", caplog.text
+
