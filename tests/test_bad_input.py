@@ -249,3 +249,84 @@ def test_reg_criterion_warns_once_when_the_model_reports_no_auxiliary_loss(caplo
     else:
         assert caplog.text == "", caplog.text
 
+
+# ---------------------------------------------------------------------------------------------
+# --fp16 / --bf16 on a CPU-only machine (issue 21, item 8)
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks a CPU-only machine")
+@pytest.mark.parametrize("flag,message", [
+    ("--fp16", "--fp16 needs a CUDA GPU and this machine has no CUDA GPU"),
+    ("--bf16", "--bf16 needs a GPU or TPU and this machine has no CUDA GPU"),
+])
+def test_half_precision_flags_fail_at_start_up_on_a_cpu_only_machine(data_bin, tmp_path, flag, message):
+    """Was: fairseq's Trainer died with "'NoneType' object has no attribute 'xla_device'"
+    (--bf16) or "Torch not compiled with CUDA enabled" (--fp16).  Now the model's build_model
+    says it, before the trainer, a checkpoint or a training step."""
+    args = th.train_args(data_bin, str(tmp_path / "ck"), "--max-update", "1", flag, arch="rela_transformer_small")
+    args.remove("--cpu")  # a user who does not think of --cpu (with it the message says "--cpu is given")
+    res = th.run([os.path.join(th.BIN, "fairseq-train"), *args], check=False, timeout=300)
+    assert res.returncode != 0 and message in res.stderr, res.stderr[-2000:]
+    assert "xla_device" not in res.stderr and "not compiled with CUDA" not in res.stderr
+    assert "begin training" not in res.stdout + res.stderr
+    assert not os.path.exists(tmp_path / "ck" / "checkpoint_last.pt")
+
+
+def _fake_train_main():
+    """A function named ``main`` in a file ``.../fairseq_cli/train.py`` (what
+    ``check_precision_flags`` looks for on the stack), calling the check with ``cfg``."""
+    ns = {}
+    code = ("def main(cfg):\n"
+            "    from fairseq_plugins.models.precision import check_precision_flags\n"
+            "    check_precision_flags()\n")
+    exec(compile(code, os.path.join("somewhere", "fairseq_cli", "train.py"), "exec"), ns)
+    return ns["main"]
+
+
+@pytest.mark.parametrize("flags,cuda,xla,match", [
+    (dict(fp16=True), False, False, "--fp16 needs a CUDA GPU and this machine has no CUDA GPU"),
+    (dict(fp16=True, cpu=True), True, False, "--fp16 needs a CUDA GPU and --cpu is given"),
+    (dict(memory_efficient_fp16=True), False, False, "--fp16 needs a CUDA GPU"),
+    (dict(bf16=True, tpu=True), False, False, "--bf16 needs a GPU or TPU"),
+    (dict(memory_efficient_bf16=True, tpu=True), False, False, "--bf16 needs a GPU or TPU"),
+    # fairseq-train --bf16 on a CUDA GPU: fairseq sets --tpu, and without torch_xla its Trainer dies
+    (dict(bf16=True, tpu=True), True, False, "even on this CUDA GPU"),
+    (dict(bf16=True), False, False, "bf16 training needs a CUDA GPU"),  # fairseq-hydra-train's common.bf16
+    (dict(fp16=True), True, False, None),
+    (dict(bf16=True), True, False, None),
+    (dict(bf16=True, tpu=True), False, True, None),
+    (dict(), False, False, None),
+])
+def test_precision_check_decisions(monkeypatch, flags, cuda, xla, match):
+    import torch
+
+    from fairseq_plugins.models import precision
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr(precision, "_has_torch_xla", lambda: xla)
+    cfg = argparse.Namespace(common=argparse.Namespace(**flags))
+    if match is None:
+        _fake_train_main()(cfg)
+    else:
+        with pytest.raises(ValueError, match=match):
+            _fake_train_main()(cfg)
+    precision.check_precision_flags()  # not under fairseq_cli.train.main: never refuses
+
+
+def test_checkpoint_trained_with_half_precision_flags_loads_on_cpu(data_bin, tmp_path):
+    """The check runs only when fairseq-train builds the model: a checkpoint whose stored args say
+    --fp16 / --bf16 --tpu (trained on a GPU / TPU) still loads for generation and analysis here."""
+    import torch
+
+    from fairseq_plugins.checkpoint import load_checkpoint, load_model_ensemble_and_task
+
+    th.run([os.path.join(th.BIN, "fairseq-train"),
+            *th.train_args(data_bin, str(tmp_path / "ck"), "--max-update", "1", arch="rela_transformer_small")])
+    state = load_checkpoint(str(tmp_path / "ck" / "checkpoint_last.pt"))
+    for ns in (state.get("args"), state["cfg"]["model"]):
+        if ns is not None:
+            ns.fp16 = ns.bf16 = ns.tpu = True
+    state["cfg"]["common"].update(fp16=True, bf16=True, tpu=True)
+    path = tmp_path / "gpu_trained.pt"
+    torch.save(state, path)
+    models, _, _ = load_model_ensemble_and_task([str(path)], arg_overrides={"data": data_bin})
+    assert type(models[0]).__name__ == "AttentionTransformerModel"
