@@ -4,17 +4,21 @@
   text: unequal line counts, empty and over-long lines, invalid UTF-8, a missing file, a file
   that is not gzip -- the message names the file (and line) and ``<out>/raw`` is never created;
 * model/criterion flags: out-of-range hyper-parameters fail at start-up (``validate_args``,
-  ``fairseq-train``), legal-but-suspicious combinations warn.
+  ``fairseq-train``), legal-but-suspicious combinations warn;
+* ``label_smoothed_cross_entropy_with_reg`` on a model without auxiliary losses warns once;
+* ``--fp16`` / ``--bf16`` the machine cannot train with fail at start-up (issue 21, items 7-8).
 """
 
 import argparse
 import gzip
+import importlib.util
 import logging
 import os
 import subprocess
 import sys
 
 import pytest
+import torch
 from fairseq import options
 
 from fairseq_plugins.models.transformer import AttentionTransformerModel, validate_args
@@ -202,8 +206,6 @@ def test_fairseq_train_fails_at_start_up(data_bin, tmp_path, extra, message):
 # label_smoothed_cross_entropy_with_reg on a model without auxiliary losses (issue 21, item 7)
 # ---------------------------------------------------------------------------------------------
 def _with_reg_sample(task):
-    import torch
-
     from helpers import toy_batch
 
     src, src_lengths, prev = toy_batch(task, bsz=3, src_len=7, tgt_len=6)
@@ -218,8 +220,6 @@ def _with_reg_sample(task):
     ("rela_transformer_small", 0.0, False),  # --reg-weight 0: plain CE asked for
 ])
 def test_reg_criterion_warns_once_when_the_model_reports_no_auxiliary_loss(caplog, arch, reg_weight, warns):
-    import torch
-
     from fairseq_plugins.criterions import LabelSmoothedCrossEntropyWithRegCriterion
     from helpers import build
 
@@ -253,7 +253,7 @@ def test_reg_criterion_warns_once_when_the_model_reports_no_auxiliary_loss(caplo
 # ---------------------------------------------------------------------------------------------
 # --fp16 / --bf16 on a CPU-only machine (issue 21, item 8)
 # ---------------------------------------------------------------------------------------------
-@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks a CPU-only machine")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a CPU-only machine")
 @pytest.mark.parametrize("flag,message", [
     ("--fp16", "--fp16 needs a CUDA GPU and this machine has no CUDA GPU"),
     ("--bf16", "--bf16 needs a GPU or TPU and this machine has no CUDA GPU"),
@@ -297,8 +297,6 @@ def _fake_train_main():
     (dict(), False, False, None),
 ])
 def test_precision_check_decisions(monkeypatch, flags, cuda, xla, match):
-    import torch
-
     from fairseq_plugins.models import precision
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
@@ -315,8 +313,6 @@ def test_precision_check_decisions(monkeypatch, flags, cuda, xla, match):
 def test_checkpoint_trained_with_half_precision_flags_loads_on_cpu(data_bin, tmp_path):
     """The check runs only when fairseq-train builds the model: a checkpoint whose stored args say
     --fp16 / --bf16 --tpu (trained on a GPU / TPU) still loads for generation and analysis here."""
-    import torch
-
     from fairseq_plugins.checkpoint import load_checkpoint, load_model_ensemble_and_task
 
     th.run([os.path.join(th.BIN, "fairseq-train"),
@@ -330,3 +326,34 @@ def test_checkpoint_trained_with_half_precision_flags_loads_on_cpu(data_bin, tmp
     torch.save(state, path)
     models, _, _ = load_model_ensemble_and_task([str(path)], arg_overrides={"data": data_bin})
     assert type(models[0]).__name__ == "AttentionTransformerModel"
+
+
+_SIMULATED_GPU = """
+import sys, torch
+# a CUDA machine as far as fairseq's device choice goes: is_available() and the RNG calls fairseq
+# makes before building the Trainer (no kernel ever runs: the process fails before any tensor work)
+torch.cuda.is_available = lambda: True
+torch.cuda.device_count = lambda: 1
+torch.cuda.get_rng_state = lambda *a, **k: torch.ByteTensor()
+torch.cuda.set_rng_state = torch.cuda.manual_seed = torch.cuda.manual_seed_all = lambda *a, **k: None
+sys.argv = ["fairseq-train"] + sys.argv[1:]
+from fairseq_cli.train import cli_main
+cli_main()
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch_xla") is not None, reason="torch_xla installed: --bf16 --tpu can work")
+@pytest.mark.parametrize("arch,message", [
+    ("transformer", "'NoneType' object has no attribute 'xla_device'"),  # stock arch: fairseq's own failure
+    ("rela_transformer_small", "--bf16 in fairseq-train implies --tpu"),  # the plugin's check
+])
+def test_fairseq_train_bf16_takes_the_tpu_branch_even_on_a_cuda_machine(data_bin, tmp_path, arch, message):
+    """``fairseq-train --bf16`` sets ``--tpu`` (fairseq/options.py), so on a CUDA machine without
+    torch_xla fairseq's Trainer dies asking torch_xla for a device (simulated CUDA machine; the
+    stock arch shows fairseq's behaviour, the plugin's arch its start-up refusal)."""
+    args = th.train_args(data_bin, str(tmp_path / "ck"), "--max-update", "1", "--bf16",
+                         "--distributed-world-size", "1", arch=arch)
+    args.remove("--cpu")
+    res = th.run([sys.executable, "-c", _SIMULATED_GPU, *args], check=False, timeout=300)
+    assert res.returncode != 0 and message in res.stderr, res.stderr[-2000:]
+    assert "begin training" not in res.stdout + res.stderr
