@@ -10,8 +10,15 @@ plain data containers whose unpickling runs no user code -- with
 ``weights_only=False``.  Anything else in a checkpoint (e.g. ``os.system`` smuggled into a
 pickle) is still refused by torch before it runs.
 
-:func:`load_checkpoint` is the loader our scripts use: the same restricted unpickler, and a
-refusal message that names the offending global and the file.
+:func:`load_checkpoint` (a state dict) and :func:`load_model_ensemble_and_task` (models and
+task, as fairseq's function of that name) are the loaders every tool of the project uses: the
+same restricted unpickler, and one explanation of a file that cannot be loaded
+(:func:`explain_load_error`: empty, cut short, not a torch checkpoint, or a refused pickle
+global) that names the file -- never torch's advice to re-run with ``weights_only=False``.
+fairseq's own command-line tools (``fairseq-generate``, ``fairseq-interactive``,
+``fairseq-train`` resuming) load with ``torch.load`` inside fairseq; the same explanation
+replaces torch's message there through a chained ``sys.excepthook``
+(:func:`install_cli_refusal_message`).
 """
 
 import argparse
@@ -24,15 +31,27 @@ import shutil
 import sys
 import typing
 import zipfile
+from typing import Optional
 
 import torch
 
-__all__ = ["SAFE_GLOBALS", "UnsafeCheckpointError", "checkpoint_is_complete", "install_cli_refusal_message",
-           "load_checkpoint", "refusal_message", "register_safe_globals", "repair_last_checkpoint"]
+__all__ = ["SAFE_GLOBALS", "CheckpointError", "UnsafeCheckpointError", "UnsupportedCheckpointError",
+           "checkpoint_is_complete", "explain_load_error", "install_cli_refusal_message", "load_checkpoint",
+           "load_model_ensemble_and_task", "refusal_message", "register_safe_globals", "repair_last_checkpoint"]
 
 
-class UnsafeCheckpointError(RuntimeError):
+class CheckpointError(RuntimeError):
+    """A checkpoint file cannot be used: empty, cut short, not a torch checkpoint, a refused
+    pickle global, or a model the tool does not support.  The message names the file."""
+
+
+class UnsafeCheckpointError(CheckpointError):
     """A checkpoint holds a pickled global outside :data:`SAFE_GLOBALS`; nothing was executed."""
+
+
+class UnsupportedCheckpointError(CheckpointError):
+    """A checkpoint loads, but holds a model the tool cannot work on (e.g. an ``rnnsearch`` model
+    given to a Transformer analysis)."""
 
 
 def _omegaconf_types():
@@ -113,16 +132,134 @@ def load_checkpoint(path: str, map_location="cpu") -> dict:
     Raises:
         UnsafeCheckpointError: the pickle references a global that is not allow-listed
             (nothing from it was executed); the message names the global and the file.
+        CheckpointError: ``path`` is empty (0 bytes), cut short, or not a torch checkpoint
+            (:func:`explain_load_error`).
         FileNotFoundError: ``path`` does not exist.
     """
     register_safe_globals()
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except Exception as err:  # torch raises pickle.UnpicklingError (wrapped as RuntimeError in some versions)
-        msg = str(err)
-        if "weights_only" not in msg and "Unsupported global" not in msg:
+        explained = _explain(err, path)
+        if explained is None:
             raise
-        raise UnsafeCheckpointError(refusal_message(msg, path)) from None
+        raise explained[0](explained[1]) from None
+
+
+def load_model_ensemble_and_task(filenames, arg_overrides: Optional[dict] = None, task=None, **kw):
+    """fairseq's ``checkpoint_utils.load_model_ensemble_and_task`` with every file read by
+    :func:`load_checkpoint` (so a bad file raises the plugin's :class:`CheckpointError`).
+
+    Args:
+        filenames: checkpoint paths (an ensemble).
+        arg_overrides: stored args/cfg to override (``{"data": ..., "source_lang": ...}``).
+        task: an already set-up task, or None (built from the first checkpoint).
+        **kw: passed to fairseq's function (``strict``, ``suffix``); sharded checkpoints
+            (``num_shards > 1``) are not supported.
+
+    Returns:
+        ``(models, cfg, task)`` as fairseq's function: models in the order of ``filenames``, the
+        last checkpoint's cfg.
+
+    Raises:
+        CheckpointError / UnsafeCheckpointError: see :func:`load_checkpoint`.
+        FileNotFoundError: a missing file.
+    """
+    from fairseq import checkpoint_utils
+
+    models, cfg = [], None
+    for path in filenames:
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"checkpoint not found: {path}")
+        state = prepare_state(load_checkpoint(path), arg_overrides or {})
+        ms, cfg, task = checkpoint_utils.load_model_ensemble_and_task(
+            [path], arg_overrides=arg_overrides, task=task, state=state, **kw)
+        models += ms
+    return models, cfg, task
+
+
+def prepare_state(state: dict, overrides: dict) -> dict:
+    """What ``fairseq.checkpoint_utils.load_checkpoint_to_cpu`` does after ``torch.load``
+    (apply ``overrides`` to the stored args/cfg, wrap the cfg in omegaconf, upgrade old
+    layouts), for a state read by :func:`load_checkpoint`."""
+    from fairseq import checkpoint_utils
+    from fairseq.dataclass.utils import overwrite_args_by_name
+    from omegaconf import OmegaConf
+
+    if state.get("args") is not None:
+        for k, v in overrides.items():
+            setattr(state["args"], k, v)
+    if state.get("cfg") is not None:
+        state["cfg"] = OmegaConf.create(state["cfg"], flags={"allow_objects": True})
+        overwrite_args_by_name(state["cfg"], overrides)
+    return checkpoint_utils._upgrade_state_dict(state)
+
+
+def _is_refusal(err: BaseException) -> bool:
+    """Whether ``err`` is torch's weights-only unpickler refusing the pickle (a global outside the
+    allow-list, or any other construct it does not accept)."""
+    text = str(err)
+    return "GLOBAL " in text or "Unsupported global" in text or (
+        isinstance(err, pickle.UnpicklingError) and "Weights only load failed" in text)
+
+
+def explain_load_error(err: BaseException, path=None) -> Optional[str]:
+    """The plugin's explanation of ``err``, raised by ``torch.load(path)``, or None when it is
+    not one of the cases below (the caller then re-raises ``err`` unchanged).
+
+    * a pickle torch's weights-only unpickler refuses (a global outside the allow-list, or another
+      construct): :func:`refusal_message` (the file, the global, that nothing ran,
+      how to allow-list a trusted type) -- instead of torch's advice to set ``weights_only=False``;
+    * an empty file (0 bytes; torch says a bare ``EOFError``);
+    * a torch zip archive whose directory cannot be read: cut short (torch says ``OSError:
+      [Errno 22] Invalid argument`` or a ``PytorchStreamReader`` error);
+    * a file that is neither a zip archive nor a pickle torch can read.
+
+    Args:
+        err: the exception ``torch.load`` raised.
+        path: the file given to ``torch.load`` (a path or an open file with ``.name``); without
+            it only the refusal is explained.
+
+    Returns:
+        The message (it names ``path``), or None.
+    """
+    explained = _explain(err, path)
+    return None if explained is None else explained[1]
+
+
+def _explain(err: BaseException, path=None):
+    """``(exception class, message)`` for :func:`explain_load_error`, or None."""
+    if path is not None and not isinstance(path, (str, bytes, os.PathLike)):
+        path = getattr(path, "name", None)
+    refusal = (UnsafeCheckpointError, refusal_message(str(err), path)) if _is_refusal(err) else None
+    if path is None or not isinstance(err, (EOFError, OSError, RuntimeError, ValueError, pickle.UnpicklingError)):
+        return refusal
+    try:
+        if not os.path.isfile(path):
+            return refusal  # FileNotFoundError / IsADirectoryError already name it
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except OSError:
+        return refusal
+    advice = ("use another checkpoint (fairseq also keeps checkpoint_<epoch>_<updates>.pt / checkpoint<epoch>.pt "
+              "when --save-interval-updates / epoch checkpoints are on), or move it away and train again")
+    if size == 0:
+        return CheckpointError, (f"{path} is empty (0 bytes): not a checkpoint. It was created but never written "
+                                 f"(a full disk, or a kill or a failed copy before anything was written); {advice}")
+    if head == b"PK\x03\x04":
+        try:
+            with zipfile.ZipFile(path):
+                pass
+        except (zipfile.BadZipFile, OSError, EOFError):
+            return CheckpointError, (f"{path} is cut short or corrupt ({size} bytes; the directory at the end of "
+                                     f"its zip archive cannot be read): it was killed or truncated while being "
+                                     f"written or copied; {advice}")
+        return refusal  # a whole zip archive: a refusal, or torch's own error says more
+    if head[:1] != b"\x80":  # not a pickle (torch's legacy format starts with one)
+        return CheckpointError, (f"{path} is not a torch checkpoint ({size} bytes starting with {head!r}: neither "
+                                 "a zip archive written by torch.save nor a legacy torch pickle)")
+    return refusal
 
 
 def refusal_message(torch_message: str, path=None) -> str:
@@ -130,7 +267,12 @@ def refusal_message(torch_message: str, path=None) -> str:
     offending global(s), that nothing ran, and how to allow-list a type one trusts."""
     names = re.findall(r"GLOBAL ([\w.]+)", torch_message) or re.findall(r"Unsupported global: ([\w.]+)", torch_message)
     names = list(dict.fromkeys(names))
-    what = ", ".join(names) if names else "an object outside the allow-list"
+    if names:
+        what = ", ".join(names)
+    else:  # torch's own reason, without its advice to re-run with weights_only=False
+        reason = [l.strip() for l in torch_message.splitlines() if l.strip() and "weights_only" not in l
+                  and not l.startswith(("Weights only load failed", "Check the documentation"))]
+        what = "an object outside the allow-list" + (f" (torch: {' '.join(reason)})" if reason else "")
     return (f"refusing to load {path or 'the checkpoint'}: its pickle references {what}, which is not in "
             "the allow-list of fairseq checkpoint types (fairseq_plugins.checkpoint.SAFE_GLOBALS). Nothing "
             "from it was executed. A checkpoint from an untrusted source can run arbitrary code: only if you "
@@ -138,26 +280,55 @@ def refusal_message(torch_message: str, path=None) -> str:
             "torch.serialization.add_safe_globals([<the type>]) (never os.system, eval, exec or the like).")
 
 
-def install_cli_refusal_message():
-    """Make fairseq's command-line tools explain a refused checkpoint in the plugin's words.
+def _loaded_path(tb):
+    """The file ``torch.load`` was reading when the traceback ``tb`` was raised, or None: the
+    ``f`` argument of ``torch.serialization.load`` (a path, or an open file's ``.name``) in the
+    innermost such frame."""
+    found = None
+    while tb is not None:
+        frame = tb.tb_frame
+        if frame.f_code.co_name == "load" and frame.f_code.co_filename.endswith(
+                os.path.join("torch", "serialization.py")):
+            f = frame.f_locals.get("f")
+            f = f if isinstance(f, (str, os.PathLike)) else getattr(f, "name", None)
+            if isinstance(f, (str, os.PathLike)):
+                found = os.fspath(f)
+        tb = tb.tb_next
+    return found
 
-    ``fairseq-generate`` / ``fairseq-interactive`` load ``--path`` with ``torch.load`` inside
-    fairseq (``checkpoint_utils.load_checkpoint_to_cpu``), so the refusal reaches the user as
-    torch's ``UnpicklingError``.  Rather than patching fairseq, this chains a ``sys.excepthook``
-    that, after the usual traceback, prints :func:`refusal_message` when the uncaught exception
-    is that refusal (any other exception is printed as before).  Idempotent.
+
+def install_cli_refusal_message():
+    """Make fairseq's command-line tools explain a checkpoint they cannot load in the plugin's words.
+
+    ``fairseq-generate`` / ``fairseq-interactive`` (``--path``) and ``fairseq-train``
+    (``checkpoint_last.pt``, ``--restore-file``) load with ``torch.load`` inside fairseq
+    (``checkpoint_utils.load_checkpoint_to_cpu``), so a bad file reaches the user as torch's
+    exception: a bare ``EOFError`` for an empty file, an ``UnpicklingError`` advising to re-run
+    with ``weights_only=False`` for a refused global.  Rather than patching fairseq, this
+    chains a ``sys.excepthook``: when the uncaught exception was raised by ``torch.load`` and
+    :func:`explain_load_error` explains it, the traceback is printed with torch's message
+    replaced by ``fairseq_plugins: <explanation>`` (naming the file); any other exception goes
+    to the previous hook unchanged.  Idempotent.
     """
     previous = sys.excepthook
     if getattr(previous, "_fairseq_plugins_refusal", False):
         return
 
     def hook(etype, value, tb):
-        previous(etype, value, tb)
-        text = str(value)
-        if isinstance(value, pickle.UnpicklingError) and ("GLOBAL " in text or "Unsupported global" in text):
-            argv = sys.argv
-            path = argv[argv.index("--path") + 1] if "--path" in argv[:-1] else None
-            print(f"\nfairseq_plugins: {refusal_message(text, path)}", file=sys.stderr)
+        path = _loaded_path(tb)
+        msg = explain_load_error(value, path) if path is not None else None
+        if msg is None:
+            previous(etype, value, tb)
+            return
+        import traceback
+
+        lines = traceback.format_exception(etype, value, tb)
+        only = traceback.format_exception_only(etype, value)
+        if lines[-len(only):] == only:
+            lines = lines[:-len(only)]
+        name = etype.__qualname__ if etype.__module__ == "builtins" else f"{etype.__module__}.{etype.__qualname__}"
+        sys.stderr.write("".join(lines) + f"{name}: (explained by fairseq_plugins below)\n\n"
+                         f"fairseq_plugins: {msg}\n")
 
     hook._fairseq_plugins_refusal = True
     sys.excepthook = hook

@@ -24,9 +24,9 @@ state (cfg, optimizer history, extra_state, ...) is the last checkpoint's -- the
 highest epoch/update number, or the last file given.  The output is written with
 ``torch.save`` to a temp file in the output's directory and renamed with ``os.replace``.
 
-Checkpoints are loaded with ``torch.load(path, map_location="cpu")`` and torch's default
-``weights_only=True``: ``import fairseq_plugins`` (done first; the repo root is put on
-``sys.path``) registers the allow-list of plain-data types fairseq stores in checkpoints.
+Checkpoints are loaded with ``fairseq_plugins.checkpoint.load_checkpoint`` (``torch.load`` with
+``weights_only=True`` and the allow-list of plain-data types fairseq stores in checkpoints; an
+empty, cut-short or unsafe file is refused with the plugin's message naming it).
 """
 
 import argparse
@@ -87,17 +87,14 @@ def select_checkpoints(inputs, num_epoch=None, num_update=None):
 
 
 def _load(path):
-    import torch
+    from fairseq_plugins.checkpoint import CheckpointError, load_checkpoint
 
     try:
-        state = torch.load(path, map_location="cpu")
-    except Exception as e:  # UnpicklingError (global not allow-listed), corrupt file, ...
-        msg = str(e)
-        m = re.search(r"Unsupported global: GLOBAL (\S+)", msg)
-        if m:
-            msg = (f"it pickles {m.group(1)}, which is not in fairseq_plugins' safe-globals allow-list "
-                   f"(not retried with weights_only=False)")
-        raise AverageError(f"cannot load {path} with torch.load(weights_only=True): {type(e).__name__}: {msg}") from e
+        state = load_checkpoint(path)
+    except CheckpointError as e:  # the plugin's message: empty, cut short, refused global (never weights_only=False)
+        raise AverageError(str(e)) from None
+    except Exception as e:
+        raise AverageError(f"cannot load {path}: {type(e).__name__}: {e}") from e
     if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
         raise AverageError(f"{path} is not a fairseq checkpoint (no dict state['model'])")
     return state

@@ -37,12 +37,15 @@ from .atomic import atomic_path
 
 def load(path, data_bin, src, tgt, tau=None):
     import fairseq_plugins  # noqa: F401
-    from fairseq import checkpoint_utils
+    from fairseq_plugins.checkpoint import CheckpointError, load_model_ensemble_and_task
 
     over = {"data": data_bin, "source_lang": src, "target_lang": tgt}
     if tau is not None:
         over["flexible_threshold"] = tau
-    models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([path], arg_overrides=over)
+    try:
+        models, cfg, task = load_model_ensemble_and_task([path], arg_overrides=over)
+    except CheckpointError as e:  # names the file: empty, cut short, unsafe
+        raise SystemExit(f"mt-bench-flexible-decode: error: {e}")
     m = models[0].eval()
     if not hasattr(m.decoder, "attention"):
         raise SystemExit(f"{path} is not an rnnsearch checkpoint")

@@ -33,6 +33,7 @@ __all__ = [
     "AttentionCapture",
     "CapturedAttention",
     "attention_modules",
+    "check_transformer",
     "load_model_for_analysis",
     "iter_batches",
     "pairs_dataset",
@@ -92,12 +93,15 @@ class AttentionCapture:
 
     Raises:
         ValueError: a module is not a ``FunctionalMultiheadAttention``, or an unknown kind.
+        fairseq_plugins.checkpoint.UnsupportedCheckpointError: ``model`` is not an
+            encoder-decoder Transformer (:func:`check_transformer`).
     """
 
     def __init__(self, model: nn.Module, pad: int, kinds: Sequence[str] = ATTENTION_KINDS):
         bad = [k for k in kinds if k not in ATTENTION_KINDS]
         if bad:
             raise ValueError(f"unknown attention kind(s) {bad}; valid choices: {', '.join(ATTENTION_KINDS)}")
+        check_transformer(model, "attention capture")
         self.model, self.pad, self.kinds = model, pad, tuple(kinds)
         self.modules = [(k, i, m) for k, i, m in attention_modules(model) if k in self.kinds]
         for k, i, m in self.modules:
@@ -175,25 +179,35 @@ def _rebuild_stock(model, cfg_model, task):
     return ours
 
 
-def _prepare_state(state: dict, overrides: dict) -> dict:
-    """What ``fairseq.checkpoint_utils.load_checkpoint_to_cpu`` does after ``torch.load``
-    (apply ``overrides`` to the stored args/cfg, wrap the cfg in omegaconf, upgrade old
-    layouts), for a state read by our allow-listed loader."""
-    from fairseq import checkpoint_utils
-    from fairseq.dataclass.utils import overwrite_args_by_name
-    from omegaconf import OmegaConf
+def check_transformer(model: nn.Module, tool: str, checkpoint: Optional[str] = None) -> None:
+    """Refuse a model that is not an encoder-decoder Transformer (attention analyses, FFN
+    variance, E-ATT energy read its per-layer attention modules and FFNs).
 
-    if state.get("args") is not None:
-        for k, v in overrides.items():
-            setattr(state["args"], k, v)
-    if state.get("cfg") is not None:
-        state["cfg"] = OmegaConf.create(state["cfg"], flags={"allow_objects": True})
-        overwrite_args_by_name(state["cfg"], overrides)
-    return checkpoint_utils._upgrade_state_dict(state)
+    Args:
+        model: the loaded model.
+        tool: what needs the Transformer, for the message (e.g. ``"ffn_variance_ratio.py"``).
+        checkpoint: the file it came from, for the message.
+
+    Raises:
+        fairseq_plugins.checkpoint.UnsupportedCheckpointError: ``model`` has no encoder and
+            decoder ``layers`` with attention modules (e.g. an ``rnnsearch`` model); the message
+            names the file and its model class.
+    """
+    from ..checkpoint import UnsupportedCheckpointError
+
+    kinds = {k for k, _, _ in attention_modules(model)}
+    if {"encoder", "decoder"} <= kinds:
+        return
+    where = f"{checkpoint} holds" if checkpoint else "the model is"
+    raise UnsupportedCheckpointError(
+        f"{tool} needs a Transformer checkpoint (encoder and decoder layers with attention modules); "
+        f"{where} a {type(model).__name__} (encoder {type(getattr(model, 'encoder', None)).__name__}, "
+        f"decoder {type(getattr(model, 'decoder', None)).__name__}), which has no such layers")
 
 
 def load_model_for_analysis(checkpoint: str, data: str, source_lang: Optional[str] = None,
-                            target_lang: Optional[str] = None, subsets: Sequence[str] = ()):
+                            target_lang: Optional[str] = None, subsets: Sequence[str] = (),
+                            transformer_only: bool = True, tool: str = "the attention analysis"):
     """Load ``checkpoint`` (via :func:`fairseq_plugins.checkpoint.load_checkpoint`) and its task.
 
     Args:
@@ -201,6 +215,9 @@ def load_model_for_analysis(checkpoint: str, data: str, source_lang: Optional[st
         data: fairseq data dir (binarized splits + dictionaries) overriding the stored one.
         source_lang, target_lang: direction overrides (None: as trained).
         subsets: splits to load into the task.
+        transformer_only: refuse a model that is not an encoder-decoder Transformer
+            (:func:`check_transformer`); False for analyses of any model (source reliance).
+        tool: what loads it, for the refusal message.
 
     Returns:
         ``(model, task, info)``: the model in eval mode, every attention module a
@@ -209,22 +226,22 @@ def load_model_for_analysis(checkpoint: str, data: str, source_lang: Optional[st
 
     Raises:
         fairseq_plugins.checkpoint.UnsafeCheckpointError: the pickle holds a non-allow-listed global.
+        fairseq_plugins.checkpoint.CheckpointError: the file is empty, cut short or not a checkpoint.
+        fairseq_plugins.checkpoint.UnsupportedCheckpointError: not a Transformer (``transformer_only``).
         FileNotFoundError: missing checkpoint.
     """
-    from fairseq import checkpoint_utils
-
     import fairseq_plugins  # noqa: F401  (archs, safe globals)
-    from ..checkpoint import load_checkpoint
+    from ..checkpoint import load_model_ensemble_and_task
 
     overrides = {"data": data}
     if source_lang:
         overrides["source_lang"] = source_lang
     if target_lang:
         overrides["target_lang"] = target_lang
-    state = _prepare_state(load_checkpoint(checkpoint), overrides)
-    models, cfg, task = checkpoint_utils.load_model_ensemble_and_task(
-        [checkpoint], arg_overrides=overrides, state=state)
+    models, cfg, task = load_model_ensemble_and_task([checkpoint], arg_overrides=overrides)
     model = models[0]
+    if transformer_only:
+        check_transformer(model, tool, checkpoint)
     rebuilt = False
     if not all(isinstance(m, FunctionalMultiheadAttention) for _, _, m in attention_modules(model)):
         model = _rebuild_stock(model, cfg.model, task)

@@ -271,6 +271,17 @@ def replot(json_path: str, out: Optional[str] = None) -> List[str]:
     return curve_figures(report, out or os.path.dirname(os.path.abspath(json_path)))
 
 
+def _load_or_exit(load, path, *args, **kw):
+    """``load(path, ...)`` (:func:`.capture.load_model_for_analysis`); a checkpoint that cannot be
+    used (empty, cut short, unsafe, not a Transformer) stops the CLI with the plugin's message."""
+    from ..checkpoint import CheckpointError
+
+    try:
+        return load(path, *args, tool="fairseq-attention-analysis", **kw)
+    except CheckpointError as e:
+        raise SystemExit(f"fairseq-attention-analysis: error: {e}")
+
+
 def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -320,8 +331,8 @@ def main(argv=None):
     figures = []
     first = None
     for label, path in models:
-        model, task, info = load_model_for_analysis(path, args.data, args.source_lang, args.target_lang,
-                                                    subsets=[args.split])
+        model, task, info = _load_or_exit(load_model_for_analysis, path, args.data, args.source_lang,
+                                          args.target_lang, subsets=[args.split])
         dataset = _subset(task, task.dataset(args.split), args.limit)
         report["data"].update(direction=f"{task.cfg.source_lang}-{task.cfg.target_lang}", n_pairs=len(dataset))
         summary, heat = analyze_dataset(model, task, dataset, args.max_tokens, args.heatmap_ids, args.taus, args.top_p)
@@ -379,7 +390,7 @@ def main(argv=None):
                              "min": float(finite.min()) if len(finite) else None,
                              "max": float(finite.max()) if len(finite) else None}
     for label, path in aer_models:
-        model, task, info = load_model_for_analysis(path, args.aer_data or args.data, "de", "en")
+        model, task, info = _load_or_exit(load_model_for_analysis, path, args.aer_data or args.data, "de", "en")
         res = alignment_aer(model, task, args.aer_gold, args.bpe_codes, "de", "en", cased=not args.aer_lowercase,
                             max_tokens=args.max_tokens, limit=args.aer_limit)
         res.update(checkpoint=os.path.abspath(path), sha256=provenance.file_sha256(path), info=info)

@@ -57,15 +57,17 @@ def measure(a):
     """Load the checkpoint, measure rho and mean lengths, compute the model's energy ratios."""
     import fairseq_plugins  # noqa: F401  (archs, safe globals for checkpoint loading)
     import torch
-    from fairseq import checkpoint_utils
 
     from fairseq_plugins.analysis import energy as E
+    from fairseq_plugins.analysis.capture import check_transformer
+    from fairseq_plugins.checkpoint import load_model_ensemble_and_task
     from fairseq_plugins.models.transformer import ATTENTION_TYPES
 
     torch.set_grad_enabled(False)
-    models, cfg, task = checkpoint_utils.load_model_ensemble_and_task(
+    models, cfg, task = load_model_ensemble_and_task(
         [a.checkpoint], arg_overrides={"data": a.data_bin, "source_lang": a.src, "target_lang": a.tgt})
     model = models[0].eval()
+    check_transformer(model, "fairseq-attention-energy --checkpoint", a.checkpoint)
     margs = cfg.model
     fns = {kind: getattr(margs, attr, "softmax") or "softmax" for kind, (_, attr) in ATTENTION_TYPES.items()}
     task.load_dataset(a.subset)
@@ -165,7 +167,12 @@ def main(argv=None):
         for path in (a.checkpoint, a.data_bin):
             if not os.path.exists(path):
                 p.error(f"not found: {path}")
-        res = measure(a)
+        from fairseq_plugins.checkpoint import CheckpointError
+
+        try:
+            res = measure(a)
+        except CheckpointError as e:  # names the file: empty, cut short, unsafe, not a Transformer
+            p.error(str(e))
         md = model_markdown(res) + "\n" + md
         print(json.dumps({k: v for k, v in res.items() if k != "rho"}, indent=1))
         if a.json:

@@ -39,7 +39,12 @@ def ffn_variance_ratios(model: nn.Module, batches: Iterable[dict], pad: int) -> 
 
     Raises:
         ValueError: a pre-norm model (``normalize_before``), whose FFN input is not the residual.
+        fairseq_plugins.checkpoint.UnsupportedCheckpointError: not an encoder-decoder
+            Transformer (e.g. ``rnnsearch``: no FFN layers, which gave ``{"mean": [NaN]}``).
     """
+    from .capture import check_transformer
+
+    check_transformer(model, "ffn_variance_ratios")
     layers = _layers(model)
     if any(getattr(l, "normalize_before", False) for _, _, l in layers):
         raise ValueError("ffn_variance_ratios supports post-norm layers only (normalize_before=False)")
@@ -82,14 +87,16 @@ def main(argv=None):
     """``fairseq-attention-ffn-variance --checkpoint CK --data-bin BIN --src de --tgt en [--subset
     valid] [--json OUT]``: prints ``{"encoder": [...], "decoder": [...], "mean": [m]}`` of
     :func:`ffn_variance_ratios` on a split and writes it to ``--json`` atomically."""
+    from ..checkpoint import CheckpointError
     from .loading import analysis_parser, checkpoint_batches, emit_result
 
     p = analysis_parser("Variance ratio Var(FFN output) / Var(residual) of a trained checkpoint "
                         "(ReLUFormer Table 1).", prog="fairseq-attention-ffn-variance")
     a = p.parse_args(argv)
     try:
-        model, task, itr = checkpoint_batches(a.checkpoint, a.data_bin, a.src, a.tgt, a.subset, a.max_tokens)
-    except FileNotFoundError as e:
+        model, task, itr = checkpoint_batches(a.checkpoint, a.data_bin, a.src, a.tgt, a.subset, a.max_tokens,
+                                              tool="fairseq-attention-ffn-variance")
+    except (FileNotFoundError, CheckpointError) as e:  # names the file: empty, cut short, unsafe, wrong model
         p.error(str(e))
     res = ffn_variance_ratios(model, itr, task.target_dictionary.pad())
     emit_result(res, a.checkpoint, a.subset, a.json)

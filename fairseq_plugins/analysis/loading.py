@@ -4,14 +4,20 @@ __all__ = ["checkpoint_batches"]
 
 
 def checkpoint_batches(checkpoint: str, data_bin: str, src: str, tgt: str, subset: str = "valid",
-                       max_tokens: int = 4096):
+                       max_tokens: int = 4096, transformer_only: bool = True, tool: str = "this analysis"):
     """``(model, task, batches)`` for a per-checkpoint analysis: the model and task from
     :func:`.capture.load_model_for_analysis` (eval mode, the plugin's safe checkpoint loader) and
     :func:`.capture.iter_batches` over ``subset`` (every sentence once, no shuffling).
 
+    ``transformer_only`` (default) refuses a model that is not an encoder-decoder Transformer
+    (the per-layer analyses); False accepts any fairseq encoder-decoder (source reliance).
+    ``tool`` names the caller in that refusal.
+
     Raises:
         FileNotFoundError: ``checkpoint`` or ``data_bin`` does not exist.
-        fairseq_plugins.checkpoint.UnsafeCheckpointError: a non-allow-listed pickle global.
+        fairseq_plugins.checkpoint.CheckpointError: an empty, cut-short or non-checkpoint file;
+            its subclasses ``UnsafeCheckpointError`` (a non-allow-listed pickle global) and
+            ``UnsupportedCheckpointError`` (not a Transformer, with ``transformer_only``).
     """
     import os
 
@@ -20,7 +26,8 @@ def checkpoint_batches(checkpoint: str, data_bin: str, src: str, tgt: str, subse
     for path in (checkpoint, data_bin):
         if not os.path.exists(path):
             raise FileNotFoundError(f"not found: {path}")
-    model, task, _ = load_model_for_analysis(checkpoint, data_bin, src, tgt, subsets=[subset])
+    model, task, _ = load_model_for_analysis(checkpoint, data_bin, src, tgt, subsets=[subset],
+                                             transformer_only=transformer_only, tool=tool)
     return model, task, iter_batches(task, task.dataset(subset), max_tokens=max_tokens)
 
 

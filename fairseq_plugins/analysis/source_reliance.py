@@ -107,6 +107,7 @@ def main(argv=None):
     [--subset valid] [--seed 0] [--json OUT]``: prints ``{"nll_true": [x], "nll_shuffled": [y],
     "delta_nll": [y - x], ...}`` of :func:`source_reliance` (nats/token; ``delta_nll`` near 0
     means the model ignores its source) and writes it to ``--json`` atomically."""
+    from ..checkpoint import CheckpointError
     from .loading import analysis_parser, checkpoint_batches, emit_result
 
     p = analysis_parser("Source reliance of a trained checkpoint: NLL with true vs shuffled sources "
@@ -114,8 +115,9 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=0, help="seed of the source shuffles")
     a = p.parse_args(argv)
     try:
-        model, task, itr = checkpoint_batches(a.checkpoint, a.data_bin, a.src, a.tgt, a.subset, a.max_tokens)
-    except FileNotFoundError as e:
+        model, task, itr = checkpoint_batches(a.checkpoint, a.data_bin, a.src, a.tgt, a.subset, a.max_tokens,
+                                              transformer_only=False)
+    except (FileNotFoundError, CheckpointError) as e:  # names the file: empty, cut short, unsafe, wrong model
         p.error(str(e))
     res = source_reliance(model, itr, task.target_dictionary.pad(), seed=a.seed)
     emit_result(res, a.checkpoint, a.subset, a.json)

@@ -12,6 +12,7 @@ names and initialisation (stock checkpoints load), the incremental buffers
 the beam-size trick of cross-attention.
 """
 
+import weakref
 from typing import Dict, Optional, Tuple
 
 import torch
@@ -20,7 +21,76 @@ from torch import Tensor
 
 from .functions import AttentionFunction
 
-__all__ = ["FunctionalMultiheadAttention"]
+__all__ = ["FunctionalMultiheadAttention", "attn_mask_to_bool"]
+
+#: float attention masks already checked to hold only 0 / -inf: ``id(base tensor)`` ->
+#: ``(weakref to it, {(shape, stride, offset, version)})``; the entry goes with the tensor and the
+#: weakref is compared, so a freed mask's id or address is never mistaken for a checked one.
+#: fairseq's decoder passes views of one buffered future mask to every layer of every forward,
+#: so the check costs one device sync per new target length, not one per layer and forward.
+_CHECKED_FLOAT_MASKS: Dict[int, Tuple["weakref.ref", set]] = {}
+
+
+def attn_mask_to_bool(attn_mask: Tensor) -> Tensor:
+    """fairseq's / torch's ``attn_mask`` ``(T, S)`` as a bool mask ``(T, S)``, True = blocked.
+
+    Accepted, as ``torch.nn.MultiheadAttention`` and fairseq's ``MultiheadAttention`` define
+    them:
+
+    * ``torch.bool``: True = blocked (the ``nn.MultiheadAttention`` convention -- the opposite of
+      ``F.scaled_dot_product_attention``, where True = attend);
+    * floating point, every entry ``0`` (allowed) or ``-inf`` (blocked): fairseq's future mask
+      (``utils.fill_with_neg_inf`` + ``triu``).
+
+    Refused:
+
+    * integer dtypes (``uint8`` ...): torch's ``multi_head_attention_forward`` and
+      ``scaled_dot_product_attention`` refuse them too, and the convention is ambiguous (the old
+      ByteTensor masks of fairseq and torch < 1.2 block 1, HuggingFace's ``attention_mask``
+      keeps 1); reading them as floats would block nothing;
+    * floats with finite non-zero entries (an additive bias: ALiBi, a relative-position bias,
+      ``torch.finfo(dtype).min`` or ``-1e4`` for blocked keys) or NaN / +inf.  torch and stock
+      fairseq add such biases to the scores before the softmax; the attention functions here
+      (ReLU, sparsemax, entmax, ...) take a mask, not a bias, so a bias cannot be honoured and
+      is refused rather than ignored.
+
+    Raises:
+        ValueError: integer dtype, or a float mask with entries other than 0 and -inf; the
+            message says how to pass the mask instead.
+    """
+    if attn_mask.dtype == torch.bool:
+        return attn_mask
+    if not attn_mask.is_floating_point():
+        raise ValueError(
+            f"attn_mask of dtype {attn_mask.dtype} is ambiguous and not supported (as in torch's "
+            "MultiheadAttention): pass a bool mask (True = blocked, e.g. mask.bool() for an old "
+            "fairseq ByteTensor mask where 1 = blocked) or a float mask with -inf at blocked "
+            "positions and 0 elsewhere")
+    base = attn_mask if attn_mask._base is None else attn_mask._base
+    key = None
+    if not attn_mask.is_inference():  # inference tensors keep no version counter: always checked
+        key = (tuple(attn_mask.shape), attn_mask.stride(), attn_mask.storage_offset(), attn_mask._version)
+    entry = _CHECKED_FLOAT_MASKS.get(id(base))
+    checked = entry[1] if entry is not None and entry[0]() is base else None
+    blocked = torch.isneginf(attn_mask)
+    if key is None or checked is None or key not in checked:
+        if not bool((blocked | (attn_mask == 0)).all()):  # one device sync
+            bad = attn_mask[~(blocked | (attn_mask == 0))]
+            raise ValueError(
+                f"attn_mask holds {bad.numel()} entries other than 0 and -inf (e.g. "
+                f"{bad.flatten()[:3].tolist()}): an additive bias is not supported by "
+                "FunctionalMultiheadAttention (its attention functions take a mask, not a bias), "
+                "and it is refused rather than ignored; pass a bool mask (True = blocked) or a "
+                "float mask with -inf at blocked positions and 0 elsewhere")
+        if key is None:
+            return blocked
+        if checked is None:
+            bid = id(base)
+            checked = set()
+            _CHECKED_FLOAT_MASKS[bid] = (weakref.ref(base, lambda _, bid=bid: _CHECKED_FLOAT_MASKS.pop(bid, None)),
+                                         checked)
+        checked.add(key)
+    return blocked
 
 
 class FunctionalMultiheadAttention(MultiheadAttention):
@@ -92,14 +162,16 @@ class FunctionalMultiheadAttention(MultiheadAttention):
                 ``(B, T, S)`` / per head ``(H, B, T, S)`` (fairseq's layout).
             static_kv: keys/values are fixed across steps (cross-attention).
             attn_mask: ``(T, S)`` -- bool (True = blocked) or float with ``-inf`` at blocked
-                positions (fairseq's future mask); finite additive biases are not supported.
+                positions and 0 elsewhere (fairseq's future mask); integer masks and finite
+                additive biases raise (:func:`attn_mask_to_bool`).
             before_softmax: not supported (there need not be a softmax).
 
         Returns:
             ``(attn (T, B, C), weights or None)``.
 
         Raises:
-            ValueError: ``before_softmax=True``.
+            ValueError: ``before_softmax=True``; an integer ``attn_mask`` or one with entries
+                other than 0 / -inf (:func:`attn_mask_to_bool`).
         """
         if before_softmax:
             raise ValueError(
@@ -233,12 +305,23 @@ class FunctionalMultiheadAttention(MultiheadAttention):
 
     @staticmethod
     def _build_mask(key_padding_mask, attn_mask, kv_bsz: int, src_len: int) -> Optional[Tensor]:
-        """Combine fairseq's masks into one bool mask ``(Bk|1, 1, T|1, S)``, True = blocked."""
+        """Combine fairseq's masks into one bool mask ``(Bk|1, 1, T|1, S)``, True = blocked.
+
+        ``key_padding_mask`` ``(Bk, S)``: nonzero = padding, any dtype (fairseq calls
+        ``.bool()`` on it too).  ``attn_mask`` ``(T, S)``: see :func:`attn_mask_to_bool`.
+
+        Raises:
+            ValueError: from :func:`attn_mask_to_bool`, or ``attn_mask`` is not ``(T, S)``
+                with ``S`` keys.
+        """
         mask = None
         if key_padding_mask is not None and key_padding_mask.dim() > 0:
             mask = key_padding_mask.to(torch.bool).view(kv_bsz, 1, 1, src_len)
         if attn_mask is not None:
-            am = attn_mask if attn_mask.dtype == torch.bool else torch.isneginf(attn_mask)
+            if attn_mask.dim() != 2 or attn_mask.size(-1) != src_len:
+                raise ValueError(f"attn_mask must be (T, S) = (query length, {src_len} keys), "
+                                 f"got shape {tuple(attn_mask.shape)}")
+            am = attn_mask_to_bool(attn_mask)
             am = am.view(1, 1, am.size(-2), am.size(-1))
             mask = am if mask is None else (mask | am)
         return mask

@@ -15,8 +15,13 @@ Logged per term under its own name (nats, means per query row): every loss term 
 ``reluformer_norm``, ``reluformer_entropy``), their weighted sum ``reg_loss``, and statistics
 (``attn_entropy``, ``attn_null_rate``).  ``loss`` is the optimised total in base 2 as fairseq
 logs it; ``nll_loss``/``ppl`` are the plain translation terms.
+
+A model that reports no auxiliary loss (softmax or ReLA attention, no flexible-attention gate)
+trains plain label-smoothed cross-entropy under this criterion; the first training forward
+pass that finds no loss term logs a warning (once per criterion instance).
 """
 
+import logging
 import math
 from dataclasses import dataclass, field
 
@@ -31,6 +36,8 @@ from fairseq.criterions.label_smoothed_cross_entropy import (
 from ..modules.auxiliary import clear_auxiliary, collect_auxiliary, enable_auxiliary
 
 __all__ = ["LabelSmoothedCrossEntropyWithRegCriterion"]
+
+logger = logging.getLogger(__name__)
 
 _PREFIX = "aux_"
 
@@ -56,6 +63,10 @@ class LabelSmoothedCrossEntropyWithRegCriterion(LabelSmoothedCrossEntropyCriteri
 
     Raises:
         ValueError: ``reg_weight < 0``.
+
+    Warns (``logger.warning``, once per instance): a training forward pass of a model that
+    reported no auxiliary loss before (nothing to regularise: plain label-smoothed CE), unless
+    ``reg_weight == 0`` (the terms are not trained on anyway).
     """
 
     def __init__(self, task, sentence_avg, label_smoothing, ignore_prefix_size=0,
@@ -65,6 +76,8 @@ class LabelSmoothedCrossEntropyWithRegCriterion(LabelSmoothedCrossEntropyCriteri
         if reg_weight < 0:
             raise ValueError(f"--reg-weight must be >= 0, got {reg_weight}")
         self.reg_weight = float(reg_weight)
+        self._loss_terms_seen = False  # a forward pass reported an auxiliary loss
+        self._warned_no_loss = False
 
     def forward(self, model, sample, reduce=True):
         """Loss (sum over ``sample_size``), ``sample_size``, logging output."""
@@ -77,6 +90,17 @@ class LabelSmoothedCrossEntropyWithRegCriterion(LabelSmoothedCrossEntropyCriteri
             logging_output[_PREFIX + name] = utils.item(mean.detach()) * sample_size
             if is_loss:
                 reg = mean if reg is None else reg + mean
+        if reg is not None:
+            self._loss_terms_seen = True
+        elif model.training and not (self._loss_terms_seen or self._warned_no_loss) and self.reg_weight > 0:
+            self._warned_no_loss = True
+            logger.warning(
+                "--criterion label_smoothed_cross_entropy_with_reg: the model (%s) reports no auxiliary "
+                "loss (auxiliary terms recorded: %s), so it trains plain label-smoothed cross-entropy and "
+                "--reg-weight %g has no effect. Auxiliary losses come from ReLUFormer attention functions "
+                "(--*-attention-fn reluformer*, eq. 7) and the flexible-attention gate (rnnsearch "
+                "--rnn-attention flexible, eq. 9); use --criterion label_smoothed_cross_entropy if plain CE is intended",
+                type(model).__name__, ", ".join(sorted(aux)) or "none", self.reg_weight)
         if reg is not None:
             logging_output[_PREFIX + "reg_loss"] = utils.item(reg.detach()) * sample_size
             if reduce:

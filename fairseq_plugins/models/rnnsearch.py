@@ -49,6 +49,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from ..attention.additive import ATTENTION_KINDS, AdditiveAttention
 from ..modules.auxiliary import clear_auxiliary
+from .precision import check_precision_flags
 
 __all__ = ["RNNsearchModel", "RNNsearchEncoder", "RNNsearchDecoder", "left_pad_attention"]
 
@@ -265,6 +266,7 @@ class RNNsearchModel(FairseqEncoderDecoderModel):
     @classmethod
     def build_model(cls, args, task):
         base_architecture(args)
+        check_precision_flags()  # --fp16/--bf16 this machine cannot train with (fairseq-train only)
         if args.rnn_attention not in ATTENTION_KINDS:
             raise ValueError(f"unknown rnn_attention {args.rnn_attention!r}; valid choices: "
                              f"{', '.join(ATTENTION_KINDS)}")

@@ -42,6 +42,7 @@ from ..attention.functions import REG_TERMS
 from ..modules.auxiliary import clear_auxiliary
 from ..modules.ffn import FFN_ACTIVATIONS, configure_ffn
 from ..modules.norms import NORM_SCOPES
+from .precision import check_precision_flags
 
 __all__ = ["AttentionTransformerModel", "ATTENTION_TYPES", "validate_args"]
 
@@ -265,6 +266,7 @@ class AttentionTransformerModel(TransformerModel):
     def build_model(cls, args, task):
         attention_transformer_base(args)
         validate_args(args)
+        check_precision_flags()  # --fp16/--bf16 this machine cannot train with (fairseq-train only)
         return super().build_model(args, task)
 
     def forward(self, *args, **kwargs):
