@@ -5,7 +5,7 @@ A budget is a YAML mapping::
     base: configs/multi30k/small_cpu.yaml   # optional: loaded first, then overridden key by key
     regime: smoke | diagnostic | converged | paper   # what its numbers can claim
     train: {fairseq-train flag: value, ...}          # without "--"; true = bare flag, null/false = off
-    train-gpu: {bf16: true}                          # added to `train` when CUDA is available
+    train-gpu: {fp16: true}                          # added to `train` when CUDA is available
     average: {num-update-checkpoints: N} | {num-epoch-checkpoints: N} | {checkpoint: best}
     generate: {beam: 4, lenpen: 0.6, batch-size: 128, extra: {...}}
     data: {corpus: multi30k, bpe-merges: 8000, subsets: [test, test1], variant: ..., out: ...}

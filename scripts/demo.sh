@@ -2,7 +2,7 @@
 # The main job: set up the environment, then train a ReLA-g Transformer (3+3 layers, d 256) on real
 # Multi30k En->De data, average its last checkpoints, translate test_2016/test_2017 with beam 4 and
 # print SacreBLEU and chrF with their signatures.
-#  - with a GPU: the converged budget (configs/multi30k/converged.yaml, 3,000 updates, bf16; minutes);
+#  - with a GPU: the converged budget (configs/multi30k/converged.yaml, 3,000 updates, fp16; minutes);
 #  - on CPU: the 400-update smoke budget (~15 min on 2 cores, +4 min first set-up) -- early training,
 #    a test that everything runs, not a converged model.
 # Re-running resumes from the last checkpoint; a finished run only re-prints its scores.
