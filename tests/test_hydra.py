@@ -98,9 +98,10 @@ def test_hydra_refuses_a_misspelt_model_key(data_bin, tmp_path):
     """A typo in ``model:`` fails at build with the key's name, before any update."""
     import subprocess
 
-    cmd = [os.path.join(VENV_BIN, "fairseq-hydra-train"), "--config-dir", os.path.join(ROOT, "configs", "hydra", "rela"),
-           "--config-name", "multi30k_small_cpu", f"task.data={data_bin}", f"common.user_dir={ROOT}/fairseq_plugins",
-           f"checkpoint.save_dir={tmp_path / 'ck'}", "optimization.max_update=2", *SMALL, "+model.rela_norm_epsilon=1e-6"]
+    cmd = [os.path.join(VENV_BIN, "fairseq-hydra-train"),
+           "--config-dir", os.path.join(ROOT, "configs", "hydra", "rela"), "--config-name", "multi30k_small_cpu",
+           f"task.data={data_bin}", f"common.user_dir={ROOT}/fairseq_plugins", f"checkpoint.save_dir={tmp_path / 'ck'}",
+           "optimization.max_update=2", *SMALL, "+model.rela_norm_epsilon=1e-6"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_FORCE")}
     res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode != 0

@@ -197,7 +197,8 @@ def test_rnnsearch_float_options(name, value, ok):
             ARCH_MODEL_REGISTRY["rnnsearch_small"].build_model(args, toy_task())
 
 
-@pytest.mark.parametrize("kw,flag", [({"reg_weight": math.nan}, "--reg-weight"), ({"reg_weight": math.inf}, "--reg-weight"),
+@pytest.mark.parametrize("kw,flag", [({"reg_weight": math.nan}, "--reg-weight"),
+                                     ({"reg_weight": math.inf}, "--reg-weight"),
                                      ({"label_smoothing": math.nan}, "--label-smoothing")])
 def test_criterion_float_options_must_be_finite(kw, flag):
     with pytest.raises(ValueError, match=f"{flag} must be a finite number"):
