@@ -188,8 +188,14 @@ def data_bin(tmp_path_factory):
 
 @pytest.mark.parametrize("extra,message", [
     (("--reluformer-gamma=-2",), "--reluformer-gamma must be a finite number > 0"),
-    (("--criterion", "label_smoothed_cross_entropy_with_reg", "--reg-weight=-1"), "--reg-weight must be >= 0"),
+    (("--criterion", "label_smoothed_cross_entropy_with_reg", "--reg-weight=-1"), "--reg-weight must be a finite number >= 0"),
     (("--encoder-attention-fn", "relu2"), "invalid choice: 'relu2'"),
+    # issue 21 item 3: these passed start-up and failed after the first update (crash.pt), or, for
+    # --eatt-tau inf, trained on all-zero binarised inputs
+    (("--arch", "eatt_transformer_small", "--eatt-tau", "nan"), "--eatt-tau must be a finite number, got nan"),
+    (("--arch", "eatt_transformer_small", "--eatt-tau", "inf"), "--eatt-tau must be a finite number, got inf"),
+    (("--criterion", "label_smoothed_cross_entropy_with_reg", "--reg-weight", "nan"),
+     "--reg-weight must be a finite number >= 0, got nan"),
 ])
 def test_fairseq_train_fails_at_start_up(data_bin, tmp_path, extra, message):
     res = th.run([os.path.join(th.BIN, "fairseq-train"),
@@ -198,6 +204,7 @@ def test_fairseq_train_fails_at_start_up(data_bin, tmp_path, extra, message):
     assert res.returncode != 0 and message in res.stderr, res.stderr[-2000:]
     assert "begin training" not in res.stdout + res.stderr
     assert not os.path.exists(tmp_path / "ck" / "checkpoint_last.pt")
+    assert not os.path.exists(tmp_path / "ck" / "crash.pt")
     if "relu2" in extra:
         assert "reluformer" in res.stderr and "softmax" in res.stderr  # the valid choices
 

@@ -13,9 +13,14 @@ Attention", Section 2-3):
 * :meth:`AdditiveAttention.score` -- eq. 3, ``score(h_{t-1}, h̄_s) = v_a^T tanh(W_a [h_{t-1}; h̄_s])``,
   computed as ``v_a^T tanh(W_q h_{t-1} + K_s)`` with ``K_s = W_k h̄_s + b`` precomputed once per
   sentence (:meth:`AdditiveAttention.keys`; the paper caches it too, Section 5.5);
-* :meth:`AdditiveAttention.normalize` -- the plugin's registered ``softmax`` normaliser
-  (:mod:`fairseq_plugins.attention.functions`), with its masking semantics: ``True`` in the mask
-  = not attendable, exact zeros there, zeros (never NaN) on a fully masked row;
+* :meth:`AdditiveAttention.normalize` -- a plain normaliser of the plugin's attention registry
+  (:func:`fairseq_plugins.attention.functions.normalizer`, ``--rnn-attention-fn``: ``softmax``,
+  the paper's, by default; ``sparsemax`` or ``entmax15``), with the registry's masking semantics:
+  ``True`` in the mask = not attendable, exact zeros there, zeros (never NaN) on a fully masked
+  row.  "softmax" below stands for the chosen normaliser;
+* the variant (``--rnn-attention``) is one small class each (:data:`VARIANTS`): its own
+  parameters, its per-step state (``g(t)``, ``p_t``), its window, what it does to the scores
+  before the normaliser and to the weights after it, and its focus ``p_t``;
 * ``global``: eq. 2, softmax over every source position;
 * ``flexible``: eqs. 4-8, ``a_t = softmax(score - g(t) (s - p_{t-1})^2 / (2 sigma^2))``,
   ``p_t = sum_s a_t(s) s``, ``g(t) = sigmoid(v_g^T tanh(W_g [h_{t-1}; i_t]) + b_g)``.  With a
@@ -45,13 +50,18 @@ import torch
 import torch.nn as nn
 
 from ..modules.auxiliary import AuxiliaryBuffer
-from .functions import build_attention_fn
+from ..options import check_choice, check_number
+from .functions import normalizer as get_normalizer
+from .functions import normalizer_names
 
-__all__ = ["ATTENTION_KINDS", "AdditiveAttention", "AttentionStep", "WindowStats", "flexible_bounds", "flexible_window",
-           "local_p_bounds", "local_p_window"]
+__all__ = ["ATTENTION_KINDS", "NORMALIZER_CHOICES", "VARIANTS", "AdditiveAttention", "AttentionStep", "WindowStats",
+           "flexible_bounds", "flexible_window", "local_p_bounds", "local_p_window"]
 
 #: valid values of ``--rnn-attention``
 ATTENTION_KINDS = ("global", "local_p", "flexible")
+#: valid values of ``--rnn-attention-fn``: the registry's plain normalisers whose weights are a
+#: distribution (softmax, sparsemax, entmax15)
+NORMALIZER_CHOICES = tuple(normalizer_names(distribution=True))
 
 
 def _clip_window(lo: torch.Tensor, hi: torch.Tensor, centre: torch.Tensor, lengths: torch.Tensor):
@@ -180,6 +190,120 @@ class AttentionStep(NamedTuple):
     window: torch.Tensor
 
 
+class _Variant:
+    """One ``--rnn-attention`` variant: its parameters and the steps in which it differs.
+
+    Every method takes the :class:`AdditiveAttention` ``att`` holding the parameters (their
+    names, e.g. ``gate_hidden``, are those of existing checkpoints).  ``state`` is what
+    :meth:`prepare` computes once per step (``g(t)`` for flexible, ``p_t`` for local-p).
+    The base class is ``global`` (eq. 2): every position, nothing added.
+    """
+
+    name = "global"
+
+    def build(self, att: "AdditiveAttention", query_dim: int, embed_dim: int, attn_dim: int) -> None:
+        """Add the variant's own parameters to ``att``."""
+
+    def windowed(self, att) -> bool:
+        """True when only a window of the source is scored."""
+        return False
+
+    def prepare(self, att, query: torch.Tensor, prev_embed: torch.Tensor, lengths: torch.Tensor):
+        """Per-step state from ``h_{t-1}`` ``(B, Q)`` and ``i_t`` ``(B, E)``; ``(B,)`` or None."""
+        return None
+
+    def window(self, att, state, p_prev: torch.Tensor, lengths: torch.Tensor):
+        """Inclusive window bounds ``(lo, hi)``, ``(B,)`` long each (windowed variants)."""
+        raise NotImplementedError
+
+    def bounds(self, att, state, p_prev: float, length: int):
+        """:meth:`window` of one hypothesis on Python numbers: ``(lo, hi)`` ints."""
+        raise NotImplementedError
+
+    def adjust_scores(self, att, scores, positions, p_prev, state):
+        """Scores ``(B, S|W)`` before the normaliser; ``positions`` ``(B|1, S|W)`` or ``(W,)``."""
+        return scores
+
+    def adjust_weights(self, att, weights, positions, state):
+        """Weights ``(B, S|W)`` after the normaliser."""
+        return weights
+
+    def focus(self, att, weights, positions, p_prev, state):
+        """``p_t`` ``(B,)`` handed to the next step."""
+        return p_prev
+
+    def gate(self, state):
+        """The ``gate`` of :class:`AttentionStep` (``g(t)`` ``(B,)`` or None)."""
+        return None
+
+
+class _LocalP(_Variant):
+    """Luong et al. 2015 local-p (paper eqs. 10-11): ``p_t = (len - 1) sigmoid(v_p^T tanh(W_p h_{t-1}))``,
+    window ``[p_t - D, p_t + D]``, weights times ``exp(-(s - p_t)^2 / (2 (D/2)^2))`` after the normaliser."""
+
+    name = "local_p"
+
+    def build(self, att, query_dim, embed_dim, attn_dim):
+        att.pos_hidden = nn.Linear(query_dim, attn_dim, bias=False)  # W_p
+        att.pos_out = nn.Linear(attn_dim, 1, bias=False)  # v_p
+
+    def windowed(self, att):
+        return True
+
+    def prepare(self, att, query, prev_embed, lengths):
+        return (lengths - 1).to(query.dtype) * torch.sigmoid(
+            att.pos_out(torch.tanh(att.pos_hidden(query)))).squeeze(-1)  # (B,) eq. 10
+
+    def window(self, att, p_t, p_prev, lengths):
+        return local_p_window(p_t.detach(), att.local_d, lengths)
+
+    def bounds(self, att, p_t, p_prev, length):
+        return local_p_bounds(float(p_t[0]), att.local_d, length)
+
+    def adjust_weights(self, att, weights, positions, p_t):  # eq. 11: Gaussian, sigma = D / 2
+        return weights * torch.exp(-((positions - p_t.unsqueeze(-1)) ** 2) / (2.0 * (att.local_d / 2.0) ** 2))
+
+    def focus(self, att, weights, positions, p_prev, p_t):
+        return p_t
+
+
+class _Flexible(_Variant):
+    """Flexible attention (Shu & Nakayama 2017, eqs. 4-8): scores minus ``g(t) (s - p_{t-1})^2 /
+    (2 sigma^2)``, focus ``p_t = sum_s a_t(s) s``; with a finite ``tau`` only the positions of
+    :func:`flexible_window` are scored (Section 3.1)."""
+
+    name = "flexible"
+
+    def build(self, att, query_dim, embed_dim, attn_dim):
+        att.gate_hidden = nn.Linear(query_dim + embed_dim, attn_dim, bias=False)  # W_g
+        att.gate_out = nn.Linear(attn_dim, 1, bias=True)  # v_g, b_g
+
+    def windowed(self, att):
+        return math.isfinite(att.threshold)
+
+    def prepare(self, att, query, prev_embed, lengths):
+        return att.gate(query, prev_embed)  # g(t), (B,)
+
+    def window(self, att, g, p_prev, lengths):
+        return flexible_window(p_prev.detach(), g.detach(), att.sigma, att.threshold, lengths)
+
+    def bounds(self, att, g, p_prev, length):
+        return flexible_bounds(p_prev, float(g[0]), att.sigma, att.threshold, length)
+
+    def adjust_scores(self, att, scores, positions, p_prev, g):
+        return scores - att.penalty(positions, p_prev, g.to(scores.dtype))
+
+    def focus(self, att, weights, positions, p_prev, g):  # eq. 4 (over the window: weights are 0 elsewhere)
+        return torch.mv(weights, positions) if positions.dim() == 1 else (weights * positions).sum(-1)
+
+    def gate(self, g):
+        return g
+
+
+#: ``--rnn-attention`` value -> variant (the one switch over the variants)
+VARIANTS = {v.name: v for v in (_Variant(), _LocalP(), _Flexible())}
+
+
 class AdditiveAttention(nn.Module):
     """Bahdanau attention with the global / local-p / flexible variants (see the module docstring).
 
@@ -192,10 +316,16 @@ class AdditiveAttention(nn.Module):
         sigma: ``sigma`` of the flexible penalty (eq. 6; paper best 1.5).
         threshold: ``tau`` (float, > 0; ``inf`` = no windowing).
         local_d: ``D`` of local-p (window ``2D + 1``, Gaussian ``sigma = D / 2``).
+        normalizer: the map from scores to weights, a plain normaliser of the attention registry
+            (:func:`~fairseq_plugins.attention.functions.normalizer`) whose weights are a
+            distribution (:data:`NORMALIZER_CHOICES`: softmax -- the paper's --, sparsemax,
+            entmax15): the flexible focus ``p_t = sum_s a_t(s) s`` (eq. 4) is a position only
+            for weights that sum to 1, and so is local-p's window centre weighting.
 
     Raises:
-        ValueError: unknown ``kind`` (message lists the valid choices), ``sigma <= 0``,
-            ``threshold <= 0`` or ``local_d < 1``.
+        ValueError: unknown ``kind`` or ``normalizer`` (message lists the valid choices),
+            ``sigma`` not a finite number > 0, ``threshold`` not > 0 (``inf`` allowed) or
+            ``local_d < 1``.
 
     Window statistics: when :meth:`forward` is called with ``count=True`` (the decoder does so
     in incremental decoding, i.e. generation), the number of positions scored and the number
@@ -204,29 +334,21 @@ class AdditiveAttention(nn.Module):
     """
 
     def __init__(self, query_dim: int, key_dim: int, attn_dim: int, embed_dim: int, kind: str = "global",
-                 sigma: float = 1.5, threshold: float = math.inf, local_d: int = 10):
+                 sigma: float = 1.5, threshold: float = math.inf, local_d: int = 10,
+                 normalizer: str = "softmax"):
         super().__init__()
-        if kind not in ATTENTION_KINDS:
-            raise ValueError(f"unknown --rnn-attention {kind!r}; valid choices: {', '.join(ATTENTION_KINDS)}")
-        self.kind = kind
-        self.sigma = float(sigma)
-        self.local_d = int(local_d)
+        self.kind = check_choice("--rnn-attention", kind, ATTENTION_KINDS)
+        self.variant = VARIANTS[self.kind]
+        self.normalizer_name = check_choice("--rnn-attention-fn", normalizer, NORMALIZER_CHOICES)
+        self.sigma = check_number("--flexible-sigma", sigma, gt=0)
+        self.local_d = check_number("--local-window-d", local_d, integer=True, ge=1)
         self.set_threshold(threshold)
-        if self.sigma <= 0:
-            raise ValueError(f"--flexible-sigma must be > 0, got {sigma}")
-        if self.local_d < 1:
-            raise ValueError(f"--local-window-d must be >= 1, got {local_d}")
         self.q_proj = nn.Linear(query_dim, attn_dim, bias=False)  # W_a, decoder-state half
         self.k_proj = nn.Linear(key_dim, attn_dim, bias=True)  # W_a, encoder-state half (+ bias)
         self.v = nn.Linear(attn_dim, 1, bias=False)  # v_a
-        if kind == "flexible":
-            self.gate_hidden = nn.Linear(query_dim + embed_dim, attn_dim, bias=False)  # W_g
-            self.gate_out = nn.Linear(attn_dim, 1, bias=True)  # v_g, b_g
-        elif kind == "local_p":
-            self.pos_hidden = nn.Linear(query_dim, attn_dim, bias=False)  # W_p
-            self.pos_out = nn.Linear(attn_dim, 1, bias=False)  # v_p
-        # the plugin's softmax normaliser (masking: True = not attendable, zero rows never NaN)
-        self.normalizer = build_attention_fn("softmax", 1, 1)
+        self.variant.build(self, query_dim, embed_dim, attn_dim)
+        # a plain function (masking: True = not attendable; zero rows, never NaN)
+        self._normalize = get_normalizer(self.normalizer_name)
         self.aux = AuxiliaryBuffer()  # the fine-tuning term of eq. 9 (recorded by the decoder)
         self.reset_window_stats()
 
@@ -235,14 +357,9 @@ class AdditiveAttention(nn.Module):
         """Set ``tau`` (float or a string such as ``"inf"``).
 
         Raises:
-            ValueError: ``tau <= 0`` or not a number.
+            ValueError: ``tau`` not a number > 0 (``inf`` allowed, ``nan`` refused).
         """
-        try:
-            tau = float(threshold)
-        except (TypeError, ValueError):
-            raise ValueError(f"--flexible-threshold must be a positive number or inf, got {threshold!r}")
-        if not tau > 0:
-            raise ValueError(f"--flexible-threshold must be > 0 (inf = no threshold), got {threshold!r}")
+        tau = check_number("--flexible-threshold", threshold, gt=0, allow_inf=True)
         self.threshold = tau
         if getattr(self, "stats", None) is not None:
             self.stats.threshold = tau
@@ -264,7 +381,7 @@ class AdditiveAttention(nn.Module):
     @property
     def windowed(self) -> bool:
         """True when only a window of the source is scored (local-p, or flexible with finite tau)."""
-        return self.kind == "local_p" or (self.kind == "flexible" and math.isfinite(self.threshold))
+        return self.variant.windowed(self)
 
     # -- the two halves of the attention function ---------------------------------------------
     def keys(self, encoder_out: torch.Tensor) -> torch.Tensor:
@@ -276,9 +393,9 @@ class AdditiveAttention(nn.Module):
         return self.v(torch.tanh(q + k)).squeeze(-1)
 
     def normalize(self, scores: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
-        """Softmax over the last dimension of ``scores`` ``(B, S|W)`` with bool ``mask`` (True =
-        excluded): the registry's ``softmax`` normaliser."""
-        return self.normalizer.normalize(scores, mask)
+        """Weights over the last dimension of ``scores`` ``(B, S|W)`` with bool ``mask`` (True =
+        excluded): the registry's plain normaliser ``--rnn-attention-fn`` (softmax by default)."""
+        return self._normalize(scores, mask)
 
     def gate(self, query: torch.Tensor, prev_embed: torch.Tensor) -> torch.Tensor:
         """Eq. 8: ``g(t) = sigmoid(v_g^T tanh(W_g [h_{t-1}; i_t]) + b_g)``; ``(B, Q)``, ``(B, E)`` -> ``(B,)``."""
@@ -330,44 +447,33 @@ class AdditiveAttention(nn.Module):
         """
         B, S, _ = keys.shape
         q = self.q_proj(query)  # (B, A)
-        g = self.gate(query, prev_embed) if self.kind == "flexible" else None
+        variant = self.variant
+        state = variant.prepare(self, query, prev_embed, lengths)  # g(t) / p_t (B,) or None
         if self.windowed and B == 1:
-            return self._single_window_step(q, query, g, keys, values, lengths, p_prev, count)
+            return self._single_window_step(q, state, keys, values, lengths, p_prev, count)
         if not self.windowed:
             scores = self.score(q.unsqueeze(1), keys)  # (B, S)
             positions = torch.arange(S, device=q.device, dtype=scores.dtype).unsqueeze(0)  # (1, S)
-            if g is not None:
-                scores = scores - self.penalty(positions, p_prev, g.to(scores.dtype))
-            weights = self.normalize(scores, padding_mask)  # (B, S)
-            context = torch.bmm(weights.unsqueeze(1), values).squeeze(1)  # (B, C)
-            focus = (weights * positions).sum(-1) if g is not None else p_prev
-            window = lengths
+            mask, window = padding_mask, lengths
         else:
-            if self.kind == "flexible":
-                lo, hi = flexible_window(p_prev.detach(), g.detach(), self.sigma, self.threshold, lengths)
-            else:
-                p_t = (lengths - 1).to(q.dtype) * torch.sigmoid(
-                    self.pos_out(torch.tanh(self.pos_hidden(query)))).squeeze(-1)  # (B,) eq. 10
-                lo, hi = local_p_window(p_t.detach(), self.local_d, lengths)
+            lo, hi = variant.window(self, state, p_prev, lengths)  # (B,) each
             scores, idx, mask = self.windowed_scores(q, keys, lo, hi)  # (B, W) each (B > 1)
-            pos = idx.to(scores.dtype)
-            if g is not None:
-                scores = scores - self.penalty(pos, p_prev, g.to(scores.dtype))
-            w = self.normalize(scores, mask)  # (B, W)
-            if self.kind == "local_p":  # eq. 11: Gaussian after the softmax, sigma = D / 2
-                w = w * torch.exp(-((pos - p_t.unsqueeze(-1)) ** 2) / (2.0 * (self.local_d / 2.0) ** 2))
-                focus = p_t
-            else:
-                focus = (w * pos).sum(-1)  # eq. 4 over the window (weights are 0 elsewhere)
+            positions = idx.to(scores.dtype)
+            window = hi - lo + 1
+        scores = variant.adjust_scores(self, scores, positions, p_prev, state)
+        w = variant.adjust_weights(self, self.normalize(scores, mask), positions, state)  # (B, S|W)
+        focus = variant.focus(self, w, positions, p_prev, state)
+        if not self.windowed:
+            weights, context = w, torch.bmm(w.unsqueeze(1), values).squeeze(1)  # (B, S), (B, C)
+        else:
             vals = values.gather(1, idx.unsqueeze(-1).expand(-1, -1, values.size(-1)))  # (B, W, C)
             context = torch.bmm(w.unsqueeze(1), vals).squeeze(1)  # (B, C)
             weights = w.new_zeros(B, S).scatter_add(1, idx, w)  # (B, S), zeros outside the window
-            window = hi - lo + 1
         if count:
             self.stats.add(window, lengths)
-        return AttentionStep(context, weights, focus, g, window)
+        return AttentionStep(context, weights, focus, variant.gate(state), window)
 
-    def _single_window_step(self, q, query, g, keys, values, lengths, p_prev, count) -> AttentionStep:
+    def _single_window_step(self, q, state, keys, values, lengths, p_prev, count) -> AttentionStep:
         """The windowed step for one hypothesis (``B = 1``): same result as the batched path.
 
         The bounds are Python numbers (:func:`flexible_bounds` / :func:`local_p_bounds`), the
@@ -375,30 +481,21 @@ class AdditiveAttention(nn.Module):
         those ``W`` positions are passed to :meth:`score`.
 
         Args:
-            q: ``(1, A)`` projected query; query: ``h_{t-1}`` ``(1, Q)``; g: ``(1,)`` or None;
+            q: ``(1, A)`` projected query; state: the variant's per-step state ``(1,)``;
             the rest as in :meth:`forward`.
         """
         S = keys.size(1)
         length = int(lengths[0])
-        if g is not None:
-            lo, hi = flexible_bounds(float(p_prev[0]), float(g[0]), self.sigma, self.threshold, length)
-        else:
-            p_t = (lengths - 1).to(q.dtype) * torch.sigmoid(
-                self.pos_out(torch.tanh(self.pos_hidden(query)))).squeeze(-1)  # (1,) eq. 10
-            lo, hi = local_p_bounds(float(p_t[0]), self.local_d, length)
+        variant = self.variant
+        lo, hi = variant.bounds(self, state, float(p_prev[0]), length)
         scores = self.score(q.unsqueeze(1), keys[:, lo : hi + 1])  # (1, W)
         pos = torch.arange(lo, hi + 1, device=q.device, dtype=scores.dtype)  # (W,)
-        if g is not None:
-            scores = scores - self.penalty(pos, p_prev, g.to(scores.dtype))  # (1, W)
-        w = self.normalize(scores, None)  # (1, W)
-        if g is None:  # eq. 11: Gaussian after the softmax, sigma = D / 2
-            w = w * torch.exp(-((pos - p_t.unsqueeze(-1)) ** 2) / (2.0 * (self.local_d / 2.0) ** 2))
-            focus = p_t
-        else:
-            focus = torch.mv(w, pos)  # (1,) eq. 4 over the window
+        scores = variant.adjust_scores(self, scores, pos, p_prev, state)  # (1, W)
+        w = variant.adjust_weights(self, self.normalize(scores, None), pos, state)  # (1, W)
+        focus = variant.focus(self, w, pos, p_prev, state)  # (1,)
         context = torch.mm(w, values[0, lo : hi + 1])  # (1, C)
         weights = w.new_zeros(1, S)
         weights[:, lo : hi + 1] = w  # (1, S), zeros outside the window
         if count:
             self.stats.add_one(hi - lo + 1, length)
-        return AttentionStep(context, weights, focus, g, lengths.new_full((1,), hi - lo + 1))
+        return AttentionStep(context, weights, focus, variant.gate(state), lengths.new_full((1,), hi - lo + 1))

@@ -49,6 +49,7 @@ there.  A position >= L raises a ``ValueError`` naming ``--synth-max-len`` (defa
 """
 
 import math
+from dataclasses import dataclass
 from typing import Dict, List, Optional
 
 import torch
@@ -56,21 +57,42 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..modules.binarize import binarize
+from ..options import OptionGroup, option
 from .functions import SoftmaxAttention, register_attention_fn
 from .l1 import l1_scores
 
 __all__ = [
     "EattAttention", "EattSelectDotAttention", "EattL1Attention",
     "SynthDenseAttention", "SynthRandomAttention", "DEFAULT_EATT_TAU", "DEFAULT_SYNTH_MAX_LEN",
+    "EattOptions", "SynthOptions",
 ]
 
 DEFAULT_EATT_TAU = 1.0
 DEFAULT_SYNTH_MAX_LEN = 256
 
 
-def _arg(args, name, default):
-    v = getattr(args, name, None) if args is not None else None
-    return default if v is None else v
+@dataclass
+class EattOptions(OptionGroup):
+    """Options of the binarised E-ATT functions ``eatt`` / ``eatt_select_dot`` (``--eatt-*``)."""
+
+    prefix = "eatt"
+    family = "binarised E-ATT"
+    tau: float = option(DEFAULT_EATT_TAU,
+                        "E-ATT binarisation threshold tau of f(x) = 1[x > tau] (eq. 7) and centre of the "
+                        "surrogate gradient (eq. 8); default 1.0 (the paper's appendix; the official "
+                        "code uses 0.0)")
+
+
+@dataclass
+class SynthOptions(OptionGroup):
+    """Options of the Synthesizer functions ``synth_dense`` / ``synth_random`` (``--synth-*``)."""
+
+    prefix = "synth"
+    family = "Synthesizer"
+    max_len: int = option(DEFAULT_SYNTH_MAX_LEN, "maximum token position + 1 of the Synthesizer functions "
+                                                 "synth_dense / synth_random (default 256)", ge=1)
+    random_fixed: bool = option(False, "keep synth_random's score matrix fixed at its random initialisation "
+                                       "(default: trained, the paper's RandInit)")
 
 
 class _BinarizedInput:
@@ -82,9 +104,10 @@ class _BinarizedInput:
     """
 
     is_binarized = True
+    options_class = EattOptions
 
     def _init_binarized(self, args):
-        self.tau = float(_arg(args, "eatt_tau", DEFAULT_EATT_TAU))
+        self.tau = float(self.options.tau)
         self.rho_meter: Optional[Dict[str, List[float]]] = None
 
     def transform_input(self, x, role):
@@ -108,7 +131,8 @@ class _L1Score:
 class EattAttention(_BinarizedInput, _L1Score, SoftmaxAttention):
     """E-ATT (eqs. 7-13): binarised selection for Q and K, L1-distance scores, masked softmax.
 
-    Hyper-parameter: ``eatt_tau`` (``--eatt-tau``, default 1.0, see the module docstring).
+    Hyper-parameter: :class:`EattOptions` -- ``--eatt-tau`` (default 1.0, see the module
+    docstring; a finite number).
     """
 
     def __init__(self, embed_dim, num_heads, args=None):
@@ -142,12 +166,11 @@ class _Synthesizer(SoftmaxAttention):
     """Shared parts of the Synthesizer functions: positions, maximum length, no fused path."""
 
     uses_positions = True
+    options_class = SynthOptions
 
     def __init__(self, embed_dim, num_heads, args=None):
         super().__init__(embed_dim, num_heads, args)
-        self.max_len = int(_arg(args, "synth_max_len", DEFAULT_SYNTH_MAX_LEN))
-        if self.max_len < 1:
-            raise ValueError(f"--synth-max-len must be >= 1, got {self.max_len}")
+        self.max_len = int(self.options.max_len)
 
     def _check(self, *positions):
         for p in positions:
@@ -195,7 +218,7 @@ class SynthRandomAttention(_Synthesizer):
 
     def __init__(self, embed_dim, num_heads, args=None):
         super().__init__(embed_dim, num_heads, args)
-        fixed = bool(_arg(args, "synth_random_fixed", False))
+        fixed = bool(self.options.random_fixed)
         self.r = nn.Parameter(torch.randn(num_heads, self.max_len, self.max_len), requires_grad=not fixed)
 
     def score_at(self, q, k, q_pos, k_pos):

@@ -21,15 +21,18 @@ and the ReLU family returns exact zeros for a row without any positive score
 (*null attention*, ReLA Section 4).
 """
 
-import math
-from typing import Dict, Optional, Type
+import inspect
+from dataclasses import dataclass
+from typing import Callable, ClassVar, Dict, List, Optional, Type
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from fairseq.dataclass import ChoiceEnum
 
 from ..modules.auxiliary import AuxiliaryBuffer
 from ..modules.norms import NORM_SCOPES, GatedNorm, RMSNorm
+from ..options import OptionGroup, option
 from .stats import ROW_EPS, entropy_from_terms, row_mass_terms, valid_keys
 
 __all__ = [
@@ -38,22 +41,43 @@ __all__ = [
     "register_attention_fn",
     "build_attention_fn",
     "attention_fn_names",
+    "attention_fn_options",
+    "normalizer",
+    "normalizer_names",
     "REG_TERMS",
+    "RelaNormOptions",
+    "ReluFormerOptions",
 ]
 
 ATTENTION_FUNCTIONS: Dict[str, Type["AttentionFunction"]] = {}
+#: name -> plain normaliser ``normalize(scores, mask)`` of the functions registered with ``normalizer=True``
+NORMALIZERS: Dict[str, Callable[[torch.Tensor, Optional[torch.Tensor]], torch.Tensor]] = {}
 
 
-def register_attention_fn(name: str):
+def register_attention_fn(name: str, normalizer: bool = False):
     """Class decorator adding an :class:`AttentionFunction` subclass to the registry.
 
+    Args:
+        name: the registry key (the ``--*-attention-fn`` value).
+        normalizer: also offer the function's normaliser as a plain function
+            ``normalize(scores, mask)`` (:func:`normalizer`), e.g. to the RNN attention.  Only
+            for functions that *are* their normaliser (dot-product scores, no input transform,
+            no post-aggregation, no options) and whose ``normalize`` is a ``classmethod`` or
+            ``staticmethod`` (needs no module, no sizes).
+
     Raises:
-        ValueError: ``name`` is already registered.
+        ValueError: ``name`` is already registered; ``normalizer=True`` with an instance-method
+            ``normalize``.
     """
 
     def deco(cls):
         if name in ATTENTION_FUNCTIONS:
             raise ValueError(f"attention function {name!r} is already registered")
+        if normalizer:
+            if not isinstance(inspect.getattr_static(cls, "normalize"), (classmethod, staticmethod)):
+                raise ValueError(f"attention function {name!r}: normalizer=True needs a classmethod "
+                                 "or staticmethod normalize(scores, mask)")
+            NORMALIZERS[name] = cls.normalize
         cls.name = name
         ATTENTION_FUNCTIONS[name] = cls
         return cls
@@ -66,6 +90,39 @@ def attention_fn_names():
     return sorted(ATTENTION_FUNCTIONS)
 
 
+def attention_fn_options(name: Optional[str] = None):
+    """The options dataclass (:class:`~fairseq_plugins.options.OptionGroup`) of function ``name``
+    (None if it has none), or, without ``name``, every options class of the registry in
+    registration order (the groups a model config must compose)."""
+    if name is not None:
+        return ATTENTION_FUNCTIONS[name].options_class if name in ATTENTION_FUNCTIONS else None
+    groups: List[Type[OptionGroup]] = []
+    for cls in ATTENTION_FUNCTIONS.values():
+        if cls.options_class is not None and cls.options_class not in groups:
+            groups.append(cls.options_class)
+    return groups
+
+
+def normalizer_names(distribution: Optional[bool] = None) -> List[str]:
+    """Sorted names of the plain normalisers (:func:`normalizer`); with ``distribution=True``
+    only those whose weights are a distribution over the keys (sum to 1)."""
+    return sorted(n for n in NORMALIZERS
+                  if distribution is None or ATTENTION_FUNCTIONS[n].is_distribution == distribution)
+
+
+def normalizer(name: str) -> Callable[[torch.Tensor, Optional[torch.Tensor]], torch.Tensor]:
+    """The normaliser of registered function ``name`` as a plain function ``normalize(scores, mask)``:
+    scores ``(..., S)`` and bool mask broadcastable to them (True = not attendable) -> weights,
+    exact zeros where masked and on fully masked rows.  No module and no sizes are needed.
+
+    Raises:
+        ValueError: ``name`` has no plain normaliser (the message lists those that do).
+    """
+    if name not in NORMALIZERS:
+        raise ValueError(f"no plain normaliser {name!r}; valid choices: {', '.join(normalizer_names())}")
+    return NORMALIZERS[name]
+
+
 def build_attention_fn(name: str, embed_dim: int, num_heads: int, args=None) -> "AttentionFunction":
     """Instantiate the registered attention function ``name`` for one attention module.
 
@@ -73,11 +130,14 @@ def build_attention_fn(name: str, embed_dim: int, num_heads: int, args=None) -> 
         name: registry key, e.g. ``"softmax"`` or ``"rela_g"``.
         embed_dim: model dimension ``C`` (width of the concatenated heads).
         num_heads: ``H``; ``d_h = C / H``.
-        args: optional namespace with function-specific hyper-parameters
-            (read with ``getattr`` and a default, so any object works).
+        args: optional flat namespace (``argparse.Namespace``, hydra ``DictConfig``, the model
+            config, any object) holding the function's hyper-parameters under their flat names
+            (``reluformer_gamma``); the function reads them through its
+            :attr:`AttentionFunction.options_class` (missing -> the declared default).
 
     Raises:
-        ValueError: unknown ``name`` -- the message lists the valid choices.
+        ValueError: unknown ``name`` -- the message lists the valid choices; an invalid
+            hyper-parameter -- the message names the flag and the valid range or choices.
     """
     if name not in ATTENTION_FUNCTIONS:
         raise ValueError(
@@ -105,9 +165,13 @@ class AttentionFunction(nn.Module):
         embed_dim: ``C``; num_heads: ``H``; args: namespace of hyper-parameters or None.
 
     Subclasses override :meth:`normalize` (required) and optionally :meth:`score`,
-    :meth:`post_aggregate`, :meth:`fused` and :meth:`observe`.  Parameters a function owns
-    (norm gains, gates) live in the function module, i.e. under ``<attention>.attn_fn.`` in
-    the state dict.
+    :meth:`post_aggregate`, :meth:`fused` and :meth:`observe`.  A function with
+    hyper-parameters declares them in one :class:`~fairseq_plugins.options.OptionGroup`
+    dataclass, :attr:`options_class` (flags, defaults, help, valid ranges); the constructor reads
+    and validates them from ``args`` into :attr:`options`, and the model config composes the
+    group, so the flags of ``fairseq-train`` and the keys of ``fairseq-hydra-train`` come from
+    it.  Parameters a function owns (norm gains, gates) live in the function module, i.e. under
+    ``<attention>.attn_fn.`` in the state dict.
 
     Statistics and auxiliary losses go to ``self.aux`` (an
     :class:`~fairseq_plugins.modules.auxiliary.AuxiliaryBuffer`), which the criterion
@@ -132,11 +196,15 @@ class AttentionFunction(nn.Module):
     #: :meth:`wants_weights` is True (the fused path is skipped) and :meth:`observe` hands it
     #: the weights ``(B, H, T, S)`` (before dropout) and the bool mask ``(B|1, 1, T|1, S)``.
     capture = None
+    #: the :class:`~fairseq_plugins.options.OptionGroup` of this function's hyper-parameters, or None
+    options_class: ClassVar[Optional[Type[OptionGroup]]] = None
 
     def __init__(self, embed_dim: int, num_heads: int, args=None):
         super().__init__()
         if embed_dim % num_heads:
             raise ValueError(f"embed_dim {embed_dim} is not divisible by num_heads {num_heads}")
+        #: the validated hyper-parameters (an :attr:`options_class` instance) or None
+        self.options = self.options_class.from_args(args) if self.options_class is not None else None
         self.embed_dim, self.num_heads = embed_dim, num_heads
         self.head_dim = embed_dim // num_heads
         self.scaling = self.head_dim**-0.5
@@ -221,7 +289,7 @@ class AttentionFunction(nn.Module):
         self.aux.record("attn_null_rate", (valid & ~live).sum().float(), valid.sum(), False)
 
 
-@register_attention_fn("softmax")
+@register_attention_fn("softmax", normalizer=True)
 class SoftmaxAttention(AttentionFunction):
     """Softmax attention (Vaswani et al. 2017; ReLA Table 1 row 1, eq. 1).
 
@@ -230,7 +298,8 @@ class SoftmaxAttention(AttentionFunction):
     kernel stock fairseq also reaches in training -- which gives zeros on fully masked rows.
     """
 
-    def normalize(self, scores, mask):
+    @classmethod
+    def normalize(cls, scores, mask):
         dead = _null_rows(mask)
         if dead is not None and not bool(dead.any()):
             dead = None  # the common case: one masked_fill, as stock fairseq does
@@ -255,36 +324,54 @@ class _EntmaxAttention(AttentionFunction):
     after, and the computation is done in float32.
     """
 
-    def _transform(self, x):
+    @staticmethod
+    def _transform(x):
         raise NotImplementedError
 
-    def normalize(self, scores, mask):
+    @classmethod
+    def normalize(cls, scores, mask):
         dead = _null_rows(mask)
         x = _at_least_float32(scores)
         if mask is not None:
             x = x.masked_fill(mask, float("-inf")).masked_fill(dead, 0.0)
-        weights = self._transform(x).type_as(scores)
+        weights = cls._transform(x).type_as(scores)
         return weights if dead is None else weights.masked_fill(dead, 0.0)
 
 
-@register_attention_fn("sparsemax")
+@register_attention_fn("sparsemax", normalizer=True)
 class SparsemaxAttention(_EntmaxAttention):
     """Sparsemax attention (Martins & Astudillo 2016; ReLA Table 1 row 2) via ``entmax.sparsemax``."""
 
-    def _transform(self, x):
+    @staticmethod
+    def _transform(x):
         from entmax import sparsemax
 
         return sparsemax(x, dim=-1)
 
 
-@register_attention_fn("entmax15")
+@register_attention_fn("entmax15", normalizer=True)
 class Entmax15Attention(_EntmaxAttention):
     """1.5-entmax attention (Peters et al. 2019; ReLA Table 1 row 3) via ``entmax.entmax15``."""
 
-    def _transform(self, x):
+    @staticmethod
+    def _transform(x):
         from entmax import entmax15
 
         return entmax15(x, dim=-1)
+
+
+@dataclass
+class RelaNormOptions(OptionGroup):
+    """Options of ReLA's norm on the concatenated heads (``--rela-norm-*``; ReLA eqs. 4-5), read by
+    every function of the ReLU family (:class:`_RectifiedAttention`)."""
+
+    prefix = "rela_norm"
+    family = "ReLU-family (ReLA)"
+    eps: float = option(1e-8, "epsilon of ReLA's (gated) RMSNorm / LayerNorm (released code: 1e-8)", gt=0)
+    scope: ChoiceEnum(NORM_SCOPES) = option(
+        "concat", "statistics of ReLA's (gated) RMSNorm/LayerNorm: over the concatenated heads "
+                  "('concat', the released code; default) or per head ('head', the paper's text: "
+                  "z, g in R^{d_h})")
 
 
 class _RectifiedAttention(AttentionFunction):
@@ -296,17 +383,19 @@ class _RectifiedAttention(AttentionFunction):
     (null attention); GeLU / Leaky ReLU give small negative weights there instead.
     Subclasses choose ``act`` and the normalisation of the concatenated heads.
 
-    Hyper-parameters (``args``): ``rela_norm_eps`` (``--rela-norm-eps``, default 1e-8, the
-    released code's) and ``rela_norm_scope`` (``--rela-norm-scope``, one of
-    :data:`~fairseq_plugins.modules.norms.NORM_SCOPES`; default ``concat``): the norm's
-    statistics over the concatenated heads (the released code) or per head (``head``: the
-    paper's text, ``z in R^{d_h}``); :attr:`norm_groups` is 1 or ``H`` accordingly.
+    Hyper-parameters: :class:`RelaNormOptions` -- ``--rela-norm-eps`` (default 1e-8, the
+    released code's) and ``--rela-norm-scope`` (:data:`~fairseq_plugins.modules.norms.NORM_SCOPES`;
+    default ``concat``): the norm's statistics over the concatenated heads (the released code)
+    or per head (``head``: the paper's text, ``z in R^{d_h}``); :attr:`norm_groups` is 1 or
+    ``H`` accordingly.
 
     Raises:
-        ValueError: an unknown ``rela_norm_scope`` (names the valid choices).
+        ValueError: an invalid option (:meth:`RelaNormOptions.validate`; names the flag and the
+            valid range or choices).
     """
 
     is_distribution = False
+    options_class = RelaNormOptions
 
     def activation(self, x):
         return F.relu(x)
@@ -316,12 +405,8 @@ class _RectifiedAttention(AttentionFunction):
 
     def __init__(self, embed_dim, num_heads, args=None):
         super().__init__(embed_dim, num_heads, args)
-        eps = getattr(args, "rela_norm_eps", None)
-        self.eps = 1e-8 if eps is None else float(eps)
-        scope = getattr(args, "rela_norm_scope", None) or "concat"
-        if scope not in NORM_SCOPES:
-            raise ValueError(f"--rela-norm-scope {scope!r}; valid choices: {', '.join(NORM_SCOPES)}")
-        self.norm_groups = num_heads if scope == "head" else 1
+        self.eps = float(self.options.eps)
+        self.norm_groups = num_heads if self.options.scope == "head" else 1
         self.norm = self.build_norm()
 
     def normalize(self, scores, mask):
@@ -391,6 +476,21 @@ class RelaGLeakyReluAttention(RelaGAttention):
 REG_TERMS = ("both", "norm", "entropy")
 
 
+@dataclass
+class ReluFormerOptions(OptionGroup):
+    """Options of the ReLUFormer functions (``--reluformer-*``; Shen et al. 2023, eqs. 6-7)."""
+
+    prefix = "reluformer"
+    family = "ReLUFormer"
+    gamma: float = option(1.0, "gamma of ReLUFormer's variance-reduction factor gamma*sqrt(n/2), which "
+                               "divides the scores (eq. 6; not given in the paper)", gt=0)
+    entropy_c: float = option(0.7, "entropy bound C = c*log(n) of ReLUFormer eq. 7 (App. A: 0.7; "
+                                   "c >= 1 makes the entropy term always 0)", ge=0)
+    reg_terms: ChoiceEnum(REG_TERMS) = option(
+        "both", "which terms of ReLUFormer's eq. 7 regulariser are trained on (the other is still "
+                "logged): both, norm (|log sum s|) or entropy (max(H - c log n, 0))")
+
+
 class _ReluFormerBase(AttentionFunction):
     """ReLU attention with ReLUFormer's variance-reduction factor and regulariser.
 
@@ -413,31 +513,26 @@ class _ReluFormerBase(AttentionFunction):
     a constant to ``reluformer_norm``.  The entropy (nats) and the null rate are logged too, in
     training and evaluation.
 
-    Hyper-parameters (``args``): ``reluformer_gamma`` (``--reluformer-gamma``, default 1.0;
-    not given in the paper), ``reluformer_entropy_c`` (``--reluformer-entropy-c``, 0.7),
-    ``reluformer_reg_terms`` (``--reluformer-reg-terms``, one of :data:`REG_TERMS`, default
-    ``both``): which eq. 7 terms are losses; the other is still logged, as a statistic.
+    Hyper-parameters: :class:`ReluFormerOptions` -- ``--reluformer-gamma`` (default 1.0; not
+    given in the paper), ``--reluformer-entropy-c`` (0.7), ``--reluformer-reg-terms`` (one of
+    :data:`REG_TERMS`, default ``both``): which eq. 7 terms are losses; the other is still
+    logged, as a statistic.
 
     Raises:
-        ValueError: ``gamma`` not finite and > 0; unknown ``reluformer_reg_terms``.
+        ValueError: an invalid option (:meth:`ReluFormerOptions.validate`: ``gamma`` not a
+            finite number > 0, ``entropy_c`` not a finite number >= 0, unknown ``reg_terms``).
     """
 
     is_distribution = False
     #: False for the "- scale factor" ablation (ReLUFormer Table 5).
     use_scale = True
+    options_class = ReluFormerOptions
 
     def __init__(self, embed_dim, num_heads, args=None):
         super().__init__(embed_dim, num_heads, args)
-        gamma = getattr(args, "reluformer_gamma", None)
-        self.gamma = 1.0 if gamma is None else float(gamma)  # (not `or`: 0 must be refused)
-        c = getattr(args, "reluformer_entropy_c", None)
-        self.entropy_c = 0.7 if c is None else float(c)
-        if not (math.isfinite(self.gamma) and self.gamma > 0):
-            raise ValueError(f"--reluformer-gamma must be a finite number > 0, got {self.gamma}")
-        terms = getattr(args, "reluformer_reg_terms", None) or "both"
-        if terms not in REG_TERMS:
-            raise ValueError(f"--reluformer-reg-terms {terms!r}; valid choices: {', '.join(REG_TERMS)}")
-        self.reg_terms = terms
+        self.gamma = float(self.options.gamma)
+        self.entropy_c = float(self.options.entropy_c)
+        self.reg_terms = str(self.options.reg_terms)
 
     def row_scale(self, n: torch.Tensor) -> torch.Tensor:
         """``1 / (gamma sqrt(n / 2))`` for ``n`` ``(B|1, H|1, T|1, 1)``; 0 where ``n = 0``."""

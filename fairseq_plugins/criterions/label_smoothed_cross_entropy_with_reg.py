@@ -23,7 +23,7 @@ pass that finds no loss term logs a warning (once per criterion instance).
 
 import logging
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from fairseq import metrics, utils
@@ -34,6 +34,7 @@ from fairseq.criterions.label_smoothed_cross_entropy import (
 )
 
 from ..modules.auxiliary import clear_auxiliary, collect_auxiliary, enable_auxiliary
+from ..options import check_fields, option
 
 __all__ = ["LabelSmoothedCrossEntropyWithRegCriterion"]
 
@@ -44,11 +45,8 @@ _PREFIX = "aux_"
 
 @dataclass
 class LabelSmoothedCrossEntropyWithRegConfig(LabelSmoothedCrossEntropyCriterionConfig):
-    reg_weight: float = field(
-        default=1.0,
-        metadata={"help": "weight lambda of the auxiliary losses reported by modules "
-                          "(ReLUFormer eq. 7 regulariser); 0 logs them without training on them"},
-    )
+    reg_weight: float = option(1.0, "weight lambda of the auxiliary losses reported by modules (ReLUFormer eq. 7 "
+                                    "regulariser); 0 logs them without training on them", ge=0)
 
 
 @register_criterion("label_smoothed_cross_entropy_with_reg",
@@ -62,7 +60,9 @@ class LabelSmoothedCrossEntropyWithRegCriterion(LabelSmoothedCrossEntropyCriteri
         reg_weight: ``lambda`` (float, >= 0).
 
     Raises:
-        ValueError: ``reg_weight < 0``.
+        ValueError: an option outside its declared range (checked with the config's declaration,
+            :func:`~fairseq_plugins.options.check_fields`): ``reg_weight`` not a finite number
+            >= 0, ``label_smoothing`` not finite (``nan`` would only show after the first update).
 
     Warns (``logger.warning``, once per instance): a training forward pass of a model that
     reported no auxiliary loss before (nothing to regularise: plain label-smoothed CE), unless
@@ -73,8 +73,9 @@ class LabelSmoothedCrossEntropyWithRegCriterion(LabelSmoothedCrossEntropyCriteri
                  report_accuracy=False, reg_weight=1.0):
         super().__init__(task, sentence_avg, label_smoothing,
                          ignore_prefix_size=ignore_prefix_size, report_accuracy=report_accuracy)
-        if reg_weight < 0:
-            raise ValueError(f"--reg-weight must be >= 0, got {reg_weight}")
+        check_fields(LabelSmoothedCrossEntropyWithRegConfig(
+            sentence_avg=sentence_avg, label_smoothing=label_smoothing, ignore_prefix_size=ignore_prefix_size,
+            report_accuracy=report_accuracy, reg_weight=reg_weight))
         self.reg_weight = float(reg_weight)
         self._loss_terms_seen = False  # a forward pass reported an auxiliary loss
         self._warned_no_loss = False

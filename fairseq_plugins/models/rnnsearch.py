@@ -11,6 +11,8 @@ Shape legend: B batch (hypotheses), S source length, T target length, V target v
 E embedding size, H decoder hidden size, C = 2 x encoder hidden size, P pre-output size.
 
 * ``--rnn-attention {global,local_p,flexible}`` (see :mod:`fairseq_plugins.attention.additive`);
+* ``--rnn-attention-fn {softmax,sparsemax,entmax15}``: the normaliser, a plain function of the
+  plugin's attention registry (default softmax, the paper's);
 * ``--flexible-sigma`` (eq. 6, default 1.5), ``--flexible-threshold`` ``tau`` (default inf; at
   decode time ``--model-overrides "{'flexible_threshold': 1.2}"``), ``--local-window-d`` (10);
 * ``p_0 = 0`` (the first source position; see the attention module);
@@ -33,11 +35,16 @@ end-of-generation callback a ``--user-dir`` can reach, and this needs no wrapper
 import atexit
 import math
 import sys
+from contextlib import nullcontext
+from dataclasses import dataclass, fields
+from typing import Optional
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from fairseq import utils
+from fairseq.dataclass import ChoiceEnum, FairseqDataclass
+from fairseq.dataclass.utils import gen_parser_from_dataclass
 from fairseq.models import (
     FairseqEncoder,
     FairseqEncoderDecoderModel,
@@ -45,13 +52,48 @@ from fairseq.models import (
     register_model,
     register_model_architecture,
 )
+from fairseq.utils import safe_getattr
+from omegaconf import OmegaConf, open_dict
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from ..attention.additive import ATTENTION_KINDS, AdditiveAttention
+from ..attention.additive import ATTENTION_KINDS, NORMALIZER_CHOICES, AdditiveAttention
 from ..modules.auxiliary import clear_auxiliary
+from ..options import check_fields, option
 from .precision import check_precision_flags
 
-__all__ = ["RNNsearchModel", "RNNsearchEncoder", "RNNsearchDecoder", "left_pad_attention"]
+__all__ = ["RNNsearchModel", "RNNsearchConfig", "RNNsearchEncoder", "RNNsearchDecoder", "left_pad_attention"]
+
+
+@dataclass
+class RNNsearchConfig(FairseqDataclass):
+    """Every option of ``rnnsearch`` (flags, ``model:`` keys of a hydra YAML), with the paper's
+    sizes as defaults (Section 5.1); ``rnnsearch_small`` changes the sizes only.  Checked once at
+    build (:func:`~fairseq_plugins.options.check_fields`)."""
+
+    encoder_embed_dim: int = option(1000, "source embedding size", ge=1)
+    encoder_hidden_size: int = option(1000, "hidden size of each direction of the bi-LSTM encoder", ge=1)
+    decoder_embed_dim: int = option(1000, "target embedding size", ge=1)
+    decoder_hidden_size: int = option(1000, "decoder LSTM size", ge=1)
+    attention_dim: Optional[int] = option(None, "width of W_a (and W_g, W_p); default: --decoder-hidden-size", ge=1)
+    decoder_out_embed_dim: int = option(600, "units of the layer before the output softmax (paper 600)", ge=1)
+    dropout: float = option(0.2, "dropout probability", ge=0, lt=1)
+    rnn_attention: ChoiceEnum(ATTENTION_KINDS) = option("global", f"attention: one of {', '.join(ATTENTION_KINDS)}")
+    rnn_attention_fn: ChoiceEnum(NORMALIZER_CHOICES) = option(
+        "softmax", "normaliser of the attention scores, a plain normaliser of the plugin's registry whose "
+                   f"weights are a distribution: {', '.join(NORMALIZER_CHOICES)} (default softmax, the paper's)")
+    flexible_sigma: float = option(1.5, "sigma of the flexible penalty g (s-p)^2/(2 sigma^2) (default 1.5)", gt=0)
+    flexible_threshold: float = option(
+        math.inf, "score only positions with penalty < TAU (default inf = all); decode-time: "
+                  "--model-overrides \"{'flexible_threshold': 1.2}\"", gt=0, allow_inf=True)
+    local_window_d: int = option(10, "half window D of local-p attention (default 10, sigma = D/2)", ge=1)
+
+
+_RNN_KEYS = frozenset(f.name for f in fields(RNNsearchConfig))
+
+
+def _config_context(args):
+    """``open_dict`` for an omegaconf config (arch presets add keys), else nothing."""
+    return open_dict(args) if OmegaConf.is_config(args) else nullcontext()
 
 
 def left_pad_attention(attn: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
@@ -131,7 +173,7 @@ class RNNsearchDecoder(FairseqIncrementalDecoder):
     """
 
     def __init__(self, dictionary, embed_dim, hidden_size, encoder_dim, attn_dim, out_dim, dropout,
-                 attention, sigma, threshold, local_d, sentence_avg=False, left_pad=True):
+                 attention, sigma, threshold, local_d, sentence_avg=False, left_pad=True, normalizer="softmax"):
         super().__init__(dictionary)
         self.left_pad = bool(left_pad)  # of the source: the padding of the returned attn
         self.padding_idx = dictionary.pad()
@@ -140,7 +182,8 @@ class RNNsearchDecoder(FairseqIncrementalDecoder):
         nn.init.constant_(self.embed_tokens.weight[self.padding_idx], 0)
         self.init_proj = nn.Linear(encoder_dim, hidden_size)
         self.attention = AdditiveAttention(hidden_size, encoder_dim, attn_dim, embed_dim, kind=attention,
-                                           sigma=sigma, threshold=threshold, local_d=local_d)
+                                           sigma=sigma, threshold=threshold, local_d=local_d,
+                                           normalizer=normalizer)
         self.cell = nn.LSTMCell(embed_dim + encoder_dim, hidden_size)
         self.pre_output = nn.Linear(hidden_size + encoder_dim + embed_dim, out_dim)
         self.output_projection = nn.Linear(out_dim, len(dictionary))
@@ -238,42 +281,28 @@ class RNNsearchModel(FairseqEncoderDecoderModel):
     """RNNsearch with selectable attention (Shu & Nakayama 2017, Sections 2-3 and 5.1).
 
     Raises (from :meth:`build_model`, also for checkpoint overrides):
-        ValueError: unknown ``rnn_attention`` (lists the valid choices), ``flexible_sigma`` not a
-            finite number > 0, ``local_window_d < 1``, ``flexible_threshold <= 0``.
+        ValueError: an option outside its declared range or choices (:class:`RNNsearchConfig`,
+            the message names the flag and lists the valid choices or range): e.g. unknown
+            ``rnn_attention`` / ``rnn_attention_fn``, ``flexible_sigma`` not a finite number > 0,
+            ``local_window_d < 1``, ``flexible_threshold`` not > 0 (``inf`` allowed, ``nan`` not),
+            ``dropout`` not in [0, 1); in a hydra ``DictConfig``, a key that is no option.
     """
 
     @staticmethod
     def add_args(parser):
-        parser.add_argument("--encoder-embed-dim", type=int, metavar="N", help="source embedding size")
-        parser.add_argument("--encoder-hidden-size", type=int, metavar="N",
-                            help="hidden size of each direction of the bi-LSTM encoder")
-        parser.add_argument("--decoder-embed-dim", type=int, metavar="N", help="target embedding size")
-        parser.add_argument("--decoder-hidden-size", type=int, metavar="N", help="decoder LSTM size")
-        parser.add_argument("--attention-dim", type=int, metavar="N", help="width of W_a (and W_g, W_p)")
-        parser.add_argument("--decoder-out-embed-dim", type=int, metavar="N",
-                            help="units of the layer before the output softmax (paper 600)")
-        parser.add_argument("--dropout", type=float, metavar="D", help="dropout probability")
-        parser.add_argument("--rnn-attention", choices=ATTENTION_KINDS,
-                            help=f"attention: one of {', '.join(ATTENTION_KINDS)}")
-        parser.add_argument("--flexible-sigma", type=float, metavar="SIGMA",
-                            help="sigma of the flexible penalty g (s-p)^2/(2 sigma^2) (default 1.5)")
-        parser.add_argument("--flexible-threshold", type=float, metavar="TAU",
-                            help="score only positions with penalty < TAU (default inf = all); "
-                                 "decode-time: --model-overrides \"{'flexible_threshold': 1.2}\"")
-        parser.add_argument("--local-window-d", type=int, metavar="D",
-                            help="half window D of local-p attention (default 10, sigma = D/2)")
+        """Flags generated from :class:`RNNsearchConfig` (no defaults: the arch presets fill them)."""
+        gen_parser_from_dataclass(parser, RNNsearchConfig(), delete_default=True, with_prefix="")
 
     @classmethod
     def build_model(cls, args, task):
+        if OmegaConf.is_config(args):
+            unknown = sorted(set(args.keys()) - _RNN_KEYS - {"_name", "arch"})
+            if unknown:
+                raise ValueError(f"unknown model option(s) {', '.join(unknown)} for rnnsearch; valid keys: "
+                                 f"{', '.join(sorted(_RNN_KEYS))}")
         base_architecture(args)
         check_precision_flags()  # --fp16/--bf16 this machine cannot train with (fairseq-train only)
-        if args.rnn_attention not in ATTENTION_KINDS:
-            raise ValueError(f"unknown rnn_attention {args.rnn_attention!r}; valid choices: "
-                             f"{', '.join(ATTENTION_KINDS)}")
-        if not (math.isfinite(float(args.flexible_sigma)) and float(args.flexible_sigma) > 0):
-            raise ValueError(f"--flexible-sigma must be a finite number > 0 (paper 1.5), got {args.flexible_sigma}")
-        if int(args.local_window_d) < 1:
-            raise ValueError(f"--local-window-d must be >= 1 (Luong et al. 2015: D = 10), got {args.local_window_d}")
+        check_fields(RNNsearchConfig(**{k: safe_getattr(args, k) for k in _RNN_KEYS}))
         left_pad = bool(getattr(args, "left_pad_source", True))
         encoder = RNNsearchEncoder(task.source_dictionary, args.encoder_embed_dim, args.encoder_hidden_size,
                                    args.dropout, left_pad=left_pad)
@@ -281,7 +310,8 @@ class RNNsearchModel(FairseqEncoderDecoderModel):
             task.target_dictionary, args.decoder_embed_dim, args.decoder_hidden_size, encoder.output_dim,
             args.attention_dim, args.decoder_out_embed_dim, args.dropout, args.rnn_attention,
             args.flexible_sigma, args.flexible_threshold, args.local_window_d,
-            sentence_avg=bool(getattr(args, "sentence_avg", False)), left_pad=left_pad)
+            sentence_avg=bool(getattr(args, "sentence_avg", False)), left_pad=left_pad,
+            normalizer=args.rnn_attention_fn)
         return cls(encoder, decoder)
 
     def forward(self, src_tokens, src_lengths, prev_output_tokens, **kwargs):
@@ -293,34 +323,27 @@ class RNNsearchModel(FairseqEncoderDecoderModel):
         return (self.encoder.max_positions(), self.decoder.max_positions())
 
 
+def _fill(args, **defaults) -> None:
+    """Set each option ``args`` lacks (missing or None) to its default; an explicit value (0
+    included) is kept, so that it reaches the check in :meth:`RNNsearchModel.build_model`."""
+    with _config_context(args):
+        for key, value in defaults.items():
+            if safe_getattr(args, key, None) is None:
+                setattr(args, key, value)
+
+
 @register_model_architecture("rnnsearch", "rnnsearch")
 def base_architecture(args):
-    """Paper sizes (Section 5.1): embeddings 1000, LSTMs 1000, pre-output 600."""
-    args.encoder_embed_dim = getattr(args, "encoder_embed_dim", None) or 1000
-    args.encoder_hidden_size = getattr(args, "encoder_hidden_size", None) or 1000
-    args.decoder_embed_dim = getattr(args, "decoder_embed_dim", None) or 1000
-    args.decoder_hidden_size = getattr(args, "decoder_hidden_size", None) or 1000
-    args.attention_dim = getattr(args, "attention_dim", None) or args.decoder_hidden_size
-    args.decoder_out_embed_dim = getattr(args, "decoder_out_embed_dim", None) or 600
-    args.dropout = 0.2 if getattr(args, "dropout", None) is None else args.dropout
-    args.rnn_attention = getattr(args, "rnn_attention", None) or "global"
-    # `is None` defaults, not `or`: an explicit 0 must reach the checks in build_model
-    sigma = getattr(args, "flexible_sigma", None)
-    args.flexible_sigma = 1.5 if sigma is None else sigma
-    tau = getattr(args, "flexible_threshold", None)
-    args.flexible_threshold = math.inf if tau is None else tau
-    d = getattr(args, "local_window_d", None)
-    args.local_window_d = 10 if d is None else d
+    """Paper sizes (Section 5.1): embeddings 1000, LSTMs 1000, pre-output 600 -- the defaults of
+    :class:`RNNsearchConfig`; ``attention_dim`` defaults to ``decoder_hidden_size``."""
+    default = RNNsearchConfig()
+    _fill(args, **{k: getattr(default, k) for k in _RNN_KEYS if k != "attention_dim"})
+    _fill(args, attention_dim=safe_getattr(args, "decoder_hidden_size"))
 
 
 @register_model_architecture("rnnsearch", "rnnsearch_small")
 def rnnsearch_small(args):
     """CPU preset for Multi30k (see README): embeddings / LSTMs / attention 256, pre-output 256."""
-    args.encoder_embed_dim = getattr(args, "encoder_embed_dim", None) or 256
-    args.encoder_hidden_size = getattr(args, "encoder_hidden_size", None) or 256
-    args.decoder_embed_dim = getattr(args, "decoder_embed_dim", None) or 256
-    args.decoder_hidden_size = getattr(args, "decoder_hidden_size", None) or 256
-    args.attention_dim = getattr(args, "attention_dim", None) or 256
-    args.decoder_out_embed_dim = getattr(args, "decoder_out_embed_dim", None) or 256
-    args.dropout = 0.3 if getattr(args, "dropout", None) is None else args.dropout
+    _fill(args, encoder_embed_dim=256, encoder_hidden_size=256, decoder_embed_dim=256, decoder_hidden_size=256,
+          attention_dim=256, decoder_out_embed_dim=256, dropout=0.3)
     base_architecture(args)

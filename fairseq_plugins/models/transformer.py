@@ -13,19 +13,51 @@ each one of :func:`fairseq_plugins.attention.attention_fn_names`.  With all thre
 ``softmax`` the model is numerically fairseq's stock ``transformer`` (same parameter names,
 shapes and initialisation order), which is the baseline of ReLA Table 1 row 1.
 
+Options: every option of the model is declared once, in :class:`AttentionTransformerConfig`
+(fairseq's ``TransformerConfig`` plus the plugin's fields, each with its help text and valid
+range).  The hyper-parameters of the attention functions are the functions' own option groups
+(:class:`~fairseq_plugins.options.OptionGroup`: ``rela_norm``, ``reluformer``, ``eatt``,
+``synth``; the FFN's ``ffn``), composed as fields; fairseq generates the flags from the
+dataclass (``reluformer.gamma`` -> ``--reluformer-gamma``).  The same flat names are the keys of
+``model:`` in a ``fairseq-hydra-train`` YAML (``reluformer_gamma: 1.0``; see ``configs/hydra/``).
+The arch presets' families are dataclasses too (:class:`RelaTransformerConfig`,
+:class:`ReluFormerTransformerConfig`, :class:`EattTransformerConfig`), which only change defaults.
+
+Why the model stays registered without ``dataclass=`` (fairseq "legacy" model with a dataclass
+that generates its flags, as fairseq's own ``transformer``): fairseq's
+``convert_namespace_to_omegaconf`` cannot convert a flat ``fairseq-train`` namespace into a
+``TransformerConfig``-based dataclass model (its nested ``encoder``/``decoder`` defaults become
+unparsable overrides), arch presets other than the model name are never merged with a model
+dataclass, and ``fairseq-hydra-train`` merges model dataclasses before ``common.user_dir`` is
+imported.  :meth:`AttentionTransformerConfig.from_namespace` reads both a ``Namespace`` and a
+hydra ``DictConfig`` (fairseq's ``TransformerConfig.from_namespace`` drops every extra key of a
+``DictConfig``, which made every plugin option vanish under ``fairseq-hydra-train``), and
+:meth:`AttentionTransformerModel.build_model` refuses ``model:`` keys that are no option.
+
 Only the layer factories are overridden (``build_encoder_layer``/``build_decoder_layer`` and
 the layers' ``build_self_attention``/``build_encoder_attention``); fairseq's classes do the rest.
 """
 
 import logging
-import math
+from argparse import Namespace
+from contextlib import nullcontext
+from dataclasses import dataclass, field, fields
+from typing import Dict, Set, Type
 
+from fairseq.dataclass import FairseqDataclass
+from fairseq.dataclass.utils import gen_parser_from_dataclass, interpret_dc_type
 from fairseq.distributed import fsdp_wrap
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import (
+    TransformerConfig,
     TransformerDecoderBase,
     TransformerEncoderBase,
     TransformerModel,
+)
+from fairseq.models.transformer.transformer_config import (
+    DecoderConfig,
+    EncDecBaseConfig,
+    QuantNoiseConfig,
 )
 from fairseq.models.transformer.transformer_legacy import (
     base_architecture,
@@ -36,15 +68,19 @@ from fairseq.modules.transformer_layer import (
     TransformerEncoderLayerBase,
 )
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
+from fairseq.utils import safe_getattr, safe_hasattr
+from omegaconf import OmegaConf, open_dict
 
 from ..attention import FunctionalMultiheadAttention, attention_fn_names, build_attention_fn
-from ..attention.functions import REG_TERMS
+from ..attention.eatt import EattOptions, SynthOptions
+from ..attention.functions import RelaNormOptions, ReluFormerOptions, attention_fn_options
 from ..modules.auxiliary import clear_auxiliary
-from ..modules.ffn import FFN_ACTIVATIONS, configure_ffn
-from ..modules.norms import NORM_SCOPES
+from ..modules.ffn import FfnOptions, configure_ffn
+from ..options import OptionGroup, check_fields, option
 from .precision import check_precision_flags
 
-__all__ = ["AttentionTransformerModel", "ATTENTION_TYPES", "validate_args"]
+__all__ = ["AttentionTransformerModel", "AttentionTransformerConfig", "RelaTransformerConfig",
+           "ReluFormerTransformerConfig", "EattTransformerConfig", "ATTENTION_TYPES", "validate_args"]
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +90,268 @@ ATTENTION_TYPES = {
     "decoder": ("--decoder-attention-fn", "decoder_attention_fn"),
     "cross": ("--cross-attention-fn", "cross_attention_fn"),
 }
+
+_TYPE_NAMES = {"encoder": "encoder self-attention", "decoder": "decoder self-attention",
+               "cross": "encoder-decoder (cross) attention"}
+
+
+def attention_fn_field(kind: str, default: str = "softmax"):
+    """The dataclass field of ``--{kind}-attention-fn`` with default ``default`` (the choices are the
+    registry's, set on the flag when the parser is built, so functions registered later count)."""
+    return option(default, f"attention function of the {_TYPE_NAMES[kind]}: a registered name "
+                           "(fairseq_plugins.attention.attention_fn_names())")
+
+
+#: fairseq's sub-configs of TransformerConfig (flat prefix -> class)
+_FAIRSEQ_SUBCONFIGS = {"encoder": EncDecBaseConfig, "decoder": DecoderConfig, "quant_noise": QuantNoiseConfig}
+
+
+@dataclass
+class AttentionTransformerConfig(TransformerConfig):
+    """Every option of ``attention_transformer``: fairseq's ``TransformerConfig`` plus the plugin's.
+
+    Flat names (``args.reluformer_gamma``, the ``model:`` keys of a hydra YAML) map onto the
+    option groups (``cfg.reluformer.gamma``) as fairseq maps ``encoder_embed_dim`` onto
+    ``cfg.encoder.embed_dim``; reading and writing the flat name works on an instance.
+
+    Where a new model-wide option goes: a field here (e.g. ``attention_backend:
+    ChoiceEnum(["auto", "torch", "triton"]) = option("auto", "...")``) -- the flag, its help, the
+    hydra key, the default written into checkpoints by every arch preset and the check at build
+    all follow.  A new hyper-parameter of one family of attention functions goes into that
+    family's :class:`~fairseq_plugins.options.OptionGroup` (a new family: a new group, composed
+    here as a field named like its prefix).
+    """
+
+    encoder_attention_fn: str = attention_fn_field("encoder")
+    decoder_attention_fn: str = attention_fn_field("decoder")
+    cross_attention_fn: str = attention_fn_field("cross")
+    # option groups of the attention-function families (field name == the group's prefix)
+    rela_norm: RelaNormOptions = field(default_factory=RelaNormOptions)
+    reluformer: ReluFormerOptions = field(default_factory=ReluFormerOptions)
+    eatt: EattOptions = field(default_factory=EattOptions)
+    synth: SynthOptions = field(default_factory=SynthOptions)
+    ffn: FfnOptions = field(default_factory=FfnOptions)
+    attention_entropy: bool = option(False, "log the mean attention entropy and null rate of every attention "
+                                            "in evaluation (validation) mode")
+
+    def __post_init__(self):
+        # fairseq's TransformerConfig defaults its sub-configs to the *classes*; writing
+        # cfg.encoder_embed_dim on such an instance would change the class for everyone.
+        for name, cls in _FAIRSEQ_SUBCONFIGS.items():
+            if isinstance(self.__dict__.get(name), type):
+                object.__setattr__(self, name, cls())
+
+    # -- flat names ---------------------------------------------------------------------------
+    @classmethod
+    def groups(cls) -> Dict[str, Type[OptionGroup]]:
+        """The composed option groups: field name (== prefix) -> class."""
+        out = {}
+        for f in fields(cls):
+            t = interpret_dc_type(f.type)
+            if isinstance(t, type) and issubclass(t, OptionGroup):
+                if t.prefix != f.name:
+                    raise TypeError(f"{cls.__name__}.{f.name}: option group {t.__name__} has prefix "
+                                    f"{t.prefix!r}; the field must be named like it")
+                out[f.name] = t
+        return out
+
+    @classmethod
+    def plugin_keys(cls) -> Dict[str, object]:
+        """Flat name -> default of every option the plugin adds to fairseq's (fields of this class
+        not in ``TransformerConfig``, option groups flattened): what every arch preset records."""
+        base = {f.name for f in fields(TransformerConfig)}
+        groups = cls.groups()
+        default = cls()
+        out = {}
+        for f in fields(cls):
+            if f.name in base:
+                continue
+            if f.name in groups:
+                g = getattr(default, f.name)
+                out.update({g.attr(n): getattr(g, n) for n in g.option_names()})
+            else:
+                out[f.name] = getattr(default, f.name)
+        return out
+
+    @classmethod
+    def flat_keys(cls) -> Set[str]:
+        """Every flat option name (fairseq's and the plugin's; sub-configs as ``encoder_embed_dim``)."""
+        keys = set()
+        for f in fields(cls):
+            t = interpret_dc_type(f.type)
+            if isinstance(t, type) and issubclass(t, FairseqDataclass):
+                keys |= {f"{f.name}_{g.name}" for g in fields(t) if not g.name.startswith("_")}
+            else:
+                keys.add(f.name)
+        return keys
+
+    @staticmethod
+    def _split(name):
+        """``"reluformer_gamma"`` -> ``("reluformer", "gamma")``; ``(None, None)`` if no group option."""
+        for prefix, keys in _GROUP_KEYS.items():
+            if name.startswith(prefix + "_") and name[len(prefix) + 1:] in keys:
+                return prefix, name[len(prefix) + 1:]
+        return None, None
+
+    def __getattr__(self, name):  # only called when normal lookup fails
+        if not name.startswith("__"):
+            group, key = self._split(name)
+            if group is not None:
+                return getattr(self.__dict__[group], key)
+        return super().__getattr__(name)
+
+    def __setattr__(self, name, value):
+        if name in _OWN_FIELDS:
+            object.__setattr__(self, name, value)
+            return
+        group, key = self._split(name)
+        if group is not None:
+            setattr(self.__dict__[group], key, value)
+        else:
+            super().__setattr__(name, value)
+
+    # -- from fairseq's args ------------------------------------------------------------------
+    @classmethod
+    def from_namespace(cls, args):
+        """The config of a flat ``argparse.Namespace`` (``fairseq-train``, old checkpoints) or a
+        flat ``DictConfig`` (``fairseq-hydra-train``, its checkpoints); an instance is returned as is.
+
+        Like fairseq's ``TransformerConfig.from_namespace`` (prefixed keys go into the
+        ``encoder``/``decoder``/``quant_noise`` sub-configs; every other attribute of a
+        ``Namespace`` is kept on the config, as fairseq code expects), but reading the plugin's
+        options from a ``DictConfig`` too.  A missing or ``None`` plugin option keeps its default.
+        """
+        if args is None or isinstance(args, cls):
+            return args
+        config = cls()
+        seen = set()
+        groups = cls.groups()
+        base = {f.name for f in fields(TransformerConfig)}
+        for f in fields(cls):
+            name = f.name
+            if name in _FAIRSEQ_SUBCONFIGS:
+                sub_cls = _FAIRSEQ_SUBCONFIGS[name]
+                nested = safe_getattr(args, name, None)
+                if nested is not None and not isinstance(nested, type):
+                    seen.add(name)
+                    sub = sub_cls(**(OmegaConf.to_container(nested) if OmegaConf.is_config(nested)
+                                     else dict(nested) if isinstance(nested, dict) else vars(nested)))
+                else:
+                    sub = TransformerConfig._copy_keys(args, sub_cls, name, seen)
+                object.__setattr__(config, name, sub)
+            elif name in groups:
+                values = {}
+                for key in groups[name].option_names():
+                    attr = groups[name].attr(key)
+                    if safe_hasattr(args, attr):
+                        seen.add(attr)
+                        v = safe_getattr(args, attr)
+                        if v is not None:
+                            values[key] = v
+                object.__setattr__(config, name, groups[name](**values))
+            elif safe_hasattr(args, name):
+                seen.add(name)
+                value = safe_getattr(args, name)
+                if value is not None or name in base:
+                    setattr(config, name, value)
+        if isinstance(args, Namespace):
+            extras = vars(args)
+        elif OmegaConf.is_config(args):
+            extras = {k: args[k] for k in args}
+        else:
+            extras = {}
+        for key, value in extras.items():
+            if key not in seen:
+                setattr(config, key, value)
+        return config
+
+    # -- the one check ------------------------------------------------------------------------
+    def validate(self) -> None:
+        """Check every option at build: the attention functions are registered; every number of
+        the config (fairseq's too: ``--dropout nan`` is refused) is finite and in range; every
+        choice is valid; each option group checks its own fields (:meth:`OptionGroup.validate`).
+
+        Raises:
+            ValueError: naming the flag and the valid choices or range.
+        """
+        valid = attention_fn_names()
+        for flag, attr in ATTENTION_TYPES.values():
+            name = getattr(self, attr)
+            if name not in valid:
+                raise ValueError(f"{flag} {name!r} is not a registered attention function; "
+                                 f"valid choices: {', '.join(valid)}")
+        check_fields(self)
+
+
+_OWN_FIELDS = frozenset(f.name for f in fields(AttentionTransformerConfig)) - \
+    frozenset(f.name for f in fields(TransformerConfig))
+#: option group prefix -> its field names (the flat names ``<prefix>_<name>`` an instance maps)
+_GROUP_KEYS = {p: frozenset(g.option_names()) for p, g in AttentionTransformerConfig.groups().items()}
+
+
+@dataclass
+class RelaTransformerConfig(AttentionTransformerConfig):
+    """ReLA (Zhang, Titov & Sennrich 2021, Section 5): ReLA-g (eq. 5) in all three attention types."""
+
+    encoder_attention_fn: str = attention_fn_field("encoder", "rela_g")
+    decoder_attention_fn: str = attention_fn_field("decoder", "rela_g")
+    cross_attention_fn: str = attention_fn_field("cross", "rela_g")
+
+
+@dataclass
+class ReluFormerTransformerConfig(AttentionTransformerConfig):
+    """ReLUFormer (Shen et al. 2023): ReLUFormer attention (eq. 6) in all three attention types;
+    train with ``--criterion label_smoothed_cross_entropy_with_reg`` (eq. 7)."""
+
+    encoder_attention_fn: str = attention_fn_field("encoder", "reluformer")
+    decoder_attention_fn: str = attention_fn_field("decoder", "reluformer")
+    cross_attention_fn: str = attention_fn_field("cross", "reluformer")
+
+
+@dataclass
+class EattTransformerConfig(AttentionTransformerConfig):
+    """E-ATT (Section 4.1, App. B): E-ATT (binarised selection + L1 scores, eqs. 7-13) in all three
+    attention types -- the paper replaces every attention (its Figure 2 reports rho for
+    Enc-Self, Dec-Self and cross attention; the official code has an incremental E-ATT decoder
+    self-attention); tau = 1.0 (App. B, :class:`~fairseq_plugins.attention.eatt.EattOptions`)."""
+
+    encoder_attention_fn: str = attention_fn_field("encoder", "eatt")
+    decoder_attention_fn: str = attention_fn_field("decoder", "eatt")
+    cross_attention_fn: str = attention_fn_field("cross", "eatt")
+
+
+def _config_context(args):
+    """``open_dict`` for an omegaconf config (arch presets add keys), else nothing."""
+    return open_dict(args) if OmegaConf.is_config(args) else nullcontext()
+
+
+def apply_family(args, family: Type[AttentionTransformerConfig] = AttentionTransformerConfig) -> None:
+    """Fill every plugin option ``args`` lacks (missing or None) with ``family``'s default -- the
+    family differs from :class:`AttentionTransformerConfig` only where its dataclass says so (the
+    attention functions) -- so ``cfg.model`` in a checkpoint records every function and
+    hyper-parameter.  Explicit values (0 included) are kept and reach the check at build.
+
+    Args:
+        args: ``Namespace`` or ``DictConfig`` (flat), modified in place.
+    """
+    with _config_context(args):
+        for key, default in family.plugin_keys().items():
+            if safe_getattr(args, key, None) is None:
+                setattr(args, key, default)
+
+
+def _check_keys(args) -> None:
+    """Refuse ``model:`` keys of a hydra ``DictConfig`` that are no option (a misspelt key would
+    otherwise be ignored silently).
+
+    Raises:
+        ValueError: naming the unknown keys and pointing at the valid ones.
+    """
+    unknown = sorted(set(args.keys()) - AttentionTransformerConfig.flat_keys() - {"_name", "arch"})
+    if unknown:
+        raise ValueError(f"unknown model option(s) {', '.join(unknown)} for attention_transformer; valid "
+                         "keys are the flags of `fairseq-train --arch <arch> --help` with '_' for '-' "
+                         "(e.g. encoder_attention_fn, reluformer_gamma, encoder_layers)")
 
 
 def _attention(cfg, kind: str, embed_dim: int, num_heads: int, quant_noise, qn_block_size, **kw):
@@ -146,16 +444,21 @@ class AttentionTransformerDecoder(TransformerDecoderBase):
 AUX_CRITERIONS = ("label_smoothed_cross_entropy_with_reg",)
 
 
-def validate_args(args):
-    """Check the attention functions and their hyper-parameters before the model is built.
+def validate_args(args) -> AttentionTransformerConfig:
+    """Check the options before the model is built (:meth:`AttentionTransformerConfig.validate`)
+    and warn about legal but probably unintended settings.
 
     Args:
-        args: the fairseq-train/-generate namespace (after the arch preset filled defaults).
+        args: the fairseq-train/-generate namespace or hydra ``model:`` config (after the arch
+            preset filled defaults), or an :class:`AttentionTransformerConfig`.
+
+    Returns:
+        the :class:`AttentionTransformerConfig` of ``args``.
 
     Raises:
-        ValueError: an unknown ``--*-attention-fn`` (lists the valid choices); a non-finite or
-            non-positive ``--reluformer-gamma`` or ``--rela-norm-eps``; a non-finite or negative
-            ``--reluformer-entropy-c``.
+        ValueError: an unknown ``--*-attention-fn`` (lists the valid choices); a number that is
+            not finite or out of range (e.g. ``--reluformer-gamma 0``, ``--eatt-tau nan``,
+            ``--dropout inf``), an invalid choice -- the message names the flag.
 
     Warns (``logger.warning``, training continues) for legal but probably unintended settings:
     a ReLUFormer function trained with a criterion that ignores its eq. 7 regulariser
@@ -163,50 +466,36 @@ def validate_args(args):
     ``label_smoothed_cross_entropy_with_reg`` for the "- reg loss" ablation, which still logs
     the terms); ``--attention-entropy`` with such a criterion (nothing would be logged);
     ``--reluformer-entropy-c >= 1`` (H(s_bar) <= log n, so the entropy term is always 0);
-    ``--reluformer-*`` given while no attention type uses a ReLUFormer function.
+    options of a function family set away from their defaults while no attention type uses
+    that family (e.g. ``--reluformer-gamma 2`` with ReLA-g everywhere).
     """
-    valid = attention_fn_names()
-    names = []
-    for kind, (flag, attr) in ATTENTION_TYPES.items():
-        name = getattr(args, attr)
-        if name not in valid:
-            raise ValueError(f"{flag} {name!r} is not a registered attention function; "
-                             f"valid choices: {', '.join(valid)}")
-        names.append(name)
-    gamma = getattr(args, "reluformer_gamma", None)
-    if gamma is not None and not (math.isfinite(gamma) and gamma > 0):
-        raise ValueError(f"--reluformer-gamma must be a finite number > 0 (the factor gamma*sqrt(n/2) "
-                         f"divides the scores, ReLUFormer eq. 6), got {gamma}")
-    c = getattr(args, "reluformer_entropy_c", None)
-    if c is not None and not (math.isfinite(c) and c >= 0):
-        raise ValueError(f"--reluformer-entropy-c must be a finite number >= 0 (bound c*log n of "
-                         f"ReLUFormer eq. 7; the paper uses 0.7), got {c}")
-    eps = getattr(args, "rela_norm_eps", None)
-    if eps is not None and not (math.isfinite(eps) and eps > 0):
-        raise ValueError(f"--rela-norm-eps must be a finite number > 0, got {eps}")
-    uses_reluformer = any(n.startswith("reluformer") for n in names)
-    criterion = getattr(args, "criterion", None)
-    if uses_reluformer and c is not None and c >= 1:
+    cfg = AttentionTransformerConfig.from_namespace(args)
+    cfg.validate()
+    names = [getattr(cfg, attr) for _, attr in ATTENTION_TYPES.values()]
+    used = {attention_fn_options(n) for n in names} - {None}
+    uses_reluformer = ReluFormerOptions in used
+    c = cfg.reluformer.entropy_c
+    criterion = safe_getattr(args, "criterion", None)
+    if uses_reluformer and c >= 1:
         logger.warning("--reluformer-entropy-c %s >= 1: H(s_bar) <= log n, so the entropy term of "
                        "eq. 7 is always 0", c)
-    if criterion is not None and criterion not in AUX_CRITERIONS:
+    if isinstance(criterion, str) and criterion not in AUX_CRITERIONS:
         if uses_reluformer:
             logger.warning("attention functions %s record ReLUFormer's eq. 7 regulariser, but "
                            "--criterion %s ignores it (trained without it); use --criterion %s "
                            "(--reg-weight 0 logs the terms without training on them)",
-                           sorted(set(n for n in names if n.startswith("reluformer"))), criterion,
-                           " or ".join(AUX_CRITERIONS))
-        if getattr(args, "attention_entropy", False):
+                           sorted(set(n for n in names if attention_fn_options(n) is ReluFormerOptions)),
+                           criterion, " or ".join(AUX_CRITERIONS))
+        if cfg.attention_entropy:
             logger.warning("--attention-entropy: the statistics are logged by --criterion %s only, "
                            "not by %s", " or ".join(AUX_CRITERIONS), criterion)
-    if not uses_reluformer:
-        given = [f for f, a in (("--reluformer-gamma", "reluformer_gamma"),
-                                ("--reluformer-entropy-c", "reluformer_entropy_c"),
-                                ("--reluformer-reg-terms", "reluformer_reg_terms"))
-                 if getattr(args, a, None) is not None]
-        if given:
-            logger.warning("%s given but no attention type uses a ReLUFormer function "
-                           "(functions: %s); ignored", ", ".join(given), ", ".join(names))
+    for prefix, group_cls in AttentionTransformerConfig.groups().items():
+        if group_cls in attention_fn_options() and group_cls not in used:
+            given = getattr(cfg, prefix).given()
+            if given:
+                logger.warning("%s given but no attention type uses a %s function (functions: %s); "
+                               "ignored", ", ".join(given), group_cls.family, ", ".join(names))
+    return cfg
 
 
 @register_model("attention_transformer")
@@ -220,54 +509,31 @@ class AttentionTransformerModel(TransformerModel):
 
     @classmethod
     def add_args(cls, parser):
-        super().add_args(parser)
+        """Flags generated from :class:`AttentionTransformerConfig` (fairseq's Transformer flags plus
+        the plugin's), without defaults so that the arch presets fill them; the attention-function
+        flags take the registry's names as choices."""
+        gen_parser_from_dataclass(parser, AttentionTransformerConfig(), delete_default=True, with_prefix="")
         names = attention_fn_names()
-        for kind, (flag, _) in ATTENTION_TYPES.items():
-            parser.add_argument(
-                flag, choices=names, metavar="FN",
-                help=f"attention function of the {kind} attention; one of: {', '.join(names)}",
-            )
-        parser.add_argument("--rela-norm-eps", type=float, metavar="EPS",
-                            help="epsilon of ReLA's (gated) RMSNorm (released code: 1e-8)")
-        parser.add_argument("--rela-norm-scope", choices=NORM_SCOPES,
-                            help="statistics of ReLA's (gated) RMSNorm/LayerNorm: over the "
-                                 "concatenated heads ('concat', the released code; default) or "
-                                 "per head ('head', the paper's text: z, g in R^{d_h})")
-        parser.add_argument("--reluformer-reg-terms", choices=REG_TERMS,
-                            help="which terms of ReLUFormer's eq. 7 regulariser are trained on "
-                                 "(the other is still logged): both (default), norm "
-                                 "(|log sum s|) or entropy (max(H - c log n, 0))")
-        parser.add_argument("--reluformer-gamma", type=float, metavar="G",
-                            help="gamma of ReLUFormer's variance-reduction factor "
-                                 "gamma*sqrt(n/2) (eq. 6; default 1.0)")
-        parser.add_argument("--reluformer-entropy-c", type=float, metavar="C",
-                            help="entropy bound C = c*log(n) of ReLUFormer eq. 7 (default 0.7)")
-        parser.add_argument("--eatt-tau", type=float, metavar="TAU",
-                            help="E-ATT binarisation threshold tau of f(x) = 1[x > tau] (eq. 7) "
-                                 "and centre of the surrogate gradient (eq. 8); default 1.0 "
-                                 "(the paper's appendix; the official code uses 0.0)")
-        parser.add_argument("--synth-max-len", type=int, metavar="L",
-                            help="maximum token position + 1 of the Synthesizer functions "
-                                 "synth_dense / synth_random (default 256)")
-        parser.add_argument("--synth-random-fixed", action="store_true",
-                            help="keep synth_random's score matrix fixed at its random "
-                                 "initialisation (default: trained, the paper's RandInit)")
-        parser.add_argument("--attention-entropy", action="store_true",
-                            help="log the mean attention entropy and null rate of every "
-                                 "attention in evaluation (validation) mode")
-        parser.add_argument("--ffn-activation", choices=sorted(FFN_ACTIVATIONS),
-                            help="FFN activation over the d_ff slots (ReLUFormer Table 1); "
-                                 "default: --activation-fn")
-        parser.add_argument("--ffn-output-layernorm", action="store_true",
-                            help="LayerNorm on the FFN output, LN(act(X W1) W2) "
-                                 "(ReLUFormer Section 3.2)")
+        flags = {attr for _, attr in ATTENTION_TYPES.values()}
+        for action in parser._actions:
+            if action.dest in flags:
+                action.choices, action.metavar = names, "FN"
+                action.help = f"{action.help.split(': a registered name')[0]}; one of: {', '.join(names)}"
 
     @classmethod
     def build_model(cls, args, task):
+        """Build from a flat ``Namespace`` or a hydra ``DictConfig`` (``model:``); see :func:`validate_args`.
+
+        Raises:
+            ValueError: an invalid option (:func:`validate_args`) or, in a ``DictConfig``, a key
+                that is no option.
+        """
+        if OmegaConf.is_config(args):
+            _check_keys(args)
         attention_transformer_base(args)
-        validate_args(args)
+        cfg = validate_args(args)
         check_precision_flags()  # --fp16/--bf16 this machine cannot train with (fairseq-train only)
-        return super().build_model(args, task)
+        return super().build_model(cfg, task)
 
     def forward(self, *args, **kwargs):
         """fairseq's forward, after dropping the auxiliary records of any earlier pass, so that
@@ -286,63 +552,51 @@ class AttentionTransformerModel(TransformerModel):
             cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention)
 
 
-def _set_attention_fns(args, default: str):
-    for _, attr in ATTENTION_TYPES.values():
-        if getattr(args, attr, None) is None:
-            setattr(args, attr, default)
-    if getattr(args, "rela_norm_eps", None) is None:
-        args.rela_norm_eps = 1e-8
-
-
 @register_model_architecture("attention_transformer", "attention_transformer")
 def attention_transformer_base(args):
     """Transformer base with softmax everywhere unless a flag says otherwise."""
-    _set_attention_fns(args, "softmax")
-    base_architecture(args)
+    apply_family(args, AttentionTransformerConfig)
+    with _config_context(args):
+        base_architecture(args)
 
 
 @register_model_architecture("attention_transformer", "rela_transformer")
 def rela_transformer(args):
     """ReLA paper setting (Section 5): Transformer base, ReLA-g in all three attention types."""
-    _set_attention_fns(args, "rela_g")
-    base_architecture(args)
+    apply_family(args, RelaTransformerConfig)
+    with _config_context(args):
+        base_architecture(args)
 
 
 @register_model_architecture("attention_transformer", "rela_transformer_iwslt_de_en")
 def rela_transformer_iwslt_de_en(args):
     """fairseq's ``transformer_iwslt_de_en`` sizes (6+6 layers, 4 heads, d 512, FFN 1024), ReLA-g."""
-    _set_attention_fns(args, "rela_g")
-    transformer_iwslt_de_en(args)
+    apply_family(args, RelaTransformerConfig)
+    with _config_context(args):
+        transformer_iwslt_de_en(args)
 
 
 def small_preset(args):
     """The CPU preset used for results here: 3+3 layers, d 256, 4 heads (d_h 64), FFN 1024,
     all embeddings shared (needs a joined dictionary), dropout 0.1."""
-    args.encoder_embed_dim = getattr(args, "encoder_embed_dim", 256)
-    args.encoder_ffn_embed_dim = getattr(args, "encoder_ffn_embed_dim", 1024)
-    args.encoder_attention_heads = getattr(args, "encoder_attention_heads", 4)
-    args.encoder_layers = getattr(args, "encoder_layers", 3)
-    args.decoder_embed_dim = getattr(args, "decoder_embed_dim", 256)
-    args.decoder_ffn_embed_dim = getattr(args, "decoder_ffn_embed_dim", 1024)
-    args.decoder_attention_heads = getattr(args, "decoder_attention_heads", 4)
-    args.decoder_layers = getattr(args, "decoder_layers", 3)
-    args.share_all_embeddings = getattr(args, "share_all_embeddings", True)
-    base_architecture(args)
+    with _config_context(args):
+        args.encoder_embed_dim = getattr(args, "encoder_embed_dim", 256)
+        args.encoder_ffn_embed_dim = getattr(args, "encoder_ffn_embed_dim", 1024)
+        args.encoder_attention_heads = getattr(args, "encoder_attention_heads", 4)
+        args.encoder_layers = getattr(args, "encoder_layers", 3)
+        args.decoder_embed_dim = getattr(args, "decoder_embed_dim", 256)
+        args.decoder_ffn_embed_dim = getattr(args, "decoder_ffn_embed_dim", 1024)
+        args.decoder_attention_heads = getattr(args, "decoder_attention_heads", 4)
+        args.decoder_layers = getattr(args, "decoder_layers", 3)
+        args.share_all_embeddings = getattr(args, "share_all_embeddings", True)
+        base_architecture(args)
 
 
 @register_model_architecture("attention_transformer", "rela_transformer_small")
 def rela_transformer_small(args):
     """CPU-sized ReLA-g Transformer (see :func:`small_preset`)."""
-    _set_attention_fns(args, "rela_g")
+    apply_family(args, RelaTransformerConfig)
     small_preset(args)
-
-
-def _reluformer(args):
-    _set_attention_fns(args, "reluformer")
-    if getattr(args, "reluformer_gamma", None) is None:  # (not `or`: 0 must reach the check)
-        args.reluformer_gamma = 1.0
-    if getattr(args, "reluformer_entropy_c", None) is None:
-        args.reluformer_entropy_c = 0.7
 
 
 @register_model_architecture("attention_transformer", "reluformer")
@@ -350,52 +604,48 @@ def reluformer(args):
     """ReLUFormer (Shen et al. 2023): Transformer base, ReLUFormer attention (eq. 6) in encoder
     self, decoder self and cross attention, ReLU FFN.  Train with the criterion
     ``label_smoothed_cross_entropy_with_reg`` (eq. 7)."""
-    _reluformer(args)
-    base_architecture(args)
+    apply_family(args, ReluFormerTransformerConfig)
+    with _config_context(args):
+        base_architecture(args)
 
 
 @register_model_architecture("attention_transformer", "reluformer_iwslt_de_en")
 def reluformer_iwslt_de_en(args):
     """ReLUFormer at the paper's IWSLT14 size (App. A.2: 6+6 layers, 4 heads, d 512, FFN 1024)."""
-    _reluformer(args)
-    transformer_iwslt_de_en(args)
+    apply_family(args, ReluFormerTransformerConfig)
+    with _config_context(args):
+        transformer_iwslt_de_en(args)
 
 
 @register_model_architecture("attention_transformer", "reluformer_small")
 def reluformer_small(args):
     """CPU-sized ReLUFormer, same sizes as ``rela_transformer_small`` (see :func:`small_preset`)."""
-    _reluformer(args)
+    apply_family(args, ReluFormerTransformerConfig)
     small_preset(args)
-
-
-def _eatt(args):
-    _set_attention_fns(args, "eatt")
-    if getattr(args, "eatt_tau", None) is None:
-        args.eatt_tau = 1.0
 
 
 @register_model_architecture("attention_transformer", "eatt_transformer")
 def eatt_transformer(args):
-    """E-ATT paper setting (Section 4.1, App. B): Transformer base with E-ATT (binarised
-    selection + L1 scores, eqs. 7-13) in encoder self, decoder self and cross attention --
-    the paper replaces every attention (its Figure 2 reports rho for Enc-Self, Dec-Self and
-    cross attention; the official code has an incremental E-ATT decoder self-attention);
-    tau = 1.0 (App. B).  Hybrids (Table 5): override any of the three ``--*-attention-fn``."""
-    _eatt(args)
-    base_architecture(args)
+    """E-ATT paper setting (Section 4.1, App. B; :class:`EattTransformerConfig`): Transformer base
+    with E-ATT in encoder self, decoder self and cross attention, tau = 1.0.  Hybrids (Table 5):
+    override any of the three ``--*-attention-fn``."""
+    apply_family(args, EattTransformerConfig)
+    with _config_context(args):
+        base_architecture(args)
 
 
 @register_model_architecture("attention_transformer", "eatt_transformer_iwslt_de_en")
 def eatt_transformer_iwslt_de_en(args):
     """E-ATT at fairseq's ``transformer_iwslt_de_en`` sizes (6+6 layers, 4 heads, d 512, FFN 1024)."""
-    _eatt(args)
-    transformer_iwslt_de_en(args)
+    apply_family(args, EattTransformerConfig)
+    with _config_context(args):
+        transformer_iwslt_de_en(args)
 
 
 @register_model_architecture("attention_transformer", "eatt_transformer_small")
 def eatt_transformer_small(args):
     """CPU-sized E-ATT Transformer, same sizes as ``rela_transformer_small`` (:func:`small_preset`)."""
-    _eatt(args)
+    apply_family(args, EattTransformerConfig)
     small_preset(args)
 
 

@@ -9,12 +9,18 @@ The key-value-memory reading replaces ``act = ReLU`` by ``softmax`` over the ``F
 pre/post LayerNorm around this block.
 """
 
+from dataclasses import dataclass
+from typing import Optional
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from fairseq.dataclass import ChoiceEnum
 from fairseq.modules import LayerNorm
 
-__all__ = ["FFN_ACTIVATIONS", "softmax_over_slots", "LinearThenLayerNorm", "configure_ffn"]
+from ..options import OptionGroup, option
+
+__all__ = ["FFN_ACTIVATIONS", "FfnOptions", "softmax_over_slots", "LinearThenLayerNorm", "configure_ffn"]
 
 
 def softmax_over_slots(x: torch.Tensor) -> torch.Tensor:
@@ -24,6 +30,17 @@ def softmax_over_slots(x: torch.Tensor) -> torch.Tensor:
 
 #: ``--ffn-activation`` choices; ``None`` keeps fairseq's ``--activation-fn``.
 FFN_ACTIVATIONS = {"relu": F.relu, "softmax": softmax_over_slots}
+
+
+@dataclass
+class FfnOptions(OptionGroup):
+    """Options of the FFN viewed as a key-value memory (``--ffn-*``; ReLUFormer Section 3)."""
+
+    prefix = "ffn"
+    family = "FFN"
+    activation: Optional[ChoiceEnum(sorted(FFN_ACTIVATIONS))] = option(
+        None, "FFN activation over the d_ff slots (ReLUFormer Table 1); default: --activation-fn")
+    output_layernorm: bool = option(False, "LayerNorm on the FFN output, LN(act(X W1) W2) (ReLUFormer Section 3.2)")
 
 
 class LinearThenLayerNorm(nn.Linear):
@@ -53,19 +70,17 @@ class LinearThenLayerNorm(nn.Linear):
 
 
 def configure_ffn(layer: nn.Module, cfg) -> None:
-    """Apply ``--ffn-activation`` / ``--ffn-output-layernorm`` to a fairseq Transformer layer.
+    """Apply ``--ffn-activation`` / ``--ffn-output-layernorm`` (:class:`FfnOptions`, read from
+    ``cfg``) to a fairseq Transformer layer.
 
     Raises:
         ValueError: unknown ``ffn_activation`` (the message lists the valid choices), or
             ``--ffn-output-layernorm`` on a layer whose ``fc2`` is not an ``nn.Linear``.
     """
-    act = getattr(cfg, "ffn_activation", None)
-    if act is not None:
-        if act not in FFN_ACTIVATIONS:
-            raise ValueError(f"unknown --ffn-activation {act!r}; valid choices: "
-                             f"{', '.join(sorted(FFN_ACTIVATIONS))}")
-        layer.activation_fn = FFN_ACTIVATIONS[act]
-    if getattr(cfg, "ffn_output_layernorm", False):
+    opts = FfnOptions.from_args(cfg)
+    if opts.activation is not None:
+        layer.activation_fn = FFN_ACTIVATIONS[str(opts.activation)]
+    if opts.output_layernorm:
         if type(layer.fc2) is not nn.Linear or layer.fc2._forward_pre_hooks:
             raise ValueError("--ffn-output-layernorm needs a plain nn.Linear fc2 "
                              "(quantization noise on the FFN is not supported with it)")
