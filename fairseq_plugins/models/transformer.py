@@ -38,6 +38,7 @@ from fairseq.modules.transformer_layer import (
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 
 from ..attention import FunctionalMultiheadAttention, attention_fn_names, build_attention_fn
+from ..attention.backend import BACKENDS
 from ..attention.functions import REG_TERMS
 from ..modules.auxiliary import clear_auxiliary
 from ..modules.ffn import FFN_ACTIVATIONS, configure_ffn
@@ -251,6 +252,11 @@ class AttentionTransformerModel(TransformerModel):
         parser.add_argument("--synth-random-fixed", action="store_true",
                             help="keep synth_random's score matrix fixed at its random "
                                  "initialisation (default: trained, the paper's RandInit)")
+        parser.add_argument("--attention-backend", choices=BACKENDS,
+                            help="kernels of the fused attention paths: auto (default: triton on "
+                                 "CUDA when triton imports, else torch), torch (the PyTorch "
+                                 "reference), triton (fused Triton kernels; on CPU only with "
+                                 "TRITON_INTERPRET=1)")
         parser.add_argument("--attention-entropy", action="store_true",
                             help="log the mean attention entropy and null rate of every "
                                  "attention in evaluation (validation) mode")

@@ -77,7 +77,7 @@ from typing import Optional
 import torch
 
 __all__ = ["relu_attention", "l1_softmax_attention", "triton_available", "interpret_requested",
-           "ACTIVATIONS", "MAX_HEAD_DIM"]
+           "self_test", "ACTIVATIONS", "MAX_HEAD_DIM", "FAMILIES"]
 
 #: activations of :func:`relu_attention` -> kernel code (0 ReLU, 1 GeLU, 2 Leaky ReLU 0.01)
 ACTIVATIONS = {"relu": 0, "gelu": 1, "leaky_relu": 2}
@@ -176,6 +176,13 @@ def _dtypes(dtype: torch.dtype, interpret: bool):
     return tl.float32, "tf32"  # bf16 / fp16 operands: the precision flag does not apply
 
 
+def _upcast(dtype: torch.dtype, interpret: bool) -> bool:
+    """Triton's interpreter computes ``tl.dot`` of bfloat16 tiles wrongly (numpy has no bfloat16):
+    there the kernels convert the operands to float32 first (the rounding of ``s``/``p`` to
+    bfloat16 before ``@ V`` is kept).  Compiled kernels use bfloat16 tensor-core products."""
+    return bool(interpret and dtype == torch.bfloat16)
+
+
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
@@ -238,7 +245,8 @@ def _seed(dropout_p: float) -> int:
 def _rect_meta(mod, q, interpret, act, mask_mode, causal, stats, dropout, has_r):
     acc, prec = _dtypes(q.dtype, interpret)
     meta = dict(HAS_R=has_r, MASK_MODE=mask_mode, CAUSAL=bool(causal), ACT=act, STATS=bool(stats),
-                DROPOUT=bool(dropout), ACC=acc, PREC=prec, BLOCK_D=_block_d(q.shape[-1]))
+                DROPOUT=bool(dropout), ACC=acc, PREC=prec, UPCAST=_upcast(q.dtype, interpret),
+                BLOCK_D=_block_d(q.shape[-1]))
     if interpret:
         meta.update(mod.INTERPRET_BLOCKS)
     return meta
@@ -378,7 +386,7 @@ def relu_attention(q, k, v, row_scale, mask=None, dropout_p=0.0, need_stats=Fals
 def _l1_meta(mod, q, interpret, mask_mode, causal, dropout):
     acc, prec = _dtypes(q.dtype, interpret)
     meta = dict(MASK_MODE=mask_mode, CAUSAL=bool(causal), DROPOUT=bool(dropout), ACC=acc, PREC=prec,
-                BLOCK_D=_block_d(q.shape[-1]))
+                UPCAST=_upcast(q.dtype, interpret), BLOCK_D=_block_d(q.shape[-1]))
     if interpret:
         meta.update(mod.INTERPRET_BLOCKS)
     return meta
@@ -469,3 +477,76 @@ def l1_softmax_attention(q, k, v, scale, mask=None, dropout_p=0.0, causal=False,
     out, lse = _L1SoftmaxAttention.apply(q, k, v, mask, float(scale), float(dropout_p), bool(causal),
                                          _seed(dropout_p), interpret)
     return (out, lse) if return_lse else out
+
+
+# --------------------------------------------------------------------------------------------
+# start-up check (used by --attention-backend auto)
+# --------------------------------------------------------------------------------------------
+#: kernel families and the attention functions they serve
+FAMILIES = ("rectified", "l1softmax")
+
+
+def self_test(family: str, device, dtype: torch.dtype) -> Optional[str]:
+    """Compile and run one family's kernels on a small input against the PyTorch reference.
+
+    ``B 2, H 2, T 24, S 40, d 32``, key padding, forward + backward (the rectified family with a
+    row scale and the eq. 7 statistics).  Used by ``--attention-backend auto`` before the first
+    Triton call per (family, device, dtype), so that a kernel that does not compile or disagrees
+    on an untested GPU/triton version falls back to the PyTorch path instead of failing training.
+
+    Returns:
+        ``None`` when outputs and gradients agree (max error <= 3e-2 of the reference's largest
+        magnitude in half precision, 2e-3 in float32 (TF32 possible), 1e-6 in float64), else the
+        reason (an exception message or the error found).
+
+    Raises:
+        ValueError: unknown ``family`` (lists :data:`FAMILIES`).
+    """
+    if family not in FAMILIES:
+        raise ValueError(f"unknown kernel family {family!r}; valid choices: {', '.join(FAMILIES)}")
+    tol = {torch.float64: 1e-6, torch.float32: 2e-3}.get(dtype, 3e-2)
+    g = torch.Generator().manual_seed(0)
+    B, H, T, S, d = 2, 2, 24, 40, 32
+    base = [torch.randn(B, H, n, d, generator=g, dtype=torch.float64) for n in (T, S, S)]
+    mask = torch.zeros(B, 1, 1, S, dtype=torch.bool)
+    mask[1, ..., -5:] = True
+    r = torch.rand(B, 1, T, 1, generator=g, dtype=torch.float64) + 0.5
+    go = torch.randn(B, H, T, d, generator=g, dtype=torch.float64)
+    dev_type = torch.device(device).type
+    try:
+        with torch.inference_mode(False), torch.enable_grad(), \
+                torch.autocast(dev_type if dev_type in ("cuda", "cpu") else "cpu", enabled=False):
+            return _self_test(family, device, dtype, tol, base, mask, r, go, d)
+    except Exception as e:  # noqa: BLE001 - any failure means "do not use these kernels"
+        return f"{type(e).__name__}: {e}"
+
+
+def _self_test(family, device, dtype, tol, base, mask, r, go, d):
+    """:func:`self_test` after setup: run both implementations, compare."""
+    results = []
+    for impl, dt, dev in (("triton", dtype, device), ("reference", torch.float64, "cpu")):
+        # the reference sees the same (rounded) inputs, in float64
+        q, k, v = (x.to(dtype).to(dev, dt).requires_grad_() for x in base)
+        m = mask.to(dev)
+        if family == "rectified":
+            if impl == "triton":
+                out, (rs, rl) = relu_attention(q, k, v, r.to(dev, dt), m, need_stats=True)
+            else:
+                from ..kernels import relu_attention_reference
+
+                out, (rs, rl) = relu_attention_reference(q, k, v, r, m, need_stats=True)
+            loss = (out.double() * go.to(dev)).sum() + rs.double().sum() + 0.1 * rl.double().sum()
+        else:
+            if impl == "triton":
+                out = l1_softmax_attention(q, k, v, d ** -0.5, m)
+            else:
+                w = torch.softmax((-torch.cdist(q, k, p=1) * d ** -0.5).masked_fill(m, float("-inf")), -1)
+                out = w @ v
+            loss = (out.double() * go.to(dev)).sum()
+        grads = torch.autograd.grad(loss, (q, k, v))
+        results.append([t.detach().double().cpu() for t in (out, *grads)])
+    for name, a, b in zip(("out", "dq", "dk", "dv"), *results):
+        err = float((a - b).abs().max()) / max(float(b.abs().max()), 1e-12)
+        if not err <= tol:
+            return f"{name} relative error {err:.3g} > {tol:g}"
+    return None

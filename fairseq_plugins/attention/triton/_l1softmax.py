@@ -42,6 +42,17 @@ def _tuned(table):
 
 
 @triton.jit
+def _dot(a, b, acc, PREC: tl.constexpr, UPCAST: tl.constexpr):
+    """``acc + a @ b`` (``tl.dot``); ``UPCAST``: operands in float32 first (set only under the
+    interpreter for bfloat16, whose ``tl.dot`` it gets wrong)."""
+    if UPCAST:
+        res = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision=PREC)
+    else:
+        res = tl.dot(a, b, acc, input_precision=PREC)
+    return res
+
+
+@triton.jit
 def _valid(offs_m, offs_n, T, S, m_base, s_mt, s_ms, MASK_MODE: tl.constexpr, CAUSAL: tl.constexpr):
     """``(BLOCK_M, BLOCK_N)`` bool: inside ``T x S``, not masked (mask bytes nonzero = blocked;
     ``MASK_MODE`` 1: key padding row, 2: general tile), not in the causal future."""
@@ -94,7 +105,7 @@ def l1_fwd(Q, K, V, M, O, LSE,
            s_mb, s_mh, s_mt, s_ms, s_ob, s_oh, s_ot, s_od,
            H, T, S, D, scale, dropout_p, seed, T_KEY, S_KEY,
            MASK_MODE: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr,
-           ACC: tl.constexpr, PREC: tl.constexpr,
+           ACC: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr,
            BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """One program: ``BLOCK_M`` queries of one ``(b, h)``; online softmax over key tiles.
     Writes ``O`` and the row log-sum-exp ``LSE`` ``(B*H, T)`` (0 on fully masked rows)."""
@@ -136,7 +147,7 @@ def l1_fwd(Q, K, V, M, O, LSE,
         v = tl.load(v_base + offs_n[:, None] * s_vs + offs_d[None, :] * s_vd,
                     mask=col_ok[:, None] & d_ok[None, :], other=0.0)
         acc = acc * alpha[:, None]
-        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PREC)
+        acc = _dot(p.to(v.dtype), v, acc, PREC, UPCAST)
         m_i = m_new
     live = l_i > 0
     out = acc / tl.where(live, l_i, 1.0)[:, None]
@@ -154,7 +165,7 @@ def l1_bwd_kv(Q, K, V, M, DO, LSE, DELTA, DK, DV,
               s_dkb, s_dkh, s_dks, s_dkd, s_dvb, s_dvh, s_dvs, s_dvd,
               H, T, S, D, scale, dropout_p, seed, T_KEY, S_KEY,
               MASK_MODE: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr,
-              ACC: tl.constexpr, PREC: tl.constexpr,
+              ACC: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr,
               BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """One program: ``dK, dV`` of ``BLOCK_N`` keys; loops over query tiles.  With
     ``dS = P (dP - delta)`` (``delta_i = dO_i . O_i``): ``dV = P_drop^T dO`` and
@@ -193,14 +204,14 @@ def l1_bwd_kv(Q, K, V, M, DO, LSE, DELTA, DK, DV,
         pt = tl.where(ok, tl.exp(-scale * dist - lse[None, :]), 0.0)
         do = tl.load(do_base + offs_m[:, None] * s_ot + offs_d[None, :] * s_od,
                      mask=row_ok[:, None] & d_ok[None, :], other=0.0)
-        dpt = tl.dot(v, tl.trans(do), input_precision=PREC).to(ACC)
+        dpt = _dot(v, tl.trans(do), tl.zeros([BLOCK_N, BLOCK_M], dtype=ACC), PREC, UPCAST).to(ACC)
         if DROPOUT:
             keep = tl.rand(seed + bh, offs_m[None, :] * S + offs_n[:, None]) >= dropout_p
-            dv = tl.dot(tl.where(keep, pt / (1.0 - dropout_p), 0.0).to(do.dtype), do, dv,
-                        input_precision=PREC)
+            dv = _dot(tl.where(keep, pt / (1.0 - dropout_p), 0.0).to(do.dtype), do, dv, PREC,
+                      UPCAST)
             dpt = tl.where(keep, dpt / (1.0 - dropout_p), 0.0)
         else:
-            dv = tl.dot(pt.to(do.dtype), do, dv, input_precision=PREC)
+            dv = _dot(pt.to(do.dtype), do, dv, PREC, UPCAST)
         dst = pt * (dpt - delta[None, :])
         for dd in range(0, D):  # dk[:, dd] += sum_i dS_ij sign(q_id - k_jd)
             qc = tl.load(q_base + offs_m * s_qt + dd * s_qd, mask=row_ok, other=0.0).to(ACC)
@@ -222,7 +233,7 @@ def l1_bwd_q(Q, K, V, M, DO, LSE, DELTA, DQ,
              s_mb, s_mh, s_mt, s_ms, s_ob, s_oh, s_ot, s_od, s_dqb, s_dqh, s_dqt, s_dqd,
              H, T, S, D, scale, dropout_p, seed, T_KEY, S_KEY,
              MASK_MODE: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr,
-             ACC: tl.constexpr, PREC: tl.constexpr,
+             ACC: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr,
              BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """One program: ``dQ`` of ``BLOCK_M`` queries; ``dq_id = -scale sum_j dS_ij sign(q_id - k_jd)``."""
     pid = tl.program_id(0)
@@ -257,7 +268,7 @@ def l1_bwd_q(Q, K, V, M, DO, LSE, DELTA, DQ,
         p = tl.where(ok, tl.exp(-scale * dist - lse[:, None]), 0.0)
         vt = tl.load(v_base + offs_n[None, :] * s_vs + offs_d[:, None] * s_vd,
                      mask=col_ok[None, :] & d_ok[:, None], other=0.0)
-        dp = tl.dot(do, vt, input_precision=PREC).to(ACC)
+        dp = _dot(do, vt, tl.zeros([BLOCK_M, BLOCK_N], dtype=ACC), PREC, UPCAST).to(ACC)
         if DROPOUT:
             keep = tl.rand(seed + bh, offs_m[:, None] * S + offs_n[None, :]) >= dropout_p
             dp = tl.where(keep, dp / (1.0 - dropout_p), 0.0)

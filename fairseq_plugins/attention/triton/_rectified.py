@@ -52,6 +52,17 @@ def _tuned(table, rows_name, cols_name):
 
 
 @triton.jit
+def _dot(a, b, acc, PREC: tl.constexpr, UPCAST: tl.constexpr):
+    """``acc + a @ b`` (``tl.dot``); ``UPCAST``: operands in float32 first (set only under the
+    interpreter for bfloat16, whose ``tl.dot`` it gets wrong)."""
+    if UPCAST:
+        res = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision=PREC)
+    else:
+        res = tl.dot(a, b, acc, input_precision=PREC)
+    return res
+
+
+@triton.jit
 def _act(x, ACT: tl.constexpr):
     """0 ReLU, 1 GeLU (erf form, as ``F.gelu``), 2 Leaky ReLU (slope 0.01)."""
     if ACT == 1:
@@ -118,7 +129,7 @@ def rect_fwd(Q, K, V, R, M, O, RS, RL,
              s_rb, s_rh, s_rt, s_mb, s_mh, s_mt, s_ms, s_ob, s_oh, s_ot, s_od,
              H, T, S, D, r_const, dropout_p, seed, T_KEY, S_KEY,
              HAS_R: tl.constexpr, MASK_MODE: tl.constexpr, CAUSAL: tl.constexpr, ACT: tl.constexpr,
-             STATS: tl.constexpr, DROPOUT: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr,
+             STATS: tl.constexpr, DROPOUT: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr,
              BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """One program: ``BLOCK_M`` query rows of one ``(b, h)``; loops over key tiles."""
     pid = tl.program_id(0)
@@ -153,7 +164,7 @@ def rect_fwd(Q, K, V, R, M, O, RS, RL,
                      mask=col_ok[None, :] & d_ok[:, None], other=0.0)
         v = tl.load(v_base + offs_n[:, None] * s_vs + offs_d[None, :] * s_vd,
                     mask=col_ok[:, None] & d_ok[None, :], other=0.0)
-        x = tl.dot(q, kt, input_precision=PREC).to(ACC) * r[:, None]
+        x = _dot(q, kt, tl.zeros([BLOCK_M, BLOCK_N], dtype=ACC), PREC, UPCAST).to(ACC) * r[:, None]
         ok = _valid(offs_m, offs_n, T, S, m_base, s_mt, s_ms, MASK_MODE, CAUSAL)
         s = tl.where(ok, _act(x, ACT), 0.0)
         if STATS:
@@ -162,7 +173,7 @@ def rect_fwd(Q, K, V, R, M, O, RS, RL,
         if DROPOUT:
             keep = tl.rand(seed + bh, offs_m[:, None] * S + offs_n[None, :]) >= dropout_p
             s = tl.where(keep, s / (1.0 - dropout_p), 0.0)
-        acc = tl.dot(s.to(v.dtype), v, acc, input_precision=PREC)
+        acc = _dot(s.to(v.dtype), v, acc, PREC, UPCAST)
     tl.store(O + b * s_ob + h * s_oh + offs_m[:, None] * s_ot + offs_d[None, :] * s_od,
              acc.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
     if STATS:
@@ -178,7 +189,7 @@ def rect_bwd_kv(Q, K, V, R, M, DO, GS, GL, DK, DV,
                 s_dkb, s_dkh, s_dks, s_dkd, s_dvb, s_dvh, s_dvs, s_dvd,
                 H, T, S, D, r_const, dropout_p, seed, T_KEY, S_KEY,
                 HAS_R: tl.constexpr, MASK_MODE: tl.constexpr, CAUSAL: tl.constexpr, ACT: tl.constexpr,
-                STATS: tl.constexpr, DROPOUT: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr,
+                STATS: tl.constexpr, DROPOUT: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr,
                 BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """One program: ``dK, dV`` of ``BLOCK_N`` keys of one ``(b, h)``; loops over query tiles,
     recomputing the transposed scores ``x^T = k (r q)^T``.  ``STATS``: the eq. 7 row sums have
@@ -217,23 +228,23 @@ def rect_bwd_kv(Q, K, V, R, M, DO, GS, GL, DK, DV,
             r = tl.load(R + b * s_rb + h * s_rh + offs_m * s_rt, mask=row_ok, other=0.0).to(ACC)
         else:
             r = tl.zeros([BLOCK_M], dtype=ACC) + r_const
-        xt = tl.dot(k, qt, input_precision=PREC).to(ACC) * r[None, :]
+        xt = _dot(k, qt, tl.zeros([BLOCK_N, BLOCK_M], dtype=ACC), PREC, UPCAST).to(ACC) * r[None, :]
         ok = _valid_t(offs_n, offs_m, T, S, m_base, s_mt, s_ms, MASK_MODE, CAUSAL)
         st = tl.where(ok, _act(xt, ACT), 0.0)
-        dpt = tl.dot(v, tl.trans(do), input_precision=PREC).to(ACC)
+        dpt = _dot(v, tl.trans(do), tl.zeros([BLOCK_N, BLOCK_M], dtype=ACC), PREC, UPCAST).to(ACC)
         if DROPOUT:
             keep = tl.rand(seed + bh, offs_m[None, :] * S + offs_n[:, None]) >= dropout_p
             pt = tl.where(keep, st / (1.0 - dropout_p), 0.0)
             dpt = tl.where(keep, dpt / (1.0 - dropout_p), 0.0)
         else:
             pt = st
-        dv = tl.dot(pt.to(do.dtype), do, dv, input_precision=PREC)
+        dv = _dot(pt.to(do.dtype), do, dv, PREC, UPCAST)
         if STATS:
             gs = tl.load(GS + bh * T + offs_m, mask=row_ok, other=0.0).to(ACC)
             gl = tl.load(GL + bh * T + offs_m, mask=row_ok, other=0.0).to(ACC)
             dpt += gs[None, :] + gl[None, :] * (tl.log(tl.maximum(st, TINY)) + 1.0)
         dxt = tl.where(ok, dpt * _act_grad(xt, ACT), 0.0) * r[None, :]
-        dk = tl.dot(dxt.to(qt.dtype), tl.trans(qt), dk, input_precision=PREC)
+        dk = _dot(dxt.to(qt.dtype), tl.trans(qt), dk, PREC, UPCAST)
     tl.store(DK + b * s_dkb + h * s_dkh + offs_n[:, None] * s_dks + offs_d[None, :] * s_dkd,
              dk.to(DK.dtype.element_ty), mask=kv_mask)
     tl.store(DV + b * s_dvb + h * s_dvh + offs_n[:, None] * s_dvs + offs_d[None, :] * s_dvd,
@@ -248,7 +259,7 @@ def rect_bwd_q(Q, K, V, R, M, DO, GS, GL, DQ,
                s_dqb, s_dqh, s_dqt, s_dqd,
                H, T, S, D, r_const, dropout_p, seed, T_KEY, S_KEY,
                HAS_R: tl.constexpr, MASK_MODE: tl.constexpr, CAUSAL: tl.constexpr, ACT: tl.constexpr,
-               STATS: tl.constexpr, DROPOUT: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr,
+               STATS: tl.constexpr, DROPOUT: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr,
                BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """One program: ``dQ`` of ``BLOCK_M`` queries of one ``(b, h)``; loops over key tiles."""
     pid = tl.program_id(0)
@@ -287,9 +298,9 @@ def rect_bwd_q(Q, K, V, R, M, DO, GS, GL, DQ,
                      mask=col_ok[None, :] & d_ok[:, None], other=0.0)
         vt = tl.load(v_base + offs_n[None, :] * s_vs + offs_d[:, None] * s_vd,
                      mask=col_ok[None, :] & d_ok[:, None], other=0.0)
-        x = tl.dot(q, kt, input_precision=PREC).to(ACC) * r[:, None]
+        x = _dot(q, kt, tl.zeros([BLOCK_M, BLOCK_N], dtype=ACC), PREC, UPCAST).to(ACC) * r[:, None]
         ok = _valid(offs_m, offs_n, T, S, m_base, s_mt, s_ms, MASK_MODE, CAUSAL)
-        dp = tl.dot(do, vt, input_precision=PREC).to(ACC)
+        dp = _dot(do, vt, tl.zeros([BLOCK_M, BLOCK_N], dtype=ACC), PREC, UPCAST).to(ACC)
         if DROPOUT:
             keep = tl.rand(seed + bh, offs_m[:, None] * S + offs_n[None, :]) >= dropout_p
             dp = tl.where(keep, dp / (1.0 - dropout_p), 0.0)
@@ -297,7 +308,7 @@ def rect_bwd_q(Q, K, V, R, M, DO, GS, GL, DQ,
             s = tl.where(ok, _act(x, ACT), 0.0)
             dp += gs[:, None] + gl[:, None] * (tl.log(tl.maximum(s, TINY)) + 1.0)
         dx = tl.where(ok, dp * _act_grad(x, ACT), 0.0)
-        dq = tl.dot(dx.to(kt.dtype), tl.trans(kt), dq, input_precision=PREC)
+        dq = _dot(dx.to(kt.dtype), tl.trans(kt), dq, PREC, UPCAST)
     dq = dq * r[:, None]
     tl.store(DQ + b * s_dqb + h * s_dqh + offs_m[:, None] * s_dqt + offs_d[None, :] * s_dqd,
              dq.to(DQ.dtype.element_ty), mask=q_mask)
