@@ -61,10 +61,10 @@ keyed on the power-of-two buckets of T and S, so variable sentence lengths do no
 batch).  On CPU tensors they run under Triton's interpreter, which needs ``TRITON_INTERPRET=1``
 in the environment (slow; that is how CI tests them without a GPU) -- otherwise a
 ``RuntimeError`` names the variable.  Triton reads that variable when a ``@triton.jit``
-function is *defined*, so each kernel file (``_rectified.py``, ``_l1softmax.py``) is executed
-lazily, once per mode, as its own module object: both modes can live in one process (CPU
-interpreter tests and CUDA tests in one pytest run), and importing this package never imports
-triton.
+function is *defined*, so the kernel file ``_kernels.py`` is executed lazily, once per mode, as
+its own module object: both modes can live in one process (CPU interpreter tests and CUDA tests
+in one pytest run; the kernels call no ``@jit`` function of triton's own library, which exists in
+one mode only), and importing this package never imports triton.
 """
 
 import importlib.util
@@ -108,9 +108,9 @@ def interpret_requested() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes")
 
 
-def _kernels(name: str, interpret: bool):
-    """The kernel module ``_<name>.py`` executed in ``interpret`` mode (cached per mode)."""
-    key = (name, interpret)
+def _kernels(interpret: bool):
+    """The kernel module ``_kernels.py`` executed in ``interpret`` mode (cached per mode)."""
+    key = interpret
     mod = _MODULES.get(key)
     if mod is not None:
         return mod
@@ -118,8 +118,8 @@ def _kernels(name: str, interpret: bool):
         mod = _MODULES.get(key)
         if mod is not None:
             return mod
-        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"_{name}.py")
-        modname = f"{__name__}._{name}_{'interpreted' if interpret else 'compiled'}"
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_kernels.py")
+        modname = f"{__name__}._kernels_{'interpreted' if interpret else 'compiled'}"
         spec = importlib.util.spec_from_file_location(modname, path)
         mod = importlib.util.module_from_spec(spec)
         old = os.environ.get("TRITON_INTERPRET")
@@ -235,6 +235,11 @@ def _keys(T: int, S: int):
     return triton.next_power_of_2(max(T, 1)), triton.next_power_of_2(max(S, 1))
 
 
+def _scalar(value: float, like: torch.Tensor) -> torch.Tensor:
+    """A one-element tensor in the accumulator dtype (Triton passes Python floats as float32)."""
+    return torch.full((1,), float(value), dtype=_acc_dtype(like.dtype), device=like.device)
+
+
 def _seed(dropout_p: float) -> int:
     return int(torch.randint(0, 2**31 - 1, (1,)).item()) if dropout_p > 0 else 0
 
@@ -270,7 +275,7 @@ class _RectifiedAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, r_t, mask, r_c, dropout_p, need_stats, causal, act, seed, interpret):
         ctx.set_materialize_grads(False)
-        mod = _kernels("rectified", interpret)
+        mod = _kernels(interpret)
         (B, H, T, S, d), r_arg, r_str, m_arg, m_str, mode = _rect_inputs(q, k, v, r_t, mask)
         out = torch.empty_like(q)
         acc_dt = _acc_dtype(q.dtype)
@@ -292,7 +297,7 @@ class _RectifiedAttention(torch.autograd.Function):
     def backward(ctx, g_out, g_sum=None, g_slogs=None):
         q, k, v, r_t, mask = ctx.saved_tensors
         r_c, dropout_p, causal, act, seed, interpret = ctx.cfg
-        mod = _kernels("rectified", interpret)
+        mod = _kernels(interpret)
         (B, H, T, S, d), r_arg, r_str, m_arg, m_str, mode = _rect_inputs(q, k, v, r_t, mask)
         acc_dt = _acc_dtype(q.dtype)
         stats = g_sum is not None or g_slogs is not None
@@ -370,6 +375,8 @@ def relu_attention(q, k, v, row_scale, mask=None, dropout_p=0.0, need_stats=Fals
         r_c = 1.0
     else:
         r_t, r_c = None, (float(row_scale) if math.isfinite(float(row_scale)) else 0.0)
+        if q.dtype == torch.float64 and r_c != 1.0:  # float arguments reach the kernel as float32
+            r_t, r_c = torch.full((1, 1, 1, 1), r_c, dtype=torch.float64, device=q.device), 1.0
     if mask is not None:
         mask = mask.to(q.device)
     res = _RectifiedAttention.apply(q, k, v, r_t, mask, r_c, float(dropout_p), bool(need_stats),
@@ -397,7 +404,7 @@ class _L1SoftmaxAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, mask, scale, dropout_p, causal, seed, interpret):
-        mod = _kernels("l1softmax", interpret)
+        mod = _kernels(interpret)
         B, H, T, d = q.shape
         S = k.shape[2]
         m_arg, m_str, mode = _mask_args(mask, q, B, H, T, S)
@@ -407,7 +414,7 @@ class _L1SoftmaxAttention(torch.autograd.Function):
         if B * H * T > 0:
             grid = _grid(T, B * H, interpret, meta, "BLOCK_M")
             mod.l1_fwd[grid](q, k, v, m_arg, out, lse, *_strides(q), *_strides(k), *_strides(v), *m_str,
-                             *_strides(out), H, T, S, d, float(scale), float(dropout_p), seed,
+                             *_strides(out), H, T, S, d, _scalar(scale, q), float(dropout_p), seed,
                              *_keys(T, S), **meta)
         ctx.save_for_backward(q, k, v, mask, out, lse)
         ctx.cfg = (scale, dropout_p, causal, seed, interpret)
@@ -418,7 +425,7 @@ class _L1SoftmaxAttention(torch.autograd.Function):
     def backward(ctx, g_out, g_lse=None):
         q, k, v, mask, out, lse = ctx.saved_tensors
         scale, dropout_p, causal, seed, interpret = ctx.cfg
-        mod = _kernels("l1softmax", interpret)
+        mod = _kernels(interpret)
         B, H, T, d = q.shape
         S = k.shape[2]
         m_arg, m_str, mode = _mask_args(mask, q, B, H, T, S)
@@ -429,7 +436,7 @@ class _L1SoftmaxAttention(torch.autograd.Function):
         delta = (g_out.to(acc_dt) * out.to(acc_dt)).sum(-1).contiguous()  # (B, H, T), dO_i . O_i
         meta = _l1_meta(mod, q, interpret, mode, causal, dropout_p > 0)
         common = (*_strides(q), *_strides(k), *_strides(v), *m_str, *_strides(g_out))
-        tail = (H, T, S, d, float(scale), float(dropout_p), seed, *_keys(T, S))
+        tail = (H, T, S, d, _scalar(scale, q), float(dropout_p), seed, *_keys(T, S))
         if B * H * S > 0:
             if T == 0:
                 dk.zero_(), dv.zero_()
