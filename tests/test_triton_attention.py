@@ -533,3 +533,15 @@ def test_cuda_every_function_half_precision(dtype, monkeypatch):
         y.float().sum().backward()
         assert torch.isfinite(y).all(), name
         assert x.grad is None or torch.isfinite(x.grad).all(), name
+
+
+@needs_triton
+@pytest.mark.parametrize("arch", [90, 80])
+def test_kernels_compile_for_the_gpu_without_one(arch, monkeypatch):
+    """The interpreter cannot see what only the compiler rejects: compile every kernel to a
+    cubin for sm_90 (H100) and sm_80 (A100) in bf16, every feature on, within shared memory."""
+    pytest.importorskip("triton.backends.nvidia", reason="triton without its NVIDIA backend")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    shared = tk.compile_offline(arch, torch.bfloat16)
+    assert len(shared) == 6
+    assert all(0 < v <= 227 * 1024 for v in shared.values()), shared

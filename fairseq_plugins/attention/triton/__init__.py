@@ -77,7 +77,7 @@ from typing import Optional
 import torch
 
 __all__ = ["relu_attention", "l1_softmax_attention", "triton_available", "interpret_requested",
-           "self_test", "ACTIVATIONS", "MAX_HEAD_DIM", "FAMILIES"]
+           "self_test", "compile_offline", "ACTIVATIONS", "MAX_HEAD_DIM", "FAMILIES"]
 
 #: activations of :func:`relu_attention` -> kernel code (0 ReLU, 1 GeLU, 2 Leaky ReLU 0.01)
 ACTIVATIONS = {"relu": 0, "gelu": 1, "leaky_relu": 2}
@@ -241,7 +241,8 @@ def _scalar(value: float, like: torch.Tensor) -> torch.Tensor:
 
 
 def _seed(dropout_p: float) -> int:
-    return int(torch.randint(0, 2**31 - 1, (1,)).item()) if dropout_p > 0 else 0
+    # < 2**30: seed + b*H + h stays inside int32 in the kernels
+    return int(torch.randint(0, 2**30, (1,)).item()) if dropout_p > 0 else 0
 
 
 # --------------------------------------------------------------------------------------------
@@ -557,3 +558,57 @@ def _self_test(family, device, dtype, tol, base, mask, r, go, d):
         if not err <= tol:
             return f"{name} relative error {err:.3g} > {tol:g}"
     return None
+
+
+# --------------------------------------------------------------------------------------------
+# ahead-of-time compilation (no GPU needed)
+# --------------------------------------------------------------------------------------------
+_PTR_TYPES = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.float64: "*fp64"}
+
+
+def compile_offline(arch: int = 90, dtype: torch.dtype = torch.bfloat16, tiles: str = "first") -> dict:
+    """Compile every kernel for CUDA ``sm_<arch>`` without a GPU (Triton front end -> TTIR ->
+    TTGIR -> LLVM -> PTX -> cubin with the ``ptxas`` the triton wheel ships).
+
+    The interpreter checks the numerics on CPU but not what only the compiler rejects (non-constexpr
+    globals, layouts, shared memory); this checks that.  One variant per kernel with every feature
+    on (row scale, general mask, causal, dropout, eq. 7 statistics; GeLU), with the first
+    (``tiles="first"``) or every (``"all"``) autotuning tile.
+
+    Returns:
+        ``{"<kernel> <BLOCK_M>x<BLOCK_N>": shared memory bytes}``.
+
+    Raises:
+        ValueError: unknown ``dtype`` or ``tiles``.
+        triton.compiler.errors.CompilationError (or the backend's error): a kernel does not compile.
+    """
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    if dtype not in _PTR_TYPES:
+        raise ValueError(f"dtype must be one of {list(_PTR_TYPES)}, got {dtype}")
+    if tiles not in ("first", "all"):
+        raise ValueError(f"tiles must be 'first' or 'all', got {tiles!r}")
+    mod = _kernels(False)
+    acc, prec = _dtypes(dtype, False)
+    acc_ptr = _PTR_TYPES[_acc_dtype(dtype)]
+    ptrs = {n: _PTR_TYPES[dtype] for n in ("Q", "K", "V", "O", "DO", "DK", "DV", "DQ")}
+    ptrs.update({n: acc_ptr for n in ("R", "RS", "RL", "GS", "GL", "LSE", "DELTA", "SC")}, M="*u8")
+    common = dict(MASK_MODE=2, CAUSAL=True, DROPOUT=True, ACC=acc, PREC=prec, UPCAST=False, BLOCK_D=64)
+    rect = dict(common, HAS_R=True, ACT=1, STATS=True)
+    plan = [("rect_fwd", mod._RECT_FWD, rect), ("rect_bwd_kv", mod._RECT_BWD, rect),
+            ("rect_bwd_q", mod._RECT_BWD, rect), ("l1_fwd", mod._L1_FWD, common),
+            ("l1_bwd_kv", mod._L1_BWD, common), ("l1_bwd_q", mod._L1_BWD, common)]
+    target = GPUTarget("cuda", int(arch), 32)
+    shared = {}
+    for name, table, constexprs in plan:
+        fn = getattr(mod, name).fn  # the JITFunction under the autotuner
+        for bm, bn, warps, stages in (table if tiles == "all" else table[:1]):
+            cx = dict(constexprs, BLOCK_M=bm, BLOCK_N=bn)
+            sig = {a: ("constexpr" if a in cx else ptrs.get(a, "fp32" if a in ("r_const", "dropout_p") else "i32"))
+                   for a in fn.arg_names}
+            kernel = triton.compile(ASTSource(fn, sig, cx), target=target,
+                                    options={"num_warps": warps, "num_stages": stages})
+            shared[f"{name} {bm}x{bn}"] = int(kernel.metadata.shared)
+    return shared

@@ -36,7 +36,7 @@ except AttributeError:  # pragma: no cover - older triton reads the variable dir
 #: fixed tiles of the interpreter (small, so tests with T, S ~ 5..40 cross several tiles)
 INTERPRET_BLOCKS = {"BLOCK_M": 16, "BLOCK_N": 16}
 #: smallest positive float32 normal: ``log(max(s, TINY))`` is finite, and exact where it matters
-TINY = 1.1754943508222875e-38
+TINY = tl.constexpr(1.1754943508222875e-38)
 
 # autotuning tables (BLOCK_M, BLOCK_N, num_warps, num_stages) of the compiled kernels
 _RECT_FWD = [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3),
