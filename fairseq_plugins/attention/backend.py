@@ -96,7 +96,9 @@ def resolve_backend(name: str, device: torch.device, family: Optional[str] = Non
         if device.type != "cuda" and not tk.interpret_requested():
             raise RuntimeError(f"--attention-backend triton on a {device.type} tensor needs "
                                f"TRITON_INTERPRET=1 (Triton's interpreter: slow, for tests); "
-                               f"use --attention-backend torch or auto on {device.type}")
+                               f"use --attention-backend torch or auto on {device.type} (for a "
+                               f"checkpoint trained with triton: --model-overrides "
+                               f"\"{{'attention_backend': 'auto'}}\")")
         chosen = "triton"
     key = (name, chosen, device.type)
     if key not in _LOGGED:
