@@ -121,10 +121,23 @@ class _BinarizedInput:
 
 class _L1Score:
     """Mixin: E-ATT eq. 13 scores ``-||q_i - k_j||_1 / sqrt(d)`` via ``torch.cdist(p=1)``
-    (no ``(B, H, T, S, d)`` tensor; see :mod:`~fairseq_plugins.attention.l1` for the measurement)."""
+    (no ``(B, H, T, S, d)`` tensor; see :mod:`~fairseq_plugins.attention.l1` for the measurement;
+    half precision is computed in float32).  The fused path is the Triton kernel
+    :func:`fairseq_plugins.attention.triton.l1_softmax_attention` (scores and softmax tile by tile,
+    ``O(T)`` memory) when the backend is Triton; with the torch backend ``None`` (the
+    score/normalize path: the softmax fused kernel would compute dot products)."""
+
+    kernel_family = "l1softmax"
 
     def score(self, q, k):
         return l1_scores(q, k, self.scaling, impl="cdist")
+
+    def fused(self, q, k, v, mask, dropout_p):
+        if not self.uses_triton(q):
+            return None
+        from .triton import l1_softmax_attention
+
+        return l1_softmax_attention(q, k, v, self.scaling, mask=mask, dropout_p=dropout_p)
 
 
 @register_attention_fn("eatt")
@@ -138,9 +151,6 @@ class EattAttention(_BinarizedInput, _L1Score, SoftmaxAttention):
     def __init__(self, embed_dim, num_heads, args=None):
         super().__init__(embed_dim, num_heads, args)
         self._init_binarized(args)
-
-    def fused(self, q, k, v, mask, dropout_p):
-        return None  # the fused kernel would compute dot products
 
 
 @register_attention_fn("eatt_select_dot")
@@ -157,9 +167,6 @@ class EattSelectDotAttention(_BinarizedInput, SoftmaxAttention):
 class EattL1Attention(_L1Score, SoftmaxAttention):
     """E-ATT ablation (Table 3 "replace with L1 distance"): full-precision projections,
     L1-distance scores (eq. 13), softmax."""
-
-    def fused(self, q, k, v, mask, dropout_p):
-        return None
 
 
 class _Synthesizer(SoftmaxAttention):

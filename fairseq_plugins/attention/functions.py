@@ -33,6 +33,7 @@ from fairseq.dataclass import ChoiceEnum
 from ..modules.auxiliary import AuxiliaryBuffer
 from ..modules.norms import NORM_SCOPES, GatedNorm, RMSNorm
 from ..options import OptionGroup, option
+from .backend import check_backend, resolve_backend
 from .stats import ROW_EPS, entropy_from_terms, row_mass_terms, valid_keys
 
 __all__ = [
@@ -181,6 +182,10 @@ class AttentionFunction(nn.Module):
     (ReLUFormer Tables 3 and 5); the fused path is then skipped so the weights exist.  Nothing
     is recorded unless the buffer is enabled (the criterion enables it), so generation is
     not slowed down.
+
+    ``args.attention_backend`` (``--attention-backend``, one of
+    :data:`~fairseq_plugins.attention.backend.BACKENDS`, default ``auto``) chooses the kernels of
+    :meth:`fused` (:meth:`uses_triton`); an unknown value raises ``ValueError``.
     """
 
     name = "base"
@@ -209,7 +214,17 @@ class AttentionFunction(nn.Module):
         self.head_dim = embed_dim // num_heads
         self.scaling = self.head_dim**-0.5
         self.track_entropy = bool(getattr(args, "attention_entropy", False)) if args is not None else False
+        self.backend = check_backend(getattr(args, "attention_backend", None))
         self.aux = AuxiliaryBuffer()
+
+    #: the Triton kernel family of :meth:`fused` (``"rectified"``, ``"l1softmax"``) or None
+    kernel_family = None
+
+    def uses_triton(self, x: torch.Tensor) -> bool:
+        """True when :meth:`fused` should run the Triton kernels on ``x`` (its device and dtype;
+        :func:`~fairseq_plugins.attention.backend.resolve_backend`, which raises ``RuntimeError``
+        for ``--attention-backend triton`` where Triton cannot run)."""
+        return resolve_backend(self.backend, x.device, self.kernel_family, x.dtype) == "triton"
 
     #: True for functions whose scores depend on token positions (Synthesizer); the attention
     #: module then calls :meth:`score_at` with the query and key positions instead of :meth:`score`.
@@ -396,9 +411,24 @@ class _RectifiedAttention(AttentionFunction):
 
     is_distribution = False
     options_class = RelaNormOptions
+    #: activation of the fused Triton kernel (:func:`fairseq_plugins.attention.triton.relu_attention`)
+    #: matching :meth:`activation`; ``None``: no fused kernel
+    kernel_activation = "relu"
+    kernel_family = "rectified"
 
     def activation(self, x):
         return F.relu(x)
+
+    def fused(self, q, k, v, mask, dropout_p):
+        """``act((q d_h^-1/2) k^T) V`` through the fused Triton kernel when the backend is Triton
+        (scores never stored; the norm/gate stay in :meth:`post_aggregate`); ``None`` (the
+        score/normalize path) with the torch backend."""
+        if self.kernel_activation is None or not self.uses_triton(q):
+            return None
+        from .triton import relu_attention
+
+        return relu_attention(q, k, v, self.scaling, mask=mask, dropout_p=dropout_p,
+                              activation=self.kernel_activation)
 
     def build_norm(self):
         return None
@@ -460,6 +490,8 @@ class RelaGLayerNormAttention(_RectifiedAttention):
 class RelaGGeluAttention(RelaGAttention):
     """ReLA-g with GeLU in place of ReLU (ReLA Table 1 row 9)."""
 
+    kernel_activation = "gelu"
+
     def activation(self, x):
         return F.gelu(x)
 
@@ -467,6 +499,8 @@ class RelaGGeluAttention(RelaGAttention):
 @register_attention_fn("rela_g_leaky_relu")
 class RelaGLeakyReluAttention(RelaGAttention):
     """ReLA-g with Leaky ReLU (slope 0.01) in place of ReLU (ReLA Table 1 row 10)."""
+
+    kernel_activation = "leaky_relu"
 
     def activation(self, x):
         return F.leaky_relu(x, negative_slope=0.01)
@@ -527,6 +561,7 @@ class _ReluFormerBase(AttentionFunction):
     #: False for the "- scale factor" ablation (ReLUFormer Table 5).
     use_scale = True
     options_class = ReluFormerOptions
+    kernel_family = "rectified"
 
     def __init__(self, embed_dim, num_heads, args=None):
         super().__init__(embed_dim, num_heads, args)
@@ -550,17 +585,25 @@ class _ReluFormerBase(AttentionFunction):
         return self.capture is not None  # its own statistics are recorded by observe()/fused()
 
     def fused(self, q, k, v, mask, dropout_p):
-        """``s V`` through :func:`~fairseq_plugins.attention.kernels.relu_attention` (chunked,
-        scores recomputed in backward, for long inputs; the plain path at sentence lengths),
-        which also returns the row sums eq. 7 needs, so the weights are never materialised."""
-        from .kernels import relu_attention
-
+        """``s V`` through the fused Triton kernel (:func:`fairseq_plugins.attention.triton.relu_attention`,
+        backend Triton) or :func:`~fairseq_plugins.attention.kernels.relu_attention` (torch: chunked,
+        scores recomputed in backward, for long inputs; the plain path at sentence lengths); both
+        also return the row sums eq. 7 needs, so the weights are never materialised."""
         T = q.size(2)
         n = valid_keys(mask, k.size(2)).to(q.device)  # (B|1, 1, T|1, 1)
-        r = self.row_scale(n).to(q.dtype)
-        r = r.expand(r.size(0), r.size(1), T, 1)
         need = self.aux.enabled
-        out = relu_attention(q * self.scaling, k, v, r, mask=mask, dropout_p=dropout_p, need_stats=need)
+        if self.uses_triton(q):
+            from .triton import relu_attention as triton_relu_attention
+
+            r = self.row_scale(n) * self.scaling  # float32; d_h^-1/2 folded into the row scale
+            out = triton_relu_attention(q, k, v, r.expand(r.size(0), r.size(1), T, 1), mask=mask,
+                                        dropout_p=dropout_p, need_stats=need)
+        else:
+            from .kernels import relu_attention
+
+            r = self.row_scale(n).to(q.dtype)
+            r = r.expand(r.size(0), r.size(1), T, 1)
+            out = relu_attention(q * self.scaling, k, v, r, mask=mask, dropout_p=dropout_p, need_stats=need)
         if need:
             out, (row_sum, row_slogs) = out
             self.record_terms(row_sum, row_slogs, n)

@@ -74,7 +74,9 @@ def l1_scores(q: torch.Tensor, k: torch.Tensor, scale: float, max_elems: int = D
         impl: ``"chunked"`` (this module's kernel) or ``"cdist"`` (``torch.cdist(p=1)``).
 
     Returns:
-        ``(B, H, T, S)`` scores.  The gradient uses ``sign(0) = 0`` (as ``torch.cdist`` does).
+        ``(B, H, T, S)`` scores in q's dtype.  The gradient uses ``sign(0) = 0`` (as
+        ``torch.cdist`` does).  ``cdist`` has no half-precision kernel: float16/bfloat16 inputs
+        are computed in float32 and the scores rounded back to q's dtype.
 
     Raises:
         ValueError: shapes do not match, or unknown ``impl`` (the message lists the choices).
@@ -85,5 +87,7 @@ def l1_scores(q: torch.Tensor, k: torch.Tensor, scale: float, max_elems: int = D
         raise ValueError(f"l1_scores needs q (B, H, T, d) and k (B, H, S, d); got {tuple(q.shape)}, "
                          f"{tuple(k.shape)}")
     if impl == "cdist":
+        if q.dtype in (torch.float16, torch.bfloat16):
+            return (torch.cdist(q.float(), k.float(), p=1) * (-float(scale))).to(q.dtype)
         return torch.cdist(q, k, p=1) * (-float(scale))
     return _L1Scores.apply(q, k, float(scale), int(max_elems))

@@ -44,7 +44,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field, fields
 from typing import Dict, Set, Type
 
-from fairseq.dataclass import FairseqDataclass
+from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.dataclass.utils import gen_parser_from_dataclass, interpret_dc_type
 from fairseq.distributed import fsdp_wrap
 from fairseq.models import register_model, register_model_architecture
@@ -72,6 +72,7 @@ from fairseq.utils import safe_getattr, safe_hasattr
 from omegaconf import OmegaConf, open_dict
 
 from ..attention import FunctionalMultiheadAttention, attention_fn_names, build_attention_fn
+from ..attention.backend import BACKENDS
 from ..attention.eatt import EattOptions, SynthOptions
 from ..attention.functions import RelaNormOptions, ReluFormerOptions, attention_fn_options
 from ..modules.auxiliary import clear_auxiliary
@@ -114,8 +115,7 @@ class AttentionTransformerConfig(TransformerConfig):
     option groups (``cfg.reluformer.gamma``) as fairseq maps ``encoder_embed_dim`` onto
     ``cfg.encoder.embed_dim``; reading and writing the flat name works on an instance.
 
-    Where a new model-wide option goes: a field here (e.g. ``attention_backend:
-    ChoiceEnum(["auto", "torch", "triton"]) = option("auto", "...")``) -- the flag, its help, the
+    Where a new model-wide option goes: a field here (as ``attention_backend``) -- the flag, its help, the
     hydra key, the default written into checkpoints by every arch preset and the check at build
     all follow.  A new hyper-parameter of one family of attention functions goes into that
     family's :class:`~fairseq_plugins.options.OptionGroup` (a new family: a new group, composed
@@ -133,6 +133,10 @@ class AttentionTransformerConfig(TransformerConfig):
     ffn: FfnOptions = field(default_factory=FfnOptions)
     attention_entropy: bool = option(False, "log the mean attention entropy and null rate of every attention "
                                             "in evaluation (validation) mode")
+    attention_backend: ChoiceEnum(BACKENDS) = option(
+        "auto", "kernels of the fused attention paths: auto (triton on CUDA when triton imports and passes "
+                "a start-up parity check, else torch), torch (the PyTorch reference), triton (fused Triton "
+                "kernels; on CPU only with TRITON_INTERPRET=1)")
 
     def __post_init__(self):
         # fairseq's TransformerConfig defaults its sub-configs to the *classes*; writing

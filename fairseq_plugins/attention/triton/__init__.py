@@ -1,0 +1,614 @@
+"""Fused Triton kernels for the rectified attentions and E-ATT's L1 softmax attention.
+
+Shape legend: B batch (of keys), H heads, T queries, S keys, d head dimension (d_h).  Masks are
+bool, broadcastable to ``(B, H, T, S)``, ``True`` = blocked.
+
+Two entry points, each a drop-in for the PyTorch path (same contract, same zeros):
+
+* :func:`relu_attention` -- ``s_ij = act(r_i q_i . k_j)`` (0 where blocked),
+  ``out_i = sum_j dropout(s_ij) v_j``; with ``need_stats`` also ReLUFormer's eq. 7 row terms
+  ``sum_j s_ij`` and ``sum_j s_ij log s_ij``.  ``act`` is ReLU (ReLA eq. 3; ReLUFormer eq. 6 with
+  ``r_i = 1 / (gamma sqrt(n_i / 2))``), GeLU or Leaky ReLU (ReLA Table 1 rows 9-10).  Same
+  signature as :func:`fairseq_plugins.attention.kernels.relu_attention`.
+* :func:`l1_softmax_attention` -- E-ATT (eq. 13): ``x_ij = -scale ||q_i - k_j||_1``,
+  ``out = dropout(softmax(x)) V``.
+
+Algorithm (FlashAttention-2 style, Dao 2023), per program one tile of ``BLOCK_M`` queries of one
+``(b, h)``; ``BLOCK_N`` keys per step; nothing of size ``T x S`` is ever stored::
+
+    forward (rectified)                      forward (L1 softmax)
+    acc = 0                                  m = -inf, l = 0, acc = 0
+    for each key tile j:                     for each key tile j:
+      x   = r * (Q_i K_j^T)     [tl.dot]       x = -scale * sum_d |Q_id - K_jd|   [registers]
+      s   = act(x) * valid                     m' = max(m, rowmax x); p = exp(x - m')
+      rows += sum s, sum s log s  (stats)      l = l e^(m-m') + rowsum p
+      acc += drop(s) V_j        [tl.dot]       acc = acc e^(m-m') + drop(p) V_j   [tl.dot]
+    O_i = acc                                O_i = acc / l;  LSE_i = m + log l
+
+A rectified attention has no normaliser, hence no running max, no rescaling and no second
+statistic to carry: the loop is two GEMMs and one elementwise pass (the reason it can beat fused
+softmax; FlashSigmoid reports +17 % forward over FlashAttention-2 on H100).  E-ATT's scores
+cost ``3 d`` additions per pair on the CUDA cores (that is the paper's mechanism: no
+multiplication in ``f(Q, K)``); only ``p V`` runs on tensor cores.
+
+Backward recomputes the score tiles (memory ``O(T)``: only ``Q, K, V, O`` and, for E-ATT, the
+row log-sum-exp ``(B, H, T)`` are kept) in two kernels without atomics: one program per key tile
+accumulates ``dK, dV`` over query tiles, one per query tile accumulates ``dQ`` over key tiles::
+
+    rectified: dS = drop(dO V^T) + g_sum + g_slogs (log s + 1);  dX = dS act'(x) valid
+               dV = drop(s)^T dO;  dK = (r dX)^T Q;  dQ = r (dX K)
+    L1:        dP = drop(dO V^T);  dS = P (dP - delta),  delta_i = dO_i . O_i
+               dV = drop(P)^T dO;  dk_jd = scale sum_i dS_ij sgn(q_id - k_jd);
+               dq_id = -scale sum_j dS_ij sgn(q_id - k_jd)   (sgn(0) = 0, as torch.cdist)
+
+Masks reach the kernels as bytes with their broadcast strides: a key-padding mask
+``(B|1, 1, 1, S)`` is read as one row per tile, a general mask ``(B|1, 1, T, S)`` (fairseq's future
+mask, combined with padding) tile by tile -- any mask the PyTorch path accepts, no fallback.
+``causal=True`` additionally skips the key tiles after a query tile's last query (and query
+tiles before a key tile's first viewer).  Fully masked rows give exact zeros (output, statistics,
+gradients), as do rows without a positive score (null attention).  Attention dropout draws
+Philox numbers ``tl.rand(seed + b*H + h, i*S + j)``: the backward regenerates the forward's mask
+without storing it; ``seed`` comes from torch's default generator (``torch.manual_seed`` makes a
+call reproducible).  Requires ``T * S < 2**31``.
+
+Precision: tiles are loaded in the input dtype (bf16/fp16/fp32/fp64); scores, statistics and
+accumulators are float32 (float64 for float64 inputs); ``s``/``p`` are rounded to the input
+dtype before the ``@ V`` product (as FlashAttention does).  float32 inputs use IEEE products
+unless ``torch.backends.cuda.matmul.allow_tf32`` is set (then TF32, like torch's matmul).
+
+Compiled vs interpreted: on CUDA tensors the kernels are compiled and autotuned (tile sizes
+keyed on the power-of-two buckets of T and S, so variable sentence lengths do not re-tune per
+batch).  On CPU tensors they run under Triton's interpreter, which needs ``TRITON_INTERPRET=1``
+in the environment (slow; that is how CI tests them without a GPU) -- otherwise a
+``RuntimeError`` names the variable.  Triton reads that variable when a ``@triton.jit``
+function is *defined*, so the kernel file ``_kernels.py`` is executed lazily, once per mode, as
+its own module object: both modes can live in one process (CPU interpreter tests and CUDA tests
+in one pytest run; the kernels call no ``@jit`` function of triton's own library, which exists in
+one mode only), and importing this package never imports triton.
+"""
+
+import importlib.util
+import math
+import os
+import sys
+import threading
+from typing import Optional
+
+import torch
+
+__all__ = ["relu_attention", "l1_softmax_attention", "triton_available", "interpret_requested",
+           "self_test", "compile_offline", "ACTIVATIONS", "MAX_HEAD_DIM", "FAMILIES"]
+
+#: activations of :func:`relu_attention` -> kernel code (0 ReLU, 1 GeLU, 2 Leaky ReLU 0.01)
+ACTIVATIONS = {"relu": 0, "gelu": 1, "leaky_relu": 2}
+#: largest head dimension d the kernels take (one ``(BLOCK, d)`` tile lives in registers)
+MAX_HEAD_DIM = 256
+
+_MODULES = {}
+_LOCK = threading.Lock()
+_AVAILABLE: Optional[bool] = None
+
+
+def triton_available() -> bool:
+    """True when the ``triton`` package imports (``pip install -e .[gpu]``)."""
+    global _AVAILABLE
+    if _AVAILABLE is None:
+        try:
+            import triton  # noqa: F401
+            import triton.language  # noqa: F401
+
+            _AVAILABLE = True
+        except Exception:  # ImportError, or a broken install
+            _AVAILABLE = False
+    return _AVAILABLE
+
+
+def interpret_requested() -> bool:
+    """True when ``TRITON_INTERPRET`` is set to a true value (``1``, ``true``, ``on``, ``yes``)."""
+    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes")
+
+
+def _kernels(interpret: bool):
+    """The kernel module ``_kernels.py`` executed in ``interpret`` mode (cached per mode)."""
+    key = interpret
+    mod = _MODULES.get(key)
+    if mod is not None:
+        return mod
+    with _LOCK:
+        mod = _MODULES.get(key)
+        if mod is not None:
+            return mod
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_kernels.py")
+        modname = f"{__name__}._kernels_{'interpreted' if interpret else 'compiled'}"
+        spec = importlib.util.spec_from_file_location(modname, path)
+        mod = importlib.util.module_from_spec(spec)
+        old = os.environ.get("TRITON_INTERPRET")
+        os.environ["TRITON_INTERPRET"] = "1" if interpret else "0"
+        try:
+            sys.modules[modname] = mod
+            spec.loader.exec_module(mod)
+        except BaseException:
+            sys.modules.pop(modname, None)
+            raise
+        finally:
+            if old is None:
+                os.environ.pop("TRITON_INTERPRET", None)
+            else:
+                os.environ["TRITON_INTERPRET"] = old
+        if mod.INTERPRET != interpret:
+            sys.modules.pop(modname, None)
+            raise RuntimeError(f"could not build the {'interpreted' if interpret else 'compiled'} "
+                               f"Triton kernels: triton.knobs.runtime.interpret is forced to "
+                               f"{mod.INTERPRET}")
+        _MODULES[key] = mod
+        return mod
+
+
+def _mode(x: torch.Tensor) -> bool:
+    """``True`` = run under the interpreter, ``False`` = compiled; raises when neither is possible.
+
+    Raises:
+        RuntimeError: triton is not installed; or ``x`` is not a CUDA tensor and
+            ``TRITON_INTERPRET=1`` is not set.
+    """
+    if not triton_available():
+        raise RuntimeError("the Triton attention backend needs the 'triton' package "
+                           "(pip install -e .[gpu]); or use --attention-backend torch")
+    if interpret_requested():
+        return True
+    if x.device.type == "cuda":
+        return False
+    raise RuntimeError(f"the Triton attention backend runs compiled kernels on CUDA tensors only; "
+                       f"got a {x.device.type} tensor.  Set TRITON_INTERPRET=1 to run Triton's "
+                       f"interpreter on {x.device.type} (slow: for tests), or use "
+                       f"--attention-backend torch")
+
+
+def _dtypes(dtype: torch.dtype, interpret: bool):
+    """``(ACC, PREC)`` constexprs: accumulator dtype and ``tl.dot`` input precision."""
+    import triton.language as tl
+
+    if dtype == torch.float64:
+        return tl.float64, "ieee"
+    if dtype == torch.float32:
+        tf32 = (not interpret) and torch.backends.cuda.matmul.allow_tf32
+        return tl.float32, ("tf32" if tf32 else "ieee")
+    return tl.float32, "tf32"  # bf16 / fp16 operands: the precision flag does not apply
+
+
+def _upcast(dtype: torch.dtype, interpret: bool) -> bool:
+    """Triton's interpreter computes ``tl.dot`` of bfloat16 tiles wrongly (numpy has no bfloat16):
+    there the kernels convert the operands to float32 first (the rounding of ``s``/``p`` to
+    bfloat16 before ``@ V`` is kept).  Compiled kernels use bfloat16 tensor-core products."""
+    return bool(interpret and dtype == torch.bfloat16)
+
+
+def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _check_common(q, k, v, dropout_p):
+    """Shape/dtype/device checks shared by both entry points (after kernels._check)."""
+    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+        raise ValueError(f"the Triton kernels take float16, bfloat16, float32 or float64, got {q.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    if q.shape[-1] > MAX_HEAD_DIM:
+        raise ValueError(f"the Triton kernels take head dimensions d <= {MAX_HEAD_DIM}, got "
+                         f"{q.shape[-1]}; use --attention-backend torch")
+    if q.shape[2] * k.shape[2] >= 2**31:
+        raise ValueError(f"T * S must be < 2**31 (dropout offsets), got T {q.shape[2]}, S {k.shape[2]}")
+
+
+def _mask_args(mask, x, B, H, T, S):
+    """``(tensor, (s_b, s_h, s_t, s_s), MASK_MODE)`` for a bool mask or None (mode 0)."""
+    if mask is None:
+        return x, (0, 0, 0, 0), 0
+    while mask.dim() < 4:
+        mask = mask.unsqueeze(0)
+    m = mask.to(x.device).view(torch.uint8).expand(B, H, T, S)
+    mode = 1 if (m.stride(2) == 0 or T == 1) else 2
+    return m, tuple(m.stride()), mode
+
+
+def _strides(x):
+    return tuple(x.stride())
+
+
+def _grid(n_rows: int, BH: int, interpret: bool, blocks, axis: str):
+    import triton
+
+    if interpret:
+        return (triton.cdiv(n_rows, blocks[axis]) * BH,)
+    return lambda meta: (triton.cdiv(n_rows, meta[axis]) * BH,)
+
+
+def _block_d(d: int) -> int:
+    import triton
+
+    return max(16, triton.next_power_of_2(d))
+
+
+def _keys(T: int, S: int):
+    import triton
+
+    return triton.next_power_of_2(max(T, 1)), triton.next_power_of_2(max(S, 1))
+
+
+def _scalar(value: float, like: torch.Tensor) -> torch.Tensor:
+    """A one-element tensor in the accumulator dtype (Triton passes Python floats as float32)."""
+    return torch.full((1,), float(value), dtype=_acc_dtype(like.dtype), device=like.device)
+
+
+def _seed(dropout_p: float) -> int:
+    # < 2**30: seed + b*H + h stays inside int32 in the kernels
+    return int(torch.randint(0, 2**30, (1,)).item()) if dropout_p > 0 else 0
+
+
+# --------------------------------------------------------------------------------------------
+# rectified attention
+# --------------------------------------------------------------------------------------------
+def _rect_meta(mod, q, interpret, act, mask_mode, causal, stats, dropout, has_r):
+    acc, prec = _dtypes(q.dtype, interpret)
+    meta = dict(HAS_R=has_r, MASK_MODE=mask_mode, CAUSAL=bool(causal), ACT=act, STATS=bool(stats),
+                DROPOUT=bool(dropout), ACC=acc, PREC=prec, UPCAST=_upcast(q.dtype, interpret),
+                BLOCK_D=_block_d(q.shape[-1]))
+    if interpret:
+        meta.update(mod.INTERPRET_BLOCKS)
+    return meta
+
+
+def _rect_inputs(q, k, v, r_t, mask):
+    B, H, T, d = q.shape
+    S = k.shape[2]
+    if r_t is None:
+        r_arg, r_str = q, (0, 0, 0)
+    else:
+        r_arg = r_t.expand(B, H, T, 1)
+        r_str = tuple(r_arg.stride()[:3])
+    m_arg, m_str, mode = _mask_args(mask, q, B, H, T, S)
+    return (B, H, T, S, d), r_arg, r_str, m_arg, m_str, mode
+
+
+class _RectifiedAttention(torch.autograd.Function):
+    """Autograd function of :func:`relu_attention`; saves ``q, k, v, r, mask`` and the seed."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, r_t, mask, r_c, dropout_p, need_stats, causal, act, seed, interpret):
+        ctx.set_materialize_grads(False)
+        mod = _kernels(interpret)
+        (B, H, T, S, d), r_arg, r_str, m_arg, m_str, mode = _rect_inputs(q, k, v, r_t, mask)
+        out = torch.empty_like(q)
+        acc_dt = _acc_dtype(q.dtype)
+        rs = q.new_zeros((B, H, T), dtype=acc_dt) if need_stats else q.new_empty(1, dtype=acc_dt)
+        rl = q.new_zeros((B, H, T), dtype=acc_dt) if need_stats else rs
+        meta = _rect_meta(mod, q, interpret, act, mode, causal, need_stats, dropout_p > 0, r_t is not None)
+        if B * H * T > 0:
+            grid = _grid(T, B * H, interpret, meta, "BLOCK_M")
+            mod.rect_fwd[grid](q, k, v, r_arg, m_arg, out, rs, rl, *_strides(q), *_strides(k),
+                               *_strides(v), *r_str, *m_str, *_strides(out),
+                               H, T, S, d, float(r_c), float(dropout_p), seed, *_keys(T, S), **meta)
+        ctx.save_for_backward(q, k, v, r_t, mask)
+        ctx.cfg = (r_c, dropout_p, causal, act, seed, interpret)
+        if need_stats:
+            return out, rs, rl
+        return out
+
+    @staticmethod
+    def backward(ctx, g_out, g_sum=None, g_slogs=None):
+        q, k, v, r_t, mask = ctx.saved_tensors
+        r_c, dropout_p, causal, act, seed, interpret = ctx.cfg
+        mod = _kernels(interpret)
+        (B, H, T, S, d), r_arg, r_str, m_arg, m_str, mode = _rect_inputs(q, k, v, r_t, mask)
+        acc_dt = _acc_dtype(q.dtype)
+        stats = g_sum is not None or g_slogs is not None
+        if g_out is None:
+            g_out = torch.zeros_like(q)
+        if stats:
+            g_sum = (q.new_zeros((B, H, T), dtype=acc_dt) if g_sum is None
+                     else g_sum.to(acc_dt).expand(B, H, T).contiguous())
+            g_slogs = (q.new_zeros((B, H, T), dtype=acc_dt) if g_slogs is None
+                       else g_slogs.to(acc_dt).expand(B, H, T).contiguous())
+        else:
+            g_sum = g_slogs = q.new_empty(1, dtype=acc_dt)
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        meta = _rect_meta(mod, q, interpret, act, mode, causal, stats, dropout_p > 0, r_t is not None)
+        common = (*_strides(q), *_strides(k), *_strides(v), *r_str, *m_str, *_strides(g_out))
+        tail = (H, T, S, d, float(r_c), float(dropout_p), seed, *_keys(T, S))
+        if B * H * S > 0:
+            if T == 0:
+                dk.zero_(), dv.zero_()
+            else:
+                grid = _grid(S, B * H, interpret, meta, "BLOCK_N")
+                mod.rect_bwd_kv[grid](q, k, v, r_arg, m_arg, g_out, g_sum, g_slogs, dk, dv, *common,
+                                      *_strides(dk), *_strides(dv), *tail, **meta)
+        if B * H * T > 0:
+            grid = _grid(T, B * H, interpret, meta, "BLOCK_M")
+            mod.rect_bwd_q[grid](q, k, v, r_arg, m_arg, g_out, g_sum, g_slogs, dq, *common,
+                                 *_strides(dq), *tail, **meta)
+        return dq, dk, dv, None, None, None, None, None, None, None, None, None
+
+
+def relu_attention(q, k, v, row_scale, mask=None, dropout_p=0.0, need_stats=False, chunk_size=None,
+                   causal=False, activation="relu"):
+    """Fused rectified attention: ReLA eq. 3's core, ReLUFormer eq. 6 and eq. 7's row terms.
+
+    ``s_ij = act(r_i q_i . k_j)`` (0 where blocked), ``out_i = sum_j dropout(s_ij) v_j``.
+    Same contract as :func:`fairseq_plugins.attention.kernels.relu_attention`:
+
+    Args:
+        q: ``(B, H, T, d)`` queries, already scaled by ``d^-1/2``; k, v: ``(B, H, S, d)``; one
+            dtype (float16, bfloat16, float32, float64), any strides, ``d <= 256``.
+        row_scale: ``r_i``: a float or a constant tensor ``(B|1, H|1, T, 1)`` (non-finite -> 0).
+        mask: bool, broadcastable to ``(B, H, T, S)``, True = blocked, or None.
+        dropout_p: attention dropout on ``s`` after the statistics, in ``[0, 1)``.
+        need_stats: also return ``(row_sum, row_slogs)``, ``(B, H, T)`` float32 (float64 for
+            float64 inputs), ``sum_j s_ij`` and ``sum_j s_ij log s_ij``, differentiable.
+        chunk_size: ignored (tiles are autotuned); accepted for interchangeability.
+        causal: additionally block keys ``j > i + (S - T)`` (tiles after the diagonal are skipped).
+        activation: ``"relu"`` (default), ``"gelu"`` or ``"leaky_relu"`` (ReLA Table 1 rows 9-10).
+
+    Returns:
+        ``out`` ``(B, H, T, d)`` in q's dtype and memory layout, or ``(out, (row_sum, row_slogs))``.
+        Fully masked rows and null rows are exact zeros in outputs, statistics and gradients.
+
+    Raises:
+        ValueError: the checks of the PyTorch path (shapes, dtypes, mask, dropout_p, row_scale);
+            an unknown ``activation``; ``need_stats`` with an activation other than ReLU (the
+            terms need ``s >= 0``); ``d > 256``; ``T * S >= 2**31``.
+        RuntimeError: triton missing, or a non-CUDA tensor without ``TRITON_INTERPRET=1``.
+    """
+    from ..kernels import _check
+
+    _check(q, k, v, row_scale, mask, dropout_p)
+    _check_common(q, k, v, dropout_p)
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"unknown activation {activation!r}; valid choices: {', '.join(ACTIVATIONS)}")
+    if need_stats and activation != "relu":
+        raise ValueError(f"need_stats needs non-negative weights: activation 'relu', got {activation!r}")
+    if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int)
+                                   or chunk_size <= 0):
+        raise ValueError(f"chunk_size must be a positive int or None, got {chunk_size!r}")
+    interpret = _mode(q)
+    if torch.is_tensor(row_scale):
+        r_t = torch.nan_to_num(row_scale.detach().to(device=q.device, dtype=_acc_dtype(q.dtype)),
+                               nan=0.0, posinf=0.0, neginf=0.0)
+        r_c = 1.0
+    else:
+        r_t, r_c = None, (float(row_scale) if math.isfinite(float(row_scale)) else 0.0)
+        if q.dtype == torch.float64 and r_c != 1.0:  # float arguments reach the kernel as float32
+            r_t, r_c = torch.full((1, 1, 1, 1), r_c, dtype=torch.float64, device=q.device), 1.0
+    if mask is not None:
+        mask = mask.to(q.device)
+    res = _RectifiedAttention.apply(q, k, v, r_t, mask, r_c, float(dropout_p), bool(need_stats),
+                                    bool(causal), ACTIVATIONS[activation], _seed(dropout_p), interpret)
+    if need_stats:
+        out, rs, rl = res
+        return out, (rs, rl)
+    return res
+
+
+# --------------------------------------------------------------------------------------------
+# E-ATT: L1-distance scores + softmax
+# --------------------------------------------------------------------------------------------
+def _l1_meta(mod, q, interpret, mask_mode, causal, dropout):
+    acc, prec = _dtypes(q.dtype, interpret)
+    meta = dict(MASK_MODE=mask_mode, CAUSAL=bool(causal), DROPOUT=bool(dropout), ACC=acc, PREC=prec,
+                UPCAST=_upcast(q.dtype, interpret), BLOCK_D=_block_d(q.shape[-1]))
+    if interpret:
+        meta.update(mod.INTERPRET_BLOCKS)
+    return meta
+
+
+class _L1SoftmaxAttention(torch.autograd.Function):
+    """Autograd function of :func:`l1_softmax_attention`; saves ``q, k, v, mask, out, lse``."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, mask, scale, dropout_p, causal, seed, interpret):
+        mod = _kernels(interpret)
+        B, H, T, d = q.shape
+        S = k.shape[2]
+        m_arg, m_str, mode = _mask_args(mask, q, B, H, T, S)
+        out = torch.empty_like(q)
+        lse = q.new_zeros((B, H, T), dtype=_acc_dtype(q.dtype))
+        meta = _l1_meta(mod, q, interpret, mode, causal, dropout_p > 0)
+        if B * H * T > 0:
+            grid = _grid(T, B * H, interpret, meta, "BLOCK_M")
+            mod.l1_fwd[grid](q, k, v, m_arg, out, lse, *_strides(q), *_strides(k), *_strides(v), *m_str,
+                             *_strides(out), H, T, S, d, _scalar(scale, q), float(dropout_p), seed,
+                             *_keys(T, S), **meta)
+        ctx.save_for_backward(q, k, v, mask, out, lse)
+        ctx.cfg = (scale, dropout_p, causal, seed, interpret)
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, g_out, g_lse=None):
+        q, k, v, mask, out, lse = ctx.saved_tensors
+        scale, dropout_p, causal, seed, interpret = ctx.cfg
+        mod = _kernels(interpret)
+        B, H, T, d = q.shape
+        S = k.shape[2]
+        m_arg, m_str, mode = _mask_args(mask, q, B, H, T, S)
+        acc_dt = _acc_dtype(q.dtype)
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        if g_out is None:
+            return None, None, None, None, None, None, None, None, None
+        delta = (g_out.to(acc_dt) * out.to(acc_dt)).sum(-1).contiguous()  # (B, H, T), dO_i . O_i
+        meta = _l1_meta(mod, q, interpret, mode, causal, dropout_p > 0)
+        common = (*_strides(q), *_strides(k), *_strides(v), *m_str, *_strides(g_out))
+        tail = (H, T, S, d, _scalar(scale, q), float(dropout_p), seed, *_keys(T, S))
+        if B * H * S > 0:
+            if T == 0:
+                dk.zero_(), dv.zero_()
+            else:
+                grid = _grid(S, B * H, interpret, meta, "BLOCK_N")
+                mod.l1_bwd_kv[grid](q, k, v, m_arg, g_out, lse, delta, dk, dv, *common, *_strides(dk),
+                                    *_strides(dv), *tail, **meta)
+        if B * H * T > 0:
+            grid = _grid(T, B * H, interpret, meta, "BLOCK_M")
+            mod.l1_bwd_q[grid](q, k, v, m_arg, g_out, lse, delta, dq, *common, *_strides(dq), *tail, **meta)
+        return dq, dk, dv, None, None, None, None, None, None
+
+
+def l1_softmax_attention(q, k, v, scale, mask=None, dropout_p=0.0, causal=False, return_lse=False):
+    """Fused E-ATT attention (Wan et al., E-ATT eq. 13): ``dropout(softmax(-scale ||q_i - k_j||_1)) V``.
+
+    Args:
+        q: ``(B, H, T, d)``; k, v: ``(B, H, S, d)``; one dtype (float16, bfloat16, float32,
+            float64), any strides, ``d <= 256``.
+        scale: positive float, ``d^-1/2`` in E-ATT.
+        mask: bool, broadcastable to ``(B, H, T, S)``, True = blocked, or None.
+        dropout_p: dropout on the softmax weights, in ``[0, 1)``.
+        causal: additionally block keys ``j > i + (S - T)``.
+        return_lse: also return the row log-sum-exp ``(B, H, T)`` of the scores (float32; float64
+            for float64 inputs; 0 on fully masked rows; not differentiable) -- for tests.
+
+    Returns:
+        ``out`` ``(B, H, T, d)`` in q's dtype and layout (exact zeros on fully masked rows), or
+        ``(out, lse)``.  Differentiable w.r.t. q, k, v (``sgn(0) = 0`` in the L1 gradient).
+
+    Raises:
+        ValueError: bad shapes/dtypes/mask/dropout_p (the PyTorch path's checks), ``scale`` not
+            finite and > 0, ``d > 256``, ``T * S >= 2**31``.
+        RuntimeError: triton missing, or a non-CUDA tensor without ``TRITON_INTERPRET=1``.
+    """
+    from ..kernels import _check
+
+    _check(q, k, v, 1.0, mask, dropout_p)
+    _check_common(q, k, v, dropout_p)
+    if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
+        raise ValueError(f"scale must be a finite number > 0, got {scale!r}")
+    interpret = _mode(q)
+    if mask is not None:
+        mask = mask.to(q.device)
+    out, lse = _L1SoftmaxAttention.apply(q, k, v, mask, float(scale), float(dropout_p), bool(causal),
+                                         _seed(dropout_p), interpret)
+    return (out, lse) if return_lse else out
+
+
+# --------------------------------------------------------------------------------------------
+# start-up check (used by --attention-backend auto)
+# --------------------------------------------------------------------------------------------
+#: kernel families and the attention functions they serve
+FAMILIES = ("rectified", "l1softmax")
+
+
+def self_test(family: str, device, dtype: torch.dtype) -> Optional[str]:
+    """Compile and run one family's kernels on a small input against the PyTorch reference.
+
+    ``B 2, H 2, T 24, S 40, d 32``, key padding, forward + backward (the rectified family with a
+    row scale and the eq. 7 statistics).  Used by ``--attention-backend auto`` before the first
+    Triton call per (family, device, dtype), so that a kernel that does not compile or disagrees
+    on an untested GPU/triton version falls back to the PyTorch path instead of failing training.
+
+    Returns:
+        ``None`` when outputs and gradients agree (max error <= 3e-2 of the reference's largest
+        magnitude in half precision, 2e-3 in float32 (TF32 possible), 1e-6 in float64), else the
+        reason (an exception message or the error found).
+
+    Raises:
+        ValueError: unknown ``family`` (lists :data:`FAMILIES`).
+    """
+    if family not in FAMILIES:
+        raise ValueError(f"unknown kernel family {family!r}; valid choices: {', '.join(FAMILIES)}")
+    tol = {torch.float64: 1e-6, torch.float32: 2e-3}.get(dtype, 3e-2)
+    g = torch.Generator().manual_seed(0)
+    B, H, T, S, d = 2, 2, 24, 40, 32
+    base = [torch.randn(B, H, n, d, generator=g, dtype=torch.float64) for n in (T, S, S)]
+    mask = torch.zeros(B, 1, 1, S, dtype=torch.bool)
+    mask[1, ..., -5:] = True
+    r = torch.rand(B, 1, T, 1, generator=g, dtype=torch.float64) + 0.5
+    go = torch.randn(B, H, T, d, generator=g, dtype=torch.float64)
+    dev_type = torch.device(device).type
+    try:
+        with torch.inference_mode(False), torch.enable_grad(), \
+                torch.autocast(dev_type if dev_type in ("cuda", "cpu") else "cpu", enabled=False):
+            return _self_test(family, device, dtype, tol, base, mask, r, go, d)
+    except Exception as e:  # noqa: BLE001 - any failure means "do not use these kernels"
+        return f"{type(e).__name__}: {e}"
+
+
+def _self_test(family, device, dtype, tol, base, mask, r, go, d):
+    """:func:`self_test` after setup: run both implementations, compare."""
+    results = []
+    for impl, dt, dev in (("triton", dtype, device), ("reference", torch.float64, "cpu")):
+        # the reference sees the same (rounded) inputs, in float64
+        q, k, v = (x.to(dtype).to(dev, dt).requires_grad_() for x in base)
+        m = mask.to(dev)
+        if family == "rectified":
+            if impl == "triton":
+                out, (rs, rl) = relu_attention(q, k, v, r.to(dev, dt), m, need_stats=True)
+            else:
+                from ..kernels import relu_attention_reference
+
+                out, (rs, rl) = relu_attention_reference(q, k, v, r, m, need_stats=True)
+            loss = (out.double() * go.to(dev)).sum() + rs.double().sum() + 0.1 * rl.double().sum()
+        else:
+            if impl == "triton":
+                out = l1_softmax_attention(q, k, v, d ** -0.5, m)
+            else:
+                w = torch.softmax((-torch.cdist(q, k, p=1) * d ** -0.5).masked_fill(m, float("-inf")), -1)
+                out = w @ v
+            loss = (out.double() * go.to(dev)).sum()
+        grads = torch.autograd.grad(loss, (q, k, v))
+        results.append([t.detach().double().cpu() for t in (out, *grads)])
+    for name, a, b in zip(("out", "dq", "dk", "dv"), *results):
+        err = float((a - b).abs().max()) / max(float(b.abs().max()), 1e-12)
+        if not err <= tol:
+            return f"{name} relative error {err:.3g} > {tol:g}"
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# ahead-of-time compilation (no GPU needed)
+# --------------------------------------------------------------------------------------------
+_PTR_TYPES = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.float64: "*fp64"}
+
+
+def compile_offline(arch: int = 90, dtype: torch.dtype = torch.bfloat16, tiles: str = "first") -> dict:
+    """Compile every kernel for CUDA ``sm_<arch>`` without a GPU (Triton front end -> TTIR ->
+    TTGIR -> LLVM -> PTX -> cubin with the ``ptxas`` the triton wheel ships).
+
+    The interpreter checks the numerics on CPU but not what only the compiler rejects (non-constexpr
+    globals, layouts, shared memory); this checks that.  One variant per kernel with every feature
+    on (row scale, general mask, causal, dropout, eq. 7 statistics; GeLU), with the first
+    (``tiles="first"``) or every (``"all"``) autotuning tile.
+
+    Returns:
+        ``{"<kernel> <BLOCK_M>x<BLOCK_N>": shared memory bytes}``.
+
+    Raises:
+        ValueError: unknown ``dtype`` or ``tiles``.
+        triton.compiler.errors.CompilationError (or the backend's error): a kernel does not compile.
+    """
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    if dtype not in _PTR_TYPES:
+        raise ValueError(f"dtype must be one of {list(_PTR_TYPES)}, got {dtype}")
+    if tiles not in ("first", "all"):
+        raise ValueError(f"tiles must be 'first' or 'all', got {tiles!r}")
+    mod = _kernels(False)
+    acc, prec = _dtypes(dtype, False)
+    acc_ptr = _PTR_TYPES[_acc_dtype(dtype)]
+    ptrs = {n: _PTR_TYPES[dtype] for n in ("Q", "K", "V", "O", "DO", "DK", "DV", "DQ")}
+    ptrs.update({n: acc_ptr for n in ("R", "RS", "RL", "GS", "GL", "LSE", "DELTA", "SC")}, M="*u8")
+    common = dict(MASK_MODE=2, CAUSAL=True, DROPOUT=True, ACC=acc, PREC=prec, UPCAST=False, BLOCK_D=64)
+    rect = dict(common, HAS_R=True, ACT=1, STATS=True)
+    plan = [("rect_fwd", mod._RECT_FWD, rect), ("rect_bwd_kv", mod._RECT_BWD, rect),
+            ("rect_bwd_q", mod._RECT_BWD, rect), ("l1_fwd", mod._L1_FWD, common),
+            ("l1_bwd_kv", mod._L1_BWD, common), ("l1_bwd_q", mod._L1_BWD, common)]
+    target = GPUTarget("cuda", int(arch), 32)
+    shared = {}
+    for name, table, constexprs in plan:
+        fn = getattr(mod, name).fn  # the JITFunction under the autotuner
+        for bm, bn, warps, stages in (table if tiles == "all" else table[:1]):
+            cx = dict(constexprs, BLOCK_M=bm, BLOCK_N=bn)
+            sig = {a: ("constexpr" if a in cx else ptrs.get(a, "fp32" if a in ("r_const", "dropout_p") else "i32"))
+                   for a in fn.arg_names}
+            kernel = triton.compile(ASTSource(fn, sig, cx), target=target,
+                                    options={"num_warps": warps, "num_stages": stages})
+            shared[f"{name} {bm}x{bn}"] = int(kernel.metadata.shared)
+    return shared

@@ -1,0 +1,603 @@
+"""Triton kernels of the fused attentions: rectified (ReLA eq. 3, ReLUFormer eqs. 6-7) and E-ATT's
+L1-distance softmax (E-ATT eq. 13).
+
+Loaded by :mod:`fairseq_plugins.attention.triton` (never imported directly): that loader executes
+this file once as compiled kernels (CUDA) and once under Triton's interpreter
+(``TRITON_INTERPRET=1``, CPU tensors), as two module objects; the algorithms and the launch
+contract are documented there.
+
+Everything a kernel calls is defined here or is a Triton *builtin* (``tl.dot``, ``tl.load``,
+``tl.where``, ``tl.reduce``, ``tl.umulhi``, ...): Triton's own ``@jit`` library functions
+(``tl.sum``, ``tl.max``, ``tl.zeros``, ``tl.cdiv``, ``tl.rand``) are created in one mode when triton
+is first imported, and an interpreted kernel cannot call compiled ones -- so sums, maxima, zeros
+and the Philox generator are the small local versions below, made in this module's mode.
+
+Rectified, per program: a tile of ``BLOCK_M`` query rows ``i`` and ``BLOCK_N`` key columns ``j`` of
+one ``(b, h)``; ``x_ij = r_i (q_i . k_j)``, ``s_ij = act(x_ij)`` (0 where blocked),
+``out_i = sum_j drop(s_ij) v_j``.  No row max and no row sum: a rectified attention has no
+normaliser, so every key tile is independent and the loop carries only the output accumulator
+(and, with ``STATS``, ``sum_j s_ij`` and ``sum_j s_ij log s_ij``).
+
+L1 softmax: ``x_ij = -scale * sum_d |q_id - k_jd|`` built in registers one head dimension at a
+time (subtraction, absolute value, addition: no tensor cores -- the point of E-ATT); the softmax
+is the online (FlashAttention) one; ``p @ v`` and ``dO @ v^T`` use ``tl.dot``.
+"""
+
+import triton
+import triton.language as tl
+
+try:  # triton >= 3.4
+    INTERPRET = bool(triton.knobs.runtime.interpret)
+except AttributeError:  # pragma: no cover - older triton reads the variable directly
+    import os
+
+    INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+#: fixed tiles of the interpreter (small, so tests with T, S ~ 5..40 cross several tiles)
+INTERPRET_BLOCKS = {"BLOCK_M": 16, "BLOCK_N": 16}
+#: smallest positive float32 normal: ``log(max(s, TINY))`` is finite, and exact where it matters
+TINY = tl.constexpr(1.1754943508222875e-38)
+
+# autotuning tables (BLOCK_M, BLOCK_N, num_warps, num_stages) of the compiled kernels
+_RECT_FWD = [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3),
+             (64, 128, 4, 3), (128, 32, 4, 4), (64, 32, 4, 2), (32, 32, 4, 2), (16, 32, 4, 2)]
+_RECT_BWD = [(64, 64, 4, 2), (64, 128, 8, 2), (128, 64, 8, 2), (32, 64, 4, 2),
+             (64, 32, 4, 2), (32, 32, 4, 1), (16, 32, 4, 1), (128, 128, 8, 2)]
+_L1_FWD = [(64, 64, 4, 2), (64, 32, 4, 2), (32, 64, 4, 2), (128, 64, 8, 2), (64, 128, 8, 2),
+           (32, 32, 4, 1), (16, 32, 4, 1)]
+_L1_BWD = [(64, 64, 4, 1), (32, 64, 4, 1), (64, 32, 4, 1), (32, 32, 4, 1), (64, 64, 8, 1),
+           (16, 32, 4, 1)]
+_RECT_KEY = ["T_KEY", "S_KEY", "BLOCK_D", "ACT", "MASK_MODE", "CAUSAL", "STATS", "DROPOUT", "PREC"]
+_L1_KEY = ["T_KEY", "S_KEY", "BLOCK_D", "MASK_MODE", "CAUSAL", "DROPOUT", "PREC"]
+
+
+def _prune(configs, named_args, **kwargs):
+    """Drop tiles far larger than the problem (decoding: T = 1); always keeps one config."""
+    t = max(16, named_args.get("T_KEY", kwargs.get("T_KEY", 16)))
+    s = max(16, named_args.get("S_KEY", kwargs.get("S_KEY", 16)))
+    kept = [c for c in configs if c.kwargs["BLOCK_M"] <= 2 * t and c.kwargs["BLOCK_N"] <= 2 * s]
+    return kept or configs[-1:]
+
+
+def _quick_bench(kernel_call, quantiles):
+    """The autotuner's timing: 5 ms warm-up, 25 ms of repetitions per tile (triton's default is
+    25 + 100 ms; training meets every (T, S) bucket and variant once, so tuning cost adds up)."""
+    import triton.testing
+
+    return triton.testing.do_bench(kernel_call, warmup=5, rep=25, quantiles=quantiles)
+
+
+def _tuned(table, key):
+    """``triton.autotune`` over ``table`` (keyed on the power-of-two buckets of T and S and the
+    variant) on a GPU; identity under the interpreter (fixed tiles)."""
+    if INTERPRET:
+        return lambda fn: fn
+    configs = [triton.Config({"BLOCK_M": a, "BLOCK_N": b}, num_warps=w, num_stages=st)
+               for a, b, w, st in table]
+    return triton.autotune(configs=configs, key=key, prune_configs_by={"early_config_prune": _prune},
+                           do_bench=_quick_bench)
+
+
+# --------------------------------------------------------------------------------------------
+# local versions of triton's library functions (see the module docstring)
+# --------------------------------------------------------------------------------------------
+@triton.jit
+def _add(a, b):
+    return a + b
+
+
+@triton.jit
+def _maximum(a, b):
+    return tl.maximum(a, b)
+
+
+if INTERPRET:
+    # the interpreter reduces with numpy when the combine function *is* triton's own (compared by
+    # identity, never called); any other one is applied element by element (~10x slower)
+    from triton.language import standard as _std
+
+    _SUM_COMBINE = getattr(_std, "_sum_combine", _add)
+    _MAX_COMBINE = getattr(_std, "_elementwise_max", _maximum)
+else:
+    _SUM_COMBINE = _add
+    _MAX_COMBINE = _maximum
+
+
+@triton.jit
+def _rowsum(x, AXIS: tl.constexpr):
+    """``tl.sum(x, AXIS)`` of a 2-d tile."""
+    return tl.reduce(x, AXIS, _SUM_COMBINE)
+
+
+@triton.jit
+def _rowmax(x, AXIS: tl.constexpr):
+    """``tl.max(x, AXIS)`` of a 2-d tile."""
+    return tl.reduce(x, AXIS, _MAX_COMBINE)
+
+
+@triton.jit
+def _rand(seed, offset):
+    """Uniform ``[0, 1)`` float32 per element of the int32 ``offset`` tile: Philox-4x32-10 keyed by
+    ``seed`` (a copy of ``tl.rand``: same constants, same numbers)."""
+    seed = seed.to(tl.uint64)
+    k0 = (seed & 0xFFFFFFFF).to(tl.uint32)
+    k1 = ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32)
+    c0 = offset.to(tl.uint32)
+    c1 = c0 * 0
+    c2 = c1
+    c3 = c1
+    for _ in tl.static_range(10):
+        _c0 = c0
+        _c2 = c2
+        c0 = tl.umulhi(0xCD9E8D57, _c2) ^ c1 ^ k0
+        c2 = tl.umulhi(0xD2511F53, _c0) ^ c3 ^ k1
+        c1 = tl.mul(0xCD9E8D57, _c2, sanitize_overflow=False)
+        c3 = tl.mul(0xD2511F53, _c0, sanitize_overflow=False)
+        k0 = tl.add(k0, 0x9E3779B9, sanitize_overflow=False)
+        k1 = tl.add(k1, 0xBB67AE85, sanitize_overflow=False)
+    x = c0.to(tl.int32, bitcast=True)
+    x = tl.where(x < 0, ~x, x)
+    return x * 4.6566127342e-10
+
+
+@triton.jit
+def _dot(a, b, acc, PREC: tl.constexpr, UPCAST: tl.constexpr):
+    """``acc + a @ b`` (``tl.dot``); ``UPCAST``: operands in float32 first (set only under the
+    interpreter for bfloat16, whose ``tl.dot`` it gets wrong)."""
+    if UPCAST:
+        res = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision=PREC)
+    else:
+        res = tl.dot(a, b, acc, input_precision=PREC)
+    return res
+
+@triton.jit
+def _act(x, ACT: tl.constexpr):
+    """0 ReLU, 1 GeLU (erf form, as ``F.gelu``), 2 Leaky ReLU (slope 0.01).  Constants are made
+    in x's dtype (a Python float literal would be a float32 constant, also for float64 x)."""
+    if ACT == 1:
+        y = 0.5 * x * (1.0 + tl.erf(x * tl.full(x.shape, 0.7071067811865476, x.dtype)))
+    elif ACT == 2:
+        y = tl.where(x > 0, x, x / 100.0)
+    else:
+        y = tl.maximum(x, 0.0)
+    return y
+
+@triton.jit
+def _act_grad(x, ACT: tl.constexpr):
+    """``act'(x)``; at 0: ReLU 0 (as ``threshold_backward``), Leaky ReLU 0.01 (as torch)."""
+    if ACT == 1:
+        g = (0.5 * (1.0 + tl.erf(x * tl.full(x.shape, 0.7071067811865476, x.dtype)))
+             + x * tl.exp(-0.5 * x * x) * tl.full(x.shape, 0.3989422804014327, x.dtype))
+    elif ACT == 2:
+        one = tl.full(x.shape, 1.0, x.dtype)
+        g = tl.where(x > 0, one, one / 100.0)
+    else:
+        g = tl.where(x > 0, 1.0, 0.0)
+    return g
+
+@triton.jit
+def _valid(offs_m, offs_n, T, S, m_base, s_mt, s_ms, MASK_MODE: tl.constexpr, CAUSAL: tl.constexpr):
+    """``(BLOCK_M, BLOCK_N)`` bool: inside ``T x S``, not masked, not in the causal future.
+
+    ``MASK_MODE`` 0: no mask; 1: one key-padding row per ``(b, h)`` (``s_mt == 0``); 2: a general
+    ``(T, S)`` slice read tile by tile.  Mask bytes are nonzero where blocked.
+    """
+    ok = (offs_m[:, None] < T) & (offs_n[None, :] < S)
+    if MASK_MODE == 1:
+        km = tl.load(m_base + offs_n * s_ms, mask=offs_n < S, other=1)
+        ok = ok & (km == 0)[None, :]
+    elif MASK_MODE == 2:
+        mm = tl.load(m_base + offs_m[:, None] * s_mt + offs_n[None, :] * s_ms,
+                     mask=(offs_m[:, None] < T) & (offs_n[None, :] < S), other=1)
+        ok = ok & (mm == 0)
+    if CAUSAL:
+        ok = ok & (offs_n[None, :] <= offs_m[:, None] + (S - T))
+    return ok
+
+@triton.jit
+def _valid_t(offs_n, offs_m, T, S, m_base, s_mt, s_ms, MASK_MODE: tl.constexpr, CAUSAL: tl.constexpr):
+    """:func:`_valid` transposed: ``(BLOCK_N, BLOCK_M)``."""
+    ok = (offs_n[:, None] < S) & (offs_m[None, :] < T)
+    if MASK_MODE == 1:
+        km = tl.load(m_base + offs_n * s_ms, mask=offs_n < S, other=1)
+        ok = ok & (km == 0)[:, None]
+    elif MASK_MODE == 2:
+        mm = tl.load(m_base + offs_m[None, :] * s_mt + offs_n[:, None] * s_ms,
+                     mask=(offs_n[:, None] < S) & (offs_m[None, :] < T), other=1)
+        ok = ok & (mm == 0)
+    if CAUSAL:
+        ok = ok & (offs_n[:, None] <= offs_m[None, :] + (S - T))
+    return ok
+
+@triton.jit
+def _l1(q_base, k_base, offs_m, offs_n, row_ok, col_ok, s_qt, s_qd, s_ks, s_kd, D,
+        ACC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """``sum_d |q_id - k_jd|`` ``(BLOCK_M, BLOCK_N)``, one head dimension per step (columns of
+    ``q`` and ``k`` come from L1/L2; nothing ``(M, N, d)``-sized is ever formed)."""
+    dist = tl.full([BLOCK_M, BLOCK_N], 0.0, ACC)
+    for dd in range(0, D):
+        qc = tl.load(q_base + offs_m * s_qt + dd * s_qd, mask=row_ok, other=0.0).to(ACC)
+        kc = tl.load(k_base + offs_n * s_ks + dd * s_kd, mask=col_ok, other=0.0).to(ACC)
+        dist += tl.abs(qc[:, None] - kc[None, :])
+    return dist
+
+# --------------------------------------------------------------------------------------------
+# rectified attention
+# --------------------------------------------------------------------------------------------
+@_tuned(_RECT_FWD, _RECT_KEY)
+@triton.jit
+def rect_fwd(Q, K, V, R, M, O, RS, RL,
+             s_qb, s_qh, s_qt, s_qd, s_kb, s_kh, s_ks, s_kd, s_vb, s_vh, s_vs, s_vd,
+             s_rb, s_rh, s_rt, s_mb, s_mh, s_mt, s_ms, s_ob, s_oh, s_ot, s_od,
+             H, T, S, D, r_const, dropout_p, seed, T_KEY, S_KEY,
+             HAS_R: tl.constexpr, MASK_MODE: tl.constexpr, CAUSAL: tl.constexpr, ACT: tl.constexpr,
+             STATS: tl.constexpr, DROPOUT: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr,
+             BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """One program: ``BLOCK_M`` query rows of one ``(b, h)``; loops over key tiles."""
+    pid = tl.program_id(0)
+    num_m = (T + BLOCK_M - 1) // BLOCK_M
+    pid_m = pid % num_m
+    bh = pid // num_m
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    row_ok = offs_m < T
+    d_ok = offs_d < D
+    q = tl.load(Q + b * s_qb + h * s_qh + offs_m[:, None] * s_qt + offs_d[None, :] * s_qd,
+                mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    if HAS_R:
+        r = tl.load(R + b * s_rb + h * s_rh + offs_m * s_rt, mask=row_ok, other=0.0).to(ACC)
+    else:
+        r = tl.full([BLOCK_M], 0.0, ACC) + r_const
+    acc = tl.full([BLOCK_M, BLOCK_D], 0.0, ACC)
+    rsum = tl.full([BLOCK_M], 0.0, ACC)
+    rlog = tl.full([BLOCK_M], 0.0, ACC)
+    k_base = K + b * s_kb + h * s_kh
+    v_base = V + b * s_vb + h * s_vh
+    m_base = M + b * s_mb + h * s_mh
+    hi = S
+    if CAUSAL:  # keys after the block's last query are never visited
+        hi = tl.minimum(S, (pid_m + 1) * BLOCK_M + S - T)
+    for n0 in range(0, hi, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        col_ok = offs_n < S
+        kt = tl.load(k_base + offs_n[None, :] * s_ks + offs_d[:, None] * s_kd,
+                     mask=col_ok[None, :] & d_ok[:, None], other=0.0)
+        v = tl.load(v_base + offs_n[:, None] * s_vs + offs_d[None, :] * s_vd,
+                    mask=col_ok[:, None] & d_ok[None, :], other=0.0)
+        x = _dot(q, kt, tl.full([BLOCK_M, BLOCK_N], 0.0, ACC), PREC, UPCAST).to(ACC) * r[:, None]
+        ok = _valid(offs_m, offs_n, T, S, m_base, s_mt, s_ms, MASK_MODE, CAUSAL)
+        s = tl.where(ok, _act(x, ACT), 0.0)
+        if STATS:
+            rsum += _rowsum(s, 1)
+            rlog += _rowsum(s * tl.log(tl.maximum(s, TINY)), 1)
+        if DROPOUT:
+            keep = _rand(seed + bh, offs_m[:, None] * S + offs_n[None, :]) >= dropout_p
+            s = tl.where(keep, s / (1.0 - dropout_p), 0.0)
+        acc = _dot(s.to(v.dtype), v, acc, PREC, UPCAST)
+    tl.store(O + b * s_ob + h * s_oh + offs_m[:, None] * s_ot + offs_d[None, :] * s_od,
+             acc.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+    if STATS:
+        tl.store(RS + bh * T + offs_m, rsum.to(RS.dtype.element_ty), mask=row_ok)
+        tl.store(RL + bh * T + offs_m, rlog.to(RL.dtype.element_ty), mask=row_ok)
+
+@_tuned(_RECT_BWD, _RECT_KEY)
+@triton.jit
+def rect_bwd_kv(Q, K, V, R, M, DO, GS, GL, DK, DV,
+                s_qb, s_qh, s_qt, s_qd, s_kb, s_kh, s_ks, s_kd, s_vb, s_vh, s_vs, s_vd,
+                s_rb, s_rh, s_rt, s_mb, s_mh, s_mt, s_ms, s_ob, s_oh, s_ot, s_od,
+                s_dkb, s_dkh, s_dks, s_dkd, s_dvb, s_dvh, s_dvs, s_dvd,
+                H, T, S, D, r_const, dropout_p, seed, T_KEY, S_KEY,
+                HAS_R: tl.constexpr, MASK_MODE: tl.constexpr, CAUSAL: tl.constexpr, ACT: tl.constexpr,
+                STATS: tl.constexpr, DROPOUT: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr,
+                BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """One program: ``dK, dV`` of ``BLOCK_N`` keys of one ``(b, h)``; loops over query tiles,
+    recomputing the transposed scores ``x^T = k (r q)^T``.  ``STATS``: the eq. 7 row sums have
+    gradients ``GS, GL`` ``(B*H, T)`` (``d/ds_ij = g_sum_i + g_slogs_i (log s_ij + 1)``)."""
+    pid = tl.program_id(0)
+    num_n = (S + BLOCK_N - 1) // BLOCK_N
+    pid_n = pid % num_n
+    bh = pid // num_n
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    col_ok = offs_n < S
+    d_ok = offs_d < D
+    kv_mask = col_ok[:, None] & d_ok[None, :]
+    k = tl.load(K + b * s_kb + h * s_kh + offs_n[:, None] * s_ks + offs_d[None, :] * s_kd,
+                mask=kv_mask, other=0.0)
+    v = tl.load(V + b * s_vb + h * s_vh + offs_n[:, None] * s_vs + offs_d[None, :] * s_vd,
+                mask=kv_mask, other=0.0)
+    dk = tl.full([BLOCK_N, BLOCK_D], 0.0, ACC)
+    dv = tl.full([BLOCK_N, BLOCK_D], 0.0, ACC)
+    q_base = Q + b * s_qb + h * s_qh
+    do_base = DO + b * s_ob + h * s_oh
+    m_base = M + b * s_mb + h * s_mh
+    lo = 0
+    if CAUSAL:  # queries before the first one that sees key pid_n * BLOCK_N are skipped
+        lo = (tl.maximum(0, pid_n * BLOCK_N - (S - T)) // BLOCK_M) * BLOCK_M
+    for m0 in range(lo, T, BLOCK_M):
+        offs_m = m0 + tl.arange(0, BLOCK_M)
+        row_ok = offs_m < T
+        qt = tl.load(q_base + offs_m[None, :] * s_qt + offs_d[:, None] * s_qd,
+                     mask=row_ok[None, :] & d_ok[:, None], other=0.0)
+        do = tl.load(do_base + offs_m[:, None] * s_ot + offs_d[None, :] * s_od,
+                     mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+        if HAS_R:
+            r = tl.load(R + b * s_rb + h * s_rh + offs_m * s_rt, mask=row_ok, other=0.0).to(ACC)
+        else:
+            r = tl.full([BLOCK_M], 0.0, ACC) + r_const
+        xt = _dot(k, qt, tl.full([BLOCK_N, BLOCK_M], 0.0, ACC), PREC, UPCAST).to(ACC) * r[None, :]
+        ok = _valid_t(offs_n, offs_m, T, S, m_base, s_mt, s_ms, MASK_MODE, CAUSAL)
+        st = tl.where(ok, _act(xt, ACT), 0.0)
+        dpt = _dot(v, tl.trans(do), tl.full([BLOCK_N, BLOCK_M], 0.0, ACC), PREC, UPCAST).to(ACC)
+        if DROPOUT:
+            keep = _rand(seed + bh, offs_m[None, :] * S + offs_n[:, None]) >= dropout_p
+            pt = tl.where(keep, st / (1.0 - dropout_p), 0.0)
+            dpt = tl.where(keep, dpt / (1.0 - dropout_p), 0.0)
+        else:
+            pt = st
+        dv = _dot(pt.to(do.dtype), do, dv, PREC, UPCAST)
+        if STATS:
+            gs = tl.load(GS + bh * T + offs_m, mask=row_ok, other=0.0).to(ACC)
+            gl = tl.load(GL + bh * T + offs_m, mask=row_ok, other=0.0).to(ACC)
+            dpt += gs[None, :] + gl[None, :] * (tl.log(tl.maximum(st, TINY)) + 1.0)
+        dxt = tl.where(ok, dpt * _act_grad(xt, ACT), 0.0) * r[None, :]
+        dk = _dot(dxt.to(qt.dtype), tl.trans(qt), dk, PREC, UPCAST)
+    tl.store(DK + b * s_dkb + h * s_dkh + offs_n[:, None] * s_dks + offs_d[None, :] * s_dkd,
+             dk.to(DK.dtype.element_ty), mask=kv_mask)
+    tl.store(DV + b * s_dvb + h * s_dvh + offs_n[:, None] * s_dvs + offs_d[None, :] * s_dvd,
+             dv.to(DV.dtype.element_ty), mask=kv_mask)
+
+@_tuned(_RECT_BWD, _RECT_KEY)
+@triton.jit
+def rect_bwd_q(Q, K, V, R, M, DO, GS, GL, DQ,
+               s_qb, s_qh, s_qt, s_qd, s_kb, s_kh, s_ks, s_kd, s_vb, s_vh, s_vs, s_vd,
+               s_rb, s_rh, s_rt, s_mb, s_mh, s_mt, s_ms, s_ob, s_oh, s_ot, s_od,
+               s_dqb, s_dqh, s_dqt, s_dqd,
+               H, T, S, D, r_const, dropout_p, seed, T_KEY, S_KEY,
+               HAS_R: tl.constexpr, MASK_MODE: tl.constexpr, CAUSAL: tl.constexpr, ACT: tl.constexpr,
+               STATS: tl.constexpr, DROPOUT: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr,
+               BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """One program: ``dQ`` of ``BLOCK_M`` queries of one ``(b, h)``; loops over key tiles."""
+    pid = tl.program_id(0)
+    num_m = (T + BLOCK_M - 1) // BLOCK_M
+    pid_m = pid % num_m
+    bh = pid // num_m
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    row_ok = offs_m < T
+    d_ok = offs_d < D
+    q_mask = row_ok[:, None] & d_ok[None, :]
+    q = tl.load(Q + b * s_qb + h * s_qh + offs_m[:, None] * s_qt + offs_d[None, :] * s_qd,
+                mask=q_mask, other=0.0)
+    do = tl.load(DO + b * s_ob + h * s_oh + offs_m[:, None] * s_ot + offs_d[None, :] * s_od,
+                 mask=q_mask, other=0.0)
+    if HAS_R:
+        r = tl.load(R + b * s_rb + h * s_rh + offs_m * s_rt, mask=row_ok, other=0.0).to(ACC)
+    else:
+        r = tl.full([BLOCK_M], 0.0, ACC) + r_const
+    if STATS:
+        gs = tl.load(GS + bh * T + offs_m, mask=row_ok, other=0.0).to(ACC)
+        gl = tl.load(GL + bh * T + offs_m, mask=row_ok, other=0.0).to(ACC)
+    dq = tl.full([BLOCK_M, BLOCK_D], 0.0, ACC)
+    k_base = K + b * s_kb + h * s_kh
+    v_base = V + b * s_vb + h * s_vh
+    m_base = M + b * s_mb + h * s_mh
+    hi = S
+    if CAUSAL:
+        hi = tl.minimum(S, (pid_m + 1) * BLOCK_M + S - T)
+    for n0 in range(0, hi, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        col_ok = offs_n < S
+        kt = tl.load(k_base + offs_n[None, :] * s_ks + offs_d[:, None] * s_kd,
+                     mask=col_ok[None, :] & d_ok[:, None], other=0.0)
+        vt = tl.load(v_base + offs_n[None, :] * s_vs + offs_d[:, None] * s_vd,
+                     mask=col_ok[None, :] & d_ok[:, None], other=0.0)
+        x = _dot(q, kt, tl.full([BLOCK_M, BLOCK_N], 0.0, ACC), PREC, UPCAST).to(ACC) * r[:, None]
+        ok = _valid(offs_m, offs_n, T, S, m_base, s_mt, s_ms, MASK_MODE, CAUSAL)
+        dp = _dot(do, vt, tl.full([BLOCK_M, BLOCK_N], 0.0, ACC), PREC, UPCAST).to(ACC)
+        if DROPOUT:
+            keep = _rand(seed + bh, offs_m[:, None] * S + offs_n[None, :]) >= dropout_p
+            dp = tl.where(keep, dp / (1.0 - dropout_p), 0.0)
+        if STATS:
+            s = tl.where(ok, _act(x, ACT), 0.0)
+            dp += gs[:, None] + gl[:, None] * (tl.log(tl.maximum(s, TINY)) + 1.0)
+        dx = tl.where(ok, dp * _act_grad(x, ACT), 0.0)
+        dq = _dot(dx.to(kt.dtype), tl.trans(kt), dq, PREC, UPCAST)
+    dq = dq * r[:, None]
+    tl.store(DQ + b * s_dqb + h * s_dqh + offs_m[:, None] * s_dqt + offs_d[None, :] * s_dqd,
+             dq.to(DQ.dtype.element_ty), mask=q_mask)
+
+# --------------------------------------------------------------------------------------------
+# E-ATT: L1 scores + online softmax
+# --------------------------------------------------------------------------------------------
+@_tuned(_L1_FWD, _L1_KEY)
+@triton.jit
+def l1_fwd(Q, K, V, M, O, LSE,
+           s_qb, s_qh, s_qt, s_qd, s_kb, s_kh, s_ks, s_kd, s_vb, s_vh, s_vs, s_vd,
+           s_mb, s_mh, s_mt, s_ms, s_ob, s_oh, s_ot, s_od,
+           H, T, S, D, SC, dropout_p, seed, T_KEY, S_KEY,
+           MASK_MODE: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr,
+           ACC: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr,
+           BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """One program: ``BLOCK_M`` queries of one ``(b, h)``; online softmax over key tiles.
+    Writes ``O`` and the row log-sum-exp ``LSE`` ``(B*H, T)`` (0 on fully masked rows)."""
+    pid = tl.program_id(0)
+    num_m = (T + BLOCK_M - 1) // BLOCK_M
+    pid_m = pid % num_m
+    bh = pid // num_m
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
+    scale = tl.load(SC).to(ACC)  # (a tensor: a float argument would be float32)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    row_ok = offs_m < T
+    d_ok = offs_d < D
+    q_base = Q + b * s_qb + h * s_qh
+    k_base = K + b * s_kb + h * s_kh
+    v_base = V + b * s_vb + h * s_vh
+    m_base = M + b * s_mb + h * s_mh
+    m_i = tl.full([BLOCK_M], float("-inf"), ACC)
+    l_i = tl.full([BLOCK_M], 0.0, ACC)
+    acc = tl.full([BLOCK_M, BLOCK_D], 0.0, ACC)
+    hi = S
+    if CAUSAL:
+        hi = tl.minimum(S, (pid_m + 1) * BLOCK_M + S - T)
+    for n0 in range(0, hi, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        col_ok = offs_n < S
+        x = -scale * _l1(q_base, k_base, offs_m, offs_n, row_ok, col_ok, s_qt, s_qd, s_ks, s_kd, D,
+                         ACC, BLOCK_M, BLOCK_N)
+        ok = _valid(offs_m, offs_n, T, S, m_base, s_mt, s_ms, MASK_MODE, CAUSAL)
+        x = tl.where(ok, x, float("-inf"))
+        m_new = tl.maximum(m_i, _rowmax(x, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # fully masked so far: no NaN
+        p = tl.exp(x - m_safe[:, None])
+        alpha = tl.exp(m_i - m_safe)
+        l_i = l_i * alpha + _rowsum(p, 1)
+        if DROPOUT:
+            keep = _rand(seed + bh, offs_m[:, None] * S + offs_n[None, :]) >= dropout_p
+            p = tl.where(keep, p / (1.0 - dropout_p), 0.0)
+        v = tl.load(v_base + offs_n[:, None] * s_vs + offs_d[None, :] * s_vd,
+                    mask=col_ok[:, None] & d_ok[None, :], other=0.0)
+        acc = acc * alpha[:, None]
+        acc = _dot(p.to(v.dtype), v, acc, PREC, UPCAST)
+        m_i = m_new
+    live = l_i > 0
+    out = acc / tl.where(live, l_i, 1.0)[:, None]
+    lse = tl.where(live, m_i + tl.log(tl.where(live, l_i, 1.0)), 0.0)
+    tl.store(O + b * s_ob + h * s_oh + offs_m[:, None] * s_ot + offs_d[None, :] * s_od,
+             out.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+    tl.store(LSE + bh * T + offs_m, lse.to(LSE.dtype.element_ty), mask=row_ok)
+
+@_tuned(_L1_BWD, _L1_KEY)
+@triton.jit
+def l1_bwd_kv(Q, K, V, M, DO, LSE, DELTA, DK, DV,
+              s_qb, s_qh, s_qt, s_qd, s_kb, s_kh, s_ks, s_kd, s_vb, s_vh, s_vs, s_vd,
+              s_mb, s_mh, s_mt, s_ms, s_ob, s_oh, s_ot, s_od,
+              s_dkb, s_dkh, s_dks, s_dkd, s_dvb, s_dvh, s_dvs, s_dvd,
+              H, T, S, D, SC, dropout_p, seed, T_KEY, S_KEY,
+              MASK_MODE: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr,
+              ACC: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr,
+              BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """One program: ``dK, dV`` of ``BLOCK_N`` keys; loops over query tiles.  With
+    ``dS = P (dP - delta)`` (``delta_i = dO_i . O_i``): ``dV = P_drop^T dO`` and
+    ``dk_jd = scale * sum_i dS_ij sign(q_id - k_jd)``."""
+    pid = tl.program_id(0)
+    num_n = (S + BLOCK_N - 1) // BLOCK_N
+    pid_n = pid % num_n
+    bh = pid // num_n
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
+    scale = tl.load(SC).to(ACC)  # (a tensor: a float argument would be float32)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    col_ok = offs_n < S
+    d_ok = offs_d < D
+    kv_mask = col_ok[:, None] & d_ok[None, :]
+    q_base = Q + b * s_qb + h * s_qh
+    k_base = K + b * s_kb + h * s_kh
+    do_base = DO + b * s_ob + h * s_oh
+    m_base = M + b * s_mb + h * s_mh
+    v = tl.load(V + b * s_vb + h * s_vh + offs_n[:, None] * s_vs + offs_d[None, :] * s_vd,
+                mask=kv_mask, other=0.0)
+    dk = tl.full([BLOCK_N, BLOCK_D], 0.0, ACC)
+    dv = tl.full([BLOCK_N, BLOCK_D], 0.0, ACC)
+    lo = 0
+    if CAUSAL:
+        lo = (tl.maximum(0, pid_n * BLOCK_N - (S - T)) // BLOCK_M) * BLOCK_M
+    for m0 in range(lo, T, BLOCK_M):
+        offs_m = m0 + tl.arange(0, BLOCK_M)
+        row_ok = offs_m < T
+        # transposed tile (keys x queries): P^T = exp(x^T - lse)
+        dist = _l1(k_base, q_base, offs_n, offs_m, col_ok, row_ok, s_ks, s_kd, s_qt, s_qd, D,
+                   ACC, BLOCK_N, BLOCK_M)
+        ok = _valid_t(offs_n, offs_m, T, S, m_base, s_mt, s_ms, MASK_MODE, CAUSAL)
+        lse = tl.load(LSE + bh * T + offs_m, mask=row_ok, other=0.0).to(ACC)
+        delta = tl.load(DELTA + bh * T + offs_m, mask=row_ok, other=0.0).to(ACC)
+        pt = tl.where(ok, tl.exp(-scale * dist - lse[None, :]), 0.0)
+        do = tl.load(do_base + offs_m[:, None] * s_ot + offs_d[None, :] * s_od,
+                     mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+        dpt = _dot(v, tl.trans(do), tl.full([BLOCK_N, BLOCK_M], 0.0, ACC), PREC, UPCAST).to(ACC)
+        if DROPOUT:
+            keep = _rand(seed + bh, offs_m[None, :] * S + offs_n[:, None]) >= dropout_p
+            dv = _dot(tl.where(keep, pt / (1.0 - dropout_p), 0.0).to(do.dtype), do, dv, PREC,
+                      UPCAST)
+            dpt = tl.where(keep, dpt / (1.0 - dropout_p), 0.0)
+        else:
+            dv = _dot(pt.to(do.dtype), do, dv, PREC, UPCAST)
+        dst = pt * (dpt - delta[None, :])
+        for dd in range(0, D):  # dk[:, dd] += sum_i dS_ij sign(q_id - k_jd)
+            qc = tl.load(q_base + offs_m * s_qt + dd * s_qd, mask=row_ok, other=0.0).to(ACC)
+            kc = tl.load(k_base + offs_n * s_ks + dd * s_kd, mask=col_ok, other=0.0).to(ACC)
+            diff = qc[None, :] - kc[:, None]
+            g = _rowsum(tl.where(diff > 0, dst, tl.where(diff < 0, -dst, 0.0)), 1)
+            dk = tl.where(offs_d[None, :] == dd, dk + g[:, None], dk)
+    dk = dk * scale
+    tl.store(DK + b * s_dkb + h * s_dkh + offs_n[:, None] * s_dks + offs_d[None, :] * s_dkd,
+             dk.to(DK.dtype.element_ty), mask=kv_mask)
+    tl.store(DV + b * s_dvb + h * s_dvh + offs_n[:, None] * s_dvs + offs_d[None, :] * s_dvd,
+             dv.to(DV.dtype.element_ty), mask=kv_mask)
+
+@_tuned(_L1_BWD, _L1_KEY)
+@triton.jit
+def l1_bwd_q(Q, K, V, M, DO, LSE, DELTA, DQ,
+             s_qb, s_qh, s_qt, s_qd, s_kb, s_kh, s_ks, s_kd, s_vb, s_vh, s_vs, s_vd,
+             s_mb, s_mh, s_mt, s_ms, s_ob, s_oh, s_ot, s_od, s_dqb, s_dqh, s_dqt, s_dqd,
+             H, T, S, D, SC, dropout_p, seed, T_KEY, S_KEY,
+             MASK_MODE: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr,
+             ACC: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr,
+             BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """One program: ``dQ`` of ``BLOCK_M`` queries; ``dq_id = -scale sum_j dS_ij sign(q_id - k_jd)``."""
+    pid = tl.program_id(0)
+    num_m = (T + BLOCK_M - 1) // BLOCK_M
+    pid_m = pid % num_m
+    bh = pid // num_m
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
+    scale = tl.load(SC).to(ACC)  # (a tensor: a float argument would be float32)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    row_ok = offs_m < T
+    d_ok = offs_d < D
+    q_mask = row_ok[:, None] & d_ok[None, :]
+    q_base = Q + b * s_qb + h * s_qh
+    k_base = K + b * s_kb + h * s_kh
+    v_base = V + b * s_vb + h * s_vh
+    m_base = M + b * s_mb + h * s_mh
+    do = tl.load(DO + b * s_ob + h * s_oh + offs_m[:, None] * s_ot + offs_d[None, :] * s_od,
+                 mask=q_mask, other=0.0)
+    lse = tl.load(LSE + bh * T + offs_m, mask=row_ok, other=0.0).to(ACC)
+    delta = tl.load(DELTA + bh * T + offs_m, mask=row_ok, other=0.0).to(ACC)
+    dq = tl.full([BLOCK_M, BLOCK_D], 0.0, ACC)
+    hi = S
+    if CAUSAL:
+        hi = tl.minimum(S, (pid_m + 1) * BLOCK_M + S - T)
+    for n0 in range(0, hi, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        col_ok = offs_n < S
+        dist = _l1(q_base, k_base, offs_m, offs_n, row_ok, col_ok, s_qt, s_qd, s_ks, s_kd, D,
+                   ACC, BLOCK_M, BLOCK_N)
+        ok = _valid(offs_m, offs_n, T, S, m_base, s_mt, s_ms, MASK_MODE, CAUSAL)
+        p = tl.where(ok, tl.exp(-scale * dist - lse[:, None]), 0.0)
+        vt = tl.load(v_base + offs_n[None, :] * s_vs + offs_d[:, None] * s_vd,
+                     mask=col_ok[None, :] & d_ok[:, None], other=0.0)
+        dp = _dot(do, vt, tl.full([BLOCK_M, BLOCK_N], 0.0, ACC), PREC, UPCAST).to(ACC)
+        if DROPOUT:
+            keep = _rand(seed + bh, offs_m[:, None] * S + offs_n[None, :]) >= dropout_p
+            dp = tl.where(keep, dp / (1.0 - dropout_p), 0.0)
+        ds = p * (dp - delta[:, None])
+        for dd in range(0, D):  # dq[:, dd] += sum_j dS_ij sign(q_id - k_jd)
+            qc = tl.load(q_base + offs_m * s_qt + dd * s_qd, mask=row_ok, other=0.0).to(ACC)
+            kc = tl.load(k_base + offs_n * s_ks + dd * s_kd, mask=col_ok, other=0.0).to(ACC)
+            diff = qc[:, None] - kc[None, :]
+            g = _rowsum(tl.where(diff > 0, ds, tl.where(diff < 0, -ds, 0.0)), 1)
+            dq = tl.where(offs_d[None, :] == dd, dq + g[:, None], dq)
+    dq = dq * (-scale)
+    tl.store(DQ + b * s_dqb + h * s_dqh + offs_m[:, None] * s_dqt + offs_d[None, :] * s_dqd,
+             dq.to(DQ.dtype.element_ty), mask=q_mask)

@@ -1,0 +1,436 @@
+"""GPU attention benchmark: the fused Triton kernels vs PyTorch, stock fairseq and SDPA flash.
+
+Four measurements, every ratio against baselines measured *in the same run* (regime
+``benchmark``; nothing here is a test and nothing is asserted):
+
+1. **core** -- the attention core alone, ``B*H*T = 2**20`` query rows (``--core-rows``), d_h 64,
+   H 8, forward + backward (``torch.autograd.grad`` w.r.t. q, k, v with a fixed upstream
+   gradient): ``F.scaled_dot_product_attention`` (FlashAttention backend forced in half precision;
+   the default SDPA backend in float32), ReLU attention (``relu_attention_reference``: the torch
+   path; ``triton.relu_attention``), ReLUFormer eq. 6 with the eq. 7 row terms (torch:
+   ``kernels.relu_attention``; Triton), E-ATT L1 softmax (torch: ``cdist`` + softmax; Triton);
+2. **layer** -- one self-attention layer (C 512, H 8, ``--tokens`` 16,384 tokens per batch,
+   ``B = tokens / T``), forward + backward: fairseq's stock ``MultiheadAttention`` (fused SDPA)
+   and the plugin's ``FunctionalMultiheadAttention`` with every registered function, with
+   ``--attention-backend torch`` and, where a fused kernel exists, ``triton``; speed relative to
+   stock (> 1 is faster) and peak memory;
+3. **decode** -- one incremental decoder self-attention step (one query, ``S`` cached keys, 64
+   sentences x beam 5), forward only: stock vs each fused function on torch and Triton (the
+   backend for decoding should be the faster one);
+4. **train** (optional, ``--train-data DATA_BIN``) -- end-to-end ``fairseq-train`` tokens/s (median
+   ``wps`` of the logged intervals after the first) of ``rela_transformer`` (Transformer base) with
+   rela_g / reluformer / eatt in all attention types vs fairseq's stock ``transformer``, ``--fp16``
+   (fairseq 0.12's ``fairseq-train --bf16`` implies ``--tpu`` and fails on a GPU).
+
+Timings: ``triton.testing.do_bench`` (CUDA events around synchronised calls; median over
+``--rep`` ms of repetitions after ``--warmup`` ms of warm-up -- which also covers Triton's
+autotuning).  Peak memory: ``torch.cuda.max_memory_allocated`` during one step minus the memory
+allocated before it (inputs and parameters), in MiB.  A case that runs out of memory or fails
+is reported as such (``OOM`` / ``error``), not skipped silently.
+
+Writes ``results/gpu/attention_speed_<gpu>.md`` (``--out``) with a provenance section
+(:mod:`mt_pipeline.provenance`) atomically (:mod:`mt_pipeline.atomic`).  Without CUDA it stops
+with exit status 2 and a message (the numbers are GPU numbers).
+
+Usage::
+
+    mt-bench-gpu [--T 64,256,1024,2048,4096,8192] [--dtypes bf16,fp32] [--sections core,layer,decode]
+                 [--train-data data-bin/multi30k_en_de --src en --tgt de] [--out FILE]
+"""
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from typing import Callable, Dict, List, Optional
+
+import torch
+import torch.nn.functional as F
+
+from . import provenance
+from .atomic import write_text_atomic
+
+__all__ = ["main", "DTYPES", "SECTIONS", "FUSED", "core_cases", "layer_cases", "decode_cases",
+           "render", "parse_wps"]
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+SECTIONS = ("core", "layer", "decode", "train")
+#: functions with a fused Triton kernel (measured on both backends in the layer/decode sections)
+FUSED = ("relu", "rela_g", "reluformer", "eatt")
+TRAIN_FNS = ("rela_g", "reluformer", "eatt")
+Step = Callable[[], None]
+
+
+# --------------------------------------------------------------------------------------------
+# cases: each returns {label: zero-argument step}; steps run forward + backward (or decode)
+# --------------------------------------------------------------------------------------------
+def core_cases(T: int, dtype: torch.dtype, device, rows: int = 2**20, heads: int = 8,
+               head_dim: int = 64, with_triton: bool = True) -> Dict[str, Step]:
+    """Attention-core steps at ``B*H*T = rows`` (``B = rows / (H T)``, at least 1), ``S = T``."""
+    from fairseq_plugins.attention import kernels
+
+    B = max(1, rows // (heads * T))
+    g = torch.Generator(device="cpu").manual_seed(0)
+    q, k, v, go = (torch.randn(B, heads, T, head_dim, generator=g).to(device, dtype) for _ in range(4))
+    for x in (q, k, v):
+        x.requires_grad_()
+    scale = head_dim ** -0.5
+    qs = (q.detach() * scale).requires_grad_()
+    r = torch.full((1, 1, T, 1), (2.0 / T) ** 0.5, device=device)  # ReLUFormer 1/sqrt(n/2), n = T
+
+    def step(fn, qq=q):
+        def run():
+            out = fn(qq)
+            if isinstance(out, tuple):  # (out, (row_sum, row_slogs)): eq. 7 terms enter the loss
+                out, (rs, rl) = out
+                loss = (out * go).sum() + rs.sum() + 1e-3 * rl.sum()
+            else:
+                loss = (out * go).sum()
+            torch.autograd.grad(loss, (qq, k, v))
+        return run
+
+    def sdpa(qq):
+        if dtype in (torch.float16, torch.bfloat16):
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+
+            with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+                return F.scaled_dot_product_attention(qq, k, v)
+        return F.scaled_dot_product_attention(qq, k, v)
+
+    def eatt_torch(qq):
+        from fairseq_plugins.attention.l1 import l1_scores
+
+        w = torch.softmax(l1_scores(qq, k, scale, impl="cdist").float(), -1).to(dtype)
+        return w @ v
+
+    cases = {
+        "sdpa flash" if dtype != torch.float32 else "sdpa (default)": step(sdpa),
+        "relu torch": step(lambda qq: kernels.relu_attention_reference(qq, k, v, 1.0), qs),
+        "reluformer+eq.7 torch": step(lambda qq: kernels.relu_attention(qq, k, v, r.to(dtype), need_stats=True), qs),
+        "eatt torch": step(eatt_torch),
+    }
+    if with_triton:
+        from fairseq_plugins.attention import triton as tk
+
+        cases["relu triton"] = step(lambda qq: tk.relu_attention(qq, k, v, 1.0), qs)
+        cases["reluformer+eq.7 triton"] = step(lambda qq: tk.relu_attention(qq, k, v, r, need_stats=True), qs)
+        cases["eatt triton"] = step(lambda qq: tk.l1_softmax_attention(qq, k, v, scale))
+    return cases
+
+
+def _module(name: Optional[str], backend: str, C: int, H: int, dtype, device, dropout: float):
+    """Stock ``MultiheadAttention`` (``name`` None) or ``FunctionalMultiheadAttention(name)``."""
+    from fairseq.modules import MultiheadAttention
+
+    from fairseq_plugins.attention import FunctionalMultiheadAttention, build_attention_fn
+
+    torch.manual_seed(0)
+    if name is None:
+        m = MultiheadAttention(C, H, dropout=dropout, self_attention=True)
+    else:
+        fn = build_attention_fn(name, C, H, argparse.Namespace(attention_backend=backend))
+        m = FunctionalMultiheadAttention(C, H, fn, dropout=dropout, self_attention=True)
+        fn.aux.enabled = name.startswith("reluformer")  # eq. 7 terms recorded, as in training
+    return m.to(device=device, dtype=dtype).train()
+
+
+def layer_cases(T: int, dtype, device, tokens: int = 16384, C: int = 512, H: int = 8,
+                names=None, backends=("torch", "triton"), dropout: float = 0.0) -> Dict[str, Step]:
+    """Self-attention layer steps (forward + backward) at ``B = tokens / T``: ``stock`` and
+    ``<function> <backend>`` for every function in ``names`` (default: all registered), Triton
+    only for :data:`FUSED`-family functions (those with a kernel)."""
+    from fairseq_plugins.attention import ATTENTION_FUNCTIONS, attention_fn_names
+
+    B = max(1, tokens // T)
+    g = torch.Generator(device="cpu").manual_seed(0)
+    x = torch.randn(T, B, C, generator=g).to(device, dtype).requires_grad_()
+    go = torch.randn(T, B, C, generator=g).to(device, dtype)
+
+    def step(m):
+        def run():
+            out, _ = m(x, x, x, need_weights=False)
+            loss = (out * go).sum()
+            fn = getattr(m, "attn_fn", None)
+            if fn is not None and fn.aux.enabled:
+                for total, _count, is_loss in fn.aux.pop().values():
+                    if is_loss:
+                        loss = loss + total
+            torch.autograd.grad(loss, [x] + [p for p in m.parameters() if p.requires_grad])
+        return run
+
+    cases = {"stock": step(_module(None, "torch", C, H, dtype, device, dropout))}
+    for name in (names or attention_fn_names()):
+        has_kernel = ATTENTION_FUNCTIONS[name].kernel_family is not None
+        for b in backends:
+            if b == "triton" and not has_kernel:
+                continue
+            label = f"{name} {b}" if has_kernel else name
+            cases[label] = step(_module(name, b, C, H, dtype, device, dropout))
+    return cases
+
+
+def decode_cases(S: int, dtype, device, sentences: int = 64, beam: int = 5, C: int = 512, H: int = 8,
+                 names=FUSED, backends=("torch", "triton")) -> Dict[str, Step]:
+    """One incremental self-attention step with ``S - 1`` cached keys (forward, no grad)."""
+    bsz = sentences * beam
+    g = torch.Generator(device="cpu").manual_seed(0)
+    prefix = torch.randn(S - 1, bsz, C, generator=g).to(device, dtype)
+    x = torch.randn(1, bsz, C, generator=g).to(device, dtype)
+
+    def step(m):
+        m.eval()
+        base: Dict = {}
+        with torch.no_grad():
+            if S > 1:
+                mask = torch.triu(torch.full((S - 1, S - 1), float("-inf"), device=device, dtype=dtype), 1)
+                m(prefix, prefix, prefix, incremental_state=base, attn_mask=mask, need_weights=False)
+
+        def run():
+            state = {key: dict(val) for key, val in base.items()}  # the cache stays S - 1 long
+            with torch.no_grad():
+                m(x, x, x, incremental_state=state, need_weights=False)
+        return run
+
+    cases = {"stock": step(_module(None, "torch", C, H, dtype, device, 0.0))}
+    for name in names:
+        for b in backends:
+            cases[f"{name} {b}"] = step(_module(name, b, C, H, dtype, device, 0.0))
+    return cases
+
+
+# --------------------------------------------------------------------------------------------
+# measuring
+# --------------------------------------------------------------------------------------------
+def measure(run: Step, warmup: int, rep: int) -> Dict[str, object]:
+    """``{"ms": median ms, "mib": peak extra MiB}`` or ``{"error": "OOM" | message}``."""
+    import triton.testing
+
+    try:
+        run()  # compile / autotune outside the peak-memory measurement
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        run()
+        torch.cuda.synchronize()
+        mib = (torch.cuda.max_memory_allocated() - before) / 2**20
+        ms = triton.testing.do_bench(run, warmup=warmup, rep=rep, return_mode="median")
+        return {"ms": float(ms), "mib": float(mib)}
+    except torch.cuda.OutOfMemoryError:
+        return {"error": "OOM"}
+    except Exception as e:  # noqa: BLE001 - reported in the table, the benchmark goes on
+        return {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:80] if str(e) else ''}"}
+    finally:
+        torch.cuda.empty_cache()
+
+
+def parse_wps(log_text: str) -> Optional[float]:
+    """Median ``wps`` (target tokens/s) of fairseq's JSON ``train_inner`` log lines, the first
+    interval dropped (compilation, autotuning, allocator warm-up); None if there are none."""
+    values = []
+    for line in log_text.splitlines():
+        m = re.search(r"(\{.*\"wps\".*\})", line)
+        if not m:
+            continue
+        try:
+            rec = json.loads(m.group(1))
+        except ValueError:
+            continue
+        if "train_inner" in line or "update" in rec:
+            try:
+                values.append(float(rec["wps"]))
+            except (KeyError, TypeError, ValueError):
+                pass
+    values = values[1:] if len(values) > 1 else values
+    return statistics.median(values) if values else None
+
+
+def train_runs(data_bin, src, tgt, updates, max_tokens, fns=TRAIN_FNS) -> Dict[str, Dict]:
+    """End-to-end ``fairseq-train`` tokens/s at ``--fp16`` (``--bf16`` implies ``--tpu`` in fairseq
+    0.12): stock ``transformer`` and
+    ``rela_transformer`` with each function (auto backend and torch backend)."""
+    from fairseq_plugins.attention.functions import ATTENTION_FUNCTIONS
+
+    root = provenance.ROOT
+    common = [data_bin, "--task", "translation", "--source-lang", src, "--target-lang", tgt,
+              "--user-dir", os.path.join(root, "fairseq_plugins"), "--fp16", "--max-tokens", str(max_tokens),
+              "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "5e-4", "--lr-scheduler",
+              "inverse_sqrt", "--warmup-updates", "100", "--dropout", "0.1", "--max-update", str(updates),
+              "--no-save", "--disable-validation", "--log-format", "json", "--log-interval", "10",
+              "--seed", "1", "--num-workers", "0"]
+    runs = {"stock transformer": ["--arch", "transformer", "--criterion", "label_smoothed_cross_entropy",
+                                  "--label-smoothing", "0.1"]}
+    for fn in fns:
+        crit = ("label_smoothed_cross_entropy_with_reg" if fn.startswith("reluformer")
+                else "label_smoothed_cross_entropy")
+        for b in ("auto", "torch"):
+            runs[f"{fn} {b}"] = ["--arch", "rela_transformer", "--encoder-attention-fn", fn,
+                                 "--decoder-attention-fn", fn, "--cross-attention-fn", fn,
+                                 "--attention-backend", b, "--criterion", crit, "--label-smoothing", "0.1"]
+    unknown = [fn for fn in fns if fn not in ATTENTION_FUNCTIONS]
+    if unknown:
+        raise ValueError(f"unknown attention functions {unknown}")
+    out = {}
+    for label, extra in runs.items():
+        cmd = [sys.executable, "-m", "fairseq_cli.train"] + common + extra
+        t0 = time.time()
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        wps = parse_wps(proc.stdout + proc.stderr)
+        out[label] = {"wps": wps, "wall_s": time.time() - t0, "rc": proc.returncode,
+                      "command": provenance.command_line("fairseq-train", cmd[3:])}
+        if proc.returncode != 0 or wps is None:
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+            out[label]["error"] = tail[0][:120]
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# rendering
+# --------------------------------------------------------------------------------------------
+def _cell(res: Dict, base: Optional[Dict], mem: bool = False) -> str:
+    if "error" in res:
+        return res["error"] if len(res["error"]) < 40 else res["error"][:37] + "..."
+    s = f"{res['ms']:.3g} ms"
+    if base is not None and "ms" in base:
+        s += f" ({base['ms'] / res['ms']:.2f}x)"
+    if mem:
+        s += f", {res['mib']:.0f} MiB"
+    return s
+
+
+def render(results: Dict, meta: Dict) -> str:
+    """Markdown of ``results``: ``{section: {dtype: {length: {label: measurement}}}}`` (train:
+    ``{label: run}``) with ratios against the section's baseline (``sdpa ...`` for core,
+    ``stock`` for layer/decode, ``stock transformer`` for train)."""
+    lines = [f"# Attention speed on {meta['gpu']} (regime: benchmark)", "",
+             "Generated by `mt-bench-gpu` (`mt_pipeline/bench_gpu.py`); see `results/gpu/README.md` "
+             "for what is measured and the targets.  Cells: median time per step, in parentheses the "
+             "speed relative to the row's baseline measured in the same run (> 1 is faster), then "
+             "the peak extra memory of the step.", ""]
+    titles = {"core": "Attention core, forward + backward (B*H*T = %s, d_h %s)" % (meta.get("core_rows"), 64),
+              "layer": "One self-attention layer, forward + backward (C 512, H 8, %s tokens per batch)"
+                       % meta.get("tokens"),
+              "decode": "Incremental decoding, one self-attention step (64 sentences x beam 5, forward)"}
+    for section in ("core", "layer", "decode"):
+        if section not in results:
+            continue
+        for dt, per_len in results[section].items():
+            lengths = list(per_len)
+            labels: List[str] = []
+            for res in per_len.values():
+                labels += [lab for lab in res if lab not in labels]
+            base_label = next((lab for lab in labels if lab.startswith("sdpa") or lab == "stock"), None)
+            head = "S (cache)" if section == "decode" else "T"
+            lines += [f"## {titles[section]}, {dt}", "",
+                      f"| {head} -> | " + " | ".join(str(t) for t in lengths) + " |",
+                      "|---|" + "---|" * len(lengths)]
+            for lab in labels:
+                row = []
+                for t in lengths:
+                    res = per_len[t].get(lab)
+                    base = per_len[t].get(base_label) if lab != base_label else None
+                    row.append("-" if res is None else _cell(res, base, mem=section != "decode"))
+                lines.append(f"| {lab} | " + " | ".join(row) + " |")
+            lines.append("")
+    if "train" in results:
+        runs = results["train"]
+        base = runs.get("stock transformer", {}).get("wps")
+        lines += ["## End-to-end fairseq-train, fp16 (tokens/s, median of logged intervals)", "",
+                  "| model | tokens/s | vs stock | wall s |", "|---|---|---|---|"]
+        for lab, run in runs.items():
+            if run.get("wps") is None:
+                lines.append(f"| {lab} | {run.get('error', 'no wps')} | - | {run['wall_s']:.0f} |")
+                continue
+            ratio = f"{run['wps'] / base:.2f}x" if base else "-"
+            lines.append(f"| {lab} | {run['wps']:.0f} | {ratio} | {run['wall_s']:.0f} |")
+        lines += ["", "Commands:", ""] + [f"- {lab}: `{run['command']}`" for lab, run in runs.items()] + [""]
+    lines.append(provenance.markdown(meta["provenance"]))
+    return "\n".join(lines)
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "gpu"
+
+
+def main(argv=None) -> int:
+    """Entry point of ``mt-bench-gpu`` / ``scripts/bench_gpu.py``; returns the exit status
+    (2 without CUDA or triton, with a message on stderr)."""
+    p = argparse.ArgumentParser(prog="mt-bench-gpu", description=__doc__.split("\n\n")[0])
+    p.add_argument("--T", default="64,256,1024,2048,4096,8192", help="sequence lengths (T = S)")
+    p.add_argument("--decode-S", default="16,64,256,1024", help="cache lengths of the decode section")
+    p.add_argument("--dtypes", default="bf16,fp32", help=f"comma list of {', '.join(DTYPES)}")
+    p.add_argument("--sections", default="core,layer,decode",
+                   help=f"comma list of {', '.join(SECTIONS)} (train also needs --train-data)")
+    p.add_argument("--core-rows", type=int, default=2**20, help="B*H*T of the core section")
+    p.add_argument("--tokens", type=int, default=16384, help="tokens per batch of the layer section")
+    p.add_argument("--functions", default=None,
+                   help="layer section: comma list of attention functions (default: all registered)")
+    p.add_argument("--attention-dropout", type=float, default=0.0, help="layer section dropout")
+    p.add_argument("--warmup", type=int, default=25, help="do_bench warm-up, ms")
+    p.add_argument("--rep", type=int, default=100, help="do_bench measurement, ms")
+    p.add_argument("--train-data", default=None, help="fairseq data-bin for the train section")
+    p.add_argument("--src", default="en")
+    p.add_argument("--tgt", default="de")
+    p.add_argument("--train-updates", type=int, default=300)
+    p.add_argument("--train-max-tokens", type=int, default=8192)
+    p.add_argument("--out", default=None, help="result file (default results/gpu/attention_speed_<gpu>.md)")
+    a = p.parse_args(argv)
+
+    dtypes = [x for x in a.dtypes.split(",") if x]
+    sections = [x for x in a.sections.split(",") if x]
+    bad = [x for x in dtypes if x not in DTYPES] + [x for x in sections if x not in SECTIONS]
+    if bad:
+        p.error(f"unknown {bad}; valid dtypes: {', '.join(DTYPES)}; valid sections: {', '.join(SECTIONS)}")
+    if "train" in sections and not a.train_data:
+        p.error("--sections train needs --train-data DATA_BIN (a fairseq-preprocess output)")
+    if not torch.cuda.is_available():
+        print("mt-bench-gpu: no CUDA device (torch.cuda.is_available() is False): this benchmark "
+              "measures GPU kernels and writes GPU numbers; run it on a machine with an NVIDIA GPU "
+              "(see results/gpu/README.md)", file=sys.stderr)
+        return 2
+    from fairseq_plugins.attention import triton as tk
+
+    if not tk.triton_available():
+        print("mt-bench-gpu: the 'triton' package does not import; pip install -e .[gpu]", file=sys.stderr)
+        return 2
+    import fairseq_plugins  # noqa: F401  (registers the functions)
+
+    lengths = [int(x) for x in a.T.split(",") if x]
+    gpu = torch.cuda.get_device_name(0)
+    dev = torch.device("cuda")
+    names = a.functions.split(",") if a.functions else None
+    t0 = time.time()
+    results: Dict = {}
+    for section in sections:
+        if section == "train":
+            results["train"] = train_runs(a.train_data, a.src, a.tgt, a.train_updates, a.train_max_tokens)
+            continue
+        results[section] = {}
+        for dt in dtypes:
+            per_len = results[section][dt] = {}
+            for t in ([int(x) for x in a.decode_S.split(",") if x] if section == "decode" else lengths):
+                if section == "core":
+                    cases = core_cases(t, DTYPES[dt], dev, rows=a.core_rows)
+                elif section == "layer":
+                    cases = layer_cases(t, DTYPES[dt], dev, tokens=a.tokens, names=names,
+                                        dropout=a.attention_dropout)
+                else:
+                    cases = decode_cases(t, DTYPES[dt], dev)
+                per_len[t] = {}
+                for label, run in cases.items():
+                    per_len[t][label] = res = measure(run, a.warmup, a.rep)
+                    print(f"[{section} {dt} {t}] {label}: {res}", flush=True)
+                del cases
+    import triton
+
+    meta = {"gpu": gpu, "core_rows": a.core_rows, "tokens": a.tokens,
+            "provenance": provenance.collect(provenance.command_line("mt-bench-gpu", argv),
+                                             regime="benchmark", triton=triton.__version__,
+                                             cuda=torch.version.cuda, wall_s=round(time.time() - t0, 1))}
+    out = a.out or os.path.join(provenance.ROOT, "results", "gpu", f"attention_speed_{_slug(gpu)}.md")
+    write_text_atomic(out, render(results, meta))
+    print(f"wrote {out}")
+    return 0

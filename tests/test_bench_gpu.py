@@ -1,0 +1,71 @@
+"""The GPU benchmark's harness (mt_pipeline.bench_gpu) on CPU: its steps run, its parsing and
+its ratios are right, and without CUDA it stops with a clear message.  No timing is asserted."""
+
+import pytest
+import torch
+
+from mt_pipeline import bench_gpu
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a machine without CUDA")
+def test_without_cuda_exits_2_with_a_message(capsys, tmp_path):
+    out = tmp_path / "r.md"
+    assert bench_gpu.main(["--sections", "core", "--out", str(out)]) == 2
+    assert "no CUDA device" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_bad_options_name_the_choices(capsys):
+    with pytest.raises(SystemExit):
+        bench_gpu.main(["--sections", "core,fast"])
+    assert "valid sections: core, layer, decode, train" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench_gpu.main(["--sections", "train"])
+    assert "--train-data" in capsys.readouterr().err
+
+
+def test_steps_run_on_cpu_with_the_torch_backend():
+    """Every kind of step of the harness does its forward (+ backward) on a tiny CPU case."""
+    cases = bench_gpu.core_cases(8, torch.float32, "cpu", rows=64, heads=2, head_dim=16, with_triton=False)
+    assert set(cases) == {"sdpa (default)", "relu torch", "reluformer+eq.7 torch", "eatt torch"}
+    for run in cases.values():
+        run()
+    layer = bench_gpu.layer_cases(8, torch.float32, "cpu", tokens=24, C=16, H=2,
+                                  names=["softmax", "rela_g", "reluformer", "eatt"], backends=("torch",))
+    assert set(layer) == {"stock", "softmax", "rela_g torch", "reluformer torch", "eatt torch"}
+    for run in layer.values():
+        run()
+    dec = bench_gpu.decode_cases(5, torch.float32, "cpu", sentences=2, beam=2, C=16, H=2,
+                                 names=("rela_g", "eatt"), backends=("torch",))
+    for run in dec.values():
+        run()
+        run()  # the cache stays S - 1 long: a second step sees the same state
+
+
+def test_parse_wps_takes_the_median_after_the_first_interval():
+    log = "\n".join([
+        '2026-01-01 00:00:01 | INFO | train_inner | {"epoch": 1, "update": 0.1, "loss": "9", "wps": "100"}',
+        '2026-01-01 00:00:02 | INFO | train_inner | {"epoch": 1, "update": 0.2, "loss": "8", "wps": "2000"}',
+        "some other line",
+        '2026-01-01 00:00:03 | INFO | train_inner | {"epoch": 1, "update": 0.3, "loss": "7", "wps": "3000"}',
+        '2026-01-01 00:00:04 | INFO | train_inner | {"epoch": 1, "update": 0.4, "loss": "7", "wps": "2500"}',
+        '2026-01-01 00:00:05 | INFO | train | {"epoch": 1, "train_loss": "7", "train_wps": "9"}',
+    ])
+    assert bench_gpu.parse_wps(log) == 2500.0
+    assert bench_gpu.parse_wps("nothing logged") is None
+
+
+def test_render_reports_ratios_against_the_baseline_of_the_same_run():
+    res = {"layer": {"bf16": {256: {"stock": {"ms": 2.0, "mib": 100.0},
+                                    "rela_g triton": {"ms": 1.0, "mib": 120.0},
+                                    "eatt torch": {"error": "OOM"}}}},
+           "train": {"stock transformer": {"wps": 1000.0, "wall_s": 10, "command": "fairseq-train x"},
+                     "rela_g auto": {"wps": 900.0, "wall_s": 11, "command": "fairseq-train y"}}}
+    meta = {"gpu": "Test GPU", "tokens": 16384, "core_rows": 2**20,
+            "provenance": {"command": "mt-bench-gpu", "git_commit": "abc"}}
+    md = bench_gpu.render(res, meta)
+    assert "| rela_g triton | 1 ms (2.00x), 120 MiB |" in md
+    assert "| stock | 2 ms, 100 MiB |" in md
+    assert "| eatt torch | OOM |" in md
+    assert "| rela_g auto | 900 | 0.90x | 11 |" in md
+    assert "regime: benchmark" in md and "## Provenance" in md
