@@ -36,6 +36,7 @@ def preprocess_cmd(src, tgt, destdir, workers, trainpref=None, validpref=None, t
 
 
 def quoted(cmd):
+    """``cmd`` (list of words) as one shell-quoted line."""
     return " ".join(shlex.quote(c) for c in cmd)
 
 

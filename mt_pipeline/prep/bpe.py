@@ -132,6 +132,7 @@ def split_chars_files(pairs):
 
 
 def io_pairs(src_dir, dst_dir, splits, langs):
+    """``[(src_dir/SPLIT.LANG, dst_dir/SPLIT.LANG)]`` for every split and language."""
     return [(os.path.join(src_dir, f"{s}.{l}"), os.path.join(dst_dir, f"{s}.{l}")) for s in splits for l in langs]
 
 

@@ -41,10 +41,12 @@ class _Parser(argparse.ArgumentParser):
         self.tag = tag
 
     def valid_options(self):
+        """Every option of the parser, aliases joined by '/'."""
         return ", ".join(a.option_strings[-1] if len(a.option_strings) == 1 else "/".join(a.option_strings)
                          for a in self._actions if a.option_strings)
 
     def error(self, message):
+        """Print the message as the data-prep scripts do and exit with status 1."""
         m = re.match(r"argument ([^:]+): expected (one|at least one) argument", message)
         if m:
             message = f"{m.group(1).split('/')[-1]} needs a value (see --help)"
@@ -162,6 +164,7 @@ def check_python(p, dry):
 
 
 def main(argv=None):
+    """The ``mt-prep`` command; returns the exit status (a bad option exits with status 1)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "--list"):
         if argv and argv[0] == "--list":

@@ -152,9 +152,11 @@ class Multi30k:
         return count_lines(path) if os.path.exists(path) and not self.run.dry else "?"
 
     def files(self, stage):
+        """``<out>/STAGE/SPLIT.LANG`` for every split and language."""
         return [os.path.join(self.out, stage, f"{s}.{lang}") for s in self.splits for lang in self.langs]
 
     def raw_body(self, d):
+        """Stage raw: every split decompressed and checked (:func:`read_split`) into ``d``."""
         for split in self.spec["splits"]:
             named = read_split(self.run, split, self.langs, self.in_dir, self.a)
             for lang, (_, lines) in zip(self.langs, named or []):
@@ -165,12 +167,14 @@ class Multi30k:
                              f"{len(named[0][1])} training pairs")
 
     def tok_body(self, d):
+        """Stage tok: raw/ tokenized into ``d``, line counts checked."""
         tok.tokenize_files(self.run, os.path.join(self.out, "raw"), d, self.splits, self.langs,
                            lambda s: self.spec["recipe"])
         for s in ([] if self.run.dry else self.splits):
             check_pair(self.run, "tok", d, s, self.langs, self.split_count(s), " (the raw count)")
 
     def char_body(self, d):
+        """Stage char (--char): tok/ split into characters into ``d``."""
         run = self.run
         run.step(f"split {bpe.alts(self.splits)}.{bpe.alts(self.langs)} into characters -> char/")
         if not run.dry:
@@ -179,10 +183,12 @@ class Multi30k:
                 check_pair(run, "char", d, s, self.langs, self.split_count(s), " (the raw count)")
 
     def bpe_body(self, d):
+        """Stage bpe: joint BPE learned on tok/train.* and applied into ``d``."""
         bpe.joint_bpe(self.run, os.path.join(self.out, "tok"), d, self.splits, self.langs, self.a.bpe_merges,
                       f"{self.a.bpe_merges} merges", self.split_count)
 
     def bin_body(self, d):
+        """Stage bin: fairseq-preprocess --joined-dictionary into ``d``, dictionaries and counts checked."""
         run, a, seg = self.run, self.a, os.path.join(self.out, "char" if self.a.char else "bpe")
         cmd = binarize.preprocess_cmd(a.src, a.tgt, d, a.workers, trainpref=f"{seg}/train", validpref=f"{seg}/valid",
                                       testprefs=[f"{seg}/test", f"{seg}/test1"], joined=True)
@@ -196,6 +202,7 @@ class Multi30k:
                 f"shared by {a.src} and {a.tgt}")
 
     def main(self):
+        """Run every stage (under the output lock); print the bin directory last."""
         run, a, out = self.run, self.a, self.out
         tl, pair, bin_dir = str(a.train_lines or "all"), f"{a.src}-{a.tgt}", os.path.join(self.out, "bin")
         with run.lock():

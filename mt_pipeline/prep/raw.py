@@ -113,6 +113,7 @@ class Sources:
         return {"side": "src" if lang == src.get("src_lang", self.langs[0]) else "ref"}
 
     def path_of(self, src, lang):
+        """The file (or archive member) of source ``src`` for ``lang``."""
         return src["file"].format(lang=lang, **self.side(src, lang))
 
     def of(self, split):
@@ -127,6 +128,7 @@ class Sources:
         return srcs
 
     def describe(self, srcs, lang):
+        """The sources ``srcs`` of ``lang`` in one line (for the plan)."""
         return " + ".join((x.get("archive", "") + ":" if "archive" in x else "") + self.path_of(x, lang)
                           + f" [{x.get('format', 'plain')}]" for x in srcs)
 

@@ -49,9 +49,11 @@ class PrepRun:
 
     # ------------------------------------------------------------------ messages
     def log(self, msg):
+        """Print ``[tag] msg`` to stdout."""
         print(f"[{self.tag}] {msg}", flush=True)
 
     def warn(self, msg):
+        """Print ``[tag] WARNING: msg`` to stderr."""
         print(f"[{self.tag}] WARNING: {msg}", file=sys.stderr, flush=True)
 
     def die(self, msg):

@@ -111,6 +111,7 @@ class SentencePrep:
         return out
 
     def main(self):
+        """Run every stage (under the output lock), then :meth:`finish`."""
         run, spec = self.run, self.spec
         self.codes_given()  # a --bpe-codes that does not fit: fail now
         run.log(f"{spec['title']}: mode={self.mode}" + (f" ({self.local_dir})" if self.local_dir else "")
@@ -135,6 +136,7 @@ class SentencePrep:
         self.finish()
 
     def finish(self):
+        """Say what is missing here and how to get it; print the prepared directory last."""
         run = self.run
         if self.mode == "local" and set(self.spec["split_names"]) - set(self.splits):
             self.missing[:0] = self.spec["local"].get("missing", [])
@@ -149,6 +151,7 @@ class SentencePrep:
 
 
 def stage_raw(p):
+    """Stage raw: the splits available in this mode extracted from their sources."""
     run, d = p.run, os.path.join(p.out, "raw")
     p.splits = [s for s in p.spec["split_names"] if p.sources.of(s) is not None]
     missing = [s for s in p.spec["split_names"] if s not in p.splits]
@@ -160,6 +163,7 @@ def stage_raw(p):
 
 
 def stage_tok(p):
+    """Stage tok: the recipe's tokenisation, [clean-corpus-n on train], [valid carved from train]."""
     run, r, d = p.run, p.recipe, os.path.join(p.out, "tok")
     stamp = stamp_text(stage="tok", upstream=p.prev("raw"), recipe=tok.describe(r, p.langs), versions=tool_versions())
     every = r.get("valid_every") if "train" in p.splits and "valid" not in p.splits else None
@@ -269,6 +273,7 @@ def stage_bpe(p):
 
 
 def stage_bin(p):
+    """Stage bin: fairseq-preprocess (joined dictionary with joint BPE) + subsets.json; needs train."""
     if "train" not in p.splits:
         p.missing.append("bin/: fairseq-preprocess needs the training split for the dictionary")
         return

@@ -22,7 +22,13 @@ VARIANT_KEYS = {"truecase", "bpe_joint", "bpe_merges"}
 
 
 def list_corpora():
-    """Names of the corpora with a spec (directories of data-prep/ holding corpus.yaml)."""
+    """Names of the corpora with a spec (directories of data-prep/ holding corpus.yaml).
+
+    Raises:
+        SystemExit: there is no data-prep/ next to the package (an installed copy, not a checkout)."""
+    if not os.path.isdir(DATA_PREP):
+        raise SystemExit(f"no corpus specs: {DATA_PREP} does not exist (mt-prep reads data-prep/<corpus>/corpus.yaml "
+                         "of the checkout it runs from: install it with pip install -e .)")
     return sorted(d for d in os.listdir(DATA_PREP) if os.path.exists(os.path.join(DATA_PREP, d, "corpus.yaml")))
 
 
@@ -36,7 +42,7 @@ def load_spec(corpus):
     import yaml
 
     path = os.path.join(DATA_PREP, corpus, "corpus.yaml")
-    if not os.path.exists(path):
+    if not os.path.exists(path) or corpus.startswith("."):
         raise SystemExit(f"unknown corpus '{corpus}'; valid: {', '.join(list_corpora())}")
     with open(path, encoding="utf-8") as f:
         spec = yaml.safe_load(f)

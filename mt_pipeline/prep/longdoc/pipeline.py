@@ -46,6 +46,7 @@ SENT_SAME_OUTPUT = (
     "5f8fa250cf14866c33c9de88996573772ad9d61c5d97b397b7ef7a427be73f2e",  # longdoc_tools.py up to commit e141f7e
     "3745acca7513d61d10a95fef7e22c56366d440a8c0be726e4f9457feef325011",  # + tokenize, BPE moved to text_tools.py
     "f3cd7139eb254b8a92b38dee3047893f4831833454cce8e4dc9cfeae41deac0a",  # + check-inputs subcommand
+    "b2c4ceb330453d1f50393f1ea2b7fc2be42b8081e8de3b4473a3e2d724747554",  # mt_pipeline/prep/longdoc/{sources,dedup}.py
 )
 
 
@@ -111,6 +112,7 @@ class LongDocuments:
         self.data_dir, self.maruf_dir, self.train_dir = data_dir, maruf_dir, args.train_dir
 
     def stamps(self):
+        """The stamp of every stage (``sent``, ``tok``, ``bpe``, ``dict``, ``pack<L>``, ``bin<L>``)."""
         a, versions = self.a, tool_versions_line()
         sent = (f"stage=sent\ndata_dir={self.data_dir or 'none'}\nmaruf_dir={self.maruf_dir or 'from data_dir'}\n"
                 f"train_dir={self.train_dir or 'none'}\nchecksum={0 if a.no_checksum else 1}\n"
@@ -128,14 +130,17 @@ class LongDocuments:
         return st
 
     def split_count(self, split):
+        """Sentences of ``split`` (from sent/SPLIT.docids; '?' in a dry run)."""
         path = os.path.join(self.out, "sent", f"{split}.docids")
         return count_lines(path) if os.path.exists(path) and not self.run.dry else "?"
 
     def files(self, d, splits=SPLITS):
+        """``d/SPLIT.LANG`` for ``splits`` and both languages."""
         return [os.path.join(d, f"{s}.{lang}") for s in splits for lang in LANGS]
 
     # ------------------------------------------------------------------ stage bodies
     def sent_body(self, d):
+        """Stage sent: the Maruf inputs checked, then every source read, split and deduplicated into ``d``."""
         run = self.run
         if not run.dry and (self.data_dir or self.maruf_dir):
             problems = sources.check_inputs(self.data_dir, self.maruf_dir, MAX_WORDS)
@@ -154,12 +159,14 @@ class LongDocuments:
             check_pair(run, "sent", d, s, LANGS, count_lines(os.path.join(d, f"{s}.docids")))
 
     def tok_body(self, d):
+        """Stage tok: sent/ tokenized into ``d``, line counts checked."""
         tok.tokenize_files(self.run, os.path.join(self.out, "sent"), d, SPLITS, LANGS, lambda s: self.spec["recipe"],
                            src_name="sent")
         for s in ([] if self.run.dry else SPLITS):
             check_pair(self.run, "tok", d, s, LANGS, self.split_count(s))
 
     def dict_body(self, d):
+        """Stage dict: the joined dictionary of bpe/train.{en,de} built into ``d``."""
         run = self.run
         cmd = binarize.preprocess_cmd("en", "de", d, self.a.workers, trainpref=os.path.join(self.out, "bpe", "train"),
                                       joined=True, dict_only=True)
@@ -170,6 +177,7 @@ class LongDocuments:
                     "and de and every L")
 
     def pack_body(self, n, d):
+        """Stage pack of length ``n``: documents of <= n BPE tokens into ``d`` (= <out>/L<n>)."""
         run = self.run
         run.step(f"pack L={n}: the sentences of each document into documents of <= {n} BPE tokens per side -> L{n}/")
         if run.dry:
@@ -186,6 +194,7 @@ class LongDocuments:
                                                             for s in SPLITS) + " documents")
 
     def bin_body(self, n, d):
+        """Stage bin of length ``n``: fairseq-preprocess with the shared dictionary into ``d``."""
         run, ldir, ddir = self.run, os.path.join(self.out, f"L{n}"), os.path.join(self.out, "dict")
         cmd = binarize.preprocess_cmd("en", "de", d, self.a.workers, srcdict=os.path.join(ddir, "dict.en.txt"),
                                       tgtdict=os.path.join(ddir, "dict.de.txt"), trainpref=f"{ldir}/bpe/train",
@@ -199,6 +208,7 @@ class LongDocuments:
 
     # ------------------------------------------------------------------ main
     def main(self):
+        """Run every stage (under the output lock); print the output directory last."""
         run, a, out = self.run, self.a, self.out
         with run.lock():
             run.log(f"out={out} data_dir={self.data_dir or 'none'} download={int(bool(a.download))} "

@@ -73,6 +73,7 @@ def unescape_entities(s):
 
 
 def clean(s):
+    """XML entities decoded, whitespace normalised (every source sentence goes through this)."""
     return norm_ws(unescape_entities(s))
 
 
