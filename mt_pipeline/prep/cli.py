@@ -72,11 +72,11 @@ def build_parser(spec):
                    "matching folder of ../shared/data when present, else download)")
     p.add_argument("--download", action="store_true", help="download the official files (checksums verified) into "
                    "<out>/download/")
-    p.add_argument("--out", help=f"output directory (default: {spec.get('default_out', 'data-bin/' + spec['name'])})")
+    p.add_argument("--out", metavar="DIR", help=f"output directory (default: {spec.get('default_out', 'data-bin/' + spec['name'])})")
     merges = (spec.get("recipe") or {}).get("bpe_merges")
-    p.add_argument("--bpe-merges", help="BPE merge operations" + (f" (default: {merges})" if isinstance(merges, int) else
+    p.add_argument("--bpe-merges", metavar="N", help="BPE merge operations" + (f" (default: {merges})" if isinstance(merges, int) else
                    " (per language with --bpe separate; default: the paper's, from the spec)"))
-    p.add_argument("--workers", default="2", help="worker processes for BPE and fairseq-preprocess (default: 2)")
+    p.add_argument("--workers", default="2", metavar="N", help="worker processes for BPE and fairseq-preprocess (default: 2)")
     p.add_argument("--no-checksum", action="store_true", help="accept inputs whose checksum differs from the recorded one")
     p.add_argument("--dry-run", action="store_true", help="print URLs, checksums and every step; write nothing")
     module.add_arguments(p, spec)

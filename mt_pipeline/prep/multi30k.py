@@ -43,11 +43,11 @@ def add_arguments(p, spec):
     """The options of ``mt-prep multi30k`` (besides the common ones of :mod:`mt_pipeline.prep.cli`)."""
     p.add_argument("--char", action="store_true", help="character-level symbols instead of BPE (word ends "
                    "marked with '@@' as BPE does, so --remove-bpe restores the words); use its own --out")
-    p.add_argument("--train-lines", help="use only the first N training pairs (default: all 29000)")
-    p.add_argument("--max-words", default=str(MAX_WORDS), help="longest raw line allowed, in words (default: "
+    p.add_argument("--train-lines", metavar="N", help="use only the first N training pairs (default: all 29000)")
+    p.add_argument("--max-words", default=str(MAX_WORDS), metavar="N", help="longest raw line allowed, in words (default: "
                    f"{MAX_WORDS}); raw input is also checked for invalid UTF-8, empty lines and unequal line counts")
-    p.add_argument("--src", default="en", help="source language for bin/: en or de (default: en)")
-    p.add_argument("--tgt", default="de", help="target language: de or en (default: de); bin/ serves both directions")
+    p.add_argument("--src", default="en", metavar="LANG", help="source language for bin/: en or de (default: en)")
+    p.add_argument("--tgt", default="de", metavar="LANG", help="target language: de or en (default: de); bin/ serves both directions")
 
 
 def stamps(spec, a, in_dir):

@@ -45,17 +45,17 @@ def check_args(p, spec, args):
 
 def add_arguments(p, spec):
     """The options of ``mt-prep CORPUS`` for a spec corpus (besides the common ones of the CLI)."""
-    p.add_argument("--variant", help="a named variant of the recipe (corpus.yaml `variants`: truecasing / BPE "
+    p.add_argument("--variant", metavar="NAME", help="a named variant of the recipe (corpus.yaml `variants`: truecasing / BPE "
                    "settings of one paper); tc/, bpe/, bin/ go to <out>/<variant>/")
     p.add_argument("--truecase", action="store_true", default=None, help="learn Moses truecasers on the tokenized "
                    "train set and truecase every split (default: the recipe's `truecase`)")
     p.add_argument("--no-truecase", dest="truecase", action="store_false", help="do not truecase")
-    p.add_argument("--bpe", help="joint: one BPE model for both languages (and a joined dictionary); separate: one "
+    p.add_argument("--bpe", metavar="{joint,separate}", help="joint: one BPE model for both languages (and a joined dictionary); separate: one "
                    "per language (separate dictionaries); default: the recipe's `bpe_joint`")
     p.add_argument("--bpe-codes", nargs="+", metavar="FILE|LANG=FILE", help="use these BPE codes instead of learning "
                    "them: one FILE (joint BPE) or LANG=FILE for every language (separate BPE)")
-    p.add_argument("--src", help="source language for bin/ (default: the spec's first language)")
-    p.add_argument("--tgt", help="target language for bin/ (default: the spec's second language)")
+    p.add_argument("--src", metavar="LANG", help="source language for bin/ (default: the spec's first language)")
+    p.add_argument("--tgt", metavar="LANG", help="target language for bin/ (default: the spec's second language)")
 
 
 class SentencePrep:

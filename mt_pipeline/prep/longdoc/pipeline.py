@@ -80,12 +80,12 @@ def parse_lengths(text):
 def add_arguments(p, spec):
     """The options of ``mt-prep long_documents`` (besides the common ones of :mod:`mt_pipeline.prep.cli`)."""
     default = " ".join(str(x) for x in spec["recipe"]["lengths"])
-    p.add_argument("--train-dir", help="add a Maruf-format training set to the pool: DIR/concatenated_en2de_train_"
+    p.add_argument("--train-dir", metavar="DIR", help="add a Maruf-format training set to the pool: DIR/concatenated_en2de_train_"
                    "{en,de}.txt (or .txt.gz; one sentence per line, a line '<d>' starts each document).  The full "
                    "Europarl7 document-level training set of Maruf et al. has no stable official URL, so it is never "
                    "downloaded: obtain it yourself and pass it here")
-    p.add_argument("--lengths", default=default, help=f'document length limits in BPE tokens (default: "{default}")')
-    p.add_argument("--variant", help="L<L>, one of the --lengths: the prep dir <out>/L<L> (every length is built)")
+    p.add_argument("--lengths", default=default, metavar='"L ..."', help=f'document length limits in BPE tokens (default: "{default}")')
+    p.add_argument("--variant", metavar="L<L>", help="L<L>, one of the --lengths: the prep dir <out>/L<L> (every length is built)")
 
 
 def input_desc(data_dir, maruf_dir, train_dir):
