@@ -238,11 +238,14 @@ def stage_bpe(p):
                          + ("FILE)" if joint else " ".join(f"{l}=FILE" for l in p.langs) + ")"))
         return False
     merges = bpe_merges_for(p.recipe, p.langs, joint)
-    keys = {"codes": "*"} if joint else {f"codes.{l}": l for l in p.langs}  # codes file -> key of given / merges
-    learn = {l: f"{src_stage}/train.{{{','.join(p.langs)}}}" if joint else f"{src_stage}/train.{l} only" for l in keys.values()}
-    names = {n: (p.langs if joint else [k], f"copy the codes {given[k]}" if given else
-                 f"learn {merges[k]} {'joint ' if joint else ''}merges on {learn[k]}") for n, k in keys.items()}
-    how = ("joint" if joint else "separate") + " BPE: " + "; ".join(f"{n}: {h}" for n, (_, h) in names.items())
+    # codes file -> (key of `given` / `merges`, the languages it segments, how it is made)
+    if joint:
+        names = {"codes": ("*", p.langs, f"learn {merges['*']} joint merges on {src_stage}/train.{{{','.join(p.langs)}}}")}
+    else:
+        names = {f"codes.{l}": (l, [l], f"learn {merges[l]} merges on {src_stage}/train.{l} only") for l in p.langs}
+    if given:
+        names = {n: (k, langs, f"copy the codes {given[k]}") for n, (k, langs, _) in names.items()}
+    how = ("joint" if joint else "separate") + " BPE: " + "; ".join(f"{n}: {h}" for n, (_, _, h) in names.items())
     stamp = stamp_text(stage="bpe", upstream=p.prev(src_stage, src_base), input=src_stage, how=how, versions=tool_versions())
     files = [os.path.join(d, n) for n in names] + [os.path.join(d, f"{s}.{l}") for s in p.splits for l in p.langs]
 
@@ -254,14 +257,14 @@ def stage_bpe(p):
             if (f == "codes" or f.startswith("codes.")) and f not in names:
                 os.unlink(os.path.join(x, f))
         src_dir = os.path.join(src_base, src_stage)
-        for name, (langs, h) in names.items():
+        for name, (key, langs, h) in names.items():
             run.step(f"{h} -> bpe/{name} ({'joint' if joint else 'separate'} BPE)")
             if not run.dry and given:
-                bpe.copy_codes(given[keys[name]], os.path.join(x, name))
+                bpe.copy_codes(given[key], os.path.join(x, name))
             elif not run.dry:
-                bpe.learn_bpe([os.path.join(src_dir, f"train.{l}") for l in langs], os.path.join(x, name), merges[keys[name]],
+                bpe.learn_bpe([os.path.join(src_dir, f"train.{l}") for l in langs], os.path.join(x, name), merges[key],
                               log=os.path.join(p.vout, "logs", "bpe.log"))
-        for name, (langs, _) in names.items():
+        for name, (_, langs, _) in names.items():
             run.step(f"apply bpe/{name} to {src_stage}/{{{','.join(p.splits)}}}.{bpe.alts(langs)} -> bpe/ "
                      f"({run.workers} workers)")
             if not run.dry:
