@@ -10,7 +10,9 @@ Modules:
 
 * :mod:`mt_pipeline.atomic` -- the one atomic file writer (never a half-written output);
 * :mod:`mt_pipeline.provenance` -- the one provenance record (command, git commit, hardware, ...)
-  and its Markdown rendering.
+  and its Markdown rendering;
+* :mod:`mt_pipeline.prep` -- the data preparation of every corpus (``mt-prep CORPUS``, run by
+  ``data-prep/<corpus>/prepare.sh``).
 """
 
-__all__ = ["atomic", "provenance"]
+__all__ = ["atomic", "provenance", "prep"]

@@ -130,8 +130,9 @@ def prep_cmd(budget: Dict) -> List[str]:
     if data.get("train-lines"):
         cmd += ["--train-lines", str(data["train-lines"])]
     if data.get("variant") and os.path.exists(os.path.join(ROOT, "data-prep", data["corpus"], "corpus.yaml")):
-        # a corpus.yaml recipe variant (e.g. wmt14_en_de's `eatt`, truecased) writes <out>/<variant>/;
-        # the long-document preps build all their variants (lengths) in one run and take no --variant
+        # a corpus.yaml variant (mt-prep --variant) is the prep_dir above, <out>/<variant>/: a recipe
+        # variant (e.g. wmt14_en_de's `eatt`, truecased) writes it; the long-document preps build
+        # every length in one run and check that L<L> is one of them
         cmd += ["--variant", data["variant"]]
     return cmd + flags(data.get("prep-flags") or {})
 

@@ -1,6 +1,6 @@
 """Bad input fails early and loudly, naming what is wrong, and leaves no partial output.
 
-* data-prep (``data-prep/multi30k/prepare.sh``, ``text_tools.py check-parallel``) on corrupt raw
+* data-prep (``data-prep/multi30k/prepare.sh``, ``mt_pipeline.prep.textio.check_parallel``) on corrupt raw
   text: unequal line counts, empty and over-long lines, invalid UTF-8, a missing file, a file
   that is not gzip -- the message names the file (and line) and ``<out>/raw`` is never created;
 * model/criterion flags: out-of-range hyper-parameters fail at start-up (``validate_args``,
@@ -80,8 +80,7 @@ def test_dataprep_refuses_corrupt_raw_text_and_writes_nothing(case, tmp_path):
 
 
 def test_check_parallel_accepts_good_text_and_reports_every_problem(tmp_path):
-    sys.path.insert(0, os.path.join(ROOT, "data-prep", "common"))
-    from text_tools import check_parallel
+    from mt_pipeline.prep.textio import check_parallel
 
     a, b = tmp_path / "x.en", tmp_path / "x.de"
     a.write_bytes(GOOD)
@@ -137,10 +136,10 @@ def test_long_documents_prep_refuses_corrupt_maruf_input_and_writes_nothing(case
 def test_long_documents_check_inputs_accepts_the_real_maruf_files():
     if not os.path.isdir(MARUF):
         pytest.skip(f"real data not found at {MARUF}")
-    res = subprocess.run([sys.executable, os.path.join(ROOT, "data-prep", "long_documents", "longdoc_tools.py"),
-                          "check-inputs", "--data-dir", os.path.dirname(MARUF)], env=th.env(),
-                         capture_output=True, text=True, timeout=120)
-    assert res.returncode == 0, res.stderr
+    from mt_pipeline.prep.longdoc.sources import check_inputs
+    from mt_pipeline.prep.textio import MAX_WORDS
+
+    assert check_inputs(os.path.dirname(MARUF), None, MAX_WORDS) == []
 
 
 # ---------------------------------------------------------------------------------------------

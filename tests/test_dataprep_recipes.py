@@ -4,7 +4,7 @@ paper-scale reproduce command (scripts/reproduce) resolving every row without tr
 IWSLT14: the fairseq prepare-iwslt14.sh recipe run on the raw XML dev/test files reproduces the
 standard tokenized+lowercased test set byte for byte, and the shipped BPE codes reproduce the BPE'd
 test set byte for byte -- with no exception.  Getting there needed one fix on top of sacremoses
-0.2.0 (data-prep/common/mt_prep.py ``moses_final_period``): tokenizer.perl always splits a final
+0.2.0 (``mt_pipeline.prep.tok.moses_final_period``): tokenizer.perl always splits a final
 ``X.`` into ``X .`` ("split last words independently"), sacremoses keeps it when X is a
 non-breaking prefix or contains a dot (``U.S.`` / ``t.`` / ``70.``, 31 of 13,500 lines) and leaves
 a trailing space; multi-dots (``...``) are not split by tokenizer.perl and are left alone.
@@ -22,10 +22,11 @@ import sys
 import pytest
 import yaml
 
+from mt_pipeline.prep import raw, tok, tools
+from mt_pipeline.prep.spec import load_spec
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.normpath(os.path.join(ROOT, "..", "shared", "data"))
-sys.path.insert(0, os.path.join(ROOT, "data-prep", "common"))
-import mt_prep  # noqa: E402
 
 needs_data = pytest.mark.skipif(not os.path.isdir(DATA), reason=f"real data folder {DATA} not present")
 ENV = dict(os.environ, PYTHON=sys.executable, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
@@ -83,8 +84,8 @@ def test_wmt14_sgm_segments_equal_plain_files(lang):
     seg = {}
     for side in ("src", "ref"):
         text = gz_bytes(f"{DATA}/wmt/sgm/newstest2014-deen-{side}.{lang}.sgm.gz").decode()
-        seg[side] = mt_prep.extract(text, "sgm")
-    plain = mt_prep.extract(gz_bytes(f"{DATA}/wmt/plain/newstest2014.de-en.{lang}.gz").decode(), "plain")
+        seg[side] = raw.extract(text, "sgm")
+    plain = raw.extract(gz_bytes(f"{DATA}/wmt/plain/newstest2014.de-en.{lang}.gz").decode(), "plain")
     assert seg["src"] == seg["ref"]
     assert len(seg["src"]) == len(plain) == 3003
     diff = [i for i, (a, b) in enumerate(zip(seg["src"], plain)) if a != b]
@@ -92,7 +93,7 @@ def test_wmt14_sgm_segments_equal_plain_files(lang):
     assert all("  " in seg["src"][i] for i in diff)  # the quirk: double spaces in the sgm only
     assert len(diff) == (4 if lang == "en" else 0)
     # the fairseq `seg` extraction (no unescaping) gives the same text here (no entities in these files)
-    fseg = mt_prep.extract(gz_bytes(f"{DATA}/wmt/sgm/newstest2014-deen-src.{lang}.sgm.gz").decode(), "seg")
+    fseg = raw.extract(gz_bytes(f"{DATA}/wmt/sgm/newstest2014-deen-src.{lang}.sgm.gz").decode(), "seg")
     assert [" ".join(s.split()) for s in fseg] == [" ".join(s.split()) for s in seg["src"]]
 
 
@@ -106,7 +107,7 @@ def test_wmt14_sgm_segments_equal_plain_files(lang):
 def test_local_mode_on_the_real_dev_test_files(tmp_path, corpus, counts):
     r = prepare(corpus, "--out", str(tmp_path / corpus))
     assert r.returncode == 0, r.stderr
-    spec = mt_prep.load_spec(corpus)
+    spec = load_spec(corpus)
     for split, n in counts.items():
         for lang in spec["langs"]:
             raw = (tmp_path / corpus / "raw" / f"{split}.{lang}").read_text(encoding="utf-8").split("\n")[:-1]
@@ -125,7 +126,7 @@ def test_local_mode_on_the_real_dev_test_files(tmp_path, corpus, counts):
 
 @pytest.mark.parametrize("corpus", CORPORA)
 def test_download_dry_run_prints_urls_and_checksums(tmp_path, corpus):
-    spec = mt_prep.load_spec(corpus)
+    spec = load_spec(corpus)
     out = tmp_path / "o"
     if spec.get("licensed"):
         r = prepare(corpus, "--dry-run", "--out", str(out))
@@ -169,18 +170,18 @@ def test_missing_language_tools_name_the_package(tmp_path):
     for lang, pkg in (("zh", "jieba"), ("ja", "Mykytea")):
         if importlib.util.find_spec(pkg) is None:
             with pytest.raises(SystemExit, match=f"'{pkg}' is missing; install it with"):
-                mt_prep.check_lang_tool(lang)
+                tools.check_lang_tool(lang)
 
 
 def test_clean_and_final_period_rules():
     c = {"ratio": 1.5, "min": 1, "max": 5}
-    assert mt_prep.clean_ok(["a b c", "x y"], c)
-    assert not mt_prep.clean_ok(["a b c d", "x y"], c)          # ratio 2 > 1.5
-    assert not mt_prep.clean_ok(["a b c d e f", "u v w x y z"], c)  # 6 > max
-    assert not mt_prep.clean_ok(["", "x"], c)                    # 0 < min
-    assert mt_prep.moses_final_period("in the U.S. ") == "in the U.S ."
-    assert mt_prep.moses_final_period("he said ...") == "he said ..."
-    assert mt_prep.moses_final_period("Dr. P. said so .") == "Dr. P. said so ."
+    assert tok.clean_ok(["a b c", "x y"], c)
+    assert not tok.clean_ok(["a b c d", "x y"], c)          # ratio 2 > 1.5
+    assert not tok.clean_ok(["a b c d e f", "u v w x y z"], c)  # 6 > max
+    assert not tok.clean_ok(["", "x"], c)                    # 0 < min
+    assert tok.moses_final_period("in the U.S. ") == "in the U.S ."
+    assert tok.moses_final_period("he said ...") == "he said ..."
+    assert tok.moses_final_period("Dr. P. said so .") == "Dr. P. said so ."
 
 
 # ---------------------------------------------------------------------------------------------

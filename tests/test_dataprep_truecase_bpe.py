@@ -1,4 +1,4 @@
-"""Truecasing and separate (per-language) BPE in the data-prep pipeline (data-prep/common/mt_prep.py),
+"""Truecasing and separate (per-language) BPE in the data-prep pipeline (mt_pipeline.prep.sentence),
 as E-ATT preprocesses its corpora (Wan et al. 2022, App. A: Moses truecasers learned on the train
 set; joint BPE for En-Vi and En-De, separate BPE for Zh-En), and the scoring side that undoes the
 truecasing (scripts/extract_hypotheses.py --detruecase, picked by scripts/evaluate.sh).
@@ -21,10 +21,10 @@ import yaml
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.normpath(os.path.join(ROOT, "..", "shared", "data"))
-sys.path.insert(0, os.path.join(ROOT, "data-prep", "common"))
 from mt_pipeline import experiment  # noqa: E402
 from mt_pipeline import hypotheses as extract_hypotheses  # noqa: E402
-import mt_prep  # noqa: E402
+from mt_pipeline.prep import spec as prep_spec, tools as prep_tools  # noqa: E402
+from mt_pipeline.prep.textio import read_lines  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not os.path.isdir(DATA), reason=f"real data folder {DATA} not present")
 ENV = dict(os.environ, PYTHON=sys.executable, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
@@ -39,7 +39,7 @@ def prepare(corpus, *args):
 
 
 def lines(path):
-    return mt_prep.text_tools.read_lines(str(path))
+    return read_lines(str(path))
 
 
 def model(path):
@@ -256,27 +256,27 @@ def test_eatt_corpus_recipes_follow_the_paper():
     En-Vi and En-De, separate for Zh-En -- and the shared WMT14 default recipe stays cased."""
     for corpus, variant, joint in (("iwslt15_en_vi", None, True), ("wmt14_en_de", "eatt", True),
                                    ("wmt17_zh_en", None, False)):
-        spec = mt_prep.load_spec(corpus)
-        r = mt_prep.effective_recipe(spec, variant)
-        assert mt_prep.truecase_langs(r, spec["langs"]) == spec["langs"]
+        spec = prep_spec.load_spec(corpus)
+        r = prep_spec.effective_recipe(spec, variant)
+        assert prep_spec.truecase_langs(r, spec["langs"]) == spec["langs"]
         assert r.get("bpe_joint", True) is joint
         budget = yaml.safe_load(open(os.path.join(ROOT, "configs", "eatt", corpus, "budget.yaml")))
         assert budget["data"].get("variant") == variant
         merges = budget["data"].get("bpe-merges") or r["bpe_merges"]
-        assert set(mt_prep.bpe_merges_for(dict(r, bpe_merges=merges), spec["langs"], joint).values()) == {32000}
-    assert not mt_prep.truecase_langs(mt_prep.load_spec("wmt14_en_de")["recipe"], ["en", "de"])
+        assert set(prep_spec.bpe_merges_for(dict(r, bpe_merges=merges), spec["langs"], joint).values()) == {32000}
+    assert not prep_spec.truecase_langs(prep_spec.load_spec("wmt14_en_de")["recipe"], ["en", "de"])
 
 
 def test_bad_options_name_the_valid_choices(tmp_path, monkeypatch):
-    spec = mt_prep.load_spec("wmt14_en_de")
+    spec = prep_spec.load_spec("wmt14_en_de")
     with pytest.raises(SystemExit, match="valid: eatt"):
-        mt_prep.effective_recipe(spec, "nope")
+        prep_spec.effective_recipe(spec, "nope")
     with pytest.raises(SystemExit, match="a variant may only set"):
-        mt_prep.effective_recipe(dict(spec, variants={"x": {"lowercase": True}}), "x")
+        prep_spec.effective_recipe(dict(spec, variants={"x": {"lowercase": True}}), "x")
     with pytest.raises(SystemExit, match="needs separate BPE"):
-        mt_prep.bpe_merges_for({"bpe_merges": {"en": 1, "de": 2}}, ["en", "de"], joint=True)
+        prep_spec.bpe_merges_for({"bpe_merges": {"en": 1, "de": 2}}, ["en", "de"], joint=True)
     with pytest.raises(SystemExit, match="valid: true, false, or a list"):
-        mt_prep.truecase_langs({"truecase": ["fr"]}, ["en", "de"])
+        prep_spec.truecase_langs({"truecase": ["fr"]}, ["en", "de"])
     r = subprocess.run(["bash", os.path.join(ROOT, "data-prep", "wmt14_en_de", "prepare.sh"), "--dry-run", "--bpe",
                         "separate", "--bpe-codes", "x", "--out", str(tmp_path / "o")],
                        env=ENV, capture_output=True, text=True, timeout=120)
@@ -287,7 +287,7 @@ def test_bad_options_name_the_valid_choices(tmp_path, monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "sacremoses" else real(name, *a))
     with pytest.raises(SystemExit, match="Python module 'sacremoses' is missing; install it with: pip install sacremoses"):
-        mt_prep.check_tool("truecase")
+        prep_tools.check_tool("truecase")
     warned = []
-    mt_prep.check_tool("truecase", dry=True, log=warned.append)
+    prep_tools.check_tool("truecase", dry=True, log=warned.append)
     assert warned and "pip install sacremoses" in warned[0]

@@ -69,7 +69,7 @@ def test_hydra_example_trains_and_the_checkpoint_records_the_functions(paper, da
                    os.path.join(ROOT, "configs", "hydra", paper), "--config-name", "multi30k_small_cpu",
                    f"task.data={data_bin}", f"common.user_dir={ROOT}/fairseq_plugins", f"checkpoint.save_dir={save}",
                    "optimization.max_update=2", "dataset.max_tokens=1500", "dataset.disable_validation=true",
-                   "common.log_interval=1", *overrides])
+                   "common.log_interval=1", f"hydra.run.dir={tmp_path / 'hydra'}", *overrides])
     assert "num_updates 2" in log.replace("=", " "), log[-2000:]
     path = str(save / "checkpoint_last.pt")
     state = load_checkpoint(path)
@@ -101,7 +101,8 @@ def test_hydra_refuses_a_misspelt_model_key(data_bin, tmp_path):
     cmd = [os.path.join(VENV_BIN, "fairseq-hydra-train"),
            "--config-dir", os.path.join(ROOT, "configs", "hydra", "rela"), "--config-name", "multi30k_small_cpu",
            f"task.data={data_bin}", f"common.user_dir={ROOT}/fairseq_plugins", f"checkpoint.save_dir={tmp_path / 'ck'}",
-           "optimization.max_update=2", *SMALL, "+model.rela_norm_epsilon=1e-6"]
+           "optimization.max_update=2", f"hydra.run.dir={tmp_path / 'hydra'}", *SMALL,
+           "+model.rela_norm_epsilon=1e-6"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_FORCE")}
     res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode != 0

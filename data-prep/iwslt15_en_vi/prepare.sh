@@ -1,7 +1,4 @@
 #!/usr/bin/env bash
-# Prepare iwslt15_en_vi for fairseq: run with --help for the options, --dry-run for the URLs, checksums and
-# every step.  The corpus (sources, checksums, recipe) is data-prep/iwslt15_en_vi/corpus.yaml; the pipeline
-# (inputs -> raw -> tok -> bpe -> bin, idempotent, atomic) is data-prep/common/mt_prep.py.
-CORPUS=iwslt15_en_vi
-# shellcheck source=../common/mt_prepare.sh
-source "$(dirname "${BASH_SOURCE[0]}")/../common/mt_prepare.sh"
+# Prepare iwslt15_en_vi for fairseq: `mt-prep iwslt15_en_vi` (mt_pipeline/prep) on data-prep/iwslt15_en_vi/corpus.yaml
+# (sources, checksums, recipe); --help for the options, --dry-run for the URLs, checksums and every step.
+exec bash "$(dirname "${BASH_SOURCE[0]}")/../mt-prep" iwslt15_en_vi "$@"

@@ -1,7 +1,4 @@
 #!/usr/bin/env bash
-# Prepare wmt16_ro_en for fairseq: run with --help for the options, --dry-run for the URLs, checksums and
-# every step.  The corpus (sources, checksums, recipe) is data-prep/wmt16_ro_en/corpus.yaml; the pipeline
-# (inputs -> raw -> tok -> bpe -> bin, idempotent, atomic) is data-prep/common/mt_prep.py.
-CORPUS=wmt16_ro_en
-# shellcheck source=../common/mt_prepare.sh
-source "$(dirname "${BASH_SOURCE[0]}")/../common/mt_prepare.sh"
+# Prepare wmt16_ro_en for fairseq: `mt-prep wmt16_ro_en` (mt_pipeline/prep) on data-prep/wmt16_ro_en/corpus.yaml
+# (sources, checksums, recipe); --help for the options, --dry-run for the URLs, checksums and every step.
+exec bash "$(dirname "${BASH_SOURCE[0]}")/../mt-prep" wmt16_ro_en "$@"

@@ -46,7 +46,7 @@ def _open(path):
 
 def _lines(f) -> List[str]:
     """Lines split on ``\n`` only (``str.splitlines`` also breaks at U+2028, U+0085, ..., which
-    would shift every later pair; see data-prep/common/text_tools.py)."""
+    would shift every later pair; see mt_pipeline/prep/textio.py)."""
     text = f.read()
     lines = text.split("\n")
     return lines[:-1] if lines and lines[-1] == "" else lines
@@ -183,7 +183,7 @@ def segment_words(words: Sequence[str], lang: str, bpe=None, tokenizer=None) -> 
     gold word of each piece.
 
     Every gold word is passed through the data-prep's Moses tokenizer (sacremoses,
-    ``escape=False``, no aggressive dash splitting: ``data-prep/common/text_tools.py``) and then
+    ``escape=False``, no aggressive dash splitting: ``mt_pipeline.prep.tok``) and then
     BPE (subword-nmt ``BPE.process_line``), so gold word boundaries are kept while the model
     sees the pieces it was trained on.
 

@@ -1,0 +1,168 @@
+"""Stage bpe (subword-nmt) and its character-level alternative (``--char``).
+
+BPE uses subword-nmt's Python API: ``learn_bpe`` (min-frequency 2) on the concatenated training
+files, ``BPE.process_line`` (separator ``@@``) on every line.  (The ``subword-nmt`` CLI is not
+used: it reads with ``codecs``, whose readline also breaks lines at U+2028, U+0085, ..., and its
+``apply-bpe`` ignores ``--num-workers``.)  Joint BPE learns one model on both sides' training
+text (``bpe/codes``); separate BPE one per language on its own side (``bpe/codes.LANG``).
+"""
+
+import contextlib
+import gzip
+import io
+import os
+import time
+
+from mt_pipeline.atomic import atomic_path
+from mt_pipeline.prep.textio import check_pair, read_lines, write_lines_atomic
+
+APPLY_BPE_CHUNK = 2000  # lines per task of the apply-bpe worker pool
+CHAR_SEPARATOR = "@@"  # BPE's continuation marker, so fairseq's --remove-bpe undoes the split
+
+
+def learn_bpe(inputs, output, merges, log=None):
+    """Learn ``merges`` BPE merge operations (subword-nmt ``learn_bpe``, min-frequency 2) on the
+    concatenation of the tokenized files ``inputs``; write the codes to ``output`` atomically.
+    subword-nmt's progress bar and messages go to the file ``log`` (default: stderr)."""
+    from subword_nmt.learn_bpe import learn_bpe as _learn
+
+    lines = [line + "\n" for path in inputs for line in read_lines(path)]
+    codes = io.StringIO()
+    with contextlib.ExitStack() as stack:
+        if log:
+            os.makedirs(os.path.dirname(log), exist_ok=True)
+            stack.enter_context(contextlib.redirect_stderr(stack.enter_context(open(log, "a", encoding="utf-8"))))
+        _learn(lines, codes, merges, min_frequency=2)
+    text = codes.getvalue().split("\n")
+    write_lines_atomic(output, text[:-1] if text and text[-1] == "" else text)
+
+
+def truncate(log):
+    """Make ``log`` an empty file (creating its directory)."""
+    os.makedirs(os.path.dirname(log), exist_ok=True)
+    open(log, "w").close()
+
+
+def count_merges(codes):
+    """Number of merge operations in the codes file ``codes`` (its lines but ``#version``)."""
+    return sum(1 for line in read_lines(codes) if not line.startswith("#version"))
+
+
+def copy_codes(src, dst):
+    """Copy the codes file ``src`` (decompressed when it ends in ``.gz``) to ``dst`` atomically."""
+    with open(src, "rb") as f:
+        data = f.read()
+    with atomic_path(dst) as tmp, open(tmp, "wb") as f:
+        f.write(gzip.decompress(data) if src.endswith(".gz") else data)
+
+
+_BPE = None  # the BPE object of this process (set by _init_bpe, in the workers too)
+
+
+def _init_bpe(codes_path):
+    global _BPE
+    from subword_nmt.apply_bpe import BPE
+
+    with open(codes_path, encoding="utf-8") as f:
+        _BPE = BPE(f)
+
+
+def _apply_chunk(lines):
+    return [_BPE.process_line(line) for line in lines]
+
+
+def apply_bpe(pairs, codes, workers=1):
+    """Segment each ``(IN, OUT)`` of ``pairs`` with the codes file ``codes``, in chunks of
+    ``APPLY_BPE_CHUNK`` lines (over a pool of ``workers`` processes when > 1); one output line
+    per input line, ``OUT`` written atomically.
+
+    Raises:
+        SystemExit: a file's line count changed."""
+    pool = None
+    if workers > 1:
+        import multiprocessing
+
+        pool = multiprocessing.Pool(workers, initializer=_init_bpe, initargs=(codes,))
+    else:
+        _init_bpe(codes)
+    try:
+        for src, dst in pairs:
+            lines = read_lines(src)
+            chunks = [lines[i:i + APPLY_BPE_CHUNK] for i in range(0, len(lines), APPLY_BPE_CHUNK)]
+            parts = pool.map(_apply_chunk, chunks) if pool is not None else [_apply_chunk(c) for c in chunks]
+            out = [line for part in parts for line in part]
+            if len(out) != len(lines) or any("\n" in line for line in out):
+                raise SystemExit(f"apply-bpe: line count changed for {src}")
+            write_lines_atomic(dst, out)
+    finally:
+        if pool is not None:
+            pool.close()
+            pool.join()
+
+
+def split_chars(line):
+    """Character-level segmentation of one tokenised line: ``"a man ."`` ->
+    ``"a m@@ a@@ n ."``.  Every character of a token is one symbol; every symbol but a token's
+    last carries :data:`CHAR_SEPARATOR` (the word-boundary marking of BPE with zero merges), so
+    ``--remove-bpe`` (``"@@ "`` removed) gives the tokenised line back.
+
+    Raises:
+        ValueError: a token already contains ``@@`` (the split could not be undone).
+    """
+    out = []
+    for tok in line.split():
+        if CHAR_SEPARATOR in tok:
+            raise ValueError(f"token {tok!r} contains the separator {CHAR_SEPARATOR!r}")
+        out.extend(c + CHAR_SEPARATOR for c in tok[:-1])
+        out.append(tok[-1])
+    return " ".join(out)
+
+
+def split_chars_files(pairs):
+    """:func:`split_chars` on every line of each ``(IN, OUT)``; ``OUT`` written atomically.
+
+    Raises:
+        SystemExit: a token contains ``@@`` (names the file)."""
+    for src, dst in pairs:
+        try:
+            out = [split_chars(line) for line in read_lines(src)]
+        except ValueError as e:
+            raise SystemExit(f"split-chars: {src}: {e}") from None
+        write_lines_atomic(dst, out)
+
+
+def io_pairs(src_dir, dst_dir, splits, langs):
+    """``[(src_dir/SPLIT.LANG, dst_dir/SPLIT.LANG)]`` for every split and language."""
+    return [(os.path.join(src_dir, f"{s}.{l}"), os.path.join(dst_dir, f"{s}.{l}")) for s in splits for l in langs]
+
+
+def alts(items):
+    """``{a,b}`` (shell-brace style) for several items, the item itself for one."""
+    return items[0] if len(items) == 1 else "{" + ",".join(items) + "}"
+
+
+def joint_bpe(run, tok_dir, d, splits, langs, merges, desc, split_count):
+    """Joint BPE of the sentence-level pipelines (Multi30k, long documents): ``merges`` merges
+    (``desc`` in the log) learned on ``tok_dir/train.*`` -> ``d/codes``, applied to every split;
+    each split must keep ``split_count(split)`` lines.
+
+    Raises:
+        SystemExit: no merge was learned, or a line count changed."""
+    run.step(f"learn joint BPE ({desc}) on {' + '.join(f'tok/train.{l}' for l in langs)} -> bpe/codes")
+    if not run.dry:
+        t0 = time.time()
+        truncate(os.path.join(run.out, "logs", "bpe.log"))
+        learn_bpe([os.path.join(tok_dir, f"train.{l}") for l in langs], os.path.join(d, "codes"), merges,
+                  log=os.path.join(run.out, "logs", "bpe.log"))
+        learned = count_merges(os.path.join(d, "codes"))
+        run.log(f"learned {learned} merge operations -> bpe/codes ({time.time() - t0:.0f}s)")
+        if learned == 0:
+            run.die("bpe: no merge operations learned (training data too small?)")
+    run.step(f"apply BPE to {alts(splits)}.{alts(langs)} ({run.workers} workers)")
+    if not run.dry:
+        try:
+            apply_bpe(io_pairs(tok_dir, d, splits, langs), os.path.join(d, "codes"), run.workers)
+        except SystemExit as err:
+            run.die(str(err))
+        for s in splits:
+            check_pair(run, "bpe", d, s, langs, split_count(s))

@@ -1,0 +1,190 @@
+"""Stage raw: the detokenized text of every split, one sentence per line (the sacreBLEU references).
+
+A corpus spec lists each split's *sources* (``splits`` for download mode, ``local.splits`` for a
+local directory): a file (plain or ``.gz``) or a member of a downloaded ``.tgz`` / ``.zip``, in a
+*format* (:func:`extract`); a source may record the sha256 of its content per language.  The
+split's text is the concatenation of its sources.
+"""
+
+import gzip
+import html
+import os
+import re
+import tarfile
+import zipfile
+
+from mt_pipeline.prep.fetch import content_sha256
+from mt_pipeline.prep.textio import write_lines_atomic
+
+FORMATS = "plain, seg, sgm, iwslt_tags, tmx:LANG, bars:N, tsv:N"
+_SEG = re.compile(r'<seg id="[0-9]*">\s*')
+_SEG_END = re.compile(r"\s*</seg>\s*")
+
+
+def extract(text, fmt, src=None):
+    """Lines of one source ``text`` in format ``fmt``.
+
+    ``plain``: one sentence per line.  ``seg``: the fairseq recipe for IWSLT XML / WMT sgm
+    (``grep '<seg id' | sed 's/<seg id="[0-9]*">\\s*//; s/\\s*<\\/seg>\\s*//'``), no unescaping, as
+    prepare-iwslt14.sh / prepare-wmt14en2de.sh do.  ``sgm``: the segments of a WMT sgm file
+    HTML-unescaped (as sacreBLEU reads them).  ``iwslt_tags``: an IWSLT ``train.tags`` file
+    (lines with ``<url>``, ``<talkid>``, ``<keywords>`` dropped; ``<title>``/``<description>``
+    tags removed, every other line kept -- exactly prepare-iwslt14.sh's grep/sed chain).
+    ``tmx:LANG``: the ``<seg>`` of every ``<tuv xml:lang="LANG">``.  ``bars:N``: field N of
+    ``a ||| b ||| c`` lines (ASPEC).  ``tsv:N``: column N of a TSV file.
+
+    Raises:
+        SystemExit: unknown format (names the valid ones).
+    """
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    if fmt == "plain":
+        return [l.rstrip("\r") for l in lines]
+    if fmt == "seg":
+        return [_SEG_END.sub("", _SEG.sub("", l)) for l in lines if "<seg id" in l]
+    if fmt == "sgm":
+        out = []
+        for l in lines:
+            m = re.search(r"<seg[^>]*>(.*)</seg>", l)
+            if m:
+                out.append(html.unescape(m.group(1).strip()))
+        return out
+    if fmt == "iwslt_tags":
+        out = []
+        for l in lines:
+            if "<url>" in l or "<talkid>" in l or "<keywords>" in l:
+                continue
+            for t in ("<title>", "</title>", "<description>", "</description>"):
+                l = l.replace(t, "")
+            out.append(l)
+        return out
+    if fmt.startswith("tmx:"):
+        want, out, cur = fmt.split(":")[1], [], None
+        for l in lines:
+            m = re.search(r'<tuv[^>]*xml:lang="([^"]+)"', l)
+            if m:
+                cur = m.group(1)
+            m = re.search(r"<seg>(.*)</seg>", l)
+            if m and cur == want:
+                out.append(html.unescape(m.group(1)).strip())
+        return out
+    if fmt.startswith("bars:"):
+        col = int(fmt.split(":")[1])
+        return [l.split(" ||| ")[col].strip() for l in lines]
+    if fmt.startswith("tsv:"):
+        col = int(fmt.split(":")[1])
+        return [l.split("\t")[col] for l in lines]
+    raise SystemExit(f"unknown source format '{fmt}'; valid: {FORMATS}")
+
+
+def read_member(archive, member):
+    """The bytes of ``member`` of a ``.zip`` or tar ``archive`` (decompressed when it is a ``.gz``).
+
+    Raises:
+        KeyError: no such member."""
+    if archive.endswith(".zip"):
+        with zipfile.ZipFile(archive) as z:
+            return z.read(member)
+    with tarfile.open(archive) as t:
+        f = t.extractfile(member)
+        if f is None:
+            raise KeyError(f"{member} not found in {archive}")
+        data = f.read()
+    return gzip.decompress(data) if member.endswith(".gz") else data
+
+
+class Sources:
+    """The sources of a spec's splits in one mode.
+
+    Args:
+        spec: the corpus spec.
+        mode: ``local`` (files under ``local_dir``, spec section ``local.splits``) or ``download``
+            (files and archives under ``download_dir``, spec section ``splits``).
+        verify: check the recorded sha256 of a source's content (``--no-checksum``: False).
+    """
+
+    def __init__(self, spec, mode, local_dir, download_dir, verify=True):
+        self.spec, self.mode, self.local_dir, self.download_dir = spec, mode, local_dir, download_dir
+        self.langs, self.verify = list(spec["langs"]), verify
+
+    def side(self, src, lang):
+        """Template fields of a source's file name: ``side`` = src or ref for ``lang`` (WMT sgm)."""
+        return {"side": "src" if lang == src.get("src_lang", self.langs[0]) else "ref"}
+
+    def path_of(self, src, lang):
+        """The file (or archive member) of source ``src`` for ``lang``."""
+        return src["file"].format(lang=lang, **self.side(src, lang))
+
+    def of(self, split):
+        """The sources of ``split`` (list of dicts), or None when the split is not available here
+        (not in the mode's section, or an optional local split whose files are absent)."""
+        if self.mode == "download":
+            return self.spec["splits"].get(split)
+        srcs = self.spec["local"]["splits"].get(split)
+        if srcs and all(x.get("optional") for x in srcs) and not all(
+                os.path.exists(os.path.join(self.local_dir, self.path_of(x, l))) for x in srcs for l in self.langs):
+            return None
+        return srcs
+
+    def describe(self, srcs, lang):
+        """The sources ``srcs`` of ``lang`` in one line (for the plan)."""
+        return " + ".join((x.get("archive", "") + ":" if "archive" in x else "") + self.path_of(x, lang)
+                          + f" [{x.get('format', 'plain')}]" for x in srcs)
+
+    def read(self, src, lang):
+        """The lines of one source for ``lang``.
+
+        Raises:
+            SystemExit: a missing file or member, or a content sha256 other than the recorded one."""
+        rel = self.path_of(src, lang)
+        if "archive" in src:
+            arch = os.path.join(self.download_dir, src["archive"])
+            if not os.path.exists(arch):
+                raise SystemExit(f"missing download {arch}")
+            try:
+                data = read_member(arch, rel)
+            except KeyError as err:
+                raise SystemExit(str(err).strip("'\"")) from None
+        else:
+            base = self.local_dir if self.mode == "local" else self.download_dir
+            path = os.path.join(base, rel)
+            if not os.path.exists(path):
+                raise SystemExit(f"missing input {path} (expected in "
+                                 f"{'--local-dir' if self.mode == 'local' else 'download/'})")
+            with open(path, "rb") as f:
+                data = f.read()
+            if path.endswith(".gz"):
+                data = gzip.decompress(data)
+            want = (src.get("sha256") or {}).get(lang) if isinstance(src.get("sha256"), dict) else None
+            if want and self.verify and content_sha256(data) != want:
+                raise SystemExit(f"sha256 mismatch for the content of {path}: expected {want}, got "
+                                 f"{content_sha256(data)} (use --no-checksum to accept other files)")
+        text = data.decode("utf-8-sig" if src.get("bom") else "utf-8")
+        # a format may name the language or the column: tmx:{lang}, bars:{col} (spec key `columns`)
+        return extract(text, src.get("format", "plain").format(lang=lang, col=src.get("columns", {}).get(lang, "")), src)
+
+
+def write_splits(run, sources, splits, d):
+    """The body of the raw stage of a spec corpus: every split of ``splits`` extracted from its
+    sources -> ``d/SPLIT.LANG``; the languages of a split must have equal line counts.
+
+    Raises:
+        SystemExit: a bad source (see :meth:`Sources.read`) or unequal line counts."""
+    for s in splits:
+        srcs, per_lang = sources.of(s), {}
+        for lang in sources.langs:
+            run.step(f"extract {s}.{lang} from {sources.describe(srcs, lang)}")
+            if not run.dry:
+                try:
+                    per_lang[lang] = [line for x in srcs for line in sources.read(x, lang)]
+                except SystemExit as err:
+                    run.die(str(err))
+        if run.dry:
+            continue
+        n = {lang: len(v) for lang, v in per_lang.items()}
+        if len(set(n.values())) != 1:
+            run.die(f"raw: {s} has different line counts per language: {n}")
+        for lang in sources.langs:
+            write_lines_atomic(os.path.join(d, f"{s}.{lang}"), per_lang[lang])
+        run.log(f"raw/{s}: {len(per_lang[sources.langs[0]])} pairs")

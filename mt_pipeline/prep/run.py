@@ -1,0 +1,189 @@
+"""One preparation run: logging, dry-run plans, stage stamps, the output lock, logged commands.
+
+Every stage of every pipeline goes through :meth:`PrepRun.stage`:
+
+* **idempotent**: a stage writes ``<stage dir>/.done`` holding its *stamp* (its parameters, the
+  tool versions and the stamp of the stage it reads from, so a change upstream redoes everything
+  downstream); a stage whose stamp matches and whose outputs all exist is skipped;
+* **atomic**: the stamp goes last, and is removed before a stage runs, so a killed stage is redone;
+  files are written with :mod:`mt_pipeline.atomic`, and a stage built as a whole directory
+  (``swap=True``: raw/, bin/) is written to ``<dir>.tmp.<pid>`` and renamed into place;
+* **serialised**: a run holds ``<out>/.lock`` (``flock``), and on taking it removes what a killed
+  run left (``*.tmp.<pid>`` directories and files, ``mt_pipeline.atomic`` temp files);
+* **dry runs** (``dry=True``) write nothing and print every step as "would ...", stages that are
+  up to date included (they are marked as such).
+"""
+
+import contextlib
+import hashlib
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+
+from mt_pipeline.atomic import atomic_path, remove_leftovers
+
+_RUN_TMP = re.compile(r".+\.tmp\.[0-9]+")  # <name>.tmp.<pid>: a stage dir / file being built
+
+
+def sha256_text(text):
+    """Hex sha256 of ``text`` (UTF-8), as ``printf '%s' TEXT | sha256sum`` gives it."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+class PrepRun:
+    """The context of one run of one pipeline.
+
+    Args:
+        tag: prefix of every message (``[tag] ...``), e.g. the corpus name.
+        out: the output directory (absolute).
+        dry: print the plan, write nothing.
+        workers: worker processes for BPE and fairseq-preprocess.
+    """
+
+    def __init__(self, tag, out, dry=False, workers=1):
+        self.tag, self.out, self.dry, self.workers = tag, out, dry, workers
+
+    # ------------------------------------------------------------------ messages
+    def log(self, msg):
+        """Print ``[tag] msg`` to stdout."""
+        print(f"[{self.tag}] {msg}", flush=True)
+
+    def warn(self, msg):
+        """Print ``[tag] WARNING: msg`` to stderr."""
+        print(f"[{self.tag}] WARNING: {msg}", file=sys.stderr, flush=True)
+
+    def die(self, msg):
+        """Print ``[tag] ERROR: msg`` to stderr and stop (``SystemExit(1)``)."""
+        print(f"[{self.tag}] ERROR: {msg}", file=sys.stderr, flush=True)
+        raise SystemExit(1)
+
+    def step(self, msg):
+        """Announce a step: the plan in a dry run ("would ..."), progress in a real one."""
+        self.log(("would " if self.dry else "") + msg)
+
+    # ------------------------------------------------------------------ stamps
+    @staticmethod
+    def current(directory, stamp, files):
+        """Whether ``directory/.done`` holds ``stamp`` (trailing newlines aside) and every one of
+        ``files`` exists."""
+        path = os.path.join(directory, ".done")
+        if not os.path.isfile(path):
+            return False
+        with open(path, encoding="utf-8") as f:
+            if f.read().rstrip("\n") != stamp.rstrip("\n"):
+                return False
+        return all(os.path.exists(f) for f in files)
+
+    @staticmethod
+    def write_stamp(directory, stamp):
+        """Write ``stamp`` (plus one newline) to ``directory/.done`` atomically."""
+        with atomic_path(os.path.join(directory, ".done")) as tmp, open(tmp, "w", encoding="utf-8") as f:
+            f.write(stamp.rstrip("\n") + "\n")
+
+    def stage(self, name, directory, stamp, files, body, swap=False, note=""):
+        """Run one stage unless it is up to date.
+
+        Args:
+            name: the stage's name in the messages (``tok``, ``L=128 pack``, ...).
+            directory: the stage directory holding ``.done``.
+            stamp: the stage's stamp (text).
+            files: the outputs that must exist for the stage to count as done.
+            body: ``body(d)`` does the work, writing into ``d``: ``directory`` itself, or (with
+                ``swap``) a fresh temporary directory that replaces ``directory`` afterwards.
+            note: appended to the stage name in the "up to date" message.
+
+        Returns:
+            False when the stage was up to date and skipped, True when it ran (or would run).
+        """
+        if self.current(directory, stamp, files):
+            if not self.dry:
+                self.log(f"{name}: up to date{note}, skipping")
+                return False
+            self.log(f"{name}: up to date{note}; a real run skips it (its steps:)")
+        if self.dry:
+            body(directory)
+            return True
+        t0 = time.time()
+        if swap:
+            tmp = f"{directory}.tmp.{os.getpid()}"
+            shutil.rmtree(tmp, ignore_errors=True)
+            os.makedirs(tmp)
+            try:
+                body(tmp)
+                self.write_stamp(tmp, stamp)  # the stamp travels with the files
+                shutil.rmtree(directory, ignore_errors=True)
+                os.rename(tmp, directory)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            os.makedirs(directory, exist_ok=True)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(directory, ".done"))
+            body(directory)
+            self.write_stamp(directory, stamp)
+        self.log(f"{name}: done ({time.time() - t0:.0f}s)")
+        return True
+
+    # ------------------------------------------------------------------ commands
+    def run_logged(self, logf, cmd):
+        """Run ``cmd`` (list of words), its output appended to ``logf`` after a ``$ cmd`` line;
+        on failure show the log's tail and stop.  Nothing in a dry run.
+
+        Raises:
+            SystemExit: the command failed (the message names the log)."""
+        if self.dry:
+            return
+        line = " ".join(shlex.quote(c) for c in cmd)
+        os.makedirs(os.path.dirname(logf), exist_ok=True)
+        with open(logf, "a", encoding="utf-8") as f:
+            f.write(f"$ {line}\n")
+            f.flush()
+            rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT).returncode
+        if rc != 0:
+            with open(logf, encoding="utf-8", errors="replace") as f:
+                sys.stderr.write("".join(f.readlines()[-25:]))
+            self.die(f"command failed (full log: {logf}): {line}")
+
+    # ------------------------------------------------------------------ lock
+    @contextlib.contextmanager
+    def lock(self):
+        """Hold ``<out>/.lock`` (creating ``out``) for the block and remove what a killed run left
+        in ``out``; nothing in a dry run."""
+        if self.dry:
+            yield
+            return
+        import fcntl
+
+        os.makedirs(self.out, exist_ok=True)
+        with open(os.path.join(self.out, ".lock"), "w") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                self.log(f"waiting for another run on {self.out} ...")
+                fcntl.flock(f, fcntl.LOCK_EX)
+            remove_run_leftovers(self.out)
+            yield
+
+
+def remove_run_leftovers(out, depth=3):
+    """Remove what a killed run left up to ``depth`` levels below ``out``: stage directories and
+    files being built (``<name>.tmp.<pid>``) and :mod:`mt_pipeline.atomic` temp files.  Call it
+    only while holding the run lock."""
+    removed = []
+    base = out.rstrip(os.sep).count(os.sep)
+    for d, dirs, files in os.walk(out):
+        for name in [x for x in dirs if _RUN_TMP.fullmatch(x)]:
+            shutil.rmtree(os.path.join(d, name), ignore_errors=True)
+            dirs.remove(name)
+            removed.append(os.path.join(d, name))
+        for name in [x for x in files if _RUN_TMP.fullmatch(x)]:
+            os.unlink(os.path.join(d, name))
+            removed.append(os.path.join(d, name))
+        removed += remove_leftovers(d)
+        if d.count(os.sep) - base >= depth:
+            dirs[:] = []
+    return removed

@@ -1,0 +1,303 @@
+"""Sentence-level corpora defined by a spec (pipeline ``sentence``: IWSLT14/15, WMT14-18, ASPEC).
+
+Stages (``<out>/``; every one idempotent and atomic, :class:`~mt_pipeline.prep.run.PrepRun`)::
+
+    inputs  local directory (--local-dir, default the matching folder of ../shared/data when
+            present) or download mode (the spec's URLs + checksums, :mod:`~mt_pipeline.prep.fetch`)
+    raw     every split extracted from its sources (:mod:`~mt_pipeline.prep.raw`) -> raw/SPLIT.LANG;
+            ``valid`` may be every N-th training pair (the fairseq IWSLT14 and WMT14 recipes)
+    tok     the recipe's tokenisation (:mod:`~mt_pipeline.prep.tok`) -> tok/SPLIT.LANG;
+            [clean-corpus-n on train]
+    tc      [truecasing: recipe ``truecase``, --truecase / --no-truecase] (:mod:`~mt_pipeline.prep.tc`)
+    bpe     joint (one model, ``bpe/codes``: learned, the codes the corpus ships, or --bpe-codes) or
+            separate BPE (``bpe/codes.LANG``) on tc/ or tok/ (:mod:`~mt_pipeline.prep.bpe`)
+    bin     fairseq-preprocess (joined dictionary with joint BPE) -> bin/ (+ subsets.json)
+
+Variants (``--variant NAME``, spec ``variants``) share download/, raw/ and tok/ with the default
+recipe and write tc/, bpe/, bin/ to ``<out>/<variant>/`` (raw/ and tok/ there are links to the
+shared ones).  Where the training data is not available (local mode on ../shared/data holds only
+dev/test sets), the stages run on the splits that are there and the run ends naming what is
+missing and how to get it.  The stamps are JSON (stage parameters, the digest of the upstream
+stamp, tool versions).
+"""
+
+import hashlib
+import json
+import os
+import shutil
+
+from mt_pipeline.prep import bpe, fetch, raw, tc, tok
+from mt_pipeline.prep.binarize import preprocess_cmd, run_preprocess
+from mt_pipeline.prep.run import PrepRun
+from mt_pipeline.prep.spec import SHARED_DATA, bpe_merges_for, effective_recipe, spec_digest, truecase_langs
+from mt_pipeline.prep.textio import check_pair, count_lines, write_text_atomic
+from mt_pipeline.prep.tools import check_lang_tool, check_tool, tool_versions
+
+
+def stamp_text(**kw):
+    """A JSON stamp (sorted keys, one per line)."""
+    return json.dumps(kw, sort_keys=True, indent=1) + "\n"
+
+
+def check_args(p, spec, args):
+    """Nothing beyond the common checks of the CLI."""
+
+
+def add_arguments(p, spec):
+    """The options of ``mt-prep CORPUS`` for a spec corpus (besides the common ones of the CLI)."""
+    p.add_argument("--variant", metavar="NAME", help="a named variant of the recipe (corpus.yaml `variants`: truecasing / BPE "
+                   "settings of one paper); tc/, bpe/, bin/ go to <out>/<variant>/")
+    p.add_argument("--truecase", action="store_true", default=None, help="learn Moses truecasers on the tokenized "
+                   "train set and truecase every split (default: the recipe's `truecase`)")
+    p.add_argument("--no-truecase", dest="truecase", action="store_false", help="do not truecase")
+    p.add_argument("--bpe", metavar="{joint,separate}", help="joint: one BPE model for both languages (and a joined dictionary); separate: one "
+                   "per language (separate dictionaries); default: the recipe's `bpe_joint`")
+    p.add_argument("--bpe-codes", nargs="+", metavar="FILE|LANG=FILE", help="use these BPE codes instead of learning "
+                   "them: one FILE (joint BPE) or LANG=FILE for every language (separate BPE)")
+    p.add_argument("--src", metavar="LANG", help="source language for bin/ (default: the spec's first language)")
+    p.add_argument("--tgt", metavar="LANG", help="target language for bin/ (default: the spec's second language)")
+
+
+class SentencePrep:
+    """The state of one run for one spec corpus; the stages are the functions of this module."""
+
+    def __init__(self, spec, args, run, mode, local_dir):
+        self.spec, self.a, self.run, self.mode, self.local_dir = spec, args, run, mode, local_dir
+        self.langs, self.out = list(spec["langs"]), run.out
+        self.variant = args.variant
+        self.vout = os.path.join(self.out, self.variant) if self.variant else self.out  # tc/, bpe/, bin/
+        try:
+            self.recipe = effective_recipe(spec, self.variant, truecase=args.truecase, bpe=args.bpe,
+                                           merges=args.bpe_merges)
+            self.tc_langs = truecase_langs(self.recipe, self.langs)
+            self.joint = self.recipe.get("bpe_joint", True)
+            bpe_merges_for(self.recipe, self.langs, self.joint)
+        except SystemExit as e:
+            run.die(str(e))
+        self.sources = raw.Sources(spec, mode, local_dir, os.path.join(self.out, "download"), not args.no_checksum)
+        self.splits, self.missing = [], []
+
+    def prev(self, stage, base=None):
+        """Digest of the stamp of ``stage`` under ``base`` (default: out), or 'none'."""
+        p = os.path.join(base or self.out, stage, ".done")
+        if not os.path.exists(p):
+            return "none"
+        with open(p, "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()[:16]
+
+    def codes_given(self):
+        """Given or shipped codes: ``{'*': FILE}`` (joint), ``{LANG: FILE}`` (separate) or None (learn).
+
+        Raises:
+            SystemExit: ``--bpe-codes`` does not fit the mode (names the expected form)."""
+        given = self.a.bpe_codes
+        if not given:
+            sc = self.recipe.get("shipped_codes") if self.joint and self.mode == "local" else None
+            sc = sc and os.path.normpath(os.path.join(SHARED_DATA, sc))
+            return {"*": sc} if sc and os.path.exists(sc) else None
+        pairs = [g.partition("=") for g in given]
+        if self.joint:
+            if len(given) != 1 or pairs[0][1]:
+                self.run.die(f"joint BPE takes one codes file: --bpe-codes FILE (got {' '.join(given)})")
+            out = {"*": given[0]}
+        else:
+            out = {k: v for k, sep, v in pairs if sep}
+            if len(out) != len(given) or sorted(out) != sorted(self.langs):
+                self.run.die("separate BPE takes one codes file per language: --bpe-codes "
+                             + " ".join(f"{l}=FILE" for l in self.langs) + f" (got {' '.join(given)})")
+        for f in out.values():
+            if not os.path.isfile(f):
+                self.run.die(f"--bpe-codes {f}: no such file")
+        return out
+
+    def main(self):
+        """Run every stage (under the output lock), then :meth:`finish`."""
+        run, spec = self.run, self.spec
+        self.codes_given()  # a --bpe-codes that does not fit: fail now
+        run.log(f"{spec['title']}: mode={self.mode}" + (f" ({self.local_dir})" if self.local_dir else "")
+                + f" out={self.out}" + (f" variant={self.variant} (tc/, bpe/, bin/ in {self.vout})" if self.variant else "")
+                + (" [dry run: nothing is written]" if run.dry else ""))
+        if self.variant and spec["variants"][self.variant].get("about"):
+            run.log(f"variant {self.variant}: " + " ".join(spec["variants"][self.variant]["about"].split()))
+        run.log("after tokenisation: " + (f"truecase {', '.join(self.tc_langs)}" if self.tc_langs else "no truecasing")
+                + ("; joint BPE" if self.joint else "; separate BPE per language"))
+        with run.lock():
+            if run.dry or self.mode == "download":
+                fetch.print_sources(run, spec.get("downloads", []))
+            if self.mode == "download":
+                fetch.fetch_all(run, spec.get("downloads", []), os.path.join(self.out, "download"),
+                                not self.a.no_checksum, "pass --local-dir DIR")
+            stage_raw(self)
+            stage_tok(self)
+            if self.variant:
+                link_shared(self)
+            if stage_tc(self) and stage_bpe(self):
+                stage_bin(self)
+        self.finish()
+
+    def finish(self):
+        """Say what is missing here and how to get it; print the prepared directory last."""
+        run = self.run
+        if self.mode == "local" and set(self.spec["split_names"]) - set(self.splits):
+            self.missing[:0] = self.spec["local"].get("missing", [])
+        if self.missing:
+            run.log("NOT complete here -- missing:")
+            for m in self.missing:
+                print(f"    - {m}")
+            if self.spec.get("obtain"):
+                print("    how to get it: " + " ".join(self.spec["obtain"].split()))
+        run.log("done" + (" (dry run)" if run.dry else "") + f"; splits prepared: {', '.join(self.splits)}")
+        print(os.path.join(self.vout, "bin") if "train" in self.splits else self.vout)
+
+
+def stage_raw(p):
+    """Stage raw: the splits available in this mode extracted from their sources."""
+    run, d = p.run, os.path.join(p.out, "raw")
+    p.splits = [s for s in p.spec["split_names"] if p.sources.of(s) is not None]
+    missing = [s for s in p.spec["split_names"] if s not in p.splits]
+    if missing:
+        run.log(f"not available in this mode: {', '.join(missing)}")
+    stamp = stamp_text(stage="raw", mode=p.mode, spec=spec_digest(p.spec), splits=p.splits)
+    files = [os.path.join(d, f"{s}.{l}") for s in p.splits for l in p.langs]
+    run.stage("raw", d, stamp, files, lambda x: raw.write_splits(run, p.sources, p.splits, x))
+
+
+def stage_tok(p):
+    """Stage tok: the recipe's tokenisation, [clean-corpus-n on train], [valid carved from train]."""
+    run, r, d = p.run, p.recipe, os.path.join(p.out, "tok")
+    stamp = stamp_text(stage="tok", upstream=p.prev("raw"), recipe=tok.describe(r, p.langs), versions=tool_versions())
+    every = r.get("valid_every") if "train" in p.splits and "valid" not in p.splits else None
+    splits = p.splits + (["valid"] if every else [])
+    files = [os.path.join(d, f"{s}.{l}") for s in splits for l in p.langs]
+
+    def body(x):
+        for lang in p.langs:
+            check_lang_tool(lang, run.dry, run.log)
+        tok.tokenize_files(run, os.path.join(p.out, "raw"), x, p.splits, p.langs,
+                           lambda s: dict(r, replace_apostrophe=s in r.get("replace_apostrophe", [])))
+        if r.get("clean") and "train" in p.splits:
+            tok.clean_train(run, x, p.langs, r["clean"])
+        if every:
+            tok.carve_valid(run, x, p.langs, every)
+        for s in ([] if run.dry else splits):
+            check_pair(run, "tok", x, s, p.langs, count_lines(os.path.join(x, f"{s}.{p.langs[0]}")))
+    run.stage("tok", d, stamp, files, body)
+    p.splits = splits
+
+
+def link_shared(p):
+    """A variant's ``<out>/<variant>/{raw,tok}``: relative links to the shared ``<out>/{raw,tok}``
+    (the references scripts/evaluate.sh reads from the prep dir)."""
+    for name in ("raw", "tok"):
+        link, target = os.path.join(p.vout, name), os.path.join("..", name)
+        if os.path.islink(link) and os.readlink(link) == target:
+            continue
+        p.run.step(f"link {p.variant}/{name} -> {target} (shared with the default recipe)")
+        if p.run.dry:
+            continue
+        if os.path.exists(link) and not os.path.islink(link):
+            p.run.die(f"{link} exists and is not a link to {target}; remove it")
+        os.makedirs(p.vout, exist_ok=True)
+        tmp = f"{link}.tmp.{os.getpid()}"
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+        os.symlink(target, tmp)
+        os.replace(tmp, link)
+
+
+def stage_tc(p):
+    """Truecasing; False when it cannot run here (no training data to learn the truecasers from)."""
+    run, d = p.run, os.path.join(p.vout, "tc")
+    if not p.tc_langs:
+        if os.path.isdir(d):
+            run.step("truecasing is off: remove tc/ of an earlier run (scripts/evaluate.sh would detruecase by its models)")
+            if not run.dry:
+                shutil.rmtree(d)
+        return True
+    if "train" not in p.splits:
+        p.missing.append(f"truecaser models ({', '.join(p.tc_langs)}): learned on the training data, "
+                         "which is not here -- so no tc/, bpe/ or bin/")
+        return False
+    check_tool("truecase", run.dry, run.log)
+    stamp = stamp_text(stage="tc", upstream=p.prev("tok"), langs=p.tc_langs, how=tc.DESCRIPTION, versions=tool_versions())
+    files = [os.path.join(d, f"truecase-model.{l}") for l in p.tc_langs] + [
+        os.path.join(d, f"{s}.{l}") for s in p.splits for l in p.langs]
+    run.stage("tc", d, stamp, files, lambda x: tc.truecase_files(run, os.path.join(p.out, "tok"), x, p.splits,
+                                                                  p.langs, p.tc_langs))
+    return True
+
+
+def stage_bpe(p):
+    """Joint or separate BPE on tc/ (truecasing on) or tok/; False when it cannot run here (no
+    codes and no training data)."""
+    run, d, joint = p.run, os.path.join(p.vout, "bpe"), p.joint
+    src_stage, src_base = ("tc", p.vout) if p.tc_langs else ("tok", p.out)
+    given = p.codes_given()
+    if given is None and "train" not in p.splits:
+        p.missing.append("BPE codes: no training data to learn them from (pass --bpe-codes "
+                         + ("FILE)" if joint else " ".join(f"{l}=FILE" for l in p.langs) + ")"))
+        return False
+    merges = bpe_merges_for(p.recipe, p.langs, joint)
+    # codes file -> (key of `given` / `merges`, the languages it segments, how it is made)
+    if joint:
+        names = {"codes": ("*", p.langs, f"learn {merges['*']} joint merges on {src_stage}/train.{{{','.join(p.langs)}}}")}
+    else:
+        names = {f"codes.{l}": (l, [l], f"learn {merges[l]} merges on {src_stage}/train.{l} only") for l in p.langs}
+    if given:
+        names = {n: (k, langs, f"copy the codes {given[k]}") for n, (k, langs, _) in names.items()}
+    how = ("joint" if joint else "separate") + " BPE: " + "; ".join(f"{n}: {h}" for n, (_, _, h) in names.items())
+    stamp = stamp_text(stage="bpe", upstream=p.prev(src_stage, src_base), input=src_stage, how=how, versions=tool_versions())
+    files = [os.path.join(d, n) for n in names] + [os.path.join(d, f"{s}.{l}") for s in p.splits for l in p.langs]
+
+    def body(x):
+        check_tool("bpe", run.dry, run.log)
+        if not run.dry:
+            bpe.truncate(os.path.join(p.vout, "logs", "bpe.log"))
+        for f in ([] if run.dry else os.listdir(x)):  # codes of the other mode (joint <-> separate) of an earlier run
+            if (f == "codes" or f.startswith("codes.")) and f not in names:
+                os.unlink(os.path.join(x, f))
+        src_dir = os.path.join(src_base, src_stage)
+        for name, (key, langs, h) in names.items():
+            run.step(f"{h} -> bpe/{name} ({'joint' if joint else 'separate'} BPE)")
+            if not run.dry and given:
+                bpe.copy_codes(given[key], os.path.join(x, name))
+            elif not run.dry:
+                bpe.learn_bpe([os.path.join(src_dir, f"train.{l}") for l in langs], os.path.join(x, name), merges[key],
+                              log=os.path.join(p.vout, "logs", "bpe.log"))
+        for name, (_, langs, _) in names.items():
+            run.step(f"apply bpe/{name} to {src_stage}/{{{','.join(p.splits)}}}.{bpe.alts(langs)} -> bpe/ "
+                     f"({run.workers} workers)")
+            if not run.dry:
+                bpe.apply_bpe(bpe.io_pairs(src_dir, x, p.splits, langs), os.path.join(x, name), run.workers)
+        for s in ([] if run.dry else p.splits):
+            check_pair(run, "bpe", x, s, p.langs, count_lines(os.path.join(src_dir, f"{s}.{p.langs[0]}")))
+    run.stage("bpe", d, stamp, files, body)
+    return True
+
+
+def stage_bin(p):
+    """Stage bin: fairseq-preprocess (joined dictionary with joint BPE) + subsets.json; needs train."""
+    if "train" not in p.splits:
+        p.missing.append("bin/: fairseq-preprocess needs the training split for the dictionary")
+        return
+    run, a = p.run, p.a
+    src, tgt = a.src or p.langs[0], a.tgt or p.langs[1]
+    b, bp = os.path.join(p.vout, "bin"), os.path.join(p.vout, "bpe")
+    tests = [s for s in p.splits if s not in ("train", "valid")]
+    stamp = stamp_text(stage="bin", upstream=p.prev("bpe", p.vout), src=src, tgt=tgt, tests=tests,
+                       joined_dictionary=p.joint)
+
+    def body(x):
+        cmd = preprocess_cmd(src, tgt, x, run.workers, trainpref=f"{bp}/train", validpref=f"{bp}/valid",
+                             testprefs=[f"{bp}/{s}" for s in tests], joined=p.joint)
+        run_preprocess(run, cmd, os.path.join(p.vout, "logs", "bin.log"))
+        if not run.dry:
+            write_text_atomic(os.path.join(x, "subsets.json"),
+                              json.dumps({"test" if i == 0 else f"test{i}": s for i, s in enumerate(tests)}))
+    run.stage("bin", b, stamp, [os.path.join(b, f"dict.{l}.txt") for l in (src, tgt)], body, swap=True)
+
+
+def main(spec, args, mode, local_dir):
+    """Run the pipeline of a spec corpus for parsed ``args`` (``mode``: local / download)."""
+    run = PrepRun(spec["name"], args.out, args.dry_run, args.workers)
+    SentencePrep(spec, args, run, mode, local_dir).main()

@@ -1,0 +1,176 @@
+"""Stage tok: Moses tokenisation (sacremoses) by a corpus recipe, and the corpus-level cleaning.
+
+Recipe keys (all optional): ``normalize_punct`` (MosesPunctNormalizer), ``remove_non_printing``
+(remove-non-printing-char.perl), ``romanian`` (WMT16 Ro normalisation + diacritics removed),
+``replace_apostrophe`` (splits whose U+2019 becomes ``'``), ``escape`` (tokenizer.perl's XML
+escaping, default true), ``aggressive_dash_splits`` (``-a``, default false),
+``perl_final_period`` (tokenizer.perl's final-period rule, :func:`moses_final_period`, default
+true), ``lowercase``, ``pretokenized`` (text tokenized upstream: whitespace normalised only),
+``clean`` (clean-corpus-n.perl on train), ``valid_every`` (valid = every N-th training pair).
+Chinese and Japanese are segmented first (jieba / KyTea, :data:`~mt_pipeline.prep.tools.LANG_TOOLS`).
+"""
+
+import os
+import re
+import time
+import unicodedata
+
+from mt_pipeline.prep.textio import read_lines, write_lines_atomic
+from mt_pipeline.prep.tools import LANG_TOOLS
+
+
+def moses_final_period(tokenized):
+    """tokenizer.perl's last-word rule that sacremoses misses: the last word ``X.`` (not a
+    multi-dot ``..``) is always split into ``X .`` (tokenizer.perl: "split last words
+    independently as they are unlikely to be non-breaking prefixes"); also strips the trailing
+    space sacremoses leaves in that case."""
+    words = tokenized.strip().split(" ")
+    m = re.match(r"^(\S+)\.$", words[-1])
+    if m and ".." not in words[-1]:
+        words[-1] = m.group(1) + " ."
+    return " ".join(words)
+
+
+_RO_MAP = str.maketrans({"\u015e": "\u0218", "\u015f": "\u0219", "\u0162": "\u021a", "\u0163": "\u021b"})
+_RO_STRIP = str.maketrans({"\u0218": "S", "\u0219": "s", "\u021a": "T", "\u021b": "t", "\u0102": "A", "\u0103": "a",
+                           "\u00c2": "A", "\u00e2": "a", "\u00ce": "I", "\u00ee": "i"})
+
+
+def romanian_normalise(line):
+    """The WMT16 Ro-En recipe of Sennrich et al. (2016) for Romanian (wmt16-scripts
+    preprocess/normalise-romanian.py + remove-diacritics.py): cedilla S/T -> comma-below, then
+    every Romanian diacritic removed."""
+    return line.translate(_RO_MAP).translate(_RO_STRIP)
+
+
+def remove_non_printing(line):
+    """remove-non-printing-char.perl: ``s/\\p{C}/ /g`` (control, format, unassigned, private use)."""
+    return "".join(" " if unicodedata.category(c).startswith("C") else c for c in line)
+
+
+def clean_ok(sides, c):
+    """clean-corpus-n.perl's test for one sentence pair (token counts on whitespace):
+    every side has ``c['min']``..``c['max']`` tokens and the ratio of the two lengths is at most
+    ``c['ratio']``."""
+    n = [len(s.split()) for s in sides]
+    if any(k < c["min"] or k > c["max"] for k in n):
+        return False
+    return max(n) / min(n) <= c["ratio"]
+
+
+def describe(r, langs):
+    """``{LANG: text}``: what the tokenisation of recipe ``r`` does per language (in the stamps)."""
+    out = {}
+    for l in langs:
+        if r.get("pretokenized"):
+            out[l] = "already tokenized upstream: whitespace normalised only" + (" | lowercase" if r.get("lowercase") else "")
+            continue
+        parts = []
+        if r.get("normalize_punct"):
+            parts.append("MosesPunctNormalizer")
+        if r.get("remove_non_printing"):
+            parts.append("remove-non-printing-char")
+        if r.get("replace_apostrophe"):
+            parts.append("’->'")
+        if l in LANG_TOOLS:
+            parts.append(LANG_TOOLS[l][0] + " segmentation")
+        final = ", perl-compatible final period" if r.get("perl_final_period", True) else ""
+        parts.append(f"MosesTokenizer({l}, escape={r.get('escape', True)}, "
+                     f"aggressive_dash_splits={r.get('aggressive_dash_splits', False)}{final})")
+        if r.get("lowercase"):
+            parts.append("lowercase")
+        out[l] = " | ".join(parts)
+    return out
+
+
+def _segmenter(lang):
+    if lang == "zh":
+        import jieba
+
+        return lambda s: " ".join(w for w in jieba.cut(s) if w.strip())
+    if lang == "ja":
+        import Mykytea
+
+        kt = Mykytea.Mykytea("")
+        return lambda s: " ".join(kt.getWS(s))
+    return None
+
+
+def tokenize_lines(lines, lang, r):
+    """Raw ``lines`` of language ``lang`` tokenized by recipe ``r`` (see :func:`describe`); one
+    output line per input line.
+
+    Raises:
+        SystemExit: a line break survived tokenisation (the output would not align)."""
+    from sacremoses import MosesPunctNormalizer, MosesTokenizer
+
+    if r.get("pretokenized"):
+        return [" ".join(l.split()).lower() if r.get("lowercase") else " ".join(l.split()) for l in lines]
+    norm = MosesPunctNormalizer(lang=lang) if r.get("normalize_punct") else None
+    tok = MosesTokenizer(lang=lang if lang not in ("zh", "ja") else "en")
+    seg = _segmenter(lang)
+    out = []
+    for line in lines:
+        if lang == "ro" and r.get("romanian"):
+            line = romanian_normalise(line)
+        if norm is not None:
+            line = norm.normalize(line)
+        if r.get("remove_non_printing"):
+            line = remove_non_printing(line)
+        if r.get("replace_apostrophe"):
+            line = line.replace("\u2019", "'")
+        if seg is not None:
+            line = seg(line)
+        t = tok.tokenize(line, escape=r.get("escape", True), return_str=True,
+                         aggressive_dash_splits=r.get("aggressive_dash_splits", False))
+        if r.get("perl_final_period", True):
+            t = moses_final_period(t) if t.strip() else ""
+        if r.get("lowercase"):
+            t = t.lower()
+        if "\n" in t or "\r" in t:
+            raise SystemExit(f"tokenize: a line break survived tokenisation: {line[:80]!r}")
+        out.append(t)
+    return out
+
+
+def tokenize_files(run, src_dir, dst_dir, splits, langs, recipe_of, src_name="raw"):
+    """Tokenise ``src_dir/SPLIT.LANG`` -> ``dst_dir/SPLIT.LANG`` for every split and language
+    (``recipe_of(split)``: the recipe of that split), logging lines and time per file."""
+    for s in splits:
+        r = recipe_of(s)
+        desc = describe(r, langs)
+        for lang in langs:
+            run.step(f"tokenise {src_name}/{s}.{lang} -> tok/{s}.{lang}: {desc[lang]}")
+            if run.dry:
+                continue
+            t0 = time.time()
+            try:
+                out = tokenize_lines(read_lines(os.path.join(src_dir, f"{s}.{lang}")), lang, r)
+            except SystemExit as err:
+                run.die(f"{src_name}/{s}.{lang}: {err}")
+            write_lines_atomic(os.path.join(dst_dir, f"{s}.{lang}"), out)
+            run.log(f"  {s}.{lang}: {len(out)} lines ({time.time() - t0:.1f}s)")
+
+
+def clean_train(run, d, langs, c):
+    """clean-corpus-n.perl on ``d/train.*`` (pairs failing :func:`clean_ok` removed)."""
+    run.step(f"clean tok/train (clean-corpus-n: ratio {c['ratio']}, length {c['min']}..{c['max']} tokens)")
+    if run.dry:
+        return
+    cols = [read_lines(os.path.join(d, f"train.{l}")) for l in langs]
+    keep = [i for i in range(len(cols[0])) if clean_ok([col[i] for col in cols], c)]
+    for l, col in zip(langs, cols):
+        write_lines_atomic(os.path.join(d, f"train.{l}"), [col[i] for i in keep])
+    run.log(f"  kept {len(keep)} of {len(cols[0])} training pairs")
+
+
+def carve_valid(run, d, langs, every):
+    """valid = every ``every``-th pair of ``d/train.*``, the rest stays train (fairseq's IWSLT14
+    and WMT14 recipes)."""
+    run.step(f"valid = every {every}-th pair of the cleaned tok/train (the rest stays train), as the fairseq recipe")
+    if run.dry:
+        return
+    for l in langs:
+        lines = read_lines(os.path.join(d, f"train.{l}"))
+        write_lines_atomic(os.path.join(d, f"valid.{l}"), [x for i, x in enumerate(lines, 1) if i % every == 0])
+        write_lines_atomic(os.path.join(d, f"train.{l}"), [x for i, x in enumerate(lines, 1) if i % every != 0])
