@@ -223,3 +223,14 @@ def test_scripts_are_thin_entry_points(script):
     res = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", script), "--help"], capture_output=True,
                          text=True, cwd=ROOT, timeout=300)
     assert res.returncode == 0 and "usage" in res.stdout.lower(), res.stderr[-2000:]
+
+
+def test_every_budget_logs_json():
+    """Issue 20 item 2: the runners read curves from fairseq's JSON progress lines."""
+    from mt_pipeline.budget import load_budget
+
+    budgets = [os.path.join(d, f) for d, _, fs in os.walk(CONFIGS) for f in fs
+               if f.endswith(".yaml") and "log-format" in open(os.path.join(d, f)).read()]
+    assert len(budgets) >= 5
+    for path in budgets:
+        assert load_budget(path)["train"]["log-format"] == "json", path
