@@ -259,8 +259,14 @@ def _significance(ref_res: Dict, res: Dict, subset: str) -> Optional[Dict]:
     return cache[key]
 
 
+def _seed(result: Dict):
+    """The training seed of a run's ``result.json`` (older runs record it only in their budget)."""
+    seed = result.get("seed")
+    return seed if seed is not None else result.get("config", {}).get("train", {}).get("seed")
+
+
 def _by_seed(results: List[Dict]) -> Dict[object, Dict]:
-    return {r.get("seed", r.get("config", {}).get("train", {}).get("seed")): r for r in results}
+    return {_seed(r): r for r in results}
 
 
 def _verdict_cell(spec: Dict, row: Dict, ok: List[Dict], ref_ok: List[Dict], first: str) -> str:
@@ -309,7 +315,7 @@ def render(spec: Dict, seeds: Optional[List[int]] = None) -> None:
     table_path = os.path.relpath(spec["_path"], ROOT)
     reg = regime(load_budget(spec["budget"]))
     n_seeds = sorted({len(v) for v in results.values()}) or [0]
-    seed_list = sorted({str(x.get("seed", "?")) for v in results.values() for x in v})
+    seed_list = sorted({str(_seed(x) if _seed(x) is not None else "?") for v in results.values() for x in v})
     override = f" --budget {spec['budget']}" if spec.get("_regime") else ""
     lines = [f"# {spec['title']}", "", spec.get("intro", "").strip(), "",
              f"**Regime: {reg}** -- {REGIMES.get(reg, 'not stated by the budget')}. "
@@ -368,7 +374,7 @@ def render(spec: Dict, seeds: Optional[List[int]] = None) -> None:
     for r in rows:
         for res in results.get(r["id"], []):
             rdir = res["_dir"]
-            lines += [f"### Row {r['id']}: {r['name']}" + (f" (seed {res.get('seed')})" if res.get("seed") else ""),
+            lines += [f"### Row {r['id']}: {r['name']}" + (f" (seed {_seed(res)})" if _seed(res) is not None else ""),
                       ""]
             if res.get("status") == "failed":
                 lines += ["- training stopped with an error: `" + " / ".join(res.get("error_tail", [])[-2:]) + "`"]

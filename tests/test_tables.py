@@ -72,13 +72,18 @@ def test_spec_with_wrong_subsets_is_rejected(tmp_path):
         run_table.load_table(str(path))
 
 
-def test_render_shows_finished_rows_and_marks_divergence(tmp_path):
+def _rela_table1_spec(tmp_path, n_rows, **update):
+    """ReLA Table 1's spec cut to its first ``n_rows`` rows, writing under ``tmp_path``."""
     spec = yaml.safe_load(open(os.path.join(CONFIGS, "rela", "table1.yaml")))
-    spec.update(out=str(tmp_path / "out.md"), runs=str(tmp_path / "runs"), metrics=["attn_entropy"])
-    spec["rows"] = spec["rows"][:3]
+    spec.update(out=str(tmp_path / "out.md"), runs=str(tmp_path / "runs"), **update)
+    spec["rows"] = spec["rows"][:n_rows]
     path = tmp_path / "t.yaml"
     path.write_text(yaml.safe_dump(spec))
-    spec = run_table.load_table(str(path))
+    return run_table.load_table(str(path))
+
+
+def test_render_shows_finished_rows_and_marks_divergence(tmp_path):
+    spec = _rela_table1_spec(tmp_path, 3, metrics=["attn_entropy"])
 
     def result(valid_loss):
         return {"name": "x", "status": "done", "arch": "a", "attention_fns": "arch default",
@@ -100,3 +105,19 @@ def test_render_shows_finished_rows_and_marks_divergence(tmp_path):
     assert "| – | – |" in rows[2] and "failed to train" in rows[2]
     assert "not run yet" in rows[3]
     assert "nrefs:1|sig" in text
+
+
+def test_render_reads_the_seed_of_runs_that_record_it_only_in_their_budget(tmp_path):
+    """Runs made before ``result.json`` had a ``seed`` key name their seed through the budget."""
+    spec = _rela_table1_spec(tmp_path, 1)
+    d = tmp_path / "runs" / "row1"
+    d.mkdir(parents=True)
+    (d / "result.json").write_text(json.dumps({
+        "name": "x", "status": "done", "arch": "a", "attention_fns": "arch default",
+        "commands": {"train": "fairseq-train ..."}, "git_commit": "abc", "hardware": {"cpu": "c"},
+        "data": {"corpus": "multi30k"}, "updates": 400, "time": "t", "wall_s": {},
+        "config": {"train": {"seed": 7}}, "valid_loss": [[400, 5.0]], "loss_curve": [[10, 9.0]],
+        "scores": {s: {"bleu": 21.5, "tok_bleu": 22.0, "signature": "nrefs:1|sig"} for s in ("test", "test1")}}))
+    run_table.render(spec)
+    text = (tmp_path / "out.md").read_text()
+    assert "Seeds: 7 (1 per row" in text and "(seed 7)" in text and "Seeds: ?" not in text
