@@ -23,7 +23,7 @@ and the ReLU family returns exact zeros for a row without any positive score
 
 import inspect
 from dataclasses import dataclass
-from typing import Callable, ClassVar, Dict, List, Optional, Type
+from typing import Callable, ClassVar, Dict, List, Optional, Tuple, Type
 
 import torch
 import torch.nn as nn
@@ -215,6 +215,9 @@ class AttentionFunction(nn.Module):
         self.scaling = self.head_dim**-0.5
         self.track_entropy = bool(getattr(args, "attention_entropy", False)) if args is not None else False
         self.backend = check_backend(getattr(args, "attention_backend", None))
+        #: ``{(device, dtype): bool}``: :meth:`uses_triton`'s answers (resolved once per input
+        #: device and dtype, not on every layer call of every decoding step)
+        self._uses_triton: Dict[Tuple[torch.device, torch.dtype], bool] = {}
         self.aux = AuxiliaryBuffer()
 
     #: the Triton kernel family of :meth:`fused` (``"rectified"``, ``"l1softmax"``) or None
@@ -223,8 +226,14 @@ class AttentionFunction(nn.Module):
     def uses_triton(self, x: torch.Tensor) -> bool:
         """True when :meth:`fused` should run the Triton kernels on ``x`` (its device and dtype;
         :func:`~fairseq_plugins.attention.backend.resolve_backend`, which raises ``RuntimeError``
-        for ``--attention-backend triton`` where Triton cannot run)."""
-        return resolve_backend(self.backend, x.device, self.kernel_family, x.dtype) == "triton"
+        for ``--attention-backend triton`` where Triton cannot run).  Resolved once per device
+        and dtype of ``x`` (the backend and the machine do not change during a run)."""
+        key = (x.device, x.dtype)
+        use = self._uses_triton.get(key)
+        if use is None:
+            use = self._uses_triton[key] = \
+                resolve_backend(self.backend, x.device, self.kernel_family, x.dtype) == "triton"
+        return use
 
     #: True for functions whose scores depend on token positions (Synthesizer); the attention
     #: module then calls :meth:`score_at` with the query and key positions instead of :meth:`score`.
@@ -412,7 +421,7 @@ class _RectifiedAttention(AttentionFunction):
     is_distribution = False
     options_class = RelaNormOptions
     #: activation of the fused Triton kernel (:func:`fairseq_plugins.attention.triton.relu_attention`)
-    #: matching :meth:`activation`; ``None``: no fused kernel
+    #: matching :meth:`activation` (a subclass with another activation must name its kernel's)
     kernel_activation = "relu"
     kernel_family = "rectified"
 
@@ -423,7 +432,7 @@ class _RectifiedAttention(AttentionFunction):
         """``act((q d_h^-1/2) k^T) V`` through the fused Triton kernel when the backend is Triton
         (scores never stored; the norm/gate stay in :meth:`post_aggregate`); ``None`` (the
         score/normalize path) with the torch backend."""
-        if self.kernel_activation is None or not self.uses_triton(q):
+        if not self.uses_triton(q):
             return None
         from .triton import relu_attention
 
