@@ -77,6 +77,26 @@ def test_iwslt14_tampered_input_fails_its_checksum(tmp_path):
 
 
 @needs_data
+def test_another_local_dir_reruns_the_raw_stage(tmp_path):
+    """The raw stage's stamp names its inputs (paths, sizes, times, checksum setting): a second run
+    on another --local-dir into the same --out reads it (here: fails its checksum) instead of
+    keeping the first directory's text as "up to date"."""
+    out = tmp_path / "o"
+    assert prepare("iwslt14_de_en", "--out", str(out)).returncode == 0
+    local = tmp_path / "local" / "orig_xml"
+    local.mkdir(parents=True)
+    for f in os.listdir(f"{DATA}/iwslt14_de_en/orig_xml"):
+        data = open(f"{DATA}/iwslt14_de_en/orig_xml/{f}", "rb").read()
+        if f == "IWSLT14.TED.tst2011.de-en.en.xml.gz":
+            data = gzip.compress(gzip.decompress(data).replace(b"the ", b"teh ", 1))
+        (local / f).write_bytes(data)
+    r = prepare("iwslt14_de_en", "--local-dir", str(tmp_path / "local"), "--out", str(out))
+    assert r.returncode != 0 and "sha256 mismatch" in r.stderr and "tst2011" in r.stderr
+    assert "raw: up to date" not in r.stdout
+    assert b"teh " not in (out / "raw" / "test.en").read_bytes()  # the old stage is kept whole
+
+
+@needs_data
 @pytest.mark.parametrize("lang", ["en", "de"])
 def test_wmt14_sgm_segments_equal_plain_files(lang):
     """src and ref sgm hold the same segments; they equal plain/newstest2014 except lines where

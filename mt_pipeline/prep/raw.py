@@ -127,6 +127,28 @@ class Sources:
             return None
         return srcs
 
+    def fingerprint(self, splits):
+        """The inputs of ``splits`` in one line, for the raw stage's stamp: the checksum setting
+        and ``PATH:SIZE:MTIME`` of every source file or archive (a missing one as ``PATH:-``), so
+        another ``--local-dir``, changed files or ``--no-checksum`` re-run the stage."""
+        paths = set()
+        for split in splits:
+            for src in self.of(split) or []:
+                for lang in self.langs:
+                    if "archive" in src:
+                        paths.add(os.path.join(self.download_dir, src["archive"]))
+                    else:
+                        base = self.local_dir if self.mode == "local" else self.download_dir
+                        paths.add(os.path.join(base, self.path_of(src, lang)))
+
+        def one(p):
+            if not os.path.exists(p):
+                return f"{os.path.abspath(p)}:-"
+            st = os.stat(p)
+            return f"{os.path.abspath(p)}:{st.st_size}:{st.st_mtime_ns // 10**9}"
+
+        return f"checksum={'on' if self.verify else 'off'} " + " ".join(one(p) for p in sorted(paths))
+
     def describe(self, srcs, lang):
         """The sources ``srcs`` of ``lang`` in one line (for the plan)."""
         return " + ".join((x.get("archive", "") + ":" if "archive" in x else "") + self.path_of(x, lang)

@@ -27,6 +27,7 @@ import os
 import shutil
 
 from mt_pipeline.prep import bpe, fetch, raw, tc, tok
+from mt_pipeline.provenance import file_sha256
 from mt_pipeline.prep.binarize import preprocess_cmd, run_preprocess
 from mt_pipeline.prep.run import PrepRun
 from mt_pipeline.prep.spec import SHARED_DATA, bpe_merges_for, effective_recipe, spec_digest, truecase_langs
@@ -157,7 +158,8 @@ def stage_raw(p):
     missing = [s for s in p.spec["split_names"] if s not in p.splits]
     if missing:
         run.log(f"not available in this mode: {', '.join(missing)}")
-    stamp = stamp_text(stage="raw", mode=p.mode, spec=spec_digest(p.spec), splits=p.splits)
+    stamp = stamp_text(stage="raw", mode=p.mode, spec=spec_digest(p.spec), splits=p.splits,
+                       inputs=p.sources.fingerprint(p.splits))
     files = [os.path.join(d, f"{s}.{l}") for s in p.splits for l in p.langs]
     run.stage("raw", d, stamp, files, lambda x: raw.write_splits(run, p.sources, p.splits, x))
 
@@ -244,7 +246,10 @@ def stage_bpe(p):
     else:
         names = {f"codes.{l}": (l, [l], f"learn {merges[l]} merges on {src_stage}/train.{l} only") for l in p.langs}
     if given:
-        names = {n: (k, langs, f"copy the codes {given[k]}") for n, (k, langs, _) in names.items()}
+        # by content: new codes at the same path re-run the stage
+        names = {n: (k, langs, f"copy the codes {given[k]} (sha256 "
+                     f"{file_sha256(given[k]) if os.path.isfile(given[k]) else 'missing'})")
+                 for n, (k, langs, _) in names.items()}
     how = ("joint" if joint else "separate") + " BPE: " + "; ".join(f"{n}: {h}" for n, (_, _, h) in names.items())
     stamp = stamp_text(stage="bpe", upstream=p.prev(src_stage, src_base), input=src_stage, how=how, versions=tool_versions())
     files = [os.path.join(d, n) for n in names] + [os.path.join(d, f"{s}.{l}") for s in p.splits for l in p.langs]
