@@ -39,7 +39,6 @@ Usage::
 """
 
 import argparse
-import json
 import os
 import re
 import statistics
@@ -53,6 +52,7 @@ import torch.nn.functional as F
 
 from . import provenance
 from .atomic import write_text_atomic
+from .curves import progress_stats
 
 __all__ = ["main", "DTYPES", "SECTIONS", "FUSED", "core_cases", "layer_cases", "decode_cases",
            "render", "parse_wps"]
@@ -107,10 +107,11 @@ def core_cases(T: int, dtype: torch.dtype, device, rows: int = 2**20, heads: int
         w = torch.softmax(l1_scores(qq, k, scale, impl="cdist").float(), -1).to(dtype)
         return w @ v
 
+    r_cast = r.to(dtype)  # outside the timed step (the Triton case takes r as it is)
     cases = {
         "sdpa flash" if dtype != torch.float32 else "sdpa (default)": step(sdpa),
         "relu torch": step(lambda qq: kernels.relu_attention_reference(qq, k, v, 1.0), qs),
-        "reluformer+eq.7 torch": step(lambda qq: kernels.relu_attention(qq, k, v, r.to(dtype), need_stats=True), qs),
+        "reluformer+eq.7 torch": step(lambda qq: kernels.relu_attention(qq, k, v, r_cast, need_stats=True), qs),
         "eatt torch": step(eatt_torch),
     }
     if with_triton:
@@ -228,22 +229,14 @@ def measure(run: Step, warmup: int, rep: int) -> Dict[str, object]:
 
 
 def parse_wps(log_text: str) -> Optional[float]:
-    """Median ``wps`` (target tokens/s) of fairseq's JSON ``train_inner`` log lines, the first
-    interval dropped (compilation, autotuning, allocator warm-up); None if there are none."""
+    """Median ``wps`` (target tokens/s) of fairseq's JSON ``train_inner`` log lines (read by
+    :func:`mt_pipeline.curves.progress_stats`, the one log reader), the first interval dropped
+    (compilation, autotuning, allocator warm-up); None if there are none."""
     values = []
     for line in log_text.splitlines():
-        m = re.search(r"(\{.*\"wps\".*\})", line)
-        if not m:
-            continue
-        try:
-            rec = json.loads(m.group(1))
-        except ValueError:
-            continue
-        if "train_inner" in line or "update" in rec:
-            try:
-                values.append(float(rec["wps"]))
-            except (KeyError, TypeError, ValueError):
-                pass
+        stats = progress_stats(line, "train_inner")
+        if stats and isinstance(stats.get("wps"), float):
+            values.append(stats["wps"])
     values = values[1:] if len(values) > 1 else values
     return statistics.median(values) if values else None
 
