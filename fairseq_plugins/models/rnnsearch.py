@@ -88,7 +88,8 @@ class RNNsearchConfig(FairseqDataclass):
     local_window_d: int = option(10, "half window D of local-p attention (default 10, sigma = D/2)", ge=1)
 
 
-_RNN_KEYS = frozenset(f.name for f in fields(RNNsearchConfig) if not f.name.startswith("_"))  # not FairseqDataclass._name
+# the option keys (not FairseqDataclass._name)
+_RNN_KEYS = frozenset(f.name for f in fields(RNNsearchConfig) if not f.name.startswith("_"))
 
 
 def _config_context(args):
