@@ -46,7 +46,13 @@ class LineCountError(ValueError):
 
 
 def read_lines(path):
-    """Return the lines of ``path`` (UTF-8) without their ``\\n``; split on ``\\n`` only."""
+    """Return the lines of ``path`` (UTF-8; gzip-compressed when the name ends in ``.gz``, as the
+    committed hypotheses of :mod:`mt_pipeline.evidence`) without their ``\\n``; split on ``\\n`` only."""
+    if str(path).endswith(".gz"):
+        import gzip
+
+        with gzip.open(path, "rt", encoding="utf-8", newline="\n") as f:
+            return [line[:-1] if line.endswith("\n") else line for line in f]
     with open(path, encoding="utf-8", newline="\n") as f:
         return [line[:-1] if line.endswith("\n") else line for line in f]
 

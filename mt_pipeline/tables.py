@@ -116,34 +116,95 @@ def _default_seed(row: Dict) -> int:
     return int(row["_budget"]["train"].get("seed", 1))
 
 
+def row_regime(row: Dict) -> str:
+    """The regime of the budget a (loaded) row trains with."""
+    return regime(row["_budget"])
+
+
+def _seed_dirs(parent: str, name: str) -> List[str]:
+    if not os.path.isdir(parent):
+        return []
+    return [os.path.join(parent, n) for n in os.listdir(parent) if n.startswith(name + "-seed")]
+
+
 def row_results(spec: Dict, row: Dict, seeds: Optional[List[int]] = None) -> List[Dict]:
     """``result.json`` dicts of the row's runs, one per seed that has finished (the row's own
-    directory and every ``-seed<k>`` sibling when ``seeds`` is None)."""
-    base = run_dir(spec, row)
+    directory and every ``-seed<k>`` sibling when ``seeds`` is None), each read from its run
+    directory or, where that is gone (another machine, a fresh checkout), from the committed
+    evidence (:mod:`mt_pipeline.evidence`).  ``res["_dir"]`` is the directory it was read from."""
+    from . import evidence
+
+    base, reg = run_dir(spec, row), row_regime(row)
     if seeds is None:
         parent, name = os.path.split(base)
-        dirs = [base] + sorted(os.path.join(parent, n) for n in (os.listdir(parent) if os.path.isdir(parent) else [])
-                               if n.startswith(name + "-seed"))
+        ev_parent = os.path.dirname(evidence.evidence_dir(base, reg))
+        names = {os.path.basename(d) for d in _seed_dirs(parent, name) + _seed_dirs(ev_parent, name)}
+        dirs = [base] + [os.path.join(parent, n) for n in sorted(names, key=lambda n: int(n.rsplit("seed", 1)[1])
+                                                                 if n.rsplit("seed", 1)[1].isdigit() else 0)]
     else:
         dirs = [run_dir(spec, row, s) for s in seeds]
     out = []
     for d in dirs:
-        path = os.path.join(d, "result.json")
-        if os.path.exists(path):
-            with open(path) as f:
+        found = evidence.locate(d, reg)
+        if found:
+            with open(os.path.join(found, "result.json")) as f:
                 res = json.load(f)
-            res["_dir"] = d
+            res["_dir"] = found
             out.append(res)
     return out
 
 
-def row_failed(res: Dict, vocab_size: Optional[int]) -> bool:
-    """Training diverged (NaN validation loss) or did not learn (above 90% of a uniform guess)."""
+def experiment_argv(spec: Dict, row: Dict, seed: Optional[int] = None) -> List[str]:
+    """The :mod:`mt_pipeline.experiment` arguments of one row (and seed) of a loaded table spec:
+    the one place a table row becomes a run (``mt-table`` and ``mt-campaign`` both use it)."""
+    argv = ["--out", run_dir(spec, row, seed), "--arch", row["arch"],
+            "--budget", os.path.join(ROOT, row_budget(spec, row)),
+            "--src", spec["src"], "--tgt", spec["tgt"], "--name", f"row{row['id']}: {row['name']}"]
+    if seed is not None:
+        argv += ["--seed", str(seed)]
+    if row.get("fns"):
+        argv += ["--fns", *row["fns"]]
+    if row.get("extra"):
+        argv += ["--extra", row["extra"]]
+    if spec.get("ribes"):
+        argv.append("--ribes")
+    return argv
+
+
+def failure_reason(res: Dict, vocab_size: Optional[int]) -> Optional[str]:
+    """Why a finished run does not count (None when it does): training stopped with an error
+    (the last line of its log), the final validation loss is NaN, or it stayed above 90% of the
+    loss of a uniform prediction (did not learn)."""
+    if res.get("status") == "failed":
+        tail = [t for t in res.get("error_tail") or [] if t.strip()]
+        return "training stopped with an error" + (f": {tail[-1].strip()[-160:]}" if tail else "")
     valid = [v for _, v in res.get("valid_loss", [])]
-    if not valid:
-        return False
-    last = valid[-1]
-    return not math.isfinite(last) or (vocab_size is not None and last > 0.9 * math.log2(vocab_size))
+    if valid and not math.isfinite(valid[-1]):
+        return f"diverged (final validation loss {valid[-1]})"
+    if valid and vocab_size is not None and valid[-1] > 0.9 * math.log2(vocab_size):
+        return (f"did not learn (final validation loss {valid[-1]:.2f} > 90% of a uniform guess, "
+                f"{0.9 * math.log2(vocab_size):.2f})")
+    return None
+
+
+def retire_failed(rdir: str) -> Optional[str]:
+    """Move a failed run's ``result.json`` aside (``result.failed-<time>.json``, kept as the record
+    of that attempt) so the run is tried again; its checkpoints stay and training resumes.
+    Returns the new name, or None when the run has no failed result."""
+    path = os.path.join(rdir, "result.json")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        if json.load(f).get("status") != "failed":
+            return None
+    new = os.path.join(rdir, time.strftime("result.failed-%Y%m%d-%H%M%S.json"))
+    os.replace(path, new)
+    return new
+
+
+def row_failed(res: Dict, vocab_size: Optional[int]) -> bool:
+    """The run does not count: :func:`failure_reason` gives a reason."""
+    return failure_reason(res, vocab_size) is not None
 
 
 def train_seconds(res: Dict, rdir: str) -> float:
@@ -161,11 +222,18 @@ def train_seconds(res: Dict, rdir: str) -> float:
 
 
 def resumes(rdir: str):
-    """How often the row's training restarted from a checkpoint (from its train.log)."""
+    """How often the row's training restarted from a checkpoint (from its train.log, or the
+    committed ``train.log.gz`` of its evidence)."""
     log = os.path.join(rdir, "train.log")
-    if not os.path.exists(log):
+    if os.path.exists(log):
+        f = open(log, errors="replace")
+    elif os.path.exists(log + ".gz"):
+        import gzip
+
+        f = gzip.open(log + ".gz", "rt", errors="replace")
+    else:
         return "?"
-    with open(log, errors="replace") as f:
+    with f:
         return sum(1 for line in f if "Loaded checkpoint" in line and "@ 0 updates" not in line)
 
 
@@ -242,10 +310,11 @@ def _read(path: str) -> List[str]:
 def _significance(ref_res: Dict, res: Dict, subset: str) -> Optional[Dict]:
     """Seed-matched paired bootstrap of ``res`` against ``ref_res`` on ``subset``, cached in the
     system's run directory (``significance.json``, keyed by both hypotheses' checkpoints)."""
+    from .evidence import resolve
     from .significance import paired_bootstrap
 
     a, b = ref_res["scores"].get(subset), res["scores"].get(subset)
-    if not a or not b or not all(os.path.exists(x) for x in (a["hyp"], b["hyp"], a["ref"])):
+    if not a or not b or not all(os.path.exists(resolve(x)) for x in (a["hyp"], b["hyp"], a["ref"])):
         return None
     key = f"{subset}:{a.get('checkpoint_sha256', a['hyp'])}:{b.get('checkpoint_sha256', b['hyp'])}"
     cache_path = os.path.join(res["_dir"], "significance.json")
@@ -254,7 +323,7 @@ def _significance(ref_res: Dict, res: Dict, subset: str) -> Optional[Dict]:
         with open(cache_path) as f:
             cache = json.load(f)
     if key not in cache:
-        cache[key] = paired_bootstrap(_read(a["ref"]), _read(a["hyp"]), _read(b["hyp"]))
+        cache[key] = paired_bootstrap(_read(resolve(a["ref"])), _read(resolve(a["hyp"])), _read(resolve(b["hyp"])))
         write_json_atomic(cache_path, cache)
     return cache[key]
 
@@ -331,7 +400,7 @@ def render(spec: Dict, seeds: Optional[List[int]] = None) -> None:
             + [f"valid {m}" for m in metrics] + analyses + ["seeds", "updates", "train wall", "status"])
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     vocab = {r["id"]: _vocab(spec, r) for r in rows}
-    ref_ok = [x for x in results.get(ref_id, []) if x.get("status") == "done" and not row_failed(x, vocab[ref_id])]
+    ref_ok = [x for x in results.get(ref_id, []) if failure_reason(x, vocab[ref_id]) is None]
     for r in rows:
         paper = "–" if r.get("paper") is None else str(r["paper"])
         res = results.get(r["id"])
@@ -339,7 +408,7 @@ def render(spec: Dict, seeds: Optional[List[int]] = None) -> None:
             lines.append("| " + " | ".join([str(r["id"]), r["name"], paper] + ["not run yet"] * len(subsets)
                                            + [""] * (2 + len(metrics) + len(analyses) + 3) + ["pending"]) + " |")
             continue
-        ok = [x for x in res if x.get("status") == "done" and not row_failed(x, vocab[r["id"]])]
+        ok = [x for x in res if failure_reason(x, vocab[r["id"]]) is None]
         if not ok:
             cells = ["–"] * (len(subsets) + 2)
         else:
@@ -348,12 +417,13 @@ def render(spec: Dict, seeds: Optional[List[int]] = None) -> None:
                      + [_mean_cell([x["scores"][first]["chrf"] for x in ok]) if all("chrf" in x["scores"][first]
                                                                                    for x in ok) else "n/a",
                         "reference" if r["id"] == ref_id else _verdict_cell(spec, r, ok, ref_ok, first)])
-        last = res[0].get("valid_last", {})
+        last = res[0].get("valid_last") or {}
         mcells = [f"{last[m]:.3f}" if m in last else "n/a" for m in metrics]
+        reasons = sorted({failure_reason(x, vocab[r["id"]]) for x in res} - {None})
         status = "done" if len(ok) == len(res) else (
-            "failed to train (see loss curve below)" if not ok else f"{len(res) - len(ok)} seed(s) failed")
+            ("failed: " if not ok else f"{len(res) - len(ok)} seed(s) failed: ") + "; ".join(reasons))
         lines.append("| " + " | ".join([str(r["id"]), r["name"], paper] + cells + mcells + _analysis_cells(spec, r) + [
-            str(len(res)), str(res[0]["updates"]), f"{train_seconds(res[0], res[0]['_dir']) / 60:.1f} min",
+            str(len(res)), str(res[0].get("updates", 0)), f"{train_seconds(res[0], res[0]['_dir']) / 60:.1f} min",
             status]) + " |")
     lines += ["", "SacreBLEU (detokenised) with tokenized BLEU in brackets"
               + ("; RIBES (Isozaki et al. 2010, nltk, tokenized text) after the slash" if spec.get("ribes") else "")
@@ -366,11 +436,11 @@ def render(spec: Dict, seeds: Optional[List[int]] = None) -> None:
     if figure:
         lines += [f"Validation loss over updates: `{os.path.relpath(figure, ROOT)}`.", ""]
     lines += ["## Provenance", ""]
-    if results:
-        any_res = next(iter(results.values()))[0]
-        sig = any_res["scores"][first]["signature"] if any_res.get("scores") else "n/a"
-        lines += [f"- SacreBLEU signature: `{sig}`", f"- hardware: {any_res['hardware']}",
-                  f"- data: {any_res['data']}", ""]
+    done_res = [x for v in results.values() for x in v if x.get("status") == "done" and x.get("scores")]
+    if done_res:  # a failed run records no scores and no data
+        any_res = done_res[0]
+        lines += [f"- SacreBLEU signature: `{any_res['scores'][first]['signature']}`",
+                  f"- hardware: {any_res['hardware']}", f"- data: {any_res['data']}", ""]
     for r in rows:
         for res in results.get(r["id"], []):
             rdir = res["_dir"]
@@ -378,9 +448,12 @@ def render(spec: Dict, seeds: Optional[List[int]] = None) -> None:
                       ""]
             if res.get("status") == "failed":
                 lines += ["- training stopped with an error: `" + " / ".join(res.get("error_tail", [])[-2:]) + "`"]
-            lines += [f"- run directory: `{os.path.relpath(rdir, ROOT)}`; git commit: `{res['git_commit']}`; "
+            if res.get("evidence"):
+                lines += [f"- committed evidence (result.json, hypotheses, training log): `{os.path.relpath(rdir, ROOT)}`"]
+            lines += [f"- run directory: `{res.get('evidence', {}).get('run_dir') or os.path.relpath(rdir, ROOT)}`; "
+                      f"git commit: `{res['git_commit']}`; "
                       f"finished {res['time']}",
-                      f"- attention functions: {res['attention_fns']}",
+                      f"- attention functions: {res.get('attention_fns')}",
                       f"- command: `{res['commands']['train']}`",
                       f"- updates: {res['updates']}; training time {train_seconds(res, rdir):.0f} s (fairseq "
                       f"cumulative); resumed {resumes(rdir)} time(s); runner-timed stages of the last invocation (s): "
@@ -409,6 +482,9 @@ def main(argv=None, default_table=None) -> None:
                                     "configs/multi30k/converged.yaml): runs/<regime>/..., <out>_<regime>.md")
     p.add_argument("--seeds", help="comma-separated training seeds (default: the budget's seed)")
     p.add_argument("--render-only", action="store_true")
+    p.add_argument("--retry-failed", action="store_true",
+                   help="run again the rows whose training failed (their result.json is kept as "
+                        "result.failed-<time>.json; training resumes from the last checkpoint)")
     a = p.parse_args(argv)
     budget = None
     if a.budget:
@@ -429,23 +505,15 @@ def main(argv=None, default_table=None) -> None:
             if a.max_rows is not None and done >= a.max_rows:
                 break
             out = run_dir(spec, r, seed)
+            if a.retry_failed and retire_failed(out):
+                print(f"[table] row {r['id']}{'' if seed is None else f' seed {seed}'} failed before: retrying")
             if os.path.exists(os.path.join(out, "result.json")):
                 print(f"[table] row {r['id']}{'' if seed is None else f' seed {seed}'} already done "
                       f"({os.path.relpath(out, ROOT)})")
                 continue
-            argv_exp = ["--out", out, "--arch", r["arch"], "--budget", os.path.join(ROOT, row_budget(spec, r)),
-                        "--src", spec["src"], "--tgt", spec["tgt"], "--name", f"row{r['id']}: {r['name']}"]
-            if seed is not None:
-                argv_exp += ["--seed", str(seed)]
-            if r.get("fns"):
-                argv_exp += ["--fns", *r["fns"]]
-            if r.get("extra"):
-                argv_exp += ["--extra", r["extra"]]
-            if spec.get("ribes"):
-                argv_exp.append("--ribes")
             t0 = time.time()
             try:
-                experiment.run_experiment(argv_exp)
+                experiment.run_experiment(experiment_argv(spec, r, seed))
             except Exception as err:  # a diverged row must not stop the table
                 print(f"[table] row {r['id']} raised {type(err).__name__}: {err}", file=sys.stderr)
             print(f"[table] row {r['id']} took {(time.time() - t0) / 60:.1f} min")

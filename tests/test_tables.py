@@ -102,9 +102,28 @@ def test_render_shows_finished_rows_and_marks_divergence(tmp_path):
     text = (tmp_path / "out.md").read_text()
     rows = [l for l in text.splitlines() if l.startswith("| ")]
     assert "21.50 (22.00)" in rows[1] and "1.500" in rows[1] and "2.0 min" in rows[1]
-    assert "| – | – |" in rows[2] and "failed to train" in rows[2]
+    assert "| – | – |" in rows[2] and "failed: diverged (final validation loss nan)" in rows[2]
     assert "not run yet" in rows[3]
     assert "nrefs:1|sig" in text
+
+
+def test_a_first_row_whose_training_failed_renders_with_its_reason(tmp_path):
+    """Issue 29 item 3: a failed run records no scores and no data; the table still renders (it
+    crashed with KeyError 'data'), the row shows "–" and why, and `--retry-failed` runs it again."""
+    spec = _rela_table1_spec(tmp_path, 2)
+    d = tmp_path / "runs" / "row1"
+    d.mkdir(parents=True)
+    (d / "result.json").write_text(json.dumps({
+        "name": "x", "status": "failed", "error_tail": ["...", "ValueError: Sentence at index 3 exceeds max_tokens"],
+        "arch": "a", "attention_fns": None, "commands": {"train": "fairseq-train ..."}, "git_commit": "abc",
+        "hardware": {"cpu": "c"}, "loss_curve": [], "valid_loss": [], "updates": 0, "wall_s": {}, "scores": {},
+        "time": "t"}))
+    run_table.render(spec)
+    rows = [l for l in (tmp_path / "out.md").read_text().splitlines() if l.startswith("| 1 |")]
+    assert "| – | – |" in rows[0] and "failed: training stopped with an error: ValueError: Sentence at index 3" in rows[0]
+    moved = run_table.retire_failed(str(d))
+    assert moved and os.path.basename(moved).startswith("result.failed-") and not (d / "result.json").exists()
+    assert run_table.retire_failed(str(d)) is None  # nothing failed left to retire
 
 
 def test_render_reads_the_seed_of_runs_that_record_it_only_in_their_budget(tmp_path):

@@ -1,0 +1,809 @@
+"""Converged evidence on whatever compute exists: run a campaign plan of table rows × seeds.
+
+A *plan* (``configs/campaign/converged.yaml``) lists, most decisive first, rows of existing table
+specs with the seeds to train them under one budget::
+
+    title: ...
+    budget: configs/multi30k/converged.yaml     # every run trains under it (``mt-table --budget``)
+    runs:
+      - {table: configs/rela/table1.yaml, rows: [1, 7], seeds: [1, 2, 3], why: "ReLA's main claim"}
+    claims:                                     # optional: verdicts rendered on results/README.md
+      - {id: rela-main, claim: "...", table: configs/rela/table1.yaml, row: 7, vs: 1, expect: equal}
+
+Each entry expands seed-major (row 1 seed 1, row 7 seed 1, row 1 seed 2, ...), so the first
+finished runs already pair up; a run is one :mod:`mt_pipeline.experiment` run in the table
+machinery's own run directory (``runs/<regime>/<table>/row<id>[-seed<k>]``): resume, the
+configuration fingerprint and provenance are the table's, and ``mt-table`` renders the same runs.
+A run shared by two tables (a spec's ``run:``) is trained once.
+
+Commands (``mt-campaign``)::
+
+    mt-campaign run    [--plan P] [--launcher local|slurm] [--jobs N|auto] [--minutes M]
+                       [--max-runs K] [--nice 10] [--retry-failed] [--dry-run] [slurm options]
+    mt-campaign status [--plan P] [--json]
+    mt-campaign render [--plan P]
+    mt-campaign rescore                      # every committed run re-scored from its hypotheses
+    mt-campaign gpu-kit --out .device        # what an offline GPU machine needs (docs/gpu.md)
+
+* ``run --launcher local`` on a CPU: one run at a time under ``nice``, in its own process group;
+  safe to start in the background (``setsid nohup mt-campaign run &``) and to kill at any moment
+  (TERM/INT stop the runs it started; after a KILL the runs go on, hold their run-directory lock
+  and a new campaign counts them as running).  Killed runs resume from their checkpoints.
+* ``run --launcher local`` on a GPU: ``--jobs`` runs at once on the one GPU (``auto``: from free
+  GPU memory, ``gpu.mem_per_run_gib`` of the plan, and the CPU cores), each pinned to its share
+  of cores (``sched_setaffinity``, ``OMP_NUM_THREADS``); the budget's ``train-gpu`` (fp16) applies.
+* ``--minutes M`` starts only runs that can finish in M minutes, from the throughput of finished
+  runs of the same budget on the same device (and concurrency) -- read from their ``result.json``
+  and ``campaign.json``, in run directories or committed evidence -- so a short GPU window ends
+  with finished rows, not half-trained ones.  A run with no such measurement is refused (give
+  ``--per-run-minutes`` to state an estimate).
+* ``run --launcher slurm``: one job per run through submitit (``submitit.AutoExecutor``;
+  ``--partition``, ``--gpus-per-node``, ``--cpus-per-task``, ``--timeout-min``); ``--cluster local``
+  uses submitit's local executor (what the tests run).  Needs the ``[cluster]`` extra.
+* After every finished run its evidence is committed-ready under ``results/runs/``
+  (:mod:`mt_pipeline.evidence`) and its tables are re-rendered; ``render`` does the same for every
+  finished run and writes the claims' verdicts between ``<!-- mt-campaign:begin -->`` and
+  ``<!-- mt-campaign:end -->`` in ``results/README.md``.
+
+Verdict rule (the page's): a claim is "reproduced" or "not reproduced" only with a converged
+budget and at least 3 seed-matched runs of both rows; "exceeds seed noise" is
+:func:`mt_pipeline.significance.verdict` (|Δ mean| > 2 standard errors and every seed-matched
+paired bootstrap p < 0.05).  ``expect: equal`` is reproduced when the difference stays within seed
+noise; ``better``/``worse`` when it exceeds seed noise in that direction.  Fewer seeds: "not tested
+yet" with the direction so far.
+
+Errors: a plan with unknown keys, missing tables or rows, or bad seeds is refused before anything
+runs (SystemExit naming the valid choices).
+"""
+
+import argparse
+import contextlib
+import fcntl
+import json
+import math
+import os
+import shlex
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+import yaml
+
+from . import evidence
+from . import tables
+from .atomic import atomic_path, write_json_atomic
+from .budget import load_budget, regime
+from .provenance import ROOT, hardware, repo_relative
+
+__all__ = ["Run", "load_plan", "run_state", "estimate_minutes", "device_name", "main"]
+
+DEFAULT_PLAN = "configs/campaign/converged.yaml"
+PLAN_KEYS = ("title", "budget", "runs", "claims", "gpu", "intro")
+ENTRY_KEYS = ("table", "rows", "seeds", "why")
+CLAIM_KEYS = ("id", "claim", "table", "row", "vs", "expect", "paper")
+EXPECT = ("equal", "better", "worse")
+MIN_SEEDS = 3
+BEGIN, END = "<!-- mt-campaign:begin -->", "<!-- mt-campaign:end -->"
+
+
+def log(msg: str) -> None:
+    print(f"[campaign] {msg}", flush=True)
+
+
+@dataclass
+class Run:
+    """One row × seed of a table spec under the plan's budget."""
+    key: str                 # "rela_table1 row7 seed2"
+    table: str               # spec path as written in the plan
+    spec: Dict
+    row: Dict
+    seed: int
+    dir: str                 # the run directory (tables.run_dir)
+    why: str = ""
+    tables: List[str] = field(default_factory=list)  # every plan table that shows this run
+
+    @property
+    def regime(self) -> str:
+        return tables.row_regime(self.row)
+
+    @property
+    def target_updates(self) -> Optional[int]:
+        value = self.row["_budget"]["train"].get("max-update")
+        return int(value) if value else None
+
+
+def _abs(path: str) -> str:
+    return path if os.path.isabs(path) else os.path.join(ROOT, path)
+
+
+def _check_keys(where: str, mapping, valid) -> None:
+    if not isinstance(mapping, dict):
+        raise SystemExit(f"{where}: expected a mapping with keys {list(valid)}, got {type(mapping).__name__}")
+    unknown = [k for k in mapping if k not in valid]
+    if unknown:
+        import difflib
+
+        hints = [f"{k!r} (did you mean {difflib.get_close_matches(k, valid, 1)[0]!r}?)"
+                 if difflib.get_close_matches(k, valid, 1) else repr(k) for k in unknown]
+        raise SystemExit(f"{where}: unknown keys {', '.join(hints)}; valid: {list(valid)}")
+
+
+def load_plan(path: str) -> Dict:
+    """Read and check a plan; returns it with ``_runs`` (the expanded, de-duplicated
+    :class:`Run` list in plan order) and ``_specs`` (table path -> loaded spec).
+
+    Raises:
+        SystemExit: missing file, unknown keys, a table or row that does not exist, seeds that
+            are not positive integers, a claim naming rows that the plan does not run.
+    """
+    path = _abs(path)
+    if not os.path.exists(path):
+        raise SystemExit(f"campaign plan not found: {path}")
+    with open(path) as f:
+        try:
+            plan = yaml.safe_load(f)
+        except yaml.YAMLError as err:
+            raise SystemExit(f"{path}: not valid YAML: {err}") from None
+    _check_keys(path, plan, PLAN_KEYS)
+    for key in ("budget", "runs"):
+        if key not in plan:
+            raise SystemExit(f"{path}: missing key {key!r}; required: ['budget', 'runs']")
+    budget = _abs(plan["budget"])
+    load_budget(budget)  # raises on a missing budget
+    if not isinstance(plan["runs"], list) or not plan["runs"]:
+        raise SystemExit(f"{path}: 'runs' must be a non-empty list of {{table, rows, seeds}} entries")
+    specs: Dict[str, Dict] = {}
+    runs: List[Run] = []
+    by_dir: Dict[str, Run] = {}
+    for i, entry in enumerate(plan["runs"]):
+        where = f"{path}: runs[{i}]"
+        _check_keys(where, entry, ENTRY_KEYS)
+        if "table" not in entry or "rows" not in entry:
+            raise SystemExit(f"{where}: needs 'table' and 'rows'")
+        table = entry["table"]
+        if table not in specs:
+            specs[table] = tables.load_table(_abs(table), budget)
+        spec = specs[table]
+        by_id = {r["id"]: r for r in spec["rows"]}
+        rows = entry["rows"]
+        if not isinstance(rows, list) or any(r not in by_id for r in rows):
+            raise SystemExit(f"{where}: rows {rows!r} are not all row ids of {table}; valid: {list(by_id)}")
+        seeds = entry.get("seeds", [1])
+        if not isinstance(seeds, list) or not seeds or any(type(s) is not int or s < 1 for s in seeds):
+            raise SystemExit(f"{where}: seeds must be a list of positive integers, got {seeds!r}")
+        for seed in seeds:
+            for rid in rows:
+                row = by_id[rid]
+                d = tables.run_dir(spec, row, seed)
+                if d in by_dir:
+                    if table not in by_dir[d].tables:
+                        by_dir[d].tables.append(table)
+                    continue
+                stem = os.path.basename(os.path.normpath(spec["runs"]))
+                run = Run(key=f"{stem} row{rid} seed{seed}", table=table, spec=spec, row=row, seed=seed, dir=d,
+                          why=entry.get("why", ""), tables=[table])
+                by_dir[d] = run
+                runs.append(run)
+    # a run that another plan table shows too (a spec's `run:`) re-renders that table when it finishes
+    all_seeds = sorted({r.seed for r in runs})
+    for table, spec in specs.items():
+        for row in spec["rows"]:
+            for seed in all_seeds:
+                run = by_dir.get(tables.run_dir(spec, row, seed))
+                if run is not None and table not in run.tables:
+                    run.tables.append(table)
+    for i, claim in enumerate(plan.get("claims") or []):
+        where = f"{path}: claims[{i}]"
+        _check_keys(where, claim, CLAIM_KEYS)
+        missing = [k for k in ("id", "claim", "table", "row", "vs", "expect") if k not in claim]
+        if missing:
+            raise SystemExit(f"{where}: missing keys {missing}")
+        if claim["expect"] not in EXPECT:
+            raise SystemExit(f"{where}: expect {claim['expect']!r} is not one of {list(EXPECT)}")
+        if claim["table"] not in specs:
+            raise SystemExit(f"{where}: table {claim['table']} is not run by the plan; plan tables: {list(specs)}")
+        ids = [r["id"] for r in specs[claim["table"]]["rows"]]
+        for k in ("row", "vs"):
+            if claim[k] not in ids:
+                raise SystemExit(f"{where}: {k} {claim[k]!r} is not a row of {claim['table']}; valid: {ids}")
+    plan["_path"], plan["_budget"], plan["_runs"], plan["_specs"] = path, budget, runs, specs
+    return plan
+
+
+# ---------------------------------------------------------------------------------------------
+# state of a run, throughput, estimates
+
+def _lock_held(run_dir: str) -> bool:
+    """True when another process holds ``<run_dir>/.lock`` (an experiment runner is training it)."""
+    path = os.path.join(run_dir, ".lock")
+    if not os.path.exists(path):
+        return False
+    with open(path, "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(f, fcntl.LOCK_UN)
+    return False
+
+
+def _updates_so_far(run_dir: str) -> int:
+    from .curves import loss_curves
+
+    logp = os.path.join(run_dir, "train.log")
+    if not os.path.exists(logp):
+        return 0
+    curve, valid = loss_curves(logp)
+    return max([u for u, _ in curve] + [u for u, _ in valid] + [0])
+
+
+def _own_rate(run_dir: str) -> Optional[float]:
+    """Seconds per update of a run in progress: fairseq's ``ups`` on its last progress line."""
+    from .curves import progress_stats
+
+    logp = os.path.join(run_dir, "train.log")
+    if not os.path.exists(logp):
+        return None
+    last = None
+    with open(logp, errors="replace") as f:
+        for line in f:
+            if " | train_inner | " in line:
+                last = line
+    st = progress_stats(last, "train_inner") if last else None
+    ups = st.get("ups") if st else None
+    return 1.0 / ups if isinstance(ups, float) and ups > 0 else None
+
+
+def _vocab(run: Run) -> Optional[int]:
+    return tables._vocab(run.spec, run.row)
+
+
+def run_state(run: Run) -> Dict:
+    """``{"state", "reason", "updates", "where"}`` of a run: ``done`` (a counted result, in the
+    run directory or committed evidence), ``failed`` (with the reason), ``running`` (its
+    run-directory lock is held), ``partial`` (checkpoints, no runner), ``submitted`` (a slurm
+    job recorded, not started yet) or ``pending``."""
+    # the run directory first, then its runner, then committed evidence (of this or an earlier attempt)
+    held = not os.path.exists(os.path.join(run.dir, "result.json")) and _lock_held(run.dir)
+    found = None if held else evidence.locate(run.dir, run.regime)
+    if found:
+        with open(os.path.join(found, "result.json")) as f:
+            res = json.load(f)
+        reason = tables.failure_reason(res, _vocab(run))
+        return {"state": "failed" if reason else "done", "reason": reason, "updates": res.get("updates", 0),
+                "where": repo_relative(found), "result": res}
+    updates = _updates_so_far(run.dir)
+    if held:
+        return {"state": "running", "reason": None, "updates": updates, "where": repo_relative(run.dir)}
+    meta = _read_json(os.path.join(run.dir, "campaign.json")) or {}
+    if meta.get("launcher") == "slurm" and meta.get("job_id") and not meta.get("finished"):
+        return {"state": "submitted", "reason": f"job {meta['job_id']}", "updates": updates,
+                "where": repo_relative(run.dir)}
+    if updates or os.path.exists(os.path.join(run.dir, "checkpoints", "checkpoint_last.pt")):
+        return {"state": "partial", "reason": None, "updates": updates, "where": repo_relative(run.dir)}
+    return {"state": "pending", "reason": None, "updates": 0, "where": None}
+
+
+def _read_json(path: str) -> Optional[Dict]:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def device_name(hw: Optional[Dict] = None) -> str:
+    """The device a throughput belongs to: the accelerator's name, or ``cpu: <model> (<n> cores)``."""
+    hw = hw or hardware()
+    if hw.get("accelerator") and hw["accelerator"] != "cpu only":
+        return str(hw["accelerator"])
+    return f"cpu: {hw.get('cpu')} ({hw.get('cores')} cores)"
+
+
+def throughput_records(extra_dirs: Optional[List[str]] = None) -> List[Dict]:
+    """Every finished run's measured speed: ``{"budget", "device", "jobs", "s_per_update",
+    "overhead_s"}`` from the ``result.json`` (+ ``campaign.json``) of committed evidence and of
+    ``extra_dirs`` (run directories)."""
+    paths = evidence.committed_results() + [os.path.join(d, "result.json") for d in extra_dirs or []]
+    out, seen = [], set()
+    for p in paths:
+        res = _read_json(p)
+        if not res or res.get("status") != "done" or not res.get("updates"):
+            continue
+        key = (res.get("git_commit"), res.get("time"), res.get("name"))
+        if key in seen:
+            continue
+        seen.add(key)
+        wall = res.get("wall_s") or {}
+        train = wall.get("train_fairseq_cumulative") or wall.get("train")
+        if not train:
+            continue
+        meta = _read_json(os.path.join(os.path.dirname(p), "campaign.json")) or {}
+        out.append({"budget": os.path.realpath(evidence.resolve(res.get("config", {}).get("budget_file", "?"))),
+                    "device": device_name(res.get("hardware") or {}), "jobs": int(meta.get("jobs", 1)),
+                    "s_per_update": float(train) / float(res["updates"]),
+                    "overhead_s": float(wall.get("average", 0.0)) + float(wall.get("evaluate", 0.0))})
+    return out
+
+
+def estimate_minutes(run: Run, records: List[Dict], device: str, jobs: int,
+                     budget: str, updates_done: int = 0) -> Optional[float]:
+    """Minutes the run still needs on ``device`` with ``jobs`` runs at once: the median
+    seconds per update of finished runs of the same budget and device (same concurrency if any,
+    else the slowest concurrency measured), times the updates left, plus their median
+    averaging + evaluation time.  None without such a measurement."""
+    same = [r for r in records if r["budget"] == os.path.realpath(budget) and r["device"] == device]
+    if not same or not run.target_updates:
+        return None
+    exact = [r for r in same if r["jobs"] == jobs]
+    pool = exact or [r for r in same if r["jobs"] == max(x["jobs"] for x in same)]
+    spu = statistics.median(r["s_per_update"] for r in pool)
+    overhead = statistics.median(r["overhead_s"] for r in pool)
+    left = max(0, run.target_updates - updates_done)
+    return (left * spu + overhead) / 60.0
+
+
+# ---------------------------------------------------------------------------------------------
+# after a run: evidence and tables
+
+def collect(plan: Dict, runs: Optional[List[Run]] = None) -> List[str]:
+    """Export the evidence of every finished run (of ``runs``, default the whole plan) whose run
+    directory is here; returns the evidence directories written."""
+    out = []
+    for run in runs or plan["_runs"]:
+        res = _read_json(os.path.join(run.dir, "result.json"))
+        if res is None:
+            continue
+        ev = os.path.join(evidence.evidence_dir(run.dir, run.regime), "result.json")
+        if os.path.exists(ev) and os.path.getmtime(ev) >= os.path.getmtime(os.path.join(run.dir, "result.json")):
+            continue
+        d = evidence.export(run.dir, run.regime)
+        if d:
+            log(f"evidence of {run.key}: {repo_relative(d)}")
+            out.append(d)
+    return out
+
+
+def render_tables(plan: Dict, table_paths: Optional[List[str]] = None) -> None:
+    """Re-render the plan's tables (or only ``table_paths``) from every finished run."""
+    for table in table_paths or list(plan["_specs"]):
+        try:
+            tables.render(plan["_specs"][table])
+        except Exception as err:  # a render problem must not stop the campaign
+            log(f"rendering {table} failed: {type(err).__name__}: {err}")
+
+
+def _seed_scores(results: List[Dict], subset: str) -> Dict[object, Dict]:
+    return {tables._seed(r): r for r in results if r.get("scores", {}).get(subset)}
+
+
+def claim_verdict(plan: Dict, claim: Dict) -> Dict:
+    """The verdict of one plan claim by the page's rule (module docstring): ``{"ours", "verdict",
+    "seeds"}``."""
+    spec = plan["_specs"][claim["table"]]
+    by_id = {r["id"]: r for r in spec["rows"]}
+    row, ref = by_id[claim["row"]], by_id[claim["vs"]]
+    first = next(iter(spec["subsets"]))
+    ok = lambda res, r: [x for x in res if tables.failure_reason(x, tables._vocab(spec, r)) is None]  # noqa: E731
+    sys_by = _seed_scores(ok(tables.row_results(spec, row), row), first)
+    ref_by = _seed_scores(ok(tables.row_results(spec, ref), ref), first)
+    common = sorted((s for s in sys_by if s in ref_by), key=str)
+    reg = tables.row_regime(row)
+    if not common:
+        return {"ours": "not run yet", "verdict": f"not tested yet (0/{MIN_SEEDS} seeds)", "seeds": 0}
+    sys_s = [sys_by[s]["scores"][first]["bleu"] for s in common]
+    ref_s = [ref_by[s]["scores"][first]["bleu"] for s in common]
+    delta = statistics.fmean(sys_s) - statistics.fmean(ref_s)
+    ours = (f"{statistics.fmean(sys_s):.2f} vs {statistics.fmean(ref_s):.2f} "
+            f"(Δ {delta:+.2f}, {len(common)} seed{'s' if len(common) > 1 else ''}, {reg})")
+    tests = [tables._significance(ref_by[s], sys_by[s], first) for s in common]
+    if any(t is None for t in tests):
+        return {"ours": ours, "verdict": "hypotheses missing: cannot test", "seeds": len(common)}
+    from .significance import verdict
+
+    words = verdict(ref_s, sys_s, [t["bleu_p"] for t in tests])
+    if reg != "converged" or len(common) < MIN_SEEDS:
+        direction = "better" if delta > 0 else "worse" if delta < 0 else "equal"
+        return {"ours": ours, "seeds": len(common),
+                "verdict": f"not tested yet ({len(common)}/{MIN_SEEDS} seeds, {reg}): so far {direction}; {words}"}
+    beyond = words.startswith("exceeds")
+    if claim["expect"] == "equal":
+        v = "not reproduced: differs beyond seed noise" if beyond else "reproduced: no difference beyond seed noise"
+    elif beyond and (delta > 0) == (claim["expect"] == "better"):
+        v = f"reproduced: {claim['expect']} beyond seed noise"
+    elif beyond:
+        v = f"not reproduced: the opposite direction, beyond seed noise"
+    else:
+        v = f"not reproduced: no difference beyond seed noise (expected {claim['expect']})"
+    return {"ours": ours, "verdict": f"{v} ({words})", "seeds": len(common)}
+
+
+def render_verdicts(plan: Dict, page: Optional[str] = None) -> Optional[str]:
+    """Write the claims' verdicts between the markers of ``results/README.md`` (appended as a
+    section when the page has no markers).  Returns the page path, or None without claims."""
+    claims = plan.get("claims") or []
+    if not claims:
+        return None
+    page = page or os.path.join(ROOT, "results", "README.md")
+    plan_rel = repo_relative(plan["_path"])
+    lines = [BEGIN, "", f"### Converged campaign verdicts (`mt-campaign render --plan {plan_rel}`)", "",
+             f"Rule: a verdict needs the converged budget and ≥ {MIN_SEEDS} seed-matched runs of both rows; "
+             "first test subset, SacreBLEU mean over seeds; \"beyond seed noise\" = |Δ mean| > 2 standard errors "
+             "and every seed-matched paired bootstrap p < 0.05. Evidence of every run: `results/runs/`.", "",
+             "| claim | paper | ours | seeds | verdict |", "|---|---|---|---|---|"]
+    for claim in claims:
+        v = claim_verdict(plan, claim)
+        lines.append(f"| {claim['claim']} | {claim.get('paper', '')} | {v['ours']} | {v['seeds']} | {v['verdict']} |")
+    lines += ["", END]
+    block = "\n".join(lines)
+    text = open(page, encoding="utf-8").read() if os.path.exists(page) else "# Results\n"
+    if BEGIN in text and END in text:
+        head, rest = text.split(BEGIN, 1)
+        text = head + block + rest.split(END, 1)[1]
+    else:
+        text = text.rstrip("\n") + "\n\n" + block + "\n"
+    with atomic_path(page) as tmp, open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+    return page
+
+
+def render(plan: Dict) -> None:
+    """Export every finished run's evidence, re-render every table of the plan and the verdicts."""
+    collect(plan)
+    render_tables(plan)
+    page = render_verdicts(plan)
+    if page:
+        log(f"verdicts written to {repo_relative(page)}")
+
+
+# ---------------------------------------------------------------------------------------------
+# launchers
+
+def _gpu_jobs(plan: Dict) -> int:
+    """How many runs fit at once on the GPU: free memory / ``gpu.mem_per_run_gib`` (default 6),
+    at most one per 2 CPU cores, at least 1."""
+    import torch
+
+    free, _ = torch.cuda.mem_get_info()
+    per_run = float((plan.get("gpu") or {}).get("mem_per_run_gib", 6)) * 2 ** 30
+    return max(1, min(int(free // per_run), (os.cpu_count() or 2) // 2))
+
+
+def _core_slices(jobs: int) -> List[List[int]]:
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    share = max(1, len(cores) // jobs)
+    return [cores[i * share:(i + 1) * share] or cores for i in range(jobs)]
+
+
+class LocalLauncher:
+    """Runs on this machine: up to ``jobs`` experiment processes at once, each in its own process
+    group, niced, pinned to its share of cores; TERM/INT/HUP stop them (they resume later)."""
+
+    def __init__(self, plan: Dict, jobs: int, nice: int, device: str):
+        self.plan, self.jobs, self.nice, self.device = plan, jobs, nice, device
+        self.active: Dict[subprocess.Popen, Run] = {}
+        self.slices = _core_slices(jobs)
+        self.free_slices = list(range(jobs))
+        self.slot: Dict[subprocess.Popen, int] = {}
+
+    def start(self, run: Run) -> None:
+        slot = self.free_slices.pop(0)
+        cores = self.slices[slot]
+        os.makedirs(run.dir, exist_ok=True)
+        meta = {"launcher": "local", "jobs": self.jobs, "device": self.device, "cores": cores,
+                "started": time.strftime("%Y-%m-%d %H:%M:%S"), "plan": repo_relative(self.plan["_path"])}
+        write_json_atomic(os.path.join(run.dir, "campaign.json"), meta)
+        cmd = [sys.executable, "-m", "mt_pipeline.experiment", *tables.experiment_argv(run.spec, run.row, run.seed)]
+        env = dict(os.environ, OMP_NUM_THREADS=str(len(cores)), MKL_NUM_THREADS=str(len(cores)))
+        nice = self.nice
+
+        def pre():
+            if nice:
+                os.nice(nice)
+            if hasattr(os, "sched_setaffinity"):
+                os.sched_setaffinity(0, cores)
+
+        logf = open(os.path.join(run.dir, "campaign.log"), "a")
+        logf.write(f"\n[campaign] {time.strftime('%Y-%m-%d %H:%M:%S')} $ {' '.join(shlex.quote(c) for c in cmd)}\n")
+        logf.flush()
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=logf, stderr=subprocess.STDOUT,
+                                start_new_session=True, preexec_fn=pre)
+        logf.close()
+        self.active[proc] = run
+        self.slot[proc] = slot
+        log(f"started {run.key} (pid {proc.pid}, cores {cores}, nice {nice}) -> {repo_relative(run.dir)}")
+
+    def wait_one(self) -> tuple:
+        while True:
+            for proc in list(self.active):
+                if proc.poll() is not None:
+                    run = self.active.pop(proc)
+                    self.free_slices.append(self.slot.pop(proc))
+                    return run, proc.returncode
+            time.sleep(2)
+
+    def stop_all(self, sig=signal.SIGTERM) -> None:
+        for proc in self.active:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, sig)
+        for proc in self.active:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=60)
+
+
+def _finish(plan: Dict, run: Run, rc: int) -> None:
+    meta = _read_json(os.path.join(run.dir, "campaign.json")) or {}
+    meta.update(finished=time.strftime("%Y-%m-%d %H:%M:%S"), returncode=rc)
+    write_json_atomic(os.path.join(run.dir, "campaign.json"), meta)
+    st = run_state(run)
+    log(f"{run.key}: {st['state']}" + (f" ({st['reason']})" if st["reason"] else "") + f", exit status {rc}")
+    collect(plan, [run])
+    render_tables(plan, run.tables)
+
+
+def _candidates(plan: Dict, retry_failed: bool) -> List[Run]:
+    """The runs to start, in plan order: pending and partial ones (and, with ``retry_failed``,
+    failed ones, whose ``result.json`` is moved aside first)."""
+    todo = []
+    for run in plan["_runs"]:
+        st = run_state(run)["state"]
+        if st == "failed" and retry_failed:
+            tables.retire_failed(run.dir)
+            st = "pending"
+        if st in ("pending", "partial"):
+            todo.append(run)
+    return todo
+
+
+def _fits(run: Run, a, records, device, jobs, deadline) -> bool:
+    """``--minutes``: may the run start now and finish before the deadline?"""
+    if deadline is None:
+        return True
+    est = estimate_minutes(run, records, device, jobs, a.plan_budget, _updates_so_far(run.dir))
+    if est is None and a.per_run_minutes:
+        est = a.per_run_minutes * (1 - _updates_so_far(run.dir) / max(1, run.target_updates or 1))
+    left = (deadline - time.time()) / 60
+    if est is None:
+        log(f"not starting {run.key}: no throughput measured for this budget on {device} with {jobs} job(s) "
+            "(finish one run without --minutes first, or give --per-run-minutes)")
+        return False
+    if est > left:
+        log(f"not starting {run.key}: needs ~{est:.1f} min, {left:.1f} min left of --minutes")
+        return False
+    log(f"{run.key}: ~{est:.1f} min needed, {left:.1f} min left")
+    return True
+
+
+def run_local(plan: Dict, a) -> int:
+    """``mt-campaign run --launcher local``; returns the number of runs started."""
+    import torch
+
+    gpu = torch.cuda.is_available()
+    jobs = (_gpu_jobs(plan) if gpu else 1) if a.jobs == "auto" else int(a.jobs)
+    device = device_name()
+    deadline = time.time() + a.minutes * 60 if a.minutes else None
+    launcher = LocalLauncher(plan, jobs, a.nice, device)
+    records = throughput_records([r.dir for r in plan["_runs"]])
+    queue = _candidates(plan, a.retry_failed)
+    log(f"{len(queue)} run(s) to do of {len(plan['_runs'])}; {jobs} at once on {device}"
+        + (f"; --minutes {a.minutes}" if a.minutes else ""))
+
+    def on_signal(signum, _frame):
+        log(f"signal {signum}: stopping {len(launcher.active)} run(s); they resume on the next `mt-campaign run`")
+        launcher.stop_all()
+        raise SystemExit(128 + signum)
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    started = 0
+    try:
+        while queue or launcher.active:
+            # runs of this plan trained by another process on this machine (another campaign,
+            # mt-table) take their share of the jobs: one run at a time on a CPU means one
+            mine = set(id(r) for r in launcher.active.values())
+            busy = sum(1 for r in plan["_runs"] if id(r) not in mine and run_state(r)["state"] == "running")
+            while (queue and len(launcher.active) + busy < jobs
+                   and (a.max_runs is None or started < a.max_runs)):
+                run = queue.pop(0)
+                now = run_state(run)["state"]
+                if now in ("running", "done", "submitted") or (now == "failed" and not a.retry_failed):
+                    continue  # another campaign took it meanwhile
+                if not _fits(run, a, records, device, jobs, deadline):
+                    continue
+                launcher.start(run)
+                started += 1
+            if not launcher.active:
+                if busy and queue and (a.max_runs is None or started < a.max_runs):
+                    time.sleep(30)  # wait for the other process's run to finish
+                    continue
+                break
+            run, rc = launcher.wait_one()
+            _finish(plan, run, rc)
+            records = throughput_records([r.dir for r in plan["_runs"]])
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    render_verdicts(plan)
+    return started
+
+
+def _slurm_job(argv: List[str]) -> str:
+    """The body of one submitit job: one experiment run (in the job's process)."""
+    from . import experiment
+
+    res = experiment.run_experiment(argv)
+    return res.get("status", "done")
+
+
+def run_slurm(plan: Dict, a) -> int:
+    """``mt-campaign run --launcher slurm``: one submitit job per run; waits for them (unless
+    ``--no-wait``), then collects and renders.  Returns the number of jobs submitted."""
+    try:
+        import submitit
+    except ImportError:
+        raise SystemExit("--launcher slurm needs submitit: pip install -e '.[cluster]'") from None
+    folder = os.path.join(ROOT, "runs", "campaign", "submitit", "%j")
+    ex = submitit.AutoExecutor(folder=folder, cluster=a.cluster)
+    params = {"timeout_min": a.timeout_min, "cpus_per_task": a.cpus_per_task, "name": "mt-campaign"}
+    if a.gpus_per_node:
+        params["gpus_per_node"] = a.gpus_per_node
+    if a.partition:
+        params["slurm_partition"] = a.partition
+    ex.update_parameters(**params)
+    queue = _candidates(plan, a.retry_failed)
+    if a.max_runs is not None:
+        queue = queue[:a.max_runs]
+    jobs = []
+    for run in queue:
+        os.makedirs(run.dir, exist_ok=True)
+        job = ex.submit(_slurm_job, tables.experiment_argv(run.spec, run.row, run.seed))
+        write_json_atomic(os.path.join(run.dir, "campaign.json"),
+                          {"launcher": "slurm", "cluster": ex.cluster, "job_id": str(job.job_id), "jobs": 1,
+                           "submitted": time.strftime("%Y-%m-%d %H:%M:%S"), "plan": repo_relative(plan["_path"])})
+        log(f"submitted {run.key} as job {job.job_id} ({ex.cluster})")
+        jobs.append((run, job))
+    if a.no_wait:
+        return len(jobs)
+    for run, job in jobs:
+        try:
+            job.result()
+            rc = 0
+        except Exception as err:  # the run's result.json says why; the campaign goes on
+            log(f"job {job.job_id} ({run.key}) failed: {type(err).__name__}: {str(err).strip().splitlines()[-1:]}")
+            rc = 1
+        _finish(plan, run, rc)
+    render_verdicts(plan)
+    return len(jobs)
+
+
+# ---------------------------------------------------------------------------------------------
+# status
+
+def status(plan: Dict) -> List[Dict]:
+    """One dict per run: ``key``, ``state``, ``updates``/``target``, ``eta_min`` (running,
+    partial and pending runs, when a throughput is known), ``reason``, ``where``, ``why``."""
+    device = device_name()
+    records = throughput_records([r.dir for r in plan["_runs"]])
+    out = []
+    for run in plan["_runs"]:
+        st = run_state(run)
+        meta = _read_json(os.path.join(run.dir, "campaign.json")) or {}
+        eta = None
+        if st["state"] in ("running", "partial", "pending", "submitted"):
+            eta = estimate_minutes(run, records, device, int(meta.get("jobs", 1)), plan["_budget"], st["updates"])
+            rate = _own_rate(run.dir) if st["state"] == "running" else None
+            if eta is None and rate and run.target_updates:  # no finished run measured yet: its own speed
+                eta = (run.target_updates - st["updates"]) * rate / 60.0
+        out.append({"key": run.key, "state": st["state"], "updates": st["updates"], "target": run.target_updates,
+                    "eta_min": None if eta is None else round(eta, 1), "reason": st["reason"], "where": st["where"],
+                    "why": run.why, "dir": repo_relative(run.dir)})
+    return out
+
+
+def _print_status(rows: List[Dict]) -> None:
+    counts = {}
+    for r in rows:
+        counts[r["state"]] = counts.get(r["state"], 0) + 1
+    print("  ".join(f"{k}: {v}" for k, v in sorted(counts.items())))
+    print(f"{'run':<42} {'state':<10} {'updates':>11} {'ETA':>9}  reason / where")
+    for r in rows:
+        eta = "" if r["eta_min"] is None else f"{r['eta_min']:.0f} min"
+        upd = f"{r['updates']}/{r['target'] or '?'}"
+        print(f"{r['key']:<42} {r['state']:<10} {upd:>11} {eta:>9}  {r['reason'] or r['where'] or ''}")
+
+
+# ---------------------------------------------------------------------------------------------
+# command line
+
+def main(argv=None) -> int:
+    """``mt-campaign``: see the module docstring.  Exit status 0, or 1 when ``rescore`` finds a
+    committed run that does not re-score to its record."""
+    p = argparse.ArgumentParser(prog="mt-campaign", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    runp = sub.add_parser("run", help="train the plan's pending runs (resumes partial ones)")
+    stp = sub.add_parser("status", help="done / running / partial / pending / failed, with ETA")
+    rep = sub.add_parser("render", help="export evidence, re-render the plan's tables and verdicts")
+    for q in (runp, stp, rep):
+        q.add_argument("--plan", default=DEFAULT_PLAN, help=f"campaign plan YAML (default {DEFAULT_PLAN})")
+    stp.add_argument("--json", action="store_true", help="print the status as JSON")
+    runp.add_argument("--launcher", choices=("local", "slurm"), default="local")
+    runp.add_argument("--jobs", default="auto", help="runs at once (local launcher): an integer or 'auto' "
+                                                     "(1 on a CPU; on a GPU from free memory and cores)")
+    runp.add_argument("--minutes", type=float, help="start only runs that can finish within M minutes")
+    runp.add_argument("--per-run-minutes", type=float,
+                      help="estimate for a whole run when no throughput of this budget and device was measured")
+    runp.add_argument("--max-runs", type=int, help="start at most K runs")
+    runp.add_argument("--nice", type=int, default=10, help="niceness of the runs (local launcher; default 10)")
+    runp.add_argument("--retry-failed", action="store_true", help="run failed runs again (their result.json is "
+                                                                   "kept as result.failed-<time>.json)")
+    runp.add_argument("--dry-run", action="store_true", help="print the runs that would start, start nothing")
+    runp.add_argument("--cluster", default=None, help="submitit cluster: slurm (default when sbatch exists) or local")
+    runp.add_argument("--partition", help="SLURM partition")
+    runp.add_argument("--gpus-per-node", type=int, default=0, help="GPUs per job (slurm)")
+    runp.add_argument("--cpus-per-task", type=int, default=8, help="CPU cores per job (slurm)")
+    runp.add_argument("--timeout-min", type=int, default=240, help="job time limit in minutes (slurm)")
+    runp.add_argument("--no-wait", action="store_true", help="submit and return (slurm); `render` collects later")
+    sub.add_parser("rescore", help="re-score every committed run from its hypotheses; exit 1 on a mismatch")
+    kit = sub.add_parser("gpu-kit", help="write the folder an offline GPU machine needs (docs/gpu.md)")
+    kit.add_argument("--out", default=".device", help="git-ignored folder to write (default .device)")
+    kit.add_argument("--plan", default=DEFAULT_PLAN)
+    a = p.parse_args(argv)
+
+    if a.cmd == "rescore":
+        return _rescore_all()
+    if a.cmd == "gpu-kit":
+        from .gpu_kit import write_kit
+
+        write_kit(a.out, load_plan(a.plan))
+        return 0
+    if a.cmd == "run":
+        if a.jobs != "auto" and (not a.jobs.isdigit() or int(a.jobs) < 1):
+            p.error(f"--jobs must be a positive integer or 'auto', got {a.jobs!r}")
+        for name in ("minutes", "per_run_minutes"):
+            v = getattr(a, name)
+            if v is not None and not (math.isfinite(v) and v > 0):
+                p.error(f"--{name.replace('_', '-')} must be a positive number of minutes, got {v}")
+        if a.max_runs is not None and a.max_runs < 1:
+            p.error(f"--max-runs must be at least 1, got {a.max_runs}")
+    plan = load_plan(a.plan)
+    if a.cmd == "status":
+        rows = status(plan)
+        if a.json:
+            print(json.dumps(rows, indent=1))
+        else:
+            _print_status(rows)
+        return 0
+    if a.cmd == "render":
+        render(plan)
+        return 0
+    a.plan_budget = plan["_budget"]
+    if a.dry_run:
+        for run in _candidates(plan, False):
+            print(f"{run.key}: python -m mt_pipeline.experiment "
+                  + " ".join(shlex.quote(repo_relative(x)) for x in tables.experiment_argv(run.spec, run.row, run.seed)))
+        return 0
+    collect(plan)  # runs that finished while no campaign watched them
+    n = run_slurm(plan, a) if a.launcher == "slurm" else run_local(plan, a)
+    log(f"started {n} run(s)")
+    return 0
+
+
+def _rescore_all() -> int:
+    paths = evidence.committed_results()
+    bad = 0
+    for path in paths:
+        try:
+            rows = evidence.rescore(path)
+            print(f"ok   {repo_relative(path)}: " + ", ".join(f"{r['subset']} BLEU {r['bleu']:.2f}" for r in rows))
+        except evidence.RescoreError as err:
+            bad += 1
+            print(f"FAIL {err}")
+    print(f"{len(paths) - bad} of {len(paths)} committed runs re-score to their recorded BLEU and chrF")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

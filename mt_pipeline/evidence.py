@@ -1,0 +1,178 @@
+"""Committed evidence of finished runs: what lets anyone re-score, bootstrap and check a number.
+
+A run directory (``runs/...``: checkpoints, logs) is git-ignored and does not outlive the machine
+it was trained on.  When a run has finished, :func:`export` copies what a reader needs into
+``results/runs/<regime>/<table runs dir>/<row dir>/`` (:func:`evidence_dir`; small, no checkpoints):
+
+* ``result.json`` -- the run's record (config, commit, data, hardware, wall time, scores), with
+  each subset's ``hyp`` pointing at the committed hypotheses and ``ref`` at the reference file of
+  the prepared data (repo-relative; the data itself is never committed: ``mt-prep`` re-creates it,
+  and ``ref_sha256`` pins its content);
+* ``<subset>.hyp.detok.gz`` -- the detokenized hypotheses that were scored (gzip, mtime 0, so the
+  same text gives the same bytes);
+* ``train.log.gz`` -- fairseq's full JSON training log (loss and validation curves, resumes);
+* ``config.json``, ``campaign.json`` (launcher, concurrency) and ``analysis_*.json`` when the run has them;
+* ``MANIFEST.json`` -- the files this module wrote with their SHA-256; a later export overwrites
+  only those, never anything else a user put in the directory.
+
+:func:`locate` finds a run's ``result.json`` in its run directory or, failing that, in its
+evidence directory, so tables re-render from committed evidence in a fresh checkout.
+:func:`rescore` re-scores every committed run from its hypotheses and compares with the recorded
+BLEU and chrF (``mt-campaign rescore``; a test runs it on every committed run).
+
+The evidence root is ``results/runs`` of this checkout, or ``$MT_EVIDENCE_ROOT`` when set (the
+tests point it at a temporary folder so they never write into ``results/``).
+"""
+
+import gzip
+import json
+import os
+import shutil
+from typing import Dict, List, Optional
+
+from .atomic import atomic_path, write_json_atomic
+from .provenance import ROOT, file_sha256, repo_relative
+
+__all__ = ["evidence_root", "evidence_dir", "export", "locate", "resolve", "rescore", "RescoreError"]
+
+MANIFEST = "MANIFEST.json"
+
+
+class RescoreError(RuntimeError):
+    """A committed run does not re-score to its recorded numbers (the message lists which)."""
+
+
+def evidence_root() -> str:
+    """``$MT_EVIDENCE_ROOT`` or ``<repo>/results/runs``."""
+    return os.environ.get("MT_EVIDENCE_ROOT") or os.path.join(ROOT, "results", "runs")
+
+
+def evidence_dir(run_dir: str, regime: str) -> str:
+    """Where a run's evidence goes: its path below ``runs/`` (else its last three components),
+    led by the regime, under the evidence root -- e.g. ``results/runs/converged/rela_table1/row7-seed2``
+    for ``runs/converged/rela_table1/row7-seed2`` and ``results/runs/smoke/rela_table1/row1`` for the
+    smoke run ``runs/rela_table1/row1``."""
+    run_dir = os.path.abspath(run_dir)
+    runs = os.path.join(ROOT, "runs")
+    if os.path.commonpath([run_dir, runs]) == runs:
+        parts = os.path.relpath(run_dir, runs).split(os.sep)
+    else:
+        parts = run_dir.split(os.sep)[-3:]
+    if parts[0] != regime:
+        parts = [regime] + parts
+    return os.path.join(evidence_root(), *parts)
+
+
+def resolve(path: str) -> str:
+    """A path recorded in a result: repo-relative ones are taken from the repository root."""
+    return path if os.path.isabs(path) else os.path.join(ROOT, path)
+
+
+def _gzip_to(src: str, dst: str) -> None:
+    with open(src, "rb") as fin, atomic_path(dst) as tmp:
+        with open(tmp, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as gz:
+            shutil.copyfileobj(fin, gz)
+
+
+def _copy_to(src: str, dst: str) -> None:
+    with atomic_path(dst) as tmp:
+        shutil.copyfile(src, tmp)
+
+
+def export(run_dir: str, regime: str) -> Optional[str]:
+    """Copy the evidence of a finished run (``result.json`` with ``status: done``) into its
+    evidence directory; returns that directory, or None when the run has not finished (a failed
+    run is exported too: its record and log say why it failed).
+
+    Raises:
+        FileNotFoundError: a file the result names (hypotheses, log) is missing.
+    """
+    res_path = os.path.join(run_dir, "result.json")
+    if not os.path.exists(res_path):
+        return None
+    with open(res_path) as f:
+        res = json.load(f)
+    out = evidence_dir(run_dir, regime)
+    os.makedirs(out, exist_ok=True)
+    written: Dict[str, str] = {}
+
+    def put(name, src, gz=False):
+        dst = os.path.join(out, name)
+        (_gzip_to if gz else _copy_to)(src, dst)
+        written[name] = file_sha256(dst)
+
+    for subset, score in (res.get("scores") or {}).items():
+        hyp = resolve(score["hyp"])
+        put(f"{subset}.hyp.detok.gz", hyp, gz=True)
+        ref = resolve(score["ref"])
+        score["hyp"] = repo_relative(os.path.join(out, f"{subset}.hyp.detok.gz"))
+        score["ref"] = repo_relative(ref)
+        if os.path.exists(ref):
+            score["ref_sha256"] = file_sha256(ref)
+        for key in ("tok_hyp", "tok_ref"):  # not committed: tokenized BLEU is not re-scored from evidence
+            score.pop(key, None)
+    if os.path.exists(os.path.join(run_dir, "train.log")):
+        put("train.log.gz", os.path.join(run_dir, "train.log"), gz=True)
+    for name in sorted(os.listdir(run_dir)):
+        if name in ("config.json", "campaign.json") or (name.startswith("analysis_") and name.endswith(".json")):
+            put(name, os.path.join(run_dir, name))
+    res["evidence"] = {"run_dir": repo_relative(run_dir), "regime": regime}
+    write_json_atomic(os.path.join(out, "result.json"), res)
+    written["result.json"] = file_sha256(os.path.join(out, "result.json"))
+    write_json_atomic(os.path.join(out, MANIFEST), {"written_by": "mt_pipeline.evidence.export", "files": written})
+    return out
+
+
+def locate(run_dir: str, regime: str) -> Optional[str]:
+    """The directory holding the run's ``result.json``: the run directory itself, else its
+    evidence directory, else None."""
+    for d in (run_dir, evidence_dir(run_dir, regime)):
+        if os.path.exists(os.path.join(d, "result.json")):
+            return d
+    return None
+
+
+def committed_results(root: Optional[str] = None) -> List[str]:
+    """Paths of every ``result.json`` under the evidence root, sorted."""
+    root = root or evidence_root()
+    out = []
+    for dirpath, _, files in os.walk(root):
+        if "result.json" in files and MANIFEST in files:
+            out.append(os.path.join(dirpath, "result.json"))
+    return sorted(out)
+
+
+def rescore(result_path: str, tolerance: float = 0.005) -> List[Dict]:
+    """Re-score one committed run from its hypotheses and compare with its record.
+
+    Returns:
+        one ``{"subset", "bleu", "recorded_bleu", "chrf", "recorded_chrf"}`` per scored subset.
+
+    Raises:
+        RescoreError: a reference is missing (run ``mt-prep`` for the run's corpus first), its
+            content differs from the one scored (``ref_sha256``), or a score differs from the
+            record by more than ``tolerance``.
+    """
+    from .scoring import score_files
+
+    with open(result_path) as f:
+        res = json.load(f)
+    rows, problems = [], []
+    for subset, score in (res.get("scores") or {}).items():
+        hyp, ref = resolve(score["hyp"]), resolve(score["ref"])
+        if not os.path.exists(ref):
+            raise RescoreError(f"{result_path}: reference {score['ref']} is missing; prepare the data first "
+                               f"(mt-prep {res.get('data', {}).get('corpus', '<corpus>')})")
+        if score.get("ref_sha256") and file_sha256(ref) != score["ref_sha256"]:
+            problems.append(f"{subset}: reference {score['ref']} differs from the one scored (sha256)")
+            continue
+        new = score_files(hyp, ref)
+        rows.append({"subset": subset, "bleu": new["bleu"], "recorded_bleu": score["bleu"],
+                     "chrf": new.get("chrf"), "recorded_chrf": score.get("chrf")})
+        if abs(new["bleu"] - score["bleu"]) > tolerance:
+            problems.append(f"{subset}: BLEU {new['bleu']:.2f} re-scored, {score['bleu']:.2f} recorded")
+        if score.get("chrf") is not None and abs(new["chrf"] - score["chrf"]) > tolerance:
+            problems.append(f"{subset}: chrF {new['chrf']:.2f} re-scored, {score['chrf']:.2f} recorded")
+    if problems:
+        raise RescoreError(f"{result_path}: " + "; ".join(problems))
+    return rows

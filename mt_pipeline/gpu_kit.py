@@ -1,0 +1,101 @@
+"""The GPU kit: what an offline GPU machine needs to run the campaign (``mt-campaign gpu-kit``).
+
+The lent GPU machines (Python 3.12, torch + CUDA and triton preinstalled, no network) lack a few
+of this project's dependencies.  :func:`write_kit` writes a git-ignored folder (default
+``.device/``) holding
+
+* ``whl/`` -- cp312 / pure-Python wheels of the dependencies that image lacks (:data:`PACKAGES`;
+  sdist-only pure-Python ones are built into wheels here) and fairseq-fixed's sdist (built in
+  place there: its Cython extensions need the machine's compiler);
+* ``data/<corpus>/`` -- the raw corpus files of the plan's corpus (from ``../shared/data``), so
+  ``mt-prep`` prepares the same data there (same BPE, same binarisation);
+* ``KIT.json`` -- what is in it and the command that wrote it.
+
+``scripts/device_setup.sh .device`` installs it there; docs/gpu.md has the commands that set up,
+start the campaign with ``setsid``, poll it and bring back finished runs.  The folder stays under
+the device tool's 64 MiB limit (checked here: :class:`SystemExit` if not).
+"""
+
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+from typing import Dict, List
+
+from .provenance import ROOT, collect
+
+__all__ = ["PACKAGES", "SDIST_ONLY", "write_kit"]
+
+#: dependencies missing from the GPU image (its package list: /work/.library/device/KINDS.md),
+#: at the versions installed here (the ones the tests ran with)
+PACKAGES = ["entmax", "subword-nmt", "mock", "sacremoses", "hydra-core", "omegaconf", "bitarray", "nltk",
+            "defusedxml", "submitit", "cffi", "pycparser"]
+#: pure-Python packages published only as sdists: built into wheels here
+SDIST_ONLY = ["antlr4-python3-runtime"]
+FAIRSEQ = "fairseq-fixed==0.12.3.1"
+PLATFORM = ["--python-version", "3.12", "--implementation", "cp", "--only-binary=:all:"] + [
+    x for p in ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64") for x in ("--platform", p)]
+LIMIT_MIB = 60
+
+
+def _pinned(names: List[str]) -> List[str]:
+    """``name==<version installed here>`` for each package name."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = []
+    for name in names:
+        try:
+            out.append(f"{name}=={version(name)}")
+        except PackageNotFoundError:
+            raise SystemExit(f"{name} is not installed here; install the project first (scripts/setup_env.sh)") from None
+    return out
+
+
+def _pip(args: List[str]) -> None:
+    subprocess.run([sys.executable, "-m", "pip", *args], check=True)
+
+
+def _size_mib(path: str) -> float:
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs) / 2 ** 20
+
+
+def write_kit(out: str, plan: Dict) -> str:
+    """Write the kit for ``plan`` (its budget's corpus) into ``out``; returns ``out``.
+
+    Raises:
+        SystemExit: ``out`` exists and was not written by this function (no ``KIT.json``), is not
+            git-ignored, the corpus's raw files are not here, pip fails, or the kit exceeds 60 MiB.
+    """
+    out = out if os.path.isabs(out) else os.path.join(ROOT, out)
+    if os.path.exists(out) and not os.path.exists(os.path.join(out, "KIT.json")) and os.listdir(out):
+        raise SystemExit(f"{out} exists and is not a GPU kit (no KIT.json): refusing to write into it")
+    ignored = subprocess.run(["git", "check-ignore", "-q", out], cwd=ROOT).returncode == 0
+    if not ignored:
+        raise SystemExit(f"{out} is not git-ignored: add it to .gitignore first (the kit must never be committed)")
+    from .budget import load_budget
+
+    corpus = load_budget(plan["_budget"])["data"]["corpus"]
+    src = os.path.join(os.path.dirname(ROOT), "shared", "data", {"multi30k": "multi30k_en_de"}.get(corpus, corpus))
+    if not os.path.isdir(src):
+        raise SystemExit(f"raw files of corpus {corpus!r} not found at {src}")
+    for sub in ("whl", "data"):
+        if os.path.isdir(os.path.join(out, sub)):
+            shutil.rmtree(os.path.join(out, sub))  # written by an earlier write_kit (KIT.json checked above)
+    whl = os.path.join(out, "whl")
+    os.makedirs(whl)
+    _pip(["download", "-q", "--no-deps", *PLATFORM, "-d", whl, *_pinned(PACKAGES)])
+    _pip(["wheel", "-q", "--no-deps", "-w", whl, *_pinned(SDIST_ONLY)])
+    _pip(["download", "-q", "--no-deps", "--no-binary", ":all:", "-d", whl, FAIRSEQ])
+    shutil.copytree(src, os.path.join(out, "data", os.path.basename(src)))
+    size = _size_mib(out)
+    if size > LIMIT_MIB:
+        raise SystemExit(f"the kit is {size:.1f} MiB, over the {LIMIT_MIB} MiB that may travel to the GPU machine")
+    record = collect("mt-campaign gpu-kit --out " + os.path.relpath(out, ROOT), corpus=corpus,
+                     files=sorted(os.path.relpath(p, out) for p in glob.glob(os.path.join(out, "*", "*"))),
+                     size_mib=round(size, 1))
+    with open(os.path.join(out, "KIT.json"), "w") as f:
+        json.dump(record, f, indent=1)
+    print(f"[gpu-kit] wrote {out} ({size:.1f} MiB): {len(os.listdir(whl))} packages, data of {corpus}")
+    return out

@@ -1,0 +1,286 @@
+"""mt-campaign (issue 26): plans of table rows × seeds run by a local launcher (CPU, niced, killed and
+resumed) and by submitit's local executor, evidence exported and re-scored, failing rows rendered with
+their reason, ``--minutes`` refusing runs that cannot finish, and the verdict rule of the results page.
+
+Real data: the 3,000-pair Multi30k slice and the tiny budget of tests/test_pipeline_faults.py (a
+1+1-layer d-16 model, 8 updates, greedy search with short outputs).  Evidence goes to a temporary
+``$MT_EVIDENCE_ROOT``, never into the repository's ``results/``.
+"""
+
+import gzip
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+import train_helpers as th
+from test_end_to_end import RAW, prepared  # noqa: F401  (module fixture: the prepared Multi30k slice)
+from test_pipeline_faults import MODEL, budget  # noqa: F401  (module fixture: the tiny budget)
+
+from mt_pipeline import campaign, evidence
+from mt_pipeline import tables as run_table
+
+needs_data = pytest.mark.skipif(not os.path.isdir(RAW), reason=f"real data not found at {RAW}")
+
+
+def _spec(tmp_path, budget, rows, name="tiny"):  # noqa: F811
+    spec = {"title": name, "out": str(tmp_path / f"{name}.md"), "runs": str(tmp_path / "runs" / name),
+            "budget": budget, "src": "en", "tgt": "de", "subsets": {"test": "test2016"}, "paper_label": "paper",
+            "rows": rows}
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(spec, allow_unicode=True))
+    return str(path)
+
+
+ROW_SOFTMAX = {"id": 1, "name": "softmax", "arch": "rela_transformer_small", "fns": ["softmax"] * 3, "extra": MODEL}
+ROW_RELA = {"id": 3, "name": "ReLA-g", "arch": "rela_transformer_small", "fns": ["rela_g", "rela_g", "softmax"],
+            "extra": MODEL}
+# fails in training, not at start-up: no Multi30k sentence fits into 5 tokens
+ROW_FAILS = {"id": 2, "name": "fails", "arch": "rela_transformer_small", "fns": ["softmax"] * 3,
+             "extra": MODEL + " --max-tokens 5"}
+
+
+def _plan(tmp_path, budget, table, rows, seeds=(1,), name="plan.yaml", claims=None):  # noqa: F811
+    plan = {"title": "tiny plan", "budget": budget, "runs": [{"table": table, "rows": list(rows), "seeds": list(seeds)}]}
+    if claims:
+        plan["claims"] = claims
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(plan))
+    return str(path)
+
+
+def _env(tmp_path):
+    env = th.env()
+    env["MT_EVIDENCE_ROOT"] = str(tmp_path / "evidence")
+    return env
+
+
+def _campaign(args, tmp_path, check=True, timeout=900):
+    res = subprocess.run([sys.executable, "-m", "mt_pipeline.campaign", *args], cwd=th.ROOT, env=_env(tmp_path),
+                         capture_output=True, text=True, timeout=timeout)
+    out = res.stdout + res.stderr
+    if check:
+        assert res.returncode == 0, out[-4000:]
+    return res.returncode, out
+
+
+def _status(plan, tmp_path):
+    return {r["key"]: r for r in json.loads(_campaign(["status", "--plan", plan, "--json"], tmp_path)[1])}
+
+
+@needs_data
+def test_local_launcher_runs_a_plan_killed_resumed_failing_row_and_minutes(budget, tmp_path, monkeypatch):  # noqa: F811
+    table = _spec(tmp_path, budget, [ROW_SOFTMAX, ROW_FAILS])
+    plan = _plan(tmp_path, budget, table, [1, 2])
+    row1 = tmp_path / "runs" / "tiny" / "smoke" / "row1"   # an absolute runs/<table>/rowN: .../<regime>/rowN
+    st = _status(plan, tmp_path)
+    assert [r["state"] for r in st.values()] == ["pending", "pending"]
+
+    # 1. start in the background, kill (TERM) once row 1 has a checkpoint: the run stops with it
+    proc = subprocess.Popen([sys.executable, "-m", "mt_pipeline.campaign", "run", "--plan", plan, "--nice", "5"],
+                            cwd=th.ROOT, env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    ckpt = row1 / "checkpoints" / "checkpoint_last.pt"
+    deadline = time.time() + 600
+    while proc.poll() is None and not ckpt.exists() and time.time() < deadline:
+        time.sleep(0.2)
+    assert proc.poll() is None, "the campaign finished before it could be killed:\n" + proc.communicate()[0][-3000:]
+    os.kill(proc.pid, signal.SIGTERM)
+    out = proc.communicate(timeout=120)[0]
+    assert "signal 15: stopping 1 run(s)" in out, out[-3000:]
+    assert not (row1 / "result.json").exists()
+    time.sleep(1)
+    st = _status(plan, tmp_path)
+    assert st["tiny row1 seed1"]["state"] == "partial" and st["tiny row2 seed1"]["state"] == "pending"
+    assert subprocess.run(["pgrep", "-f", str(row1)], capture_output=True).returncode == 1  # nothing left running
+
+    # 2. the re-run resumes row 1 from its checkpoint and runs row 2, which fails in training
+    _, out = _campaign(["run", "--plan", plan], tmp_path)
+    res1 = json.loads((row1 / "result.json").read_text())
+    assert res1["status"] == "done" and res1["updates"] == 8
+    train_log = (row1 / "train.log").read_text()
+    assert "Loaded checkpoint" in train_log and "@ 0 updates" not in train_log.split("Loaded checkpoint")[-1][:200]
+    st = _status(plan, tmp_path)
+    assert st["tiny row1 seed1"]["state"] == "done"
+    failed = st["tiny row2 seed1"]
+    assert failed["state"] == "failed" and failed["reason"].startswith("training stopped with an error")
+    md = (tmp_path / "tiny_smoke.md").read_text()
+    row_lines = [l for l in md.splitlines() if l.startswith("| 2 | fails")]
+    assert row_lines and "failed: training stopped with an error" in row_lines[0], md
+    assert "| 1 | softmax" in md and "| done |" in md
+
+    # 3. evidence: result.json with committed hypotheses that re-score to the recorded BLEU
+    ev = tmp_path / "evidence" / "smoke" / "tiny" / "smoke" / "row1"  # <regime>/<last three components>
+    manifest = json.loads((ev / "MANIFEST.json").read_text())
+    assert {"result.json", "test.hyp.detok.gz", "train.log.gz", "config.json"} <= set(manifest["files"])
+    hyp = gzip.open(ev / "test.hyp.detok.gz", "rt", encoding="utf-8").read().splitlines()
+    assert len(hyp) == 1000  # test_2016_flickr
+    monkeypatch.setenv("MT_EVIDENCE_ROOT", str(tmp_path / "evidence"))
+    rescored = evidence.rescore(str(ev / "result.json"))
+    assert rescored[0]["bleu"] == pytest.approx(res1["scores"]["test"]["bleu"], abs=0.005)
+    # the table renders from the evidence alone once the run directory is gone (a fresh checkout)
+    os.rename(row1, tmp_path / "moved_row1")
+    st = _status(plan, tmp_path)
+    assert st["tiny row1 seed1"]["state"] == "done" and "evidence" in st["tiny row1 seed1"]["where"]
+    _campaign(["render", "--plan", plan], tmp_path)
+    md = (tmp_path / "tiny_smoke.md").read_text()
+    assert "committed evidence" in md and f"{res1['scores']['test']['bleu']:.2f}" in md
+    os.rename(tmp_path / "moved_row1", row1)
+
+    # 4. --minutes: a new seed of row 1 needs ~a run's time (measured above); 0.01 min is refused
+    plan2 = _plan(tmp_path, budget, table, [1], seeds=[2], name="plan2.yaml")
+    _, out = _campaign(["run", "--plan", plan2, "--minutes", "0.01"], tmp_path)
+    assert "not starting tiny row1 seed2: needs ~" in out and "started 0 run(s)" in out
+    assert not (tmp_path / "runs" / "tiny" / "smoke" / "row1-seed2" / "checkpoints").exists()
+    # a failed run is not retried unless asked; --retry-failed keeps the failed record aside
+    _, out = _campaign(["run", "--plan", plan, "--dry-run"], tmp_path)
+    assert "row2" not in out
+    _campaign(["run", "--plan", plan, "--retry-failed"], tmp_path)
+    row2 = tmp_path / "runs" / "tiny" / "smoke" / "row2"
+    assert [n for n in os.listdir(row2) if n.startswith("result.failed-")] and (row2 / "result.json").exists()
+
+
+@needs_data
+def test_submitit_launcher_runs_a_two_row_plan_with_the_local_executor(budget, tmp_path):  # noqa: F811
+    pytest.importorskip("submitit")
+    table = _spec(tmp_path, budget, [ROW_SOFTMAX, ROW_RELA], name="sub")
+    plan = _plan(tmp_path, budget, table, [1, 3])
+    _, out = _campaign(["run", "--plan", plan, "--launcher", "slurm", "--cluster", "local", "--timeout-min", "20"],
+                       tmp_path)
+    assert out.count("submitted sub row") == 2, out[-3000:]
+    st = _status(plan, tmp_path)
+    assert [r["state"] for r in st.values()] == ["done", "done"], st
+    for rid in (1, 3):
+        d = tmp_path / "runs" / "sub" / "smoke" / f"row{rid}"
+        meta = json.loads((d / "campaign.json").read_text())
+        assert meta["launcher"] == "slurm" and meta["cluster"] == "local" and meta["returncode"] == 0
+        assert (tmp_path / "evidence" / "smoke" / "sub" / "smoke" / f"row{rid}" / "test.hyp.detok.gz").exists()
+    assert "| 3 | ReLA-g" in (tmp_path / "sub_smoke.md").read_text()
+
+
+def test_a_bad_plan_is_refused_before_anything_runs(tmp_path):
+    good = {"budget": "configs/multi30k/converged.yaml",
+            "runs": [{"table": "configs/rela/table1.yaml", "rows": [1, 7], "seeds": [1]}]}
+
+    def refused(plan, *words):
+        path = tmp_path / "p.yaml"
+        path.write_text(yaml.safe_dump(plan, allow_unicode=True))
+        with pytest.raises(SystemExit) as err:
+            campaign.load_plan(str(path))
+        for w in words:
+            assert w in str(err.value), str(err.value)
+
+    refused(dict(good, budgte="x"), "unknown keys", "did you mean 'budget'")
+    refused({**good, "runs": [{"table": "configs/rela/table1.yaml", "rows": [99]}]}, "[99]", "valid: [1, 2")
+    refused({**good, "runs": [{"table": "configs/rela/table1.yaml", "rows": [1], "seeds": [0]}]}, "positive integers")
+    refused({**good, "runs": [{"table": "configs/rela/nope.yaml", "rows": [1]}]}, "table spec not found")
+    refused({**good, "claims": [{"id": "x", "claim": "c", "table": "configs/rela/table1.yaml", "row": 7, "vs": 1,
+                                 "expect": "same"}]}, "'same' is not one of ['equal', 'better', 'worse']")
+    refused({**good, "claims": [{"id": "x", "claim": "c", "table": "configs/eatt/table4_multi30k.yaml", "row": 2,
+                                 "vs": 1, "expect": "equal"}]}, "is not run by the plan")
+    # the real plan loads, expands seed-major and trains a run shared by two tables once
+    plan = campaign.load_plan(campaign.DEFAULT_PLAN)
+    keys = [r.key for r in plan["_runs"]]
+    assert keys[:4] == ["rela_table1 row1 seed1", "rela_table1 row7 seed1", "rela_table1 row1 seed2",
+                        "rela_table1 row7 seed2"]
+    assert len(set(r.dir for r in plan["_runs"])) == len(keys)
+    shared = next(r for r in plan["_runs"] if r.key == "rela_table1 row1 seed1")
+    assert "configs/eatt/table4_multi30k.yaml" in shared.tables
+    assert all(r.regime == "converged" for r in plan["_runs"])
+
+
+def _fake_run(d, bleu_hyp, ref_path, seed, tmp_path):
+    """A finished run directory whose hypotheses are ``bleu_hyp`` (lines) scored against ``ref_path``."""
+    from mt_pipeline.scoring import score_files
+
+    os.makedirs(d / "eval", exist_ok=True)
+    hyp = d / "eval" / "test.hyp.detok"
+    hyp.write_text("\n".join(bleu_hyp) + "\n")
+    score = score_files(str(hyp), str(ref_path))
+    res = {"name": d.name, "status": "done", "seed": seed, "updates": 10, "scores": {"test": score},
+           "valid_loss": [[10, 3.0]], "wall_s": {"train_fairseq_cumulative": 20.0, "evaluate": 4.0},
+           "git_commit": "x", "hardware": {"accelerator": "cpu only", "cpu": "c", "cores": 2}, "time": "t",
+           "attention_fns": None, "commands": {"train": "t"}, "config": {"budget_file": "b"}, "loss_curve": [[10, 3.0]]}
+    (d / "result.json").write_text(json.dumps(res))
+    return score["bleu"]
+
+
+def test_claim_verdicts_follow_the_rule_of_the_results_page(tmp_path):
+    """A claim is "reproduced"/"not reproduced" only with the converged budget and 3 seeds; with
+    fewer it is "not tested yet" with the direction so far."""
+    import random
+
+    rng = random.Random(0)
+    words = "a man in a blue shirt is riding a red bike down the street while two dogs watch".split()
+    refs = [" ".join(rng.sample(words, 8)) for _ in range(300)]
+    ref = tmp_path / "ref.txt"
+    ref.write_text("\n".join(refs) + "\n")
+    budget_path = tmp_path / "conv.yaml"
+    budget_path.write_text(yaml.safe_dump({"base": "configs/multi30k/converged.yaml", "data": {"subsets": ["test"]}}))
+    spec = {"title": "t", "out": str(tmp_path / "t.md"), "runs": str(tmp_path / "runs" / "t"), "budget": str(budget_path),
+            "src": "en", "tgt": "de", "subsets": {"test": "test2016"}, "paper_label": "paper",
+            "rows": [{"id": 1, "name": "base", "arch": "a"}, {"id": 2, "name": "same", "arch": "a"},
+                     {"id": 3, "name": "worse", "arch": "a"}]}
+    (tmp_path / "t.yaml").write_text(yaml.safe_dump(spec))
+
+    def degrade(lines, frac, r):
+        return [" ".join(w if r.random() > frac else "x" for w in l.split()) for l in lines]
+
+    claims = [{"id": "eq", "claim": "row 2 matches row 1", "table": str(tmp_path / "t.yaml"), "row": 2, "vs": 1,
+               "expect": "equal"},
+              {"id": "worse", "claim": "row 3 is worse", "table": str(tmp_path / "t.yaml"), "row": 3, "vs": 1,
+               "expect": "worse"},
+              {"id": "better", "claim": "row 3 is better", "table": str(tmp_path / "t.yaml"), "row": 3, "vs": 1,
+               "expect": "better"}]
+    plan_path = tmp_path / "plan.yaml"
+    plan_path.write_text(yaml.safe_dump({"budget": str(budget_path), "claims": claims,
+                                         "runs": [{"table": str(tmp_path / "t.yaml"), "rows": [1, 2, 3],
+                                                   "seeds": [1, 2, 3]}]}))
+    plan = campaign.load_plan(str(plan_path))
+    assert campaign.claim_verdict(plan, claims[0])["verdict"] == "not tested yet (0/3 seeds)"
+    by_key = {r.key: r for r in plan["_runs"]}
+    for seed in (1, 2, 3):
+        r = random.Random(seed)
+        for rid, frac in ((1, 0.10), (2, 0.10), (3, 0.45)):
+            run = by_key[f"t row{rid} seed{seed}"]
+            os.makedirs(run.dir, exist_ok=True)
+            hyp = degrade(refs, frac + r.uniform(-0.01, 0.01), r)
+            _fake_run(__import__("pathlib").Path(run.dir), hyp, ref, seed, tmp_path)
+        if seed == 1:
+            v = campaign.claim_verdict(plan, claims[1])
+            assert v["verdict"].startswith("not tested yet (1/3 seeds, converged): so far worse"), v
+    v_eq, v_worse, v_better = (campaign.claim_verdict(plan, c) for c in claims)
+    assert v_eq["verdict"].startswith("reproduced: no difference beyond seed noise"), v_eq
+    assert v_worse["verdict"].startswith("reproduced: worse beyond seed noise"), v_worse
+    assert v_better["verdict"].startswith("not reproduced: the opposite direction"), v_better
+    assert v_worse["seeds"] == 3
+    # the verdicts land between the page's markers, and a second render replaces them
+    page = tmp_path / "README.md"
+    page.write_text(f"# Results\n\nintro\n\n{campaign.BEGIN}\nold\n{campaign.END}\n\nafter\n")
+    campaign.render_verdicts(plan, str(page))
+    campaign.render_verdicts(plan, str(page))
+    text = page.read_text()
+    assert text.count(campaign.BEGIN) == 1 and "old" not in text and text.endswith("after\n")
+    assert "| row 3 is worse |" in text and "reproduced: worse beyond seed noise" in text
+
+
+@pytest.mark.parametrize("path", evidence.committed_results() or [pytest.param(None, marks=pytest.mark.skip(
+    reason="no committed run evidence in results/runs yet"))])
+def test_every_committed_run_rescores_from_its_hypotheses(path, tmp_path):
+    """Every ``results/runs/**/result.json`` re-scores from its committed hypotheses to its
+    recorded BLEU and chrF (the references come from mt-prep of the run's corpus)."""
+    res = json.loads(open(path).read())
+    refs = [evidence.resolve(s["ref"]) for s in res["scores"].values()]
+    if not all(os.path.exists(r) for r in refs):
+        if not os.path.isdir(RAW):
+            pytest.skip(f"real data not found at {RAW}")
+        from mt_pipeline.budget import prep_cmd
+
+        subprocess.run(prep_cmd(res["config"]["budget"]), cwd=th.ROOT, env=th.env(), check=True, capture_output=True)
+    rows = evidence.rescore(path)
+    assert rows and all(r["bleu"] == pytest.approx(r["recorded_bleu"], abs=0.005) for r in rows)
