@@ -42,10 +42,12 @@ import yaml
 from . import experiment
 from . import tables as run_table
 from .atomic import atomic_path
-from .budget import regime
+from .budget import REGIMES, regime
 from .provenance import ROOT, git_commit
 
-# paper -> table -> {"small": [spec...], "paper": [spec...]} (a missing scale = not configured),
+# paper -> table -> {"small": [spec...], "paper": [spec...]} (a missing scale = not configured;
+# "converged": [spec...] names converged specs explicitly, otherwise the Multi30k small specs run
+# under the converged budget),
 # optionally with "after": {scale: [command...], "note": ...} -- post-training steps (analyses,
 # sweeps, benchmarks on the trained runs) run after the specs and printed by --dry-run; or
 # {"benchmark": {...}} (a speed table); or {"pending": reason}.
@@ -66,9 +68,14 @@ TABLES = {
     "reluformer": {
         "table1": {"small": ["configs/reluformer/table1_ffn_memory.yaml"],
                    "paper": ["configs/reluformer/iwslt14_de_en/table1.yaml"]},
+        # T4/T5: the smoke specs keep the lambda = 1.0 they were run with (the committed smoke tables
+        # stay reproducible); the converged specs train with the default lambda = 0.01 (the
+        # --budget override alone would keep lambda = 1.0, which the lambda study rules out).
         "table4": {"small": ["configs/reluformer/table4_multi30k.yaml"],
+                   "converged": ["configs/reluformer/table4_multi30k_converged.yaml"],
                    "paper": ["configs/reluformer/iwslt14_de_en/table4.yaml", "configs/reluformer/wmt14_en_de/table4.yaml"]},
         "table5": {"small": ["configs/reluformer/table5_ablation.yaml"],
+                   "converged": ["configs/reluformer/table5_ablation_converged.yaml"],
                    "paper": ["configs/reluformer/iwslt14_de_en/table5.yaml"]},
         "table6": {"small": ["configs/reluformer/table6_long_documents.yaml"],
                    "paper": ["configs/reluformer/europarl7_doc/table6.yaml"]},
@@ -154,8 +161,13 @@ SCALES = ("small", "converged", "paper")
 
 
 def converged_specs(entry):
-    """The ``small`` specs of a table entry that ``--scale converged`` runs: those whose rows all
-    use one of :data:`MULTI30K_CPU_BUDGETS` (not the long-document or RNN budgets)."""
+    """The specs of a table entry that ``--scale converged`` runs: the entry's own ``converged``
+    list when it has one (specs written for the converged budget, e.g. ReLUFormer T4/T5 with the
+    default lambda = 0.01; run as they are, no budget override), else the ``small`` specs whose
+    rows all use one of :data:`MULTI30K_CPU_BUDGETS` (not the long-document or RNN budgets), run
+    under :data:`CONVERGED_BUDGET`."""
+    if "converged" in entry:
+        return list(entry["converged"])
     out = []
     for path in entry.get("small", []):
         with open(os.path.join(ROOT, path)) as f:
@@ -176,6 +188,8 @@ def _scales(entry):
 def _specs(entry, scale):
     """``[(spec path, budget override or None)]`` of a table entry at ``scale``."""
     if scale == "converged":
+        if "converged" in entry:  # written for the converged budget: no override
+            return [(p, None) for p in entry["converged"]]
         return [(p, CONVERGED_BUDGET) for p in converged_specs(entry)]
     return [(p, None) for p in entry.get(scale, [])]
 
@@ -355,57 +369,154 @@ def dry_run(spec_path, rows, gpus, scale, check=True, shown=None, budget=None):
 
 
 def _row_status(spec, row):
-    """``(ours, status, commit)`` of one table row from its run's result.json: the score cell of
-    the table's first subset, ``done`` / ``failed`` / ``not run``, and the git commit it ran at."""
-    path = os.path.join(run_table.run_dir(spec, row), "result.json")
-    if not os.path.exists(path):
-        return "", "not run", ""
-    import json
-
-    res = json.load(open(path))
+    """``(ours, status, commit, seeds, signature)`` of one table row from its runs' result.json
+    (every seed found): the score cell of the table's first subset (mean ± sd over seeds when there
+    are several), ``done`` / ``failed`` / ``not run``, the git commit of its first run, the seeds
+    and the sacreBLEU signature; ``None`` when no run of the row is on this machine."""
+    results = run_table.row_results(spec, row)
+    if not results:
+        return None
+    res = results[0]
+    seeds = ",".join(str(run_table._seed(x)) if run_table._seed(x) is not None else "?" for x in results)
     commit = f"`{res.get('git_commit', 'unknown')[:12]}`"
-    if res.get("status") != "done" or not res.get("scores"):
-        return "", res.get("status", "unknown"), commit
-    if run_table.row_failed(res, None):
-        return "–", "failed to train (see the full table)", commit
     first = next(iter(spec["subsets"]))
-    return run_table._score_cell(res["scores"][first], spec), "done", commit
+    ok = [x for x in results if x.get("status") == "done" and x.get("scores")]
+    if not ok:
+        return "", res.get("status", "unknown"), commit, seeds, None
+    if all(run_table.row_failed(x, None) for x in ok):
+        return "–", "failed to train (see the full table)", commit, seeds, None
+    sig = ok[0]["scores"][first].get("signature")
+    if len(ok) == 1:
+        return run_table._score_cell(ok[0]["scores"][first], spec), "done", commit, seeds, sig
+    return run_table._mean_cell([x["scores"][first]["bleu"] for x in ok]), "done", commit, seeds, sig
+
+
+def committed_table(path):
+    """What a committed full table (``spec['out']``, rendered by mt-table) says about its rows, for
+    an index written where the runs are not (``runs/`` is not committed): ``{"rows": {id: {"ours",
+    "status", "seeds", "commit"}}, "signature": str or None}`` -- ``ours`` is the cell of its first
+    ``ours <subset>`` column, seeds from its ``seeds`` column or else the rows' ``--seed`` flags,
+    commits from the per-row provenance.  ``None`` if the file does not exist or has no table."""
+    if not os.path.exists(path):
+        return None
+    import re
+
+    lines = open(path, encoding="utf-8").read().splitlines()
+    head = next((i for i, l in enumerate(lines) if l.startswith("| ID | Model |")), None)
+    if head is None:
+        return None
+    cols = [c.strip() for c in lines[head].strip().strip("|").split("|")]
+    ours_col = next(i for i, c in enumerate(cols) if c.startswith("ours "))
+    rows = {}
+    for line in lines[head + 2:]:
+        if not line.startswith("|"):
+            break
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        cell = dict(zip(cols, cells))
+        ours = cells[ours_col]
+        rows[cell["ID"]] = {"ours": "" if ours == "not run yet" else ours,
+                            "status": "not run" if ours == "not run yet" else cell.get("status", ""),
+                            "seeds": cell.get("seeds", ""), "commit": ""}
+    current = None
+    for line in lines:
+        m = re.match(r"### Row (\d+):.*?(?: \(seed (\d+)\))?$", line)
+        if m:
+            current = rows.get(m.group(1))
+            continue
+        if current is None:
+            continue
+        m = re.search(r"git commit: `([0-9a-f]{12})", line)
+        if m and not current["commit"]:
+            current["commit"] = f"`{m.group(1)}`"
+        m = re.search(r"--seed (\d+)", line)
+        if m and line.startswith("- command:"):
+            have = [x for x in current.get("_seeds", []) if x != m.group(1)]
+            current["_seeds"] = have + [m.group(1)]
+    for r in rows.values():  # the --seed flags, when the table has no seeds column
+        flags = r.pop("_seeds", [])
+        r["seeds"] = r["seeds"] or ",".join(flags)
+    m = re.search(r"[Ss]acreBLEU signature:? `([^`]+)`", "\n".join(lines))
+    return {"rows": rows, "signature": m.group(1) if m else None}
+
+
+def _part_command(paper, table, scale, spec_path, override):
+    """The command that runs (or resumes) one part of a table, and the mt-table line it amounts to."""
+    mt = f"mt-table --table {spec_path}" + (f" --budget {override}" if override else "")
+    seeds = " --seeds 1,2,3" if scale == "converged" else ""
+    gpus = " --gpus N" if scale == "paper" else ""
+    return f"`reproduce {paper} {table} --scale {scale}{seeds}{gpus}`" + ("" if scale == "paper" else f" (= `{mt}{seeds}`)")
 
 
 def write_index(paper, table, entry, results_dir=None):
-    """results/<paper>/<table>.md (atomically): for every scale and part of the table, which rows
-    ran on which data with which budget, our score next to the paper's number, and where the full
-    table with its provenance is (the part's own ``out`` file).  Reads only what has run."""
+    """results/<paper>/<table>.md (atomically): for every scale and part of the table, the regime,
+    the command that runs it, which rows ran on which data with which budget and seeds, our score
+    next to the paper's number with the sacreBLEU signature, and where the full table with its
+    provenance is (the part's own ``out`` file).  Reads the runs' result.json where the runs are
+    here, else the committed full table (``runs/`` is not committed): nothing is re-scored."""
+    scales = "|".join(_scales(entry))
     lines = [f"# {paper} {table}: what ran, at which scale, on which data", "",
-             f"Regenerate: `reproduce {paper} {table} --scale small|converged|paper` (runs what is missing; "
-             f"`--dry-run` prints every command first; `--index-only` rewrites this file from what has run).",
-             "", f"Index written at git commit `{git_commit()}`; each row's commit is in the `commit` "
+             f"Regenerate: `reproduce {paper} {table} --scale {scales}` (runs what is missing; "
+             f"`--dry-run` prints every command first; `--index-only` rewrites this file from what has run). "
+             "Claims and verdicts: [results/README.md](../README.md) -- a smoke or diagnostic number below is "
+             "never a replication.", "",
+             f"Index written at git commit `{git_commit()}`; each row's commit is in the `commit` "
              "column (full provenance -- command, config, data, signature, hardware, wall time -- in the part's "
-             "full table).", ""]
+             "full table). Where the runs are not on the machine that wrote this index, the row cells are "
+             "copied from the committed full table named in the part.", ""]
     for scale in ("paper", "converged", "small"):
         if "benchmark" in entry:
             if scale in entry["benchmark"]:
                 out = entry["benchmark"][scale][entry["benchmark"][scale].index("--out") + 1]
                 state = "written" if os.path.exists(os.path.join(ROOT, out)) else "not run yet"
-                lines += [f"## scale: {scale}", "", f"{entry['benchmark']['note']}: `{out}` ({state}).", ""]
+                lines += [f"## scale: {scale}", "", f"**Regime: benchmark** (speed, no BLEU). "
+                          f"{entry['benchmark']['note']}: `{out}` ({state}). Command: "
+                          f"`reproduce {paper} {table} --scale {scale}`.", ""]
             continue
         for spec_path, override in _specs(entry, scale):
             spec = run_table.load_table(os.path.join(ROOT, spec_path),
                                         None if override is None else os.path.join(ROOT, override))
             budget = experiment.load_budget(os.path.join(ROOT, spec["budget"]))
+            reg = regime(budget)
+            if reg == "unstated" and scale == "paper":  # the paper-scale budgets do not name it
+                reg = "paper"
             out = spec["out"]
-            lines += [f"## scale: {scale} -- {spec['title']}", "",
-                      f"Spec `{spec_path}`, budget `{spec['budget']}` (**regime: {regime(budget)}**), data: "
-                      f"{budget['data']['corpus']} "
-                      f"{spec['src']}→{spec['tgt']}; full table with provenance: `{out}` "
-                      f"({'written' if os.path.exists(os.path.join(ROOT, out)) else 'not rendered yet'}).", "",
-                      f"| row | model | {spec['paper_label']} | ours ({next(iter(spec['subsets'].values()))}) | status "
-                      "| commit |", "|---|---|---|---|---|---|"]
+            written = os.path.exists(os.path.join(ROOT, out))
+            statuses = {r["id"]: _row_status(spec, r) for r in spec["rows"]}
+            committed = None
+            if not any(statuses.values()):
+                committed = committed_table(os.path.join(ROOT, out))
+            rows, sigs, seen_seeds = [], set(), set()
             for r in spec["rows"]:
-                ours, status, commit = _row_status(spec, r)
-                lines.append(f"| {r['id']} | {r['name']} | {'–' if r.get('paper') is None else r['paper']} | "
-                             f"{ours} | {status} | {commit} |")
-            lines.append("")
+                st = statuses[r["id"]]
+                if st is not None:
+                    ours, status, commit, seeds, sig = st
+                    if sig:
+                        sigs.add(sig)
+                elif committed and str(r["id"]) in committed["rows"]:
+                    c = committed["rows"][str(r["id"])]
+                    ours, status, commit = c["ours"], c["status"], c["commit"]
+                    seeds = c["seeds"]
+                else:
+                    ours, status, commit, seeds = "", "not run", "", ""
+                seen_seeds.update(x for x in seeds.split(",") if x)
+                rows.append(f"| {r['id']} | {r['name']} | {'–' if r.get('paper') is None else r['paper']} | "
+                            f"{ours} | {seeds} | {status} | {commit} |")
+            if committed and committed["signature"]:
+                sigs.add(committed["signature"])
+            sig = (" / ".join(f"`{x}`" for x in sorted(sigs)) if sigs
+                   else ("none recorded in the full table" if written else "none yet (nothing scored)"))
+            source = (f"row cells copied from the committed `{out}`" if committed else
+                      "row cells from the runs' result.json" if any(statuses.values()) else "no run yet")
+            lines += [f"## scale: {scale} -- {spec['title']}", "",
+                      f"**Regime: {reg}** -- {REGIMES.get(reg, 'not stated by the budget')}. "
+                      f"Seeds: {', '.join(sorted(seen_seeds, key=lambda x: (len(x), x))) or 'none yet'}. "
+                      f"SacreBLEU signature: {sig}.", "",
+                      f"Command: {_part_command(paper, table, scale, spec_path, override)}. Spec `{spec_path}`, "
+                      f"budget `{spec['budget']}`, data: {budget['data']['corpus']} {spec['src']}→{spec['tgt']}; "
+                      f"full table with provenance: `{out}` ({'written' if written else 'not rendered yet'}; "
+                      f"{source}).", "",
+                      f"| row | model | {spec['paper_label']} | ours ({next(iter(spec['subsets'].values()))}) | seeds "
+                      "| status | commit |", "|---|---|---|---|---|---|---|"] + rows + [""]
         for cmd in after_steps(entry, scale):
             outs = [f"`{o}` ({'written' if os.path.exists(os.path.join(ROOT, o)) else 'not run yet'})"
                     for o in step_outputs(cmd)]

@@ -43,6 +43,26 @@ WINDOW_RE = re.compile(r"\[rnnsearch\] (\w+) attention \(tau=([^)]+)\): average 
                        r"per hypothesis-step over (\d+) hypothesis-steps \(average source length ([\d.]+)\)")
 
 
+
+def _training_table(rdir):
+    """The committed Markdown table (a table spec's ``out``) rendered from the runs in ``rdir``: the
+    spec under configs/ whose ``runs`` is ``rdir``, if its output exists; else None."""
+    import glob
+
+    import yaml
+
+    rel = os.path.relpath(rdir, ROOT)
+    for path in sorted(glob.glob(os.path.join(ROOT, "configs", "**", "*.yaml"), recursive=True)):
+        try:
+            with open(path) as f:
+                spec = yaml.safe_load(f)
+        except Exception:  # not every YAML under configs/ is a table spec
+            continue
+        if isinstance(spec, dict) and spec.get("runs") == rel and spec.get("out") \
+                and os.path.exists(os.path.join(ROOT, spec["out"])):
+            return spec["out"]
+    return None
+
 def log(msg):
     print(f"[flexible] {msg}", flush=True)
 
@@ -297,8 +317,11 @@ def table1(runs, metric, max_loss, out_path, figure=None,
             cells = ["not run yet", ""] if v is None else [f"{v['window']:.2f}", f"{v['bleu']:.2f} ({v['tok_bleu']:.2f})"]
             lines.append(f"| {name} | {paper[key][0]} | {paper[key][1]} | " + " | ".join(cells) + " |")
         sig = next((v.get("signature") for _, _, v in entries if v and v.get("signature")), "n/a")
-        lines += ["", f"Runs: `{os.path.relpath(rdir, ROOT)}/row1..4` (see their result.json for commands, configs, "
-                  f"commits, hardware and wall times); sacreBLEU signature `{sig}`.", "",
+        table = _training_table(rdir)
+        lines += ["", f"Runs: `{os.path.relpath(rdir, ROOT)}/row1..4`; their commands, configs, commits, hardware and "
+                  "wall times are in " + (f"the committed training table `{table}` (rendered from the same runs) and in "
+                                          if table else "") + f"each run's result.json (not committed); sacreBLEU "
+                  f"signature `{sig}`.", "",
                   f"### BLEU vs window over tau, flexible row (Figure 3{' -- plotted in ' + os.path.relpath(figure, ROOT) if figure and rdir == runs[-1] else ''})",
                   "", f"`{sw['checkpoint']}`, git commit `{sw.get('git_commit')}`; from `{sw['run']}/sweep/sweep.md`.", "",
                   *sweep_table(sw["points"].items()), ""]

@@ -414,12 +414,31 @@ def test_results_index_says_which_rows_ran_next_to_the_paper(tmp_path):
     for rid, valid in ((1, 4.0), (3, float("nan"))):
         (runs / f"row{rid}").mkdir(parents=True)
         (runs / f"row{rid}" / "result.json").write_text(json.dumps(
-            {"status": "done", "scores": {"test": score, "test1": score}, "valid_loss": [[400, valid]],
-             "git_commit": "0123456789abcdef"}))
+            {"status": "done", "scores": {"test": dict(score, signature="nrefs:1|tok:13a"), "test1": score},
+             "valid_loss": [[400, valid]], "git_commit": "0123456789abcdef", "seed": 1}))
     REPRO.write_index("p", "table9", {"small": [str(spec_path)]}, results_dir=str(tmp_path / "results"))
     text = (tmp_path / "results" / "p" / "table9.md").read_text()
-    assert "| 1 | A | 26.9 | 24.12 (24.50) | done | `0123456789ab` |" in text
-    assert "| 2 | B | – |  | not run |  |" in text
+    assert "| 1 | A | 26.9 | 24.12 (24.50) | 1 | done | `0123456789ab` |" in text
+    assert "| 2 | B | – |  |  | not run |  |" in text
     assert "Index written at git commit `" in text
-    assert "| 3 | C | 26.0 | – | failed to train" in text
-    assert "data: multi30k en→de" in text and "(not rendered yet)" in text
+    assert "| 3 | C | 26.0 | – | 1 | failed to train" in text
+    assert "data: multi30k en→de" in text and "(not rendered yet; row cells from the runs' result.json)" in text
+    assert "**Regime: smoke**" in text and "Seeds: 1." in text and "SacreBLEU signature: `nrefs:1|tok:13a`" in text
+    assert f"Command: `reproduce p table9 --scale small` (= `mt-table --table {spec_path}`)" in text
+    # runs/ is not committed: without the runs, the row cells come from the committed full table
+    import shutil
+
+    shutil.rmtree(runs)
+    (tmp_path / "t.md").write_text(
+        "# T\n\n| ID | Model | paper X | ours test2016 | ours test2017 | updates | status |\n|---|---|---|---|---|---|---|\n"
+        "| 1 | A | 26.9 | 24.12 (24.50) | 16.40 (16.39) | 400 | done |\n"
+        "| 2 | B | – | not run yet | not run yet |  | pending |\n\n## Provenance\n\n"
+        "- SacreBLEU signature: `nrefs:1|tok:13a|version:2.6.0`\n\n### Row 1: A\n\n"
+        "- run directory: `runs/x/row1`; git commit: `f02f71825f93a8aecd09fe6aa5f2550194f9fafb`; finished x\n"
+        "- command: `fairseq-train x --seed 1 --cpu`\n")
+    REPRO.write_index("p", "table9", {"small": [str(spec_path)]}, results_dir=str(tmp_path / "results"))
+    text = (tmp_path / "results" / "p" / "table9.md").read_text()
+    assert "| 1 | A | 26.9 | 24.12 (24.50) | 1 | done | `f02f71825f93` |" in text
+    assert "| 2 | B | – |  |  | not run |  |" in text and "| 3 | C | 26.0 |  |  | not run |  |" in text
+    assert "SacreBLEU signature: `nrefs:1|tok:13a|version:2.6.0`" in text
+    assert f"row cells copied from the committed `{tmp_path / 't.md'}`" in text
