@@ -45,12 +45,16 @@ Commands (``mt-campaign``)::
   finished run and writes the claims' verdicts between ``<!-- mt-campaign:begin -->`` and
   ``<!-- mt-campaign:end -->`` in ``results/README.md``.
 
-Verdict rule (the page's): a claim is "reproduced" or "not reproduced" only with a converged
-budget and at least 3 seed-matched runs of both rows; "exceeds seed noise" is
+Verdict rule (results/README.md's): a claim is "reproduced" or "not reproduced" only with a
+converged budget and at least 3 seed-matched runs of both rows; "beyond seed noise" is
 :func:`mt_pipeline.significance.verdict` (|Δ mean| > 2 standard errors and every seed-matched
-paired bootstrap p < 0.05).  ``expect: equal`` is reproduced when the difference stays within seed
-noise; ``better``/``worse`` when it exceeds seed noise in that direction.  Fewer seeds: "not tested
-yet" with the direction so far.
+paired bootstrap p < 0.05).  ``expect: better|worse``: reproduced when the difference is beyond
+seed noise in that direction, not reproduced when beyond it the other way, else inconclusive.
+``expect: equal`` (a "comparable quality" claim) is an equivalence test with the claim's
+``margin`` (BLEU, default 1.0): reproduced when Δ ± 2 standard errors lies inside ± margin, not
+reproduced when the difference is beyond seed noise and |Δ| > margin, else inconclusive -- no
+difference found is not by itself equivalence.  Fewer seeds or another regime: "not tested yet"
+with the direction so far.
 
 Errors: a plan with unknown keys, missing tables or rows, or bad seeds is refused before anything
 runs (SystemExit naming the valid choices).
@@ -84,7 +88,7 @@ __all__ = ["Run", "load_plan", "run_state", "estimate_minutes", "device_name", "
 DEFAULT_PLAN = "configs/campaign/converged.yaml"
 PLAN_KEYS = ("title", "budget", "runs", "claims", "gpu", "intro")
 ENTRY_KEYS = ("table", "rows", "seeds", "why")
-CLAIM_KEYS = ("id", "claim", "table", "row", "vs", "expect", "paper")
+CLAIM_KEYS = ("id", "claim", "table", "row", "vs", "expect", "margin", "paper")
 EXPECT = ("equal", "better", "worse")
 MIN_SEEDS = 3
 BEGIN, END = "<!-- mt-campaign:begin -->", "<!-- mt-campaign:end -->"
@@ -204,6 +208,9 @@ def load_plan(path: str) -> Dict:
             raise SystemExit(f"{where}: missing keys {missing}")
         if claim["expect"] not in EXPECT:
             raise SystemExit(f"{where}: expect {claim['expect']!r} is not one of {list(EXPECT)}")
+        margin = claim.get("margin", 1.0)
+        if type(margin) not in (int, float) or not math.isfinite(margin) or margin <= 0:
+            raise SystemExit(f"{where}: margin must be a positive number of BLEU points, got {margin!r}")
         if claim["table"] not in specs:
             raise SystemExit(f"{where}: table {claim['table']} is not run by the plan; plan tables: {list(specs)}")
         ids = [r["id"] for r in specs[claim["table"]]["rows"]]
@@ -369,10 +376,13 @@ def collect(plan: Dict, runs: Optional[List[Run]] = None) -> List[str]:
 
 
 def render_tables(plan: Dict, table_paths: Optional[List[str]] = None) -> None:
-    """Re-render the plan's tables (or only ``table_paths``) from every finished run."""
+    """Re-render the plan's tables (or only ``table_paths``) that have a finished run."""
     for table in table_paths or list(plan["_specs"]):
+        spec = plan["_specs"][table]
+        if not any(tables.row_results(spec, r) for r in spec["rows"]):
+            continue  # nothing finished yet: no table of pending rows
         try:
-            tables.render(plan["_specs"][table])
+            tables.render(spec)
         except Exception as err:  # a render problem must not stop the campaign
             log(f"rendering {table} failed: {type(err).__name__}: {err}")
 
@@ -403,7 +413,7 @@ def claim_verdict(plan: Dict, claim: Dict) -> Dict:
     tests = [tables._significance(ref_by[s], sys_by[s], first) for s in common]
     if any(t is None for t in tests):
         return {"ours": ours, "verdict": "hypotheses missing: cannot test", "seeds": len(common)}
-    from .significance import verdict
+    from .significance import seed_summary, verdict
 
     words = verdict(ref_s, sys_s, [t["bleu_p"] for t in tests])
     if reg != "converged" or len(common) < MIN_SEEDS:
@@ -411,14 +421,22 @@ def claim_verdict(plan: Dict, claim: Dict) -> Dict:
         return {"ours": ours, "seeds": len(common),
                 "verdict": f"not tested yet ({len(common)}/{MIN_SEEDS} seeds, {reg}): so far {direction}; {words}"}
     beyond = words.startswith("exceeds")
+    a, b = seed_summary(sys_s), seed_summary(ref_s)
+    two_se = 2 * math.sqrt(a["sd"] ** 2 / a["n"] + b["sd"] ** 2 / b["n"])
     if claim["expect"] == "equal":
-        v = "not reproduced: differs beyond seed noise" if beyond else "reproduced: no difference beyond seed noise"
+        m = float(claim.get("margin", 1.0))
+        if abs(delta) + two_se <= m:
+            v = f"reproduced: equivalent within ±{m:g} BLEU"
+        elif beyond and abs(delta) > m:
+            v = f"not reproduced: differs by more than {m:g} BLEU, beyond seed noise"
+        else:
+            v = f"inconclusive: neither equivalent within ±{m:g} BLEU nor different beyond it"
     elif beyond and (delta > 0) == (claim["expect"] == "better"):
         v = f"reproduced: {claim['expect']} beyond seed noise"
     elif beyond:
-        v = f"not reproduced: the opposite direction, beyond seed noise"
+        v = "not reproduced: the opposite direction, beyond seed noise"
     else:
-        v = f"not reproduced: no difference beyond seed noise (expected {claim['expect']})"
+        v = f"inconclusive: no difference beyond seed noise (expected {claim['expect']})"
     return {"ours": ours, "verdict": f"{v} ({words})", "seeds": len(common)}
 
 
@@ -431,9 +449,11 @@ def render_verdicts(plan: Dict, page: Optional[str] = None) -> Optional[str]:
     page = page or os.path.join(ROOT, "results", "README.md")
     plan_rel = repo_relative(plan["_path"])
     lines = [BEGIN, "", f"### Converged campaign verdicts (`mt-campaign render --plan {plan_rel}`)", "",
-             f"Rule: a verdict needs the converged budget and ≥ {MIN_SEEDS} seed-matched runs of both rows; "
-             "first test subset, SacreBLEU mean over seeds; \"beyond seed noise\" = |Δ mean| > 2 standard errors "
-             "and every seed-matched paired bootstrap p < 0.05. Evidence of every run: `results/runs/`.", "",
+             f"Rule (this page's): a verdict needs the converged budget and ≥ {MIN_SEEDS} seed-matched runs of both "
+             "rows; first test subset, SacreBLEU mean over seeds; \"beyond seed noise\" = |Δ mean| > 2 standard "
+             "errors and every seed-matched paired bootstrap p < 0.05; within it: inconclusive. A \"matches\" claim "
+             "is an equivalence test: reproduced when Δ ± 2 standard errors lies inside ± the claim's margin. "
+             "Evidence of every run: `results/runs/`.", "",
              "| claim | paper | ours | seeds | verdict |", "|---|---|---|---|---|"]
     for claim in claims:
         v = claim_verdict(plan, claim)

@@ -232,7 +232,7 @@ def test_claim_verdicts_follow_the_rule_of_the_results_page(tmp_path):
         return [" ".join(w if r.random() > frac else "x" for w in l.split()) for l in lines]
 
     claims = [{"id": "eq", "claim": "row 2 matches row 1", "table": str(tmp_path / "t.yaml"), "row": 2, "vs": 1,
-               "expect": "equal"},
+               "expect": "equal", "margin": 5.0},
               {"id": "worse", "claim": "row 3 is worse", "table": str(tmp_path / "t.yaml"), "row": 3, "vs": 1,
                "expect": "worse"},
               {"id": "better", "claim": "row 3 is better", "table": str(tmp_path / "t.yaml"), "row": 3, "vs": 1,
@@ -255,9 +255,15 @@ def test_claim_verdicts_follow_the_rule_of_the_results_page(tmp_path):
             v = campaign.claim_verdict(plan, claims[1])
             assert v["verdict"].startswith("not tested yet (1/3 seeds, converged): so far worse"), v
     v_eq, v_worse, v_better = (campaign.claim_verdict(plan, c) for c in claims)
-    assert v_eq["verdict"].startswith("reproduced: no difference beyond seed noise"), v_eq
+    assert v_eq["verdict"].startswith("reproduced: equivalent within ±5 BLEU"), v_eq
     assert v_worse["verdict"].startswith("reproduced: worse beyond seed noise"), v_worse
     assert v_better["verdict"].startswith("not reproduced: the opposite direction"), v_better
+    # no difference found is not equivalence: a margin tighter than the seed noise is inconclusive,
+    # and rows 10 BLEU-ish apart are not equivalent
+    tight = dict(claims[0], margin=0.01)
+    assert campaign.claim_verdict(plan, tight)["verdict"].startswith("inconclusive: neither equivalent"), tight
+    far = dict(claims[1], expect="equal")
+    assert campaign.claim_verdict(plan, far)["verdict"].startswith("not reproduced: differs by more than 1 BLEU")
     assert v_worse["seeds"] == 3
     # the verdicts land between the page's markers, and a second render replaces them
     page = tmp_path / "README.md"
