@@ -65,14 +65,15 @@ def write_kit(out: str, plan: Dict) -> str:
     """Write the kit for ``plan`` (its budget's corpus) into ``out``; returns ``out``.
 
     Raises:
-        SystemExit: ``out`` exists and was not written by this function (no ``KIT.json``), is not
-            git-ignored, the corpus's raw files are not here, pip fails, or the kit exceeds 60 MiB.
+        SystemExit: ``out`` exists and was not written by this function (no ``KIT.json``), lies in
+            the repository without being git-ignored, the corpus's raw files are not here, pip
+            fails, or the kit exceeds 60 MiB.
     """
     out = out if os.path.isabs(out) else os.path.join(ROOT, out)
     if os.path.exists(out) and not os.path.exists(os.path.join(out, "KIT.json")) and os.listdir(out):
         raise SystemExit(f"{out} exists and is not a GPU kit (no KIT.json): refusing to write into it")
-    ignored = subprocess.run(["git", "check-ignore", "-q", out], cwd=ROOT).returncode == 0
-    if not ignored:
+    inside = os.path.commonpath([os.path.abspath(out), ROOT]) == ROOT
+    if inside and subprocess.run(["git", "check-ignore", "-q", os.path.join(out, "KIT.json")], cwd=ROOT).returncode != 0:
         raise SystemExit(f"{out} is not git-ignored: add it to .gitignore first (the kit must never be committed)")
     from .budget import load_budget
 
@@ -85,9 +86,15 @@ def write_kit(out: str, plan: Dict) -> str:
             shutil.rmtree(os.path.join(out, sub))  # written by an earlier write_kit (KIT.json checked above)
     whl = os.path.join(out, "whl")
     os.makedirs(whl)
-    _pip(["download", "-q", "--no-deps", *PLATFORM, "-d", whl, *_pinned(PACKAGES)])
-    _pip(["wheel", "-q", "--no-deps", "-w", whl, *_pinned(SDIST_ONLY)])
-    _pip(["download", "-q", "--no-deps", "--no-binary", ":all:", "-d", whl, FAIRSEQ])
+    with open(os.path.join(out, "KIT.json"), "w") as f:  # marks the folder as the kit's, complete or not
+        json.dump({"state": "incomplete: being written by mt-campaign gpu-kit"}, f)
+    try:
+        _pip(["download", "-q", "--no-deps", *PLATFORM, "-d", whl, *_pinned(PACKAGES)])
+        _pip(["wheel", "-q", "--no-deps", "-w", whl, *_pinned(SDIST_ONLY)])
+        # the sdist only (no build): its metadata is read with this environment's build tools
+        _pip(["download", "-q", "--no-deps", "--no-binary", ":all:", "--no-build-isolation", "-d", whl, FAIRSEQ])
+    except subprocess.CalledProcessError as err:
+        raise SystemExit(f"pip could not fetch the kit's packages ({err}); {out} is incomplete: re-run") from None
     shutil.copytree(src, os.path.join(out, "data", os.path.basename(src)))
     size = _size_mib(out)
     if size > LIMIT_MIB:
@@ -95,6 +102,7 @@ def write_kit(out: str, plan: Dict) -> str:
     record = collect("mt-campaign gpu-kit --out " + os.path.relpath(out, ROOT), corpus=corpus,
                      files=sorted(os.path.relpath(p, out) for p in glob.glob(os.path.join(out, "*", "*"))),
                      size_mib=round(size, 1))
+    record["state"] = "complete"
     with open(os.path.join(out, "KIT.json"), "w") as f:
         json.dump(record, f, indent=1)
     print(f"[gpu-kit] wrote {out} ({size:.1f} MiB): {len(os.listdir(whl))} packages, data of {corpus}")
