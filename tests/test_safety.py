@@ -1,0 +1,108 @@
+"""Issue 29: the tools are safe with a researcher's files -- nothing deletes or overwrites what it
+did not write, and every input is checked before work starts.  Tiny data, seconds each; fairseq
+is faked where the probe is about the pipeline, not the model."""
+
+import argparse
+import gzip
+import hashlib
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from mt_pipeline import evaluate
+from mt_pipeline.atomic import NotOwnedError, OwnedFiles
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REFS = ["Ein Mann fährt Rad .", "Zwei Hunde spielen ."]
+
+
+# ---------------------------------------------------------------------------------------------
+# item 1: mt-evaluate --out DIR removes only what mt-evaluate wrote
+# ---------------------------------------------------------------------------------------------
+def _eval_inputs(tmp_path):
+    """A checkpoint-shaped file, a data-bin and a prep dir that pass mt-evaluate's checks."""
+    ck = tmp_path / "model.pt"
+    ck.write_bytes(b"not really a model")
+    data_bin, prep = tmp_path / "bin", tmp_path / "prep"
+    for d in (data_bin, prep / "raw", prep / "tok"):
+        d.mkdir(parents=True)
+    for lang in ("en", "de"):
+        (data_bin / f"dict.{lang}.txt").write_text("x 1\n")
+    (data_bin / "test.en-de.en.idx").write_bytes(b"")
+    (prep / "raw" / "test.de").write_text("\n".join(REFS) + "\n")
+    (prep / "tok" / "test.de").write_text("\n".join(REFS) + "\n")
+    return ck, data_bin, prep
+
+
+def _args(ck, data_bin, prep, out):
+    return evaluate.parser().parse_args(["--checkpoint", str(ck), "--data-bin", str(data_bin), "--prep-dir", str(prep),
+                                         "--src", "en", "--tgt", "de", "--subsets", "test", "--out", str(out),
+                                         "--user-dir", "none"])
+
+
+@pytest.fixture
+def fake_generate(monkeypatch):
+    """fairseq-generate replaced by a log with the references as hypotheses."""
+    calls = []
+
+    def gen(a, subset, log_path):
+        calls.append(subset)
+        with open(log_path, "w", encoding="utf-8") as f:
+            f.write("# command: python -m fairseq_cli.generate (faked)\n")
+            f.writelines(f"H-{i}\t-0.1\t{r}\n" for i, r in enumerate(REFS))
+    monkeypatch.setattr(evaluate, "_generate", gen)
+    return calls
+
+
+def test_evaluate_into_a_run_directory_keeps_every_file_it_did_not_write(tmp_path, fake_generate):
+    """Probe: `mt-evaluate --out <run dir>` removed result.json, config.json, state.json and a
+    user's notes.json (every *.json without this checkpoint's sha256)."""
+    ck, data_bin, prep = _eval_inputs(tmp_path)
+    run = tmp_path / "run"
+    run.mkdir()
+    user = {"result.json": '{"status": "done"}', "config.json": '{"sha256": "x"}', "state.json": "{}",
+            "notes.json": '{"idea": "try lr 2e-3"}', "valid.generate.log": "my own notes\n"}
+    for name, text in user.items():
+        (run / name).write_text(text)
+    [res] = evaluate.evaluate(_args(ck, data_bin, prep, run))
+    assert res["bleu"] == pytest.approx(100.0) and fake_generate == ["test"]
+    for name, text in user.items():
+        assert (run / name).read_text() == text, name
+    # a second checkpoint into the same dir: mt-evaluate's own subset is replaced, the rest stays
+    ck2 = tmp_path / "other.pt"
+    ck2.write_bytes(b"another model")
+    evaluate.evaluate(_args(ck2, data_bin, prep, run))
+    assert json.loads((run / "test.json").read_text())["checkpoint_sha256"] == evaluate.checkpoint_sha256(str(ck2))
+    for name, text in user.items():
+        assert (run / name).read_text() == text, name
+
+
+def test_evaluate_refuses_to_overwrite_a_file_it_did_not_write(tmp_path, fake_generate):
+    ck, data_bin, prep = _eval_inputs(tmp_path)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "test.json").write_text('{"mine": true}')  # a user's file with an output's name
+    with pytest.raises(evaluate.EvaluateError, match=r"test\.json, not written by mt-evaluate; refusing"):
+        evaluate.evaluate(_args(ck, data_bin, prep, out))
+    assert (out / "test.json").read_text() == '{"mine": true}' and fake_generate == []
+    assert sorted(os.listdir(out)) == ["test.json"]  # nothing written, not even the manifest
+    for inside in (data_bin, prep, prep / "raw"):
+        with pytest.raises(evaluate.EvaluateError, match="is inside --"):
+            evaluate.evaluate(_args(ck, data_bin, prep, inside))
+    assert fake_generate == []
+
+
+def test_owned_files_claims_before_writing_and_removes_only_its_own(tmp_path):
+    (tmp_path / "theirs.txt").write_text("keep")
+    owned = OwnedFiles(str(tmp_path), "tool")
+    with pytest.raises(NotOwnedError, match="theirs.txt exists and was not written by tool"):
+        owned.claim(["mine.txt", "theirs.txt"])
+    assert not (tmp_path / ".tool.owned").exists()
+    owned.claim(["mine.txt"])
+    (tmp_path / "mine.txt").write_text("x")
+    again = OwnedFiles(str(tmp_path), "tool")  # the manifest persists
+    assert again.owns("mine.txt") and not again.remove("theirs.txt") and again.remove("mine.txt")
+    assert sorted(os.listdir(tmp_path)) == [".tool.owned", "theirs.txt"]
