@@ -106,3 +106,53 @@ def test_owned_files_claims_before_writing_and_removes_only_its_own(tmp_path):
     again = OwnedFiles(str(tmp_path), "tool")  # the manifest persists
     assert again.owns("mine.txt") and not again.remove("theirs.txt") and again.remove("mine.txt")
     assert sorted(os.listdir(tmp_path)) == [".tool.owned", "theirs.txt"]
+
+
+# ---------------------------------------------------------------------------------------------
+# item 2: mt-prep never replaces a directory it did not write
+# ---------------------------------------------------------------------------------------------
+def _m30k_raw(path, n=6):
+    os.makedirs(path, exist_ok=True)
+    for split in ("train", "val", "test_2016_flickr", "test_2017_flickr"):
+        for lang in ("en", "de"):
+            with gzip.open(os.path.join(path, f"{split}.{lang}.gz"), "wb") as f:
+                f.write("".join(f"a {lang} sentence number {i} .\n" for i in range(n)).encode())
+
+
+def _digests(path):
+    return {n: hashlib.sha256(open(os.path.join(path, n), "rb").read()).hexdigest() for n in sorted(os.listdir(path))}
+
+
+@pytest.mark.parametrize("layout", ["out is the parent of the raw dir", "out is the raw dir", "out inside the raw dir"])
+def test_prep_refuses_an_out_that_overlaps_its_input_directory(tmp_path, capsys, layout):
+    """Probe: `mt-prep multi30k --raw-dir D/raw --out D` (the shared data folder's layout)
+    replaced the user's upstream .gz files with decompressed, line-cut text."""
+    from mt_pipeline.prep import cli
+
+    d = tmp_path / "multi30k_en_de"
+    raw = d / "raw"
+    _m30k_raw(str(raw))
+    before = _digests(str(raw))
+    out = {"out is the parent of the raw dir": d, "out is the raw dir": raw,
+           "out inside the raw dir": raw / "prep"}[layout]
+    with pytest.raises(SystemExit) as err:
+        cli.main(["multi30k", "--raw-dir", str(raw), "--out", str(out), "--no-checksum", "--workers", "1",
+                  "--train-lines", "3"])
+    assert err.value.code == 1
+    msg = capsys.readouterr().err
+    assert "overlaps the input directory --raw-dir" in msg and str(raw) in msg
+    assert _digests(str(raw)) == before  # nothing replaced, nothing added
+    assert sorted(os.listdir(d)) == ["raw"]
+
+
+def test_swap_stage_never_replaces_a_directory_without_its_stamp(tmp_path):
+    from mt_pipeline.prep.run import PrepRun
+
+    mine = tmp_path / "raw"
+    mine.mkdir()
+    (mine / "train.en.gz").write_bytes(b"user data")
+    run = PrepRun("t", str(tmp_path))
+    with pytest.raises(SystemExit):
+        run.stage("raw", str(mine), "stage=raw", [], lambda d: open(os.path.join(d, "train.en"), "w").close(),
+                  swap=True)
+    assert sorted(os.listdir(mine)) == ["train.en.gz"] and sorted(os.listdir(tmp_path)) == ["raw"]
