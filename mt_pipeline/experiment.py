@@ -47,14 +47,28 @@ def log(msg):
     print(f"[experiment] {msg}", flush=True)
 
 
+#: file descriptors of the run-directory locks this process holds (:func:`run_dir_lock`); every
+#: child :func:`run` starts inherits them, so the lock lives as long as the runner *or* any of
+#: its children (a fairseq-train left running by a killed runner keeps the directory locked)
+_HELD_LOCKS = set()
+
+
 def run(cmd, logfile=None):
+    """Run ``cmd`` (argument list) from the repository root, holding this process's run-directory
+    locks in the child too; with ``logfile`` its output is appended there (progress lines echoed).
+
+    Raises:
+        subprocess.CalledProcessError: the command failed (``returncode < 0``: killed by a signal).
+    """
     log("$ " + " ".join(shlex.quote(c) for c in cmd))
+    fds = tuple(sorted(_HELD_LOCKS))
     if logfile is None:
-        subprocess.run(cmd, check=True, cwd=ROOT)
+        subprocess.run(cmd, check=True, cwd=ROOT, pass_fds=fds)
         return
     with open(logfile, "a") as f:
         env = dict(os.environ, PYTHONUNBUFFERED="1")  # progress lines as they happen
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                                pass_fds=fds)
         for line in proc.stdout:
             f.write(line)
             if " | train_inner | " in line or " | valid | " in line or "done training" in line:
@@ -73,7 +87,9 @@ def prepare_data(budget):
 @contextlib.contextmanager
 def run_dir_lock(out):
     """Hold ``<out>/.lock`` (``flock``) for the block, so that two runners never share a run
-    directory (two fairseq-train on one save dir would corrupt it).
+    directory (two fairseq-train on one save dir would corrupt it).  The children that
+    :func:`run` starts inherit the lock's file descriptor, so a fairseq-train that outlives a
+    killed runner (TERM or KILL) still holds it and a re-run is refused until it has ended.
 
     Raises:
         SystemExit: another process holds the lock (the message names the directory).
@@ -83,11 +99,14 @@ def run_dir_lock(out):
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise SystemExit(f"another experiment.py is running in {out} (it holds {out}/.lock); "
-                             "wait for it to finish or stop it first") from None
+            raise SystemExit(f"another mt-experiment, or a fairseq-train/evaluation it started, is running in {out} "
+                             f"(it holds {out}/.lock; `fuser {out}/.lock` names it); wait for it to finish or "
+                             "stop it first") from None
+        _HELD_LOCKS.add(f.fileno())
         yield
     finally:
-        f.close()  # releases the lock
+        _HELD_LOCKS.discard(f.fileno())
+        f.close()  # releases the lock (once no child holds it either)
 
 
 def target_updates(train_cmd):

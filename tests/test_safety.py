@@ -156,3 +156,51 @@ def test_swap_stage_never_replaces_a_directory_without_its_stamp(tmp_path):
         run.stage("raw", str(mine), "stage=raw", [], lambda d: open(os.path.join(d, "train.en"), "w").close(),
                   swap=True)
     assert sorted(os.listdir(mine)) == ["train.en.gz"] and sorted(os.listdir(tmp_path)) == ["raw"]
+
+
+# ---------------------------------------------------------------------------------------------
+# item 5: the run-directory lock is held by the trainer too
+# ---------------------------------------------------------------------------------------------
+RUNNER = """
+import sys, time
+from mt_pipeline import experiment
+with experiment.run_dir_lock(sys.argv[1]):
+    experiment.run([sys.executable, "-c", "import time; open(%r, 'w').close(); time.sleep(60)" % sys.argv[2]],
+                   logfile=sys.argv[3])
+"""
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGKILL"])
+def test_a_trainer_left_running_by_a_killed_runner_keeps_the_run_directory_locked(tmp_path, sig):
+    """Probe: kill the runner (TERM or KILL), re-run, and two fairseq-train wrote one save dir
+    (the lock was the runner's only).  The child (here a stand-in for fairseq-train) now holds
+    it: the re-run is refused while the child lives and proceeds once it has ended."""
+    import signal
+    import time
+
+    from mt_pipeline import experiment
+
+    started = tmp_path / "child-started"
+    runner = subprocess.Popen([sys.executable, "-c", RUNNER, str(tmp_path), str(started), str(tmp_path / "train.log")],
+                              cwd=ROOT, start_new_session=True)
+    deadline = time.time() + 30
+    while not started.exists() and time.time() < deadline:
+        time.sleep(0.02)
+    assert started.exists()
+    os.kill(runner.pid, getattr(signal, sig))  # the runner only; its child lives on
+    runner.wait(timeout=30)
+    try:
+        with pytest.raises(SystemExit, match="is running in"):
+            with experiment.run_dir_lock(str(tmp_path)):
+                pass
+    finally:
+        os.killpg(runner.pid, signal.SIGKILL)  # the orphaned child (same session)
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        try:
+            with experiment.run_dir_lock(str(tmp_path)):
+                break
+        except SystemExit:
+            time.sleep(0.05)
+    else:
+        pytest.fail("the lock was not released after the child ended")
