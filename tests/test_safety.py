@@ -204,3 +204,55 @@ def test_a_trainer_left_running_by_a_killed_runner_keeps_the_run_directory_locke
             time.sleep(0.05)
     else:
         pytest.fail("the lock was not released after the child ended")
+
+
+# ---------------------------------------------------------------------------------------------
+# item 6 (and 11's budget probes): a budget is checked before anything runs
+# ---------------------------------------------------------------------------------------------
+SMALL = os.path.join(ROOT, "configs", "multi30k", "small_cpu.yaml")
+BAD_BUDGETS = {
+    "regime typo": (f"base: {SMALL}\nregime: smok\n", "regime 'smok' (did you mean 'smoke'?); valid: smoke"),
+    "bad average": (f"base: {SMALL}\naverage: {{num-update-checkpoints: null, last: 3}}\n",
+                    "unknown key average.last"),
+    "average two choices": (f"base: {SMALL}\naverage: {{checkpoint: best}}\n", "give exactly one of"),
+    "misspelt section": (f"base: {SMALL}\ngenerat: {{beam: 5}}\n", "unknown key 'generat' (did you mean 'generate'?)"),
+    "beam zero": (f"base: {SMALL}\ngenerate: {{beam: 0}}\n", "generate.beam must be a positive integer"),
+    "unknown corpus": (f"base: {SMALL}\ndata: {{corpus: multi31k}}\n", "data.corpus 'multi31k' (did you mean 'multi30k'?)"),
+    "subsets a string": (f"base: {SMALL}\ndata: {{subsets: test}}\n", "data.subsets must be a non-empty list"),
+    "yaml syntax error": ("train: {lr: 0.1\n", "is not valid YAML"),
+    "a list": ("- train\n- generate\n", "is a YAML list, not a mapping"),
+    "empty": ("", "is empty"),
+    "no train": ("regime: smoke\ngenerate: {beam: 4, lenpen: 0.6, batch-size: 8}\n", "no `train:` section"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_BUDGETS))
+def test_a_bad_budget_is_refused_before_the_run_directory_is_made(tmp_path, case):
+    """Probe: `regime: smok` or a bad `average:` section trained fully, then failed, and the fixed
+    budget was refused as a changed configuration (only --force-new got out)."""
+    from mt_pipeline import experiment
+
+    text, expected = BAD_BUDGETS[case]
+    path = tmp_path / "budget.yaml"
+    path.write_text(text)
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as err:
+        experiment.run_experiment(["--out", str(out), "--arch", "rela_transformer_small", "--budget", str(path)])
+    assert expected in str(err.value) and str(path) in str(err.value)
+    assert not out.exists()  # nothing trained, no config.json to refuse the fixed budget later
+
+
+def test_every_budget_in_the_repository_passes_the_schema():
+    import glob
+
+    from mt_pipeline.budget import load_budget
+
+    checked = 0
+    for f in sorted(glob.glob(os.path.join(ROOT, "configs", "**", "*.yaml"), recursive=True)):
+        import yaml
+
+        d = yaml.safe_load(open(f))
+        if "hydra" not in f and isinstance(d, dict) and ("train" in d or "base" in d):
+            load_budget(f)
+            checked += 1
+    assert checked >= 30
