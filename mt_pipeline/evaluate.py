@@ -201,6 +201,60 @@ def _check_inputs(a) -> None:
                                 f"or {s}.{a.tgt}-{a.src}.{a.src}.idx)")
 
 
+#: fairseq-generate flags mt-evaluate sets itself (``--extra`` may not give them: a second
+#: ``--gen-subset`` would score one subset's hypotheses against another's references)
+OWN_FLAGS = {"--gen-subset": "--subsets", "--source-lang": "--src", "-s": "--src", "--target-lang": "--tgt",
+             "-t": "--tgt", "--path": "--checkpoint", "--beam": "--beam", "--lenpen": "--lenpen",
+             "--batch-size": "--batch-size", "--max-sentences": "--batch-size", "--remove-bpe": "(always given)",
+             "--post-process": "(--remove-bpe is always given)", "--required-batch-size-multiple": "(always 1)",
+             "--nbest": "(always 1)", "--user-dir": "--user-dir", "--results-path": "(the log is read from stdout)"}
+
+
+def check_extra(extra: str) -> None:
+    """Refuse an ``--extra`` that gives a flag mt-evaluate sets itself (:data:`OWN_FLAGS`).
+
+    Raises:
+        EvaluateError: naming the flag and mt-evaluate's own option for it.
+    """
+    import shlex
+
+    for word in shlex.split(extra or ""):
+        flag = word.split("=", 1)[0]
+        if flag in OWN_FLAGS:
+            raise EvaluateError(f"--extra may not set {flag}: mt-evaluate sets it itself; use {OWN_FLAGS[flag]}")
+
+
+def check_checkpoint_data(a) -> None:
+    """Compare the checkpoint with ``--src/--tgt`` and ``--data-bin``: the direction stored in its
+    ``cfg.task`` and, for the plugin's models, the fingerprints of the dictionaries it was trained
+    with (:mod:`fairseq_plugins.trained_data`), before anything is generated.
+
+    Raises:
+        EvaluateError: the checkpoint cannot be read, was trained in another direction, or with
+            other dictionaries than ``--data-bin``'s (the message says which and what to do).
+    """
+    from fairseq.data import Dictionary
+
+    from fairseq_plugins.checkpoint import CheckpointError, load_checkpoint
+    from fairseq_plugins.trained_data import check_languages, dictionary_fingerprint, stored_record
+
+    try:
+        state = load_checkpoint(a.checkpoint)
+        check_languages(state, a.src, a.tgt, a.checkpoint)
+    except CheckpointError as err:
+        raise EvaluateError(str(err)) from None
+    record = stored_record(state) or {}
+    for side, lang in (("source", a.src), ("target", a.tgt)):
+        want = record.get(f"{side}_dict")
+        if want:
+            path = os.path.join(a.data_bin, f"dict.{lang}.txt")
+            got = dictionary_fingerprint(Dictionary.load(path))
+            if got != want:
+                raise EvaluateError(f"{path} is not the {side} dictionary {a.checkpoint} was trained with "
+                                    f"(fingerprint {got[:12]}, trained with {want[:12]}): same size or not, its "
+                                    "indices name other words; give the --data-bin the model was trained on")
+
+
 def _generate(a, subset: str, log_path: str) -> None:
     """Run fairseq-generate on ``subset``; its output (command first) goes to ``log_path``
     atomically, or to ``<subset>.generate.failed.log`` and an :class:`EvaluateError`."""
@@ -233,12 +287,15 @@ def evaluate(a) -> List[Dict]:
     the ``S.json`` dicts.
 
     Raises:
-        EvaluateError: bad input, a failed generation, or hypotheses that do not match the
-            references (count, missing ids, BPE left).
+        EvaluateError: bad input (checked before anything is written: paths, subsets, ``--extra``,
+            the checkpoint's direction and dictionaries, ``--out``), a failed generation, or
+            hypotheses that do not match the references (count, missing ids, BPE left).
     """
     from . import hypotheses, scoring
 
     _check_inputs(a)
+    check_extra(a.extra)
+    check_checkpoint_data(a)
     out = os.path.abspath(a.out or os.path.join(os.path.dirname(a.checkpoint),
                                                 "eval_" + os.path.splitext(os.path.basename(a.checkpoint))[0]))
     owned = check_out(a, out)

@@ -7,6 +7,7 @@ import gzip
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -54,6 +55,7 @@ def fake_generate(monkeypatch):
             f.write("# command: python -m fairseq_cli.generate (faked)\n")
             f.writelines(f"H-{i}\t-0.1\t{r}\n" for i, r in enumerate(REFS))
     monkeypatch.setattr(evaluate, "_generate", gen)
+    monkeypatch.setattr(evaluate, "check_checkpoint_data", lambda a: None)  # the checkpoint is a stand-in
     return calls
 
 
@@ -256,3 +258,88 @@ def test_every_budget_in_the_repository_passes_the_schema():
             load_budget(f)
             checked += 1
     assert checked >= 30
+
+
+# ---------------------------------------------------------------------------------------------
+# items 7 and 9: a checkpoint is used only in its direction and with its dictionaries
+# ---------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A 2-update model on the toy corpus (src -> tgt) and a copy of its data dir whose
+    dictionaries hold the same symbols in another order (same size: the model loads)."""
+    import train_helpers as th
+
+    base = tmp_path_factory.mktemp("trained")
+    data_bin = th.make_databin(str(base / "data"), n_train=24, n_valid=8)
+    th.run([os.path.join(th.BIN, "fairseq-train"),
+            *th.train_args(data_bin, str(base / "ck"), "--max-update", "2", arch="rela_transformer_small")])
+    other = base / "other_bin"
+    shutil.copytree(data_bin, other)
+    for lang in ("src", "tgt"):
+        lines = (other / f"dict.{lang}.txt").read_text().splitlines()
+        (other / f"dict.{lang}.txt").write_text("\n".join(lines[::-1]) + "\n")  # same size, other order
+    return str(base / "ck" / "checkpoint_last.pt"), data_bin, str(other)
+
+
+def test_training_records_the_direction_and_dictionaries_in_the_checkpoint(trained):
+    from fairseq.data import Dictionary
+
+    from fairseq_plugins.checkpoint import load_checkpoint
+    from fairseq_plugins.trained_data import dictionary_fingerprint, stored_languages, stored_record
+
+    ck, data_bin, _ = trained
+    state = load_checkpoint(ck)
+    rec = stored_record(state)
+    assert rec["source_lang"] == "src" and rec["target_lang"] == "tgt"
+    assert rec["source_dict"] == dictionary_fingerprint(Dictionary.load(os.path.join(data_bin, "dict.src.txt")))
+    assert stored_languages(state) == ("src", "tgt")
+
+
+def test_a_checkpoint_is_refused_in_the_other_direction_or_with_other_dictionaries(trained):
+    """Probes: an en->de checkpoint evaluated --src de --tgt en scored BLEU 0.02 with exit 0 (the
+    analysis likewise); a data dir whose dictionary differs but pads to the same size was accepted
+    (BLEU 3.38 instead of 4.18)."""
+    from fairseq_plugins.checkpoint import load_model_ensemble_and_task
+    from fairseq_plugins.trained_data import DataMismatchError
+
+    ck, data_bin, other = trained
+    models, _, task = load_model_ensemble_and_task([ck], {"data": data_bin})  # its own data: fine
+    assert len(task.source_dictionary) == len(models[0].encoder.embed_tokens.weight)
+    with pytest.raises(DataMismatchError, match=r"trained src->tgt; it cannot translate tgt->src"):
+        load_model_ensemble_and_task([ck], {"data": data_bin, "source_lang": "tgt", "target_lang": "src"})
+    with pytest.raises(DataMismatchError, match="source dictionary of the data dir .* is not the one"):
+        load_model_ensemble_and_task([ck], {"data": other})
+
+
+def test_fairseq_generate_refuses_a_data_dir_with_other_dictionaries(trained):
+    import train_helpers as th
+
+    ck, data_bin, other = trained
+    out = th.run([sys.executable, "-m", "fairseq_cli.generate", other, "--user-dir", os.path.join(ROOT, "fairseq_plugins"),
+                  "--path", ck, "--gen-subset", "valid", "--source-lang", "src", "--target-lang", "tgt", "--cpu",
+                  "--beam", "1", "--max-len-b", "3"], check=False, timeout=300)
+    assert out.returncode != 0 and "is not the one this model was trained with" in out.stderr + out.stdout
+
+
+def test_mt_evaluate_checks_direction_dictionaries_and_extra_before_generating(trained, tmp_path, monkeypatch):
+    ck, data_bin, other = trained
+    prep = tmp_path / "prep"
+    for d in ("raw", "tok"):
+        (prep / d).mkdir(parents=True)
+        for lang in ("src", "tgt"):
+            (prep / d / f"valid.{lang}").write_text("x\n")
+    monkeypatch.setattr(evaluate, "_generate", lambda *a: pytest.fail("generated despite bad input"))
+
+    def run(src, tgt, data, extra=""):
+        a = evaluate.parser().parse_args(["--checkpoint", ck, "--data-bin", data, "--prep-dir", str(prep), "--src", src,
+                                          "--tgt", tgt, "--subsets", "valid", "--out", str(tmp_path / "out"),
+                                          "--extra", extra])
+        with pytest.raises(evaluate.EvaluateError) as err:
+            evaluate.evaluate(a)
+        return str(err.value)
+
+    assert "was trained src->tgt; it cannot translate tgt->src (give --src src --tgt tgt" in run("tgt", "src", data_bin)
+    assert "is not the source dictionary" in run("src", "tgt", other)
+    assert "--extra may not set --gen-subset: mt-evaluate sets it itself; use --subsets" in \
+        run("src", "tgt", data_bin, "--gen-subset test1")
+    assert not (tmp_path / "out").exists()
