@@ -200,6 +200,19 @@ def check_config(out, cfg, force_new=False):
     write_json_atomic(path, {"sha256": config_hash(cfg), "config": cfg})
 
 
+def _int_at_least(low):
+    """An argparse type: an integer >= ``low`` (the error names the bound and the value)."""
+    def parse(text):
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {text!r}")
+        return value
+    return parse
+
+
 def main(argv=None) -> int:
     """Command line of one experiment (``mt-experiment``); exit status 0 (errors raise SystemExit)."""
     run_experiment(argv)
@@ -216,8 +229,8 @@ def run_experiment(argv=None):
     p.add_argument("--budget", default=os.path.join(ROOT, "configs", "multi30k", "small_cpu.yaml"))
     p.add_argument("--src", default="en", help="source language (a language of the budget's corpus)")
     p.add_argument("--tgt", default="de", help="target language")
-    p.add_argument("--max-update", type=int, help="override the budget's max-update")
-    p.add_argument("--seed", type=int, help="override the budget's seed")
+    p.add_argument("--max-update", type=_int_at_least(1), help="override the budget's max-update (>= 1)")
+    p.add_argument("--seed", type=_int_at_least(0), help="override the budget's seed (>= 0)")
     p.add_argument("--name", default=None, help="label stored in result.json")
     p.add_argument("--extra", default="", help="extra fairseq-train flags (quoted)")
     p.add_argument("--ribes", action="store_true",

@@ -7,6 +7,7 @@ import gzip
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -343,3 +344,70 @@ def test_mt_evaluate_checks_direction_dictionaries_and_extra_before_generating(t
     assert "--extra may not set --gen-subset: mt-evaluate sets it itself; use --subsets" in \
         run("src", "tgt", data_bin, "--gen-subset test1")
     assert not (tmp_path / "out").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# item 10: out-of-range values are refused at start-up
+# ---------------------------------------------------------------------------------------------
+RANGE_CASES = {
+    "--label-smoothing 1.5": ("criterion", "label_smoothing", 1.5, "--label-smoothing must be a finite number >= 0 and < 1"),
+    "--label-smoothing -0.5": ("criterion", "label_smoothing", -0.5, "--label-smoothing must be"),
+    "--lr -0.001": ("optimization", "lr", [-0.001], "--lr must be a finite number > 0"),
+    "--dropout -0.1": ("model", "dropout", -0.1, "--dropout must be a finite number >= 0 and < 1"),
+    "--weight-decay -1": ("optimizer", "weight_decay", -1.0, "--weight-decay must be a finite number >= 0"),
+    "--clip-norm nan": ("optimization", "clip_norm", float("nan"), "--clip-norm must be a finite number >= 0"),
+    "--max-update -5": ("optimization", "max_update", -5, "--max-update must be an integer >= 0"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(RANGE_CASES))
+def test_fairseq_training_options_outside_their_range_are_refused(case):
+    from omegaconf import OmegaConf
+
+    from fairseq_plugins.models.ranges import check_training_ranges
+
+    good = {"optimization": {"lr": [0.001], "clip_norm": 0.0, "max_update": 10, "max_epoch": 0, "update_freq": [1]},
+            "criterion": {"label_smoothing": 0.1}, "optimizer": {"weight_decay": 0.0},
+            "lr_scheduler": {"warmup_updates": 4, "warmup_init_lr": -1}, "model": {"dropout": 0.3},
+            "dataset": {"max_tokens": None, "batch_size": 8}, "checkpoint": {"save_interval_updates": 0}}
+    check_training_ranges(OmegaConf.create(good))  # fairseq's defaults and sentinels pass
+    section, key, value, expected = RANGE_CASES[case]
+    bad = OmegaConf.create(good)
+    bad[section][key] = value
+    with pytest.raises(ValueError, match=re.escape(expected)):
+        check_training_ranges(bad)
+
+
+def test_fairseq_train_refuses_label_smoothing_above_one_before_training(tmp_path):
+    """Probe: `--label-smoothing 1.5` trained to exit 0."""
+    import train_helpers as th
+
+    data_bin = th.make_databin(str(tmp_path / "data"), n_train=24, n_valid=8)
+    out = th.run([os.path.join(th.BIN, "fairseq-train"),
+                  *th.train_args(data_bin, str(tmp_path / "ck"), "--max-update", "2", "--criterion",
+                                 "label_smoothed_cross_entropy", "--label-smoothing", "1.5",
+                                 arch="rela_transformer_small")], check=False, timeout=300)
+    assert out.returncode != 0
+    assert "--label-smoothing must be a finite number >= 0 and < 1, got 1.5" in out.stdout + out.stderr
+    assert not os.path.exists(tmp_path / "ck" / "checkpoint_last.pt")
+
+
+def test_pipeline_command_lines_refuse_out_of_range_numbers(tmp_path, capsys):
+    from fairseq_plugins.analysis import cli as analysis_cli
+    from mt_pipeline import experiment, reproduce
+
+    with pytest.raises(SystemExit):
+        experiment.run_experiment(["--out", str(tmp_path / "r"), "--arch", "rela_transformer_small",
+                                   "--max-update", "-5"])
+    assert "--max-update: must be an integer >= 1, got '-5'" in capsys.readouterr().err
+    for limit in ("-5", "0"):
+        with pytest.raises(SystemExit):
+            analysis_cli.main(["--checkpoint", "x.pt", "--data", str(tmp_path), "--out", str(tmp_path / "a"),
+                               "--limit", limit])
+        assert f"--limit: must be a positive integer, got '{limit}'" in capsys.readouterr().err
+    for flag, value in (("--seeds", "1,x"), ("--rows", "abc")):
+        with pytest.raises(SystemExit):
+            reproduce.main(["rela", "table1", flag, value, "--dry-run"])
+        assert f"{flag} must be comma-separated non-negative integers (e.g. 1,2,3), got '{value}'" in \
+            capsys.readouterr().err
+    assert not (tmp_path / "r").exists() and not (tmp_path / "a").exists()

@@ -62,6 +62,7 @@ from ..options import check_fields, option
 from ..trained_data import KEY as TRAINED_DATA
 from ..trained_data import record_or_check
 from .precision import check_precision_flags, training_config
+from .ranges import check_training_ranges
 
 __all__ = ["RNNsearchModel", "RNNsearchConfig", "RNNsearchEncoder", "RNNsearchDecoder", "left_pad_attention"]
 
@@ -305,6 +306,7 @@ class RNNsearchModel(FairseqEncoderDecoderModel):
                                  f"{', '.join(sorted(_RNN_KEYS))}")
         base_architecture(args)
         check_precision_flags()  # --fp16/--bf16 this machine cannot train with (fairseq-train only)
+        check_training_ranges()  # --lr, --label-smoothing, --dropout ... in their ranges (fairseq-train only)
         record_or_check(args, task, training=training_config() is not None)  # direction, dictionaries
         check_fields(RNNsearchConfig(**{k: safe_getattr(args, k) for k in _RNN_KEYS}))
         left_pad = bool(getattr(args, "left_pad_source", True))

@@ -81,6 +81,7 @@ from ..options import OptionGroup, check_fields, option
 from ..trained_data import KEY as TRAINED_DATA
 from ..trained_data import record_or_check
 from .precision import check_precision_flags, training_config
+from .ranges import check_training_ranges
 
 __all__ = ["AttentionTransformerModel", "AttentionTransformerConfig", "RelaTransformerConfig",
            "ReluFormerTransformerConfig", "EattTransformerConfig", "ATTENTION_TYPES", "validate_args"]
@@ -539,6 +540,7 @@ class AttentionTransformerModel(TransformerModel):
         attention_transformer_base(args)
         cfg = validate_args(args)
         check_precision_flags()  # --fp16/--bf16 this machine cannot train with (fairseq-train only)
+        check_training_ranges()  # --lr, --label-smoothing, --dropout ... in their ranges (fairseq-train only)
         # training: record the direction and dictionaries in the stored config; else compare them
         record_or_check(args, task, training=training_config() is not None)
         return super().build_model(cfg, task)
