@@ -411,3 +411,35 @@ def test_pipeline_command_lines_refuse_out_of_range_numbers(tmp_path, capsys):
         assert f"{flag} must be comma-separated non-negative integers (e.g. 1,2,3), got '{value}'" in \
             capsys.readouterr().err
     assert not (tmp_path / "r").exists() and not (tmp_path / "a").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# item 4: BPE codes are parsed in the parent, before any worker pool
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("content,expected", [
+    (b"", "no merge operations"),
+    (b"#version: 0.2\na b\nnot-a-pair\n", ":3: 'not-a-pair' is not two subword units"),
+    (b"a b\n\xff\xfe c\n", "not UTF-8 text"),
+])
+def test_apply_bpe_refuses_bad_codes_instead_of_respawning_workers(tmp_path, content, expected):
+    """Probe: an empty or malformed codes file made subword-nmt sys.exit inside the Pool
+    initializer, and the Pool respawned workers (~140/s) forever."""
+    codes, text = tmp_path / "codes", tmp_path / "train.en"
+    codes.write_bytes(content)
+    text.write_text("a b c\n")
+    script = ("import sys; from mt_pipeline.prep import bpe; "
+              f"bpe.apply_bpe([({str(text)!r}, {str(tmp_path / 'out.en')!r})], {str(codes)!r}, workers=2)")
+    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and expected in out.stderr and str(codes) in out.stderr
+    assert not (tmp_path / "out.en").exists()
+
+
+def test_mt_prep_checks_given_bpe_codes_before_any_work(tmp_path):
+    empty = tmp_path / "codes"
+    empty.write_bytes(b"")
+    out = tmp_path / "out"
+    res = subprocess.run([sys.executable, "-m", "mt_pipeline.prep", "iwslt14_de_en", "--out", str(out), "--bpe-codes",
+                          str(empty), "--workers", "2"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 1, res.stderr
+    assert f"--bpe-codes: BPE codes {empty}: no merge operations" in res.stderr
+    assert not out.exists()
