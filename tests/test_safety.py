@@ -443,3 +443,72 @@ def test_mt_prep_checks_given_bpe_codes_before_any_work(tmp_path):
     assert res.returncode == 1, res.stderr
     assert f"--bpe-codes: BPE codes {empty}: no merge operations" in res.stderr
     assert not out.exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# item 8: a download cut short is never kept, nor its checksum pinned
+# ---------------------------------------------------------------------------------------------
+@pytest.fixture
+def short_server():
+    """An HTTP server whose responses announce 1000 bytes and close after 100."""
+    import http.server
+    import threading
+
+    class Short(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Length", "1000")
+            self.end_headers()
+            self.wfile.write(b"x" * 100)
+            self.wfile.flush()
+            self.close_connection = True
+
+        def log_message(self, *a):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Short)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/train.tgz"
+    server.shutdown()
+
+
+def test_a_download_that_ends_before_its_content_length_is_not_kept(tmp_path, short_server):
+    """Probe: a server that closed early despite Content-Length was not detected."""
+    from mt_pipeline.prep import fetch
+
+    dest = tmp_path / "download" / "train.tgz"
+    with pytest.raises(fetch.FetchError, match="cut short: got 100 of the 1000 bytes"):
+        fetch.download(short_server, str(dest), retries=1)
+    assert os.listdir(dest.parent) == []
+
+
+def test_an_unverified_checksum_is_never_pinned_from_a_cut_short_file(tmp_path, capsys):
+    """Probe: for an `unverified` source the short file's sha256 was pinned in
+    download/CHECKSUMS, so every later correct download was refused."""
+    import io
+    import tarfile
+
+    from mt_pipeline.prep import fetch
+    from mt_pipeline.prep.run import PrepRun
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as t:
+        data = os.urandom(50000)
+        info = tarfile.TarInfo("corpus/train.en")
+        info.size = len(data)
+        t.addfile(info, io.BytesIO(data))
+    whole = buf.getvalue()
+    up = tmp_path / "up" / "a.tgz"
+    up.parent.mkdir()
+    up.write_bytes(whole[: len(whole) // 2])  # a mirror holding a truncated copy (file:// has no short read)
+    items = [{"url": up.as_uri(), "file": "a.tgz", "sha256": "unverified"}]
+    ddir = tmp_path / "out" / "download"
+    run = PrepRun("t", str(tmp_path / "out"))
+    with pytest.raises(SystemExit):
+        fetch.fetch_all(run, items, str(ddir))
+    assert "is cut short or corrupt" in capsys.readouterr().err
+    assert not (ddir / "CHECKSUMS").exists() and not (ddir / "a.tgz").exists()
+    up.write_bytes(whole)  # the complete file is then accepted and pinned
+    fetch.fetch_all(run, items, str(ddir))
+    assert (ddir / "CHECKSUMS").read_text() == f"{fetch.file_digest(str(up))} a.tgz\n"
