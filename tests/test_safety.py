@@ -512,3 +512,78 @@ def test_an_unverified_checksum_is_never_pinned_from_a_cut_short_file(tmp_path, 
     up.write_bytes(whole)  # the complete file is then accepted and pinned
     fetch.fetch_all(run, items, str(ddir))
     assert (ddir / "CHECKSUMS").read_text() == f"{fetch.file_digest(str(up))} a.tgz\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# item 11: messages, not tracebacks -- corpus specs, source formats, sentence text
+# ---------------------------------------------------------------------------------------------
+GOOD_SPEC = {"name": "toy", "title": "Toy", "langs": ["en", "de"], "downloads": [],
+             "local": {"default_dir": "toy", "splits": {"test": [{"file": "test.tsv", "format": "tsv:{col}",
+                                                                  "columns": {"en": 0, "de": 1}}]}},
+             "recipe": {"bpe_merges": 10}}
+BAD_SPECS = {
+    "empty": ("", "a corpus spec is a YAML mapping"),
+    "a list": ("- name\n- title\n", "got list"),
+    "misspelt key": ({"local": {"default_dir": "toy", "splits": {"test": [{"file": "test.tsv", "fromat": "tsv:1"}]}}},
+                     "unknown key local.splits.test[0].fromat (did you mean 'format'?)"),
+    "string for a list": ({"split_names": "train"}, "split_names must be a list of names"),
+    "langs a string": ({"langs": "en de"}, "langs must be a list of names"),
+    "bad bars column": ({"local": {"default_dir": "toy", "splits": {"test": [{"file": "t", "format": "bars:x"}]}}},
+                        "bars: takes a column number"),
+    "unknown format": ({"local": {"default_dir": "toy", "splits": {"test": [{"file": "t", "format": "tvs:1"}]}}},
+                       "unknown format 'tvs:1'"),
+    "recipe typo": ({"recipe": {"bpe_merge": 10}}, "unknown key recipe.bpe_merge (did you mean 'bpe_merges'?)"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_SPECS))
+def test_a_bad_corpus_spec_is_refused_with_the_key_named(tmp_path, monkeypatch, case):
+    """Probes: an empty / list corpus.yaml (traceback), strings where lists are expected (exit 0
+    printing "not available: t, r, a, i, n"), a misspelt `fromat:` (the whole TSV line taken as
+    both sides, silently)."""
+    import yaml
+
+    from mt_pipeline.prep import spec as specs
+
+    change, expected = BAD_SPECS[case]
+    (tmp_path / "toy").mkdir()
+    text = change if isinstance(change, str) else yaml.safe_dump(dict(GOOD_SPEC, **change))
+    (tmp_path / "toy" / "corpus.yaml").write_text(text)
+    monkeypatch.setattr(specs, "DATA_PREP", str(tmp_path))
+    with pytest.raises(SystemExit) as err:
+        specs.load_spec("toy")
+    assert expected in str(err.value) and "corpus.yaml" in str(err.value)
+    (tmp_path / "toy" / "corpus.yaml").write_text(yaml.safe_dump(GOOD_SPEC))
+    assert specs.load_spec("toy")["name"] == "toy"  # the good spec passes
+
+
+def _toy_sources(tmp_path, spec, lines):
+    from mt_pipeline.prep import raw
+
+    (tmp_path / "in").mkdir(exist_ok=True)
+    (tmp_path / "in" / "test.tsv").write_bytes(lines)
+    return raw.Sources(dict(spec, splits={}), "local", str(tmp_path / "in"), str(tmp_path / "dl"))
+
+
+@pytest.mark.parametrize("content,expected", [
+    (b"a man\tein Mann\nno tab here\n", "test.tsv: line 2: 1 tab-separated columns, format 'tsv:1' needs field 1"),
+    (b"a man\tein Mann\nbad \xff byte\tx\n", "test.tsv:2: invalid UTF-8 at byte"),
+    (b"a\x00man\tein Mann\n", "test.en:1: control character '\\x00'"),
+    (b"a man\tein Mann\n \t \n", "test.en:2: empty line"),
+])
+def test_bad_source_text_names_file_and_line_and_writes_no_split(tmp_path, capsys, content, expected):
+    from mt_pipeline.prep import raw
+    from mt_pipeline.prep.run import PrepRun
+
+    spec = dict(GOOD_SPEC, local={"default_dir": "toy", "splits": {
+        "valid": [{"file": "valid.tsv", "format": "tsv:{col}", "columns": {"en": 0, "de": 1}}],
+        "test": [{"file": "test.tsv", "format": "tsv:{col}", "columns": {"en": 0, "de": 1}}]}})
+    sources = _toy_sources(tmp_path, spec, content)
+    (tmp_path / "in" / "valid.tsv").write_text("a dog\tein Hund\n")  # a good split, read first
+    out = tmp_path / "raw"
+    out.mkdir()
+    with pytest.raises(SystemExit):
+        raw.write_splits(PrepRun("t", str(tmp_path)), sources, ["valid", "test"], str(out))
+    msg = capsys.readouterr().err
+    assert expected in msg, msg
+    assert os.listdir(out) == []  # not even the good split
