@@ -240,7 +240,11 @@ def _explain(err: BaseException, path=None):
     if path is not None and not isinstance(path, (str, bytes, os.PathLike)):
         path = getattr(path, "name", None)
     refusal = (UnsafeCheckpointError, refusal_message(str(err), path)) if _is_refusal(err) else None
-    if path is None or not isinstance(err, (EOFError, OSError, RuntimeError, ValueError, pickle.UnpicklingError)):
+    # KeyError / IndexError / TypeError: torch's legacy unpickler running text as pickle opcodes
+    # (b"h..." is BINGET -> KeyError: 104, b"e..." APPENDS -> IndexError); reclassified below only
+    # for a file that is neither a zip archive nor a pickle
+    if path is None or not isinstance(err, (EOFError, OSError, RuntimeError, ValueError, pickle.UnpicklingError,
+                                            KeyError, IndexError, TypeError)):
         return refusal
     try:
         if not os.path.isfile(path):

@@ -14,7 +14,7 @@ import re
 import tempfile
 
 __all__ = ["atomic_path", "write_lines_atomic", "write_text_atomic", "write_json_atomic", "remove_leftovers",
-           "OwnedFiles", "NotOwnedError"]
+           "OwnedFiles", "NotOwnedError", "writable_problem"]
 
 
 @contextlib.contextmanager
@@ -155,3 +155,21 @@ class OwnedFiles:
         self.names.discard(name)
         self._save()
         return True
+
+
+def writable_problem(path: str, is_dir: bool = True):
+    """Why outputs cannot be written at ``path`` (a directory, or with ``is_dir=False`` a file
+    whose directory is checked), or None when they can: the nearest existing directory must be
+    a writable directory.  For the up-front checks of the command-line tools (a read-only output
+    folder is named before any work, not found by a ``PermissionError`` at the end)."""
+    d = os.path.abspath(path if is_dir else os.path.dirname(os.path.abspath(path)))
+    while not os.path.exists(d):
+        parent = os.path.dirname(d)
+        if parent == d:
+            break
+        d = parent
+    if not os.path.isdir(d):
+        return f"{d} is not a directory"
+    if not os.access(d, os.W_OK | os.X_OK):
+        return f"{d} is not writable (read-only folder or another owner)"
+    return None

@@ -38,7 +38,8 @@ import subprocess
 import sys
 from typing import Dict, List, Optional
 
-from .atomic import NotOwnedError, OwnedFiles, atomic_path, remove_leftovers, write_json_atomic, write_text_atomic
+from .atomic import (NotOwnedError, OwnedFiles, atomic_path, remove_leftovers, writable_problem, write_json_atomic,
+                     write_text_atomic)
 from .provenance import ROOT
 from .provenance import file_sha256 as checkpoint_sha256
 
@@ -140,7 +141,8 @@ def _purge_other_checkpoints(out: str, sha256: str, owned: Optional[OwnedFiles] 
 
 
 def check_out(a, out: str) -> OwnedFiles:
-    """Refuse an ``out`` that is (or is inside) ``--data-bin`` or ``--prep-dir``, or that holds a
+    """Refuse an ``out`` that cannot be written (a read-only folder), that is (or is inside)
+    ``--data-bin`` or ``--prep-dir``, or that holds a
     file mt-evaluate did not write under the name of an output it would write for ``a.subsets``;
     returns mt-evaluate's manifest of ``out`` (nothing is written when ``out`` is new).
 
@@ -153,6 +155,9 @@ def check_out(a, out: str) -> OwnedFiles:
         if real == d or real.startswith(d + os.sep):
             raise EvaluateError(f"--out {out} is inside {flag} {d}; evaluation outputs go to a directory of their "
                                 "own (e.g. the default <checkpoint dir>/eval_<checkpoint name>)")
+    problem = writable_problem(out)
+    if problem:
+        raise EvaluateError(f"--out {out}: {problem}; choose a writable --out")
     owned = owned_files(out)
     alien = owned.foreign([f for s in a.subsets for f in subset_files(s)])
     if alien:
@@ -329,7 +334,7 @@ def evaluate(a) -> List[Dict]:
             raise EvaluateError(f"could not extract {n} hypotheses for subset {s} from {log}")
         try:
             res = scoring.score_files(hyp_detok, ref, hyp_tok, tok_ref, ribes=a.ribes)
-        except scoring.LineCountError as err:
+        except (scoring.LineCountError, scoring.TextError) as err:
             raise EvaluateError(f"scoring failed for subset {s}: {err}") from err
         res.update(subset=s, testset=testset_name(a.prep_dir, s), src=a.src, tgt=a.tgt,
                    checkpoint=os.path.abspath(a.checkpoint), checkpoint_sha256=sha, beam=str(a.beam),

@@ -36,7 +36,7 @@ import subprocess
 import sys
 import time
 
-from .atomic import remove_leftovers, write_json_atomic
+from .atomic import remove_leftovers, writable_problem, write_json_atomic
 from .budget import (build_train_cmd, decode_checkpoint, eval_cmd, flags, load_budget, prep_cmd,  # noqa: F401
                      prep_dir, regime, train_flags)
 from .curves import last_valid_metrics, loss_curves
@@ -240,12 +240,21 @@ def run_experiment(argv=None):
     a = p.parse_args(argv)
     if a.src == a.tgt:
         p.error("--src and --tgt must differ (e.g. --src en --tgt de)")
+    if a.fns:
+        from fairseq_plugins.attention import attention_fn_names
+
+        unknown = [f for f in a.fns if f not in attention_fn_names()]
+        if unknown:  # else fairseq-train fails at start-up and the run would be recorded as a failed training
+            p.error(f"--fns: unknown attention function(s) {', '.join(unknown)}; valid: {', '.join(attention_fn_names())}")
     budget = load_budget(a.budget)
     import torch
 
     train_cfg = train_flags(budget, torch.cuda.is_available(), a.max_update)
     if a.seed is not None:
         train_cfg["seed"] = a.seed
+    problem = writable_problem(a.out)
+    if problem:
+        p.error(f"--out {a.out}: {problem}")
     os.makedirs(a.out, exist_ok=True)
     out = os.path.abspath(a.out)
     with run_dir_lock(out):

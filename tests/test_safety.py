@@ -587,3 +587,58 @@ def test_bad_source_text_names_file_and_line_and_writes_no_split(tmp_path, capsy
     msg = capsys.readouterr().err
     assert expected in msg, msg
     assert os.listdir(out) == []  # not even the good split
+
+
+def test_mt_score_names_a_latin1_hypothesis(tmp_path, capsys):
+    """Probe: a Latin-1 hypothesis in mt-score was a UnicodeDecodeError traceback."""
+    from mt_pipeline import scoring
+
+    hyp, ref = tmp_path / "hyp", tmp_path / "ref"
+    hyp.write_bytes("ein Mann\nfür Kinder\n".encode("latin-1"))
+    ref.write_text("ein Mann\nfür Kinder\n")
+    assert scoring.main(["--hyp", str(hyp), "--ref", str(ref)]) == 1
+    assert f"{hyp}:2: not UTF-8 (byte 0xfc" in capsys.readouterr().err
+
+
+def test_a_read_only_output_folder_is_named_before_any_work(tmp_path, capsys, monkeypatch, fake_generate):
+    """Probe: a read-only output folder was a PermissionError traceback at the end.  (The tests
+    run as root, which may write anywhere, so the folder's permission is simulated.)"""
+    from mt_pipeline import scoring
+
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: False if os.path.abspath(p) == str(ro) else real_access(p, mode))
+    hyp = tmp_path / "hyp"
+    hyp.write_text("a\n")
+    assert scoring.main(["--hyp", str(hyp), "--ref", str(hyp), "--json", str(ro / "s.json")]) == 1
+    assert f"--json {ro / 's.json'}: {ro} is not writable" in capsys.readouterr().err
+    ck, data_bin, prep = _eval_inputs(tmp_path)
+    with pytest.raises(evaluate.EvaluateError, match=f"--out {ro}: {ro} is not writable"):
+        evaluate.evaluate(_args(ck, data_bin, prep, ro))
+    assert fake_generate == [] and os.listdir(ro) == []
+
+
+def test_unknown_attention_functions_are_refused_before_a_run_directory_exists(tmp_path, capsys):
+    """Probe: `mt-experiment --fns relu2 ...` was recorded as a training failure (result.json
+    status failed) after fairseq-train refused the name at start-up."""
+    from mt_pipeline import experiment
+
+    with pytest.raises(SystemExit):
+        experiment.run_experiment(["--out", str(tmp_path / "run"), "--arch", "rela_transformer_small",
+                                   "--fns", "rela_g", "relu2", "softmax"])
+    err = capsys.readouterr().err
+    assert "--fns: unknown attention function(s) relu2; valid:" in err and "rela_g" in err
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("text", [b"hello world\n", b"every line is text\n"])
+def test_a_text_file_named_pt_is_named_not_a_checkpoint(tmp_path, text):
+    """Probe: a text file named .pt gave `KeyError: 101` / `IndexError` (torch's legacy unpickler
+    runs the text as pickle opcodes)."""
+    from fairseq_plugins.checkpoint import CheckpointError, load_checkpoint
+
+    path = tmp_path / "model.pt"
+    path.write_bytes(text)
+    with pytest.raises(CheckpointError, match=f"{path} is not a torch checkpoint"):
+        load_checkpoint(str(path))

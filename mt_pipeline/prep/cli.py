@@ -23,6 +23,7 @@ import os
 import re
 import sys
 
+from mt_pipeline.atomic import writable_problem
 from mt_pipeline.prep import multi30k, sentence, spec as specs
 from mt_pipeline.prep.longdoc import pipeline as longdoc
 from mt_pipeline.prep.tools import missing_base_modules
@@ -205,6 +206,8 @@ def main(argv=None):
     p, args = parse_args(spec, argv[1:])
     mode, local_dir = resolve_inputs(p, spec, args)
     check_overlap(p, spec, args, mode, local_dir)
+    if not args.dry_run and writable_problem(args.out):
+        p.error(f"--out {args.out}: {writable_problem(args.out)}")
     check_python(p, args.dry_run)
     PIPELINES[spec["pipeline"]].main(spec, args, mode, local_dir)
     return 0
