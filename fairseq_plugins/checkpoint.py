@@ -163,15 +163,23 @@ def load_model_ensemble_and_task(filenames, arg_overrides: Optional[dict] = None
 
     Raises:
         CheckpointError / UnsafeCheckpointError: see :func:`load_checkpoint`.
+        fairseq_plugins.trained_data.DataMismatchError: ``source_lang``/``target_lang`` overrides
+            other than the direction a checkpoint was trained in; a plugin model whose recorded
+            dictionaries differ from the data dir's (checked when the model is built).
         FileNotFoundError: a missing file.
     """
     from fairseq import checkpoint_utils
 
+    from .trained_data import check_languages
+
     models, cfg = [], None
+    over = arg_overrides or {}
     for path in filenames:
         if not os.path.exists(path):
             raise FileNotFoundError(f"checkpoint not found: {path}")
-        state = prepare_state(load_checkpoint(path), arg_overrides or {})
+        state = load_checkpoint(path)
+        check_languages(state, over.get("source_lang"), over.get("target_lang"), path)
+        state = prepare_state(state, over)
         ms, cfg, task = checkpoint_utils.load_model_ensemble_and_task(
             [path], arg_overrides=arg_overrides, task=task, state=state, **kw)
         models += ms
@@ -232,7 +240,11 @@ def _explain(err: BaseException, path=None):
     if path is not None and not isinstance(path, (str, bytes, os.PathLike)):
         path = getattr(path, "name", None)
     refusal = (UnsafeCheckpointError, refusal_message(str(err), path)) if _is_refusal(err) else None
-    if path is None or not isinstance(err, (EOFError, OSError, RuntimeError, ValueError, pickle.UnpicklingError)):
+    # KeyError / IndexError / TypeError: torch's legacy unpickler running text as pickle opcodes
+    # (b"h..." is BINGET -> KeyError: 104, b"e..." APPENDS -> IndexError); reclassified below only
+    # for a file that is neither a zip archive nor a pickle
+    if path is None or not isinstance(err, (EOFError, OSError, RuntimeError, ValueError, pickle.UnpicklingError,
+                                            KeyError, IndexError, TypeError)):
         return refusal
     try:
         if not os.path.isfile(path):

@@ -17,6 +17,8 @@ The command builders return argument lists (no shell): data preparation
 ``python -m mt_pipeline.<module>`` from the repository root, so they use this checkout's code.
 """
 
+import difflib
+import math
 import os
 import shlex
 import sys
@@ -26,7 +28,7 @@ import yaml
 
 from .provenance import ROOT
 
-__all__ = ["REGIMES", "flags", "merge", "load_budget", "regime", "train_flags", "prep_dir", "prep_cmd",
+__all__ = ["REGIMES", "SCHEMA", "flags", "merge", "load_budget", "check_budget", "nearest", "regime", "train_flags", "prep_dir", "prep_cmd",
            "build_train_cmd", "average_cmd", "decode_checkpoint", "eval_cmd"]
 
 #: what a budget's numbers can claim (shown in every rendered table)
@@ -61,11 +63,101 @@ def merge(base: Dict, over: Dict) -> Dict:
     return out
 
 
-def load_budget(path: str) -> Dict:
-    """Read a budget YAML, its ``base:`` chain (paths relative to the repo root) merged first.
+#: the keys of a budget and of each of its sections (``train``/``train-gpu``/``bleu`` hold free keys)
+SCHEMA = {
+    None: ("base", "regime", "train", "train-gpu", "average", "generate", "data", "batch", "bleu"),
+    "average": ("num-update-checkpoints", "num-epoch-checkpoints", "checkpoint"),
+    "generate": ("beam", "lenpen", "batch-size", "extra"),
+    "data": ("corpus", "out", "bpe-merges", "subsets", "variant", "prep-flags", "train-lines"),
+    "batch": ("tokens_per_update", "max_tokens_per_gpu", "sentences_per_update", "max_sentences_per_gpu", "fp16"),
+}
+
+
+def nearest(word: str, valid) -> str:
+    """`` (did you mean 'X'?)`` for the valid name closest to ``word``, or an empty string."""
+    close = difflib.get_close_matches(str(word), list(valid), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _positive_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v > 0
+
+
+def check_budget(budget, where: str = "budget") -> None:
+    """Check a merged budget against :data:`SCHEMA` before any work: every key known (an unknown
+    one names the nearest valid key), ``regime`` one of :data:`REGIMES`, ``train`` a mapping,
+    ``average`` exactly one valid choice, ``generate`` a positive ``beam``/``batch-size`` and a
+    finite ``lenpen``, ``data`` a corpus of ``data-prep/`` and a non-empty list of ``subsets``.
 
     Raises:
-        SystemExit: the file (or a base) does not exist, or bases form a cycle.
+        SystemExit: every problem found, one per line, each naming the valid choices.
+    """
+    if not isinstance(budget, dict):
+        raise SystemExit(f"{where}: a budget is a YAML mapping (train:, generate:, data:, ...), got "
+                         f"{type(budget).__name__}")
+    problems = []
+    for key in budget:
+        if key not in SCHEMA[None]:
+            problems.append(f"unknown key {key!r}{nearest(key, SCHEMA[None])}; valid: {', '.join(SCHEMA[None])}")
+    for section, keys in SCHEMA.items():
+        if section is None or section not in budget:
+            continue
+        value = budget[section]
+        if not isinstance(value, dict):
+            problems.append(f"`{section}` must be a mapping of {', '.join(keys)}; got {value!r}")
+            continue
+        for key in value:
+            if key not in keys:
+                problems.append(f"unknown key {section}.{key}{nearest(key, keys)}; valid: {', '.join(keys)}")
+    for section in ("train", "train-gpu", "bleu"):
+        if section in budget and not isinstance(budget[section], dict):
+            problems.append(f"`{section}` must be a mapping; got {budget[section]!r}")
+    if "train" not in budget:
+        problems.append("no `train:` section (the fairseq-train flags)")
+    r = budget.get("regime", "unstated")
+    if r != "unstated" and r not in REGIMES:
+        problems.append(f"regime {r!r}{nearest(r, REGIMES)}; valid: {', '.join(REGIMES)}")
+    avg = budget.get("average")
+    if isinstance(avg, dict):
+        given = [k for k in SCHEMA["average"] if avg.get(k) is not None]  # null: a base's choice switched off
+        if len(given) != 1:
+            problems.append(f"`average` {avg!r}: give exactly one of `num-update-checkpoints: N`, "
+                            "`num-epoch-checkpoints: N`, `checkpoint: best`")
+        elif given[0] == "checkpoint" and avg["checkpoint"] != "best":
+            problems.append(f"average.checkpoint {avg['checkpoint']!r}: the only choice is `best`")
+        elif given[0] != "checkpoint" and not _positive_int(avg[given[0]]):
+            problems.append(f"average.{given[0]} must be a positive integer; got {avg[given[0]]!r}")
+    gen = budget.get("generate")
+    if isinstance(gen, dict):
+        for key in ("beam", "batch-size"):
+            if key in gen and not _positive_int(gen[key]):
+                problems.append(f"generate.{key} must be a positive integer; got {gen[key]!r}")
+        lp = gen.get("lenpen", 1.0)
+        if isinstance(lp, bool) or not isinstance(lp, (int, float)) or not math.isfinite(lp):
+            problems.append(f"generate.lenpen must be a finite number; got {lp!r}")
+        if "extra" in gen and not isinstance(gen["extra"], dict):
+            problems.append(f"generate.extra must be a mapping of fairseq-generate flags; got {gen['extra']!r}")
+    data = budget.get("data")
+    if isinstance(data, dict):
+        corpora = sorted(d for d in os.listdir(os.path.join(ROOT, "data-prep"))
+                         if os.path.isfile(os.path.join(ROOT, "data-prep", d, "prepare.sh")))
+        if "corpus" in data and data["corpus"] not in corpora:
+            problems.append(f"data.corpus {data['corpus']!r}{nearest(data['corpus'], corpora)}; valid: {', '.join(corpora)}")
+        subsets = data.get("subsets")
+        if "subsets" in data and not (isinstance(subsets, list) and subsets
+                                      and all(isinstance(x, str) and x for x in subsets)):
+            problems.append(f"data.subsets must be a non-empty list of subset names (e.g. [test, test1]); got {subsets!r}")
+    if problems:
+        raise SystemExit(f"{where}: " + ("\n  ".join([""] + problems) if len(problems) > 1 else problems[0]))
+
+
+def load_budget(path: str) -> Dict:
+    """Read a budget YAML, its ``base:`` chain (paths relative to the repo root) merged first, and
+    check the result (:func:`check_budget`) before any work is done with it.
+
+    Raises:
+        SystemExit: the file (or a base) does not exist or is not valid YAML, bases form a cycle,
+            or the merged budget does not pass :func:`check_budget`.
     """
     seen: List[str] = []
     chain = []
@@ -76,13 +168,22 @@ def load_budget(path: str) -> Dict:
         if not os.path.exists(path):
             raise SystemExit(f"budget config not found: {path}")
         seen.append(path)
-        with open(path) as f:
-            cfg = yaml.safe_load(f) or {}
+        try:
+            with open(path) as f:
+                cfg = yaml.safe_load(f)
+        except yaml.YAMLError as err:
+            raise SystemExit(f"budget {path} is not valid YAML: {err}") from None
+        if cfg is None:
+            raise SystemExit(f"budget {path} is empty; a budget is a mapping (train:, generate:, data:, ...)")
+        if not isinstance(cfg, dict):
+            raise SystemExit(f"budget {path} is a YAML {type(cfg).__name__}, not a mapping (train:, generate:, "
+                             "data:, ...)")
         chain.append(cfg)
         path = cfg.get("base")
     budget: Dict = {}
     for cfg in reversed(chain):
         budget = merge(budget, {k: v for k, v in cfg.items() if k != "base"})
+    check_budget(budget, f"budget {seen[0]}")
     return budget
 
 

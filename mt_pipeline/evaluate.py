@@ -19,6 +19,14 @@ One directory, one checkpoint: ``S.json`` records the checkpoint's path and SHA-
 ``--out`` are removed (all subsets, not just the ones asked for), so an interrupted re-evaluation
 leaves a directory with fewer subsets, never a mix of two models.  :func:`done_subsets` tells a
 caller which subsets are complete for a checkpoint.
+
+Only files mt-evaluate wrote are ever removed or overwritten: they are recorded in
+``<out>/.mt-evaluate.owned`` (:class:`mt_pipeline.atomic.OwnedFiles`) before they are written.
+Any other file in ``--out`` (a run's ``config.json``, a user's ``notes.json``) is left alone, and
+one that has the name of an output to write stops the evaluation before it starts.  A directory
+from before the manifest adopts the subsets whose ``S.json`` records a ``checkpoint_sha256``
+(and generation logs that start with mt-evaluate's ``# command:`` line).  ``--out`` may not be
+the data-bin or prep directory (or inside it).
 """
 
 import argparse
@@ -30,7 +38,8 @@ import subprocess
 import sys
 from typing import Dict, List, Optional
 
-from .atomic import atomic_path, remove_leftovers, write_json_atomic, write_text_atomic
+from .atomic import (NotOwnedError, OwnedFiles, atomic_path, remove_leftovers, writable_problem, write_json_atomic,
+                     write_text_atomic)
 from .provenance import ROOT
 from .provenance import file_sha256 as checkpoint_sha256
 
@@ -73,23 +82,88 @@ def done_subsets(out: str, sha256: str, subsets: List[str], ribes: bool = False)
     return done
 
 
-def _purge_other_checkpoints(out: str, sha256: str) -> List[str]:
-    """Remove every subset's files in ``out`` unless its ``S.json`` belongs to ``sha256``; returns
-    the subsets removed.  Files of a subset without ``S.json`` (an interrupted run) go too."""
-    names = {os.path.basename(p).split(".")[0] for p in glob.glob(os.path.join(out, "*.*"))
-             if re.fullmatch(r"[A-Za-z0-9_]+\.(json|hyp\.tok|hyp\.tc|hyp\.detok|score\.txt|generate\.log|"
-                             r"generate\.failed\.log)", os.path.basename(p))}
+_SUBSET_FILE = re.compile(r"([A-Za-z0-9_]+)\.(json|hyp\.tok|hyp\.tc|hyp\.detok|score\.txt|generate\.log|"
+                          r"generate\.failed\.log)")
+TOOL = "mt-evaluate"
+
+
+def subset_files(s: str) -> List[str]:
+    """The file names mt-evaluate may write for subset ``s`` (:data:`SUBSET_FILES`)."""
+    return [pattern.format(s=s) for pattern in SUBSET_FILES]
+
+
+def owned_files(out: str) -> OwnedFiles:
+    """mt-evaluate's manifest of ``out``.  In a directory from before the manifest, the files of
+    every subset whose ``S.json`` records a ``checkpoint_sha256`` (mt-evaluate's result), and the
+    generation logs that begin with mt-evaluate's ``# command: ... fairseq_cli.generate`` line,
+    are adopted as mt-evaluate's; nothing else is."""
+    owned = OwnedFiles(out, TOOL)
+    if owned.exists or not os.path.isdir(out):
+        return owned
+    adopt = []
+    for name in sorted(os.listdir(out)):
+        m = _SUBSET_FILE.fullmatch(name)
+        if not m:
+            continue
+        if m.group(2) == "json":
+            res = _read_json(os.path.join(out, name))
+            if isinstance(res, dict) and "checkpoint_sha256" in res:
+                adopt += [f for f in subset_files(m.group(1)) if os.path.exists(os.path.join(out, f))]
+        elif m.group(2).startswith("generate"):
+            try:
+                with open(os.path.join(out, name), encoding="utf-8", errors="replace") as f:
+                    head = f.readline()
+            except OSError:
+                continue
+            if head.startswith("# command: ") and "fairseq_cli.generate" in head:
+                adopt.append(name)
+    if adopt:
+        owned.adopt(adopt)
+    return owned
+
+
+def _purge_other_checkpoints(out: str, sha256: str, owned: Optional[OwnedFiles] = None) -> List[str]:
+    """Remove every subset's files in ``out`` that mt-evaluate wrote unless its ``S.json`` belongs
+    to ``sha256``; returns the subsets removed.  Files of a subset without ``S.json`` (an
+    interrupted run) go too; files mt-evaluate did not write (``owned``, default
+    :func:`owned_files`) are never removed."""
+    owned = owned if owned is not None else owned_files(out)
+    names = {m.group(1) for m in map(_SUBSET_FILE.fullmatch, sorted(owned.names)) if m}
     removed = []
     for s in sorted(names):
-        res = _read_json(os.path.join(out, f"{s}.json"))
+        res = _read_json(os.path.join(out, f"{s}.json")) if owned.owns(f"{s}.json") else None
         if res and res.get("checkpoint_sha256") == sha256:
             continue
-        for pattern in SUBSET_FILES:
-            path = os.path.join(out, pattern.format(s=s))
-            if os.path.exists(path):
-                os.unlink(path)
-        removed.append(s)
+        gone = [name for name in subset_files(s) if owned.remove(name)]
+        if gone:
+            removed.append(s)
     return removed
+
+
+def check_out(a, out: str) -> OwnedFiles:
+    """Refuse an ``out`` that cannot be written (a read-only folder), that is (or is inside)
+    ``--data-bin`` or ``--prep-dir``, or that holds a
+    file mt-evaluate did not write under the name of an output it would write for ``a.subsets``;
+    returns mt-evaluate's manifest of ``out`` (nothing is written when ``out`` is new).
+
+    Raises:
+        EvaluateError: the message names the directory or the files and the way out.
+    """
+    real = os.path.realpath(out)
+    for flag, d in (("--data-bin", a.data_bin), ("--prep-dir", a.prep_dir)):
+        d = os.path.realpath(d)
+        if real == d or real.startswith(d + os.sep):
+            raise EvaluateError(f"--out {out} is inside {flag} {d}; evaluation outputs go to a directory of their "
+                                "own (e.g. the default <checkpoint dir>/eval_<checkpoint name>)")
+    problem = writable_problem(out)
+    if problem:
+        raise EvaluateError(f"--out {out}: {problem}; choose a writable --out")
+    owned = owned_files(out)
+    alien = owned.foreign([f for s in a.subsets for f in subset_files(s)])
+    if alien:
+        raise EvaluateError(f"--out {out} holds {', '.join(alien)}, not written by mt-evaluate; refusing to overwrite "
+                            "(use another --out, or move them away)")
+    return owned
 
 
 def _check_inputs(a) -> None:
@@ -132,6 +206,60 @@ def _check_inputs(a) -> None:
                                 f"or {s}.{a.tgt}-{a.src}.{a.src}.idx)")
 
 
+#: fairseq-generate flags mt-evaluate sets itself (``--extra`` may not give them: a second
+#: ``--gen-subset`` would score one subset's hypotheses against another's references)
+OWN_FLAGS = {"--gen-subset": "--subsets", "--source-lang": "--src", "-s": "--src", "--target-lang": "--tgt",
+             "-t": "--tgt", "--path": "--checkpoint", "--beam": "--beam", "--lenpen": "--lenpen",
+             "--batch-size": "--batch-size", "--max-sentences": "--batch-size", "--remove-bpe": "(always given)",
+             "--post-process": "(--remove-bpe is always given)", "--required-batch-size-multiple": "(always 1)",
+             "--nbest": "(always 1)", "--user-dir": "--user-dir", "--results-path": "(the log is read from stdout)"}
+
+
+def check_extra(extra: str) -> None:
+    """Refuse an ``--extra`` that gives a flag mt-evaluate sets itself (:data:`OWN_FLAGS`).
+
+    Raises:
+        EvaluateError: naming the flag and mt-evaluate's own option for it.
+    """
+    import shlex
+
+    for word in shlex.split(extra or ""):
+        flag = word.split("=", 1)[0]
+        if flag in OWN_FLAGS:
+            raise EvaluateError(f"--extra may not set {flag}: mt-evaluate sets it itself; use {OWN_FLAGS[flag]}")
+
+
+def check_checkpoint_data(a) -> None:
+    """Compare the checkpoint with ``--src/--tgt`` and ``--data-bin``: the direction stored in its
+    ``cfg.task`` and, for the plugin's models, the fingerprints of the dictionaries it was trained
+    with (:mod:`fairseq_plugins.trained_data`), before anything is generated.
+
+    Raises:
+        EvaluateError: the checkpoint cannot be read, was trained in another direction, or with
+            other dictionaries than ``--data-bin``'s (the message says which and what to do).
+    """
+    from fairseq.data import Dictionary
+
+    from fairseq_plugins.checkpoint import CheckpointError, load_checkpoint
+    from fairseq_plugins.trained_data import check_languages, dictionary_fingerprint, stored_record
+
+    try:
+        state = load_checkpoint(a.checkpoint)
+        check_languages(state, a.src, a.tgt, a.checkpoint)
+    except CheckpointError as err:
+        raise EvaluateError(str(err)) from None
+    record = stored_record(state) or {}
+    for side, lang in (("source", a.src), ("target", a.tgt)):
+        want = record.get(f"{side}_dict")
+        if want:
+            path = os.path.join(a.data_bin, f"dict.{lang}.txt")
+            got = dictionary_fingerprint(Dictionary.load(path))
+            if got != want:
+                raise EvaluateError(f"{path} is not the {side} dictionary {a.checkpoint} was trained with "
+                                    f"(fingerprint {got[:12]}, trained with {want[:12]}): same size or not, its "
+                                    "indices name other words; give the --data-bin the model was trained on")
+
+
 def _generate(a, subset: str, log_path: str) -> None:
     """Run fairseq-generate on ``subset``; its output (command first) goes to ``log_path``
     atomically, or to ``<subset>.generate.failed.log`` and an :class:`EvaluateError`."""
@@ -164,19 +292,28 @@ def evaluate(a) -> List[Dict]:
     the ``S.json`` dicts.
 
     Raises:
-        EvaluateError: bad input, a failed generation, or hypotheses that do not match the
-            references (count, missing ids, BPE left).
+        EvaluateError: bad input (checked before anything is written: paths, subsets, ``--extra``,
+            the checkpoint's direction and dictionaries, ``--out``), a failed generation, or
+            hypotheses that do not match the references (count, missing ids, BPE left).
     """
     from . import hypotheses, scoring
 
     _check_inputs(a)
+    check_extra(a.extra)
+    check_checkpoint_data(a)
     out = os.path.abspath(a.out or os.path.join(os.path.dirname(a.checkpoint),
                                                 "eval_" + os.path.splitext(os.path.basename(a.checkpoint))[0]))
+    owned = check_out(a, out)
     os.makedirs(out, exist_ok=True)
-    remove_leftovers(out)
     sha = checkpoint_sha256(a.checkpoint)
-    for s in _purge_other_checkpoints(out, sha):
+    planned = [f for s in a.subsets for f in subset_files(s)]
+    remove_leftovers(out, names=sorted(owned.names | set(planned)))  # temp files a kill left, of our outputs only
+    for s in _purge_other_checkpoints(out, sha, owned):
         print(f"[evaluate] removed the results of subset {s} (another checkpoint, or incomplete)", file=sys.stderr)
+    try:
+        owned.claim(planned)  # recorded before they are written
+    except NotOwnedError as err:  # (a file appeared since check_out)
+        raise EvaluateError(str(err)) from None
     truecased = os.path.isfile(os.path.join(a.prep_dir, "tc", f"truecase-model.{a.tgt}"))
     post = "remove-bpe,detruecase,detokenize" if truecased else "remove-bpe,detokenize"
     print(f"[evaluate] checkpoint={a.checkpoint} sha256={sha[:12]} direction={a.src}->{a.tgt} beam={a.beam} "
@@ -197,7 +334,7 @@ def evaluate(a) -> List[Dict]:
             raise EvaluateError(f"could not extract {n} hypotheses for subset {s} from {log}")
         try:
             res = scoring.score_files(hyp_detok, ref, hyp_tok, tok_ref, ribes=a.ribes)
-        except scoring.LineCountError as err:
+        except (scoring.LineCountError, scoring.TextError) as err:
             raise EvaluateError(f"scoring failed for subset {s}: {err}") from err
         res.update(subset=s, testset=testset_name(a.prep_dir, s), src=a.src, tgt=a.tgt,
                    checkpoint=os.path.abspath(a.checkpoint), checkpoint_sha256=sha, beam=str(a.beam),

@@ -36,7 +36,7 @@ import subprocess
 import sys
 import time
 
-from .atomic import remove_leftovers, write_json_atomic
+from .atomic import remove_leftovers, writable_problem, write_json_atomic
 from .budget import (build_train_cmd, decode_checkpoint, eval_cmd, flags, load_budget, prep_cmd,  # noqa: F401
                      prep_dir, regime, train_flags)
 from .curves import last_valid_metrics, loss_curves
@@ -47,14 +47,28 @@ def log(msg):
     print(f"[experiment] {msg}", flush=True)
 
 
+#: file descriptors of the run-directory locks this process holds (:func:`run_dir_lock`); every
+#: child :func:`run` starts inherits them, so the lock lives as long as the runner *or* any of
+#: its children (a fairseq-train left running by a killed runner keeps the directory locked)
+_HELD_LOCKS = set()
+
+
 def run(cmd, logfile=None):
+    """Run ``cmd`` (argument list) from the repository root, holding this process's run-directory
+    locks in the child too; with ``logfile`` its output is appended there (progress lines echoed).
+
+    Raises:
+        subprocess.CalledProcessError: the command failed (``returncode < 0``: killed by a signal).
+    """
     log("$ " + " ".join(shlex.quote(c) for c in cmd))
+    fds = tuple(sorted(_HELD_LOCKS))
     if logfile is None:
-        subprocess.run(cmd, check=True, cwd=ROOT)
+        subprocess.run(cmd, check=True, cwd=ROOT, pass_fds=fds)
         return
     with open(logfile, "a") as f:
         env = dict(os.environ, PYTHONUNBUFFERED="1")  # progress lines as they happen
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                                pass_fds=fds)
         for line in proc.stdout:
             f.write(line)
             if " | train_inner | " in line or " | valid | " in line or "done training" in line:
@@ -73,7 +87,9 @@ def prepare_data(budget):
 @contextlib.contextmanager
 def run_dir_lock(out):
     """Hold ``<out>/.lock`` (``flock``) for the block, so that two runners never share a run
-    directory (two fairseq-train on one save dir would corrupt it).
+    directory (two fairseq-train on one save dir would corrupt it).  The children that
+    :func:`run` starts inherit the lock's file descriptor, so a fairseq-train that outlives a
+    killed runner (TERM or KILL) still holds it and a re-run is refused until it has ended.
 
     Raises:
         SystemExit: another process holds the lock (the message names the directory).
@@ -83,11 +99,14 @@ def run_dir_lock(out):
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise SystemExit(f"another experiment.py is running in {out} (it holds {out}/.lock); "
-                             "wait for it to finish or stop it first") from None
+            raise SystemExit(f"another mt-experiment, or a fairseq-train/evaluation it started, is running in {out} "
+                             f"(it holds {out}/.lock; `fuser {out}/.lock` names it); wait for it to finish or "
+                             "stop it first") from None
+        _HELD_LOCKS.add(f.fileno())
         yield
     finally:
-        f.close()  # releases the lock
+        _HELD_LOCKS.discard(f.fileno())
+        f.close()  # releases the lock (once no child holds it either)
 
 
 def target_updates(train_cmd):
@@ -181,6 +200,19 @@ def check_config(out, cfg, force_new=False):
     write_json_atomic(path, {"sha256": config_hash(cfg), "config": cfg})
 
 
+def _int_at_least(low):
+    """An argparse type: an integer >= ``low`` (the error names the bound and the value)."""
+    def parse(text):
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {text!r}")
+        return value
+    return parse
+
+
 def main(argv=None) -> int:
     """Command line of one experiment (``mt-experiment``); exit status 0 (errors raise SystemExit)."""
     run_experiment(argv)
@@ -197,8 +229,8 @@ def run_experiment(argv=None):
     p.add_argument("--budget", default=os.path.join(ROOT, "configs", "multi30k", "small_cpu.yaml"))
     p.add_argument("--src", default="en", help="source language (a language of the budget's corpus)")
     p.add_argument("--tgt", default="de", help="target language")
-    p.add_argument("--max-update", type=int, help="override the budget's max-update")
-    p.add_argument("--seed", type=int, help="override the budget's seed")
+    p.add_argument("--max-update", type=_int_at_least(1), help="override the budget's max-update (>= 1)")
+    p.add_argument("--seed", type=_int_at_least(0), help="override the budget's seed (>= 0)")
     p.add_argument("--name", default=None, help="label stored in result.json")
     p.add_argument("--extra", default="", help="extra fairseq-train flags (quoted)")
     p.add_argument("--ribes", action="store_true",
@@ -208,12 +240,21 @@ def run_experiment(argv=None):
     a = p.parse_args(argv)
     if a.src == a.tgt:
         p.error("--src and --tgt must differ (e.g. --src en --tgt de)")
+    if a.fns:
+        from fairseq_plugins.attention import attention_fn_names
+
+        unknown = [f for f in a.fns if f not in attention_fn_names()]
+        if unknown:  # else fairseq-train fails at start-up and the run would be recorded as a failed training
+            p.error(f"--fns: unknown attention function(s) {', '.join(unknown)}; valid: {', '.join(attention_fn_names())}")
     budget = load_budget(a.budget)
     import torch
 
     train_cfg = train_flags(budget, torch.cuda.is_available(), a.max_update)
     if a.seed is not None:
         train_cfg["seed"] = a.seed
+    problem = writable_problem(a.out)
+    if problem:
+        p.error(f"--out {a.out}: {problem}")
     os.makedirs(a.out, exist_ok=True)
     out = os.path.abspath(a.out)
     with run_dir_lock(out):

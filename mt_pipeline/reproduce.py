@@ -550,6 +550,9 @@ def main(argv=None):
     p.add_argument("--index-only", action="store_true",
                    help="only rewrite results/<paper>/<table>.md from what has run (runs nothing)")
     a = p.parse_args(argv)
+    for flag, text in (("--seeds", a.seeds), ("--rows", a.rows)):
+        if text is not None and not all(x.strip().isdigit() for x in text.split(",")):
+            p.error(f"{flag} must be comma-separated non-negative integers (e.g. 1,2,3), got {text!r}")
     if a.index_only:  # every scale goes into the index
         write_index(a.paper, a.table, lookup(a.paper, a.table, None))
         return 0

@@ -36,25 +36,43 @@ import argparse
 import os
 import sys
 
-from .atomic import write_json_atomic
+from .atomic import writable_problem, write_json_atomic
 
-__all__ = ["LineCountError", "read_lines", "score_files", "main"]
+__all__ = ["LineCountError", "TextError", "read_lines", "score_files", "main"]
 
 
 class LineCountError(ValueError):
     """Hypothesis and reference files have different numbers of lines."""
 
 
+class TextError(ValueError):
+    """A file to score is not UTF-8 text (the message names the file, line and byte)."""
+
+
 def read_lines(path):
     """Return the lines of ``path`` (UTF-8; gzip-compressed when the name ends in ``.gz``, as the
-    committed hypotheses of :mod:`mt_pipeline.evidence`) without their ``\\n``; split on ``\\n`` only."""
+    committed hypotheses of :mod:`mt_pipeline.evidence`) without their ``\\n``; split on ``\\n`` only.
+
+    Raises:
+        TextError: the file is not valid UTF-8 (e.g. a Latin-1 hypothesis); names file:line."""
     if str(path).endswith(".gz"):
         import gzip
 
-        with gzip.open(path, "rt", encoding="utf-8", newline="\n") as f:
-            return [line[:-1] if line.endswith("\n") else line for line in f]
-    with open(path, encoding="utf-8", newline="\n") as f:
-        return [line[:-1] if line.endswith("\n") else line for line in f]
+        with gzip.open(path, "rb") as f:
+            data = f.read()
+    else:
+        with open(path, "rb") as f:
+            data = f.read()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data[:err.start].count(b"\n") + 1
+        raise TextError(f"{path}:{line}: not UTF-8 (byte {data[err.start]:#04x} at offset {err.start}; Latin-1 or "
+                        "another encoding?): convert it, e.g. iconv -f latin1 -t utf-8") from None
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return lines
 
 
 def _check_counts(hyp_path, hyp_lines, ref_path, ref_lines):
@@ -76,7 +94,8 @@ def score_files(hyp, ref, tok_hyp=None, tok_ref=None, ribes=False):
     ``tok_bleu`` (float or None; BLEU with ``tokenize='none'`` on ``tok_hyp``/``tok_ref``),
     ``tok_signature``, ``tok_ribes`` (float in [0, 1], or None unless ``ribes``; RIBES on the
     tokenized files, Isozaki et al. 2010), ``n_hyp``, ``n_ref``, ``hyp``, ``ref``, ``tok_hyp``, ``tok_ref``
-    (absolute paths).  Raises :class:`LineCountError` when a hypothesis and its reference
+    (absolute paths).  Raises :class:`TextError` when a file is not UTF-8 (names file and line),
+    :class:`LineCountError` when a hypothesis and its reference
     differ in line count, ``ValueError`` when only one of ``tok_hyp``/``tok_ref`` is given or
     ``ribes`` is asked for without them.
     """
@@ -164,9 +183,12 @@ def main(argv=None):
         if path is not None and not os.path.isfile(path):
             print(f"mt-score: error: --{name.replace('_', '-')} {path}: no such file", file=sys.stderr)
             return 1
+    if args.json and writable_problem(args.json, is_dir=False):
+        print(f"mt-score: error: --json {args.json}: {writable_problem(args.json, is_dir=False)}", file=sys.stderr)
+        return 1
     try:
         result = score_files(args.hyp, args.ref, args.tokenized_hyp, args.tokenized_ref, ribes=args.ribes)
-    except LineCountError as e:
+    except (LineCountError, TextError) as e:
         print(f"mt-score: error: {e}", file=sys.stderr)
         return 1
     print(result["bleu_str"])

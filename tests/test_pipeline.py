@@ -101,9 +101,13 @@ def test_evaluation_directory_keeps_only_the_current_checkpoints_subsets(tmp_pat
     (out / "valid.generate.log").write_text("half a run, no json\n")
     assert evaluate.done_subsets(str(out), sha_a, ["test", "test1"]) == ["test"]
     assert evaluate.done_subsets(str(out), sha_a, ["test"], ribes=True) == []  # scored without RIBES
+    (out / "notes.json").write_text("{}")  # a user's file (issue 29.1: it was removed)
     removed = evaluate._purge_other_checkpoints(str(out), sha_b)
-    assert sorted(removed) == ["test", "valid"]
-    assert sorted(os.listdir(out)) == ["test1.hyp.detok", "test1.json"]
+    # the subsets whose S.json mt-evaluate wrote (adopted: no manifest yet); a log without
+    # mt-evaluate's command line and the user's file are not known to be its own and stay
+    assert sorted(removed) == ["test"]
+    assert sorted(os.listdir(out)) == [".mt-evaluate.owned", "notes.json", "test1.hyp.detok", "test1.json",
+                                       "valid.generate.log"]
 
 
 def test_evaluate_rejects_bad_input_before_generating(tmp_path, capsys):

@@ -45,21 +45,21 @@ def test_download_keeps_a_file_only_with_its_checksum(tmp_path):
 
 
 def test_fetch_all_records_unverified_checksums_and_skips_good_files(tmp_path, capsys):
-    src = tmp_path / "up" / "a.tgz"
+    src = tmp_path / "up" / "a.dat"  # not an archive: fetch.check_complete has nothing to read through
     src.parent.mkdir()
     src.write_bytes(b"archive")
     run = PrepRun("t", str(tmp_path / "out"))
-    items = [{"url": src.as_uri(), "file": "a.tgz", "sha256": "unverified"}]
+    items = [{"url": src.as_uri(), "file": "a.dat", "sha256": "unverified"}]
     ddir = tmp_path / "out" / "download"
     fetch.fetch_all(run, items, str(ddir))
-    assert (ddir / "CHECKSUMS").read_text() == f"{fetch.file_digest(str(src))} a.tgz\n"
+    assert (ddir / "CHECKSUMS").read_text() == f"{fetch.file_digest(str(src))} a.dat\n"
     fetch.fetch_all(run, items, str(ddir))  # present with the stored checksum: not fetched again
-    assert "have download/a.tgz" in capsys.readouterr().out
+    assert "have download/a.dat" in capsys.readouterr().out
     src.write_bytes(b"another archive")  # upstream changed: the stored checksum refuses it
-    (ddir / "a.tgz").unlink()
+    (ddir / "a.dat").unlink()
     with pytest.raises(SystemExit):
         fetch.fetch_all(run, items, str(ddir))
-    assert "sha256 mismatch" in capsys.readouterr().err and not (ddir / "a.tgz").exists()
+    assert "sha256 mismatch" in capsys.readouterr().err and not (ddir / "a.dat").exists()
 
 
 @pytest.mark.skipif(not os.path.isdir(M30K_RAW), reason=f"real data not found at {M30K_RAW}")

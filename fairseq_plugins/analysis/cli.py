@@ -40,6 +40,17 @@ def _labelled(items: List[str], flag: str) -> List[Tuple[str, str]]:
     return out
 
 
+def _positive_int(text):
+    """An argparse type: an integer >= 1 (``--limit 0`` or ``-5`` would analyse nothing or all)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fairseq-attention-analysis",
                                 description="Attention analysis (ReLA Section 5.2, ReLUFormer Sections 3.4/4.2)")
@@ -50,12 +61,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", help="fairseq data dir (binarized splits + dictionaries); required unless --replot")
     p.add_argument("--source-lang"), p.add_argument("--target-lang")
     p.add_argument("--split", default="test", help="split of --data to analyse (default: test)")
-    p.add_argument("--limit", type=int, help="only the first N pairs of the split")
+    p.add_argument("--limit", type=_positive_int, help="only the first N pairs of the split (N >= 1)")
     p.add_argument("--out", help="output directory (required unless --replot)")
     p.add_argument("--replot", metavar="ANALYSIS_JSON",
                    help="only re-render the curve figures from a written analysis.json (no checkpoints needed; "
                         "--out defaults to its directory)")
-    p.add_argument("--max-tokens", type=int, default=4096)
+    p.add_argument("--max-tokens", type=_positive_int, default=4096)
     p.add_argument("--taus", type=float, nargs="+", default=[1.0, 0.5, 0.25, 0.1],
                    help="temperatures of the softmax re-normalisation of non-distributions (ReLA Table 6)")
     p.add_argument("--top-p", type=float, nargs="+", default=[1.0, 5.0, 10.0, 20.0, 50.0])

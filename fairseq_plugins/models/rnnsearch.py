@@ -59,7 +59,10 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from ..attention.additive import ATTENTION_KINDS, NORMALIZER_CHOICES, AdditiveAttention
 from ..modules.auxiliary import clear_auxiliary
 from ..options import check_fields, option
-from .precision import check_precision_flags
+from ..trained_data import KEY as TRAINED_DATA
+from ..trained_data import record_or_check
+from .precision import check_precision_flags, training_config
+from .ranges import check_training_ranges
 
 __all__ = ["RNNsearchModel", "RNNsearchConfig", "RNNsearchEncoder", "RNNsearchDecoder", "left_pad_attention"]
 
@@ -297,12 +300,14 @@ class RNNsearchModel(FairseqEncoderDecoderModel):
     @classmethod
     def build_model(cls, args, task):
         if OmegaConf.is_config(args):
-            unknown = sorted(set(args.keys()) - _RNN_KEYS - {"_name", "arch"})
+            unknown = sorted(set(args.keys()) - _RNN_KEYS - {"_name", "arch", TRAINED_DATA})
             if unknown:
                 raise ValueError(f"unknown model option(s) {', '.join(unknown)} for rnnsearch; valid keys: "
                                  f"{', '.join(sorted(_RNN_KEYS))}")
         base_architecture(args)
         check_precision_flags()  # --fp16/--bf16 this machine cannot train with (fairseq-train only)
+        check_training_ranges()  # --lr, --label-smoothing, --dropout ... in their ranges (fairseq-train only)
+        record_or_check(args, task, training=training_config() is not None)  # direction, dictionaries
         check_fields(RNNsearchConfig(**{k: safe_getattr(args, k) for k in _RNN_KEYS}))
         left_pad = bool(getattr(args, "left_pad_source", True))
         encoder = RNNsearchEncoder(task.source_dictionary, args.encoder_embed_dim, args.encoder_hidden_size,

@@ -78,7 +78,10 @@ from ..attention.functions import RelaNormOptions, ReluFormerOptions, attention_
 from ..modules.auxiliary import clear_auxiliary
 from ..modules.ffn import FfnOptions, configure_ffn
 from ..options import OptionGroup, check_fields, option
-from .precision import check_precision_flags
+from ..trained_data import KEY as TRAINED_DATA
+from ..trained_data import record_or_check
+from .precision import check_precision_flags, training_config
+from .ranges import check_training_ranges
 
 __all__ = ["AttentionTransformerModel", "AttentionTransformerConfig", "RelaTransformerConfig",
            "ReluFormerTransformerConfig", "EattTransformerConfig", "ATTENTION_TYPES", "validate_args"]
@@ -351,7 +354,7 @@ def _check_keys(args) -> None:
     Raises:
         ValueError: naming the unknown keys and pointing at the valid ones.
     """
-    unknown = sorted(set(args.keys()) - AttentionTransformerConfig.flat_keys() - {"_name", "arch"})
+    unknown = sorted(set(args.keys()) - AttentionTransformerConfig.flat_keys() - {"_name", "arch", TRAINED_DATA})
     if unknown:
         raise ValueError(f"unknown model option(s) {', '.join(unknown)} for attention_transformer; valid "
                          "keys are the flags of `fairseq-train --arch <arch> --help` with '_' for '-' "
@@ -537,6 +540,9 @@ class AttentionTransformerModel(TransformerModel):
         attention_transformer_base(args)
         cfg = validate_args(args)
         check_precision_flags()  # --fp16/--bf16 this machine cannot train with (fairseq-train only)
+        check_training_ranges()  # --lr, --label-smoothing, --dropout ... in their ranges (fairseq-train only)
+        # training: record the direction and dictionaries in the stored config; else compare them
+        record_or_check(args, task, training=training_config() is not None)
         return super().build_model(cfg, task)
 
     def forward(self, *args, **kwargs):

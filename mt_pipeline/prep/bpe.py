@@ -56,6 +56,40 @@ def copy_codes(src, dst):
         f.write(gzip.decompress(data) if src.endswith(".gz") else data)
 
 
+def check_codes(path):
+    """Parse the BPE codes file ``path`` (``.gz`` decompressed) as subword-nmt's ``BPE`` reads it,
+    in this process, and return its number of merge operations.  subword-nmt calls ``sys.exit``
+    on a bad file inside ``BPE()``; in a worker pool's initializer that respawns workers forever
+    (issue 29.4), so every codes file is checked here before any pool starts.
+
+    Raises:
+        SystemExit: the file cannot be read, is not UTF-8, holds no merge operation, or has a line
+            that is not two subword units separated by a space (the message names file and line).
+    """
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+        if path.endswith(".gz"):
+            data = gzip.decompress(data)
+        text = data.decode("utf-8")
+    except (OSError, EOFError) as err:
+        raise SystemExit(f"BPE codes {path}: cannot read it ({err})") from None
+    except UnicodeDecodeError as err:
+        raise SystemExit(f"BPE codes {path}: not UTF-8 text (byte {err.start})") from None
+    lines = text.rstrip("\n").split("\n")
+    first = 1
+    if lines and lines[0].startswith("#version:"):
+        lines, first = lines[1:], 2
+    if not lines or lines == [""]:
+        raise SystemExit(f"BPE codes {path}: no merge operations (an empty file?); give the codes file "
+                         "learn_bpe wrote (one 'a b' pair per line), or leave --bpe-codes out to learn them")
+    for n, line in enumerate(lines, first):
+        if len(line.strip("\r\n ").split(" ")) != 2:
+            raise SystemExit(f"BPE codes {path}:{n}: {line[:60]!r} is not two subword units separated by a space "
+                             "(not a subword-nmt codes file?)")
+    return len(lines)
+
+
 _BPE = None  # the BPE object of this process (set by _init_bpe, in the workers too)
 
 
@@ -77,7 +111,8 @@ def apply_bpe(pairs, codes, workers=1):
     per input line, ``OUT`` written atomically.
 
     Raises:
-        SystemExit: a file's line count changed."""
+        SystemExit: a bad codes file (:func:`check_codes`) or a file's line count changed."""
+    check_codes(codes)  # before the pool: a bad file would make its initializer exit and respawn forever
     pool = None
     if workers > 1:
         import multiprocessing

@@ -23,6 +23,7 @@ import os
 import re
 import sys
 
+from mt_pipeline.atomic import writable_problem
 from mt_pipeline.prep import multi30k, sentence, spec as specs
 from mt_pipeline.prep.longdoc import pipeline as longdoc
 from mt_pipeline.prep.tools import missing_base_modules
@@ -152,6 +153,31 @@ def resolve_inputs(p, spec, args):
     return "download", None
 
 
+def _inside(path, directory):
+    """Whether ``path`` is ``directory`` or below it (symbolic links resolved)."""
+    path, directory = os.path.realpath(path), os.path.realpath(directory)
+    return path == directory or path.startswith(directory.rstrip(os.sep) + os.sep)
+
+
+def check_overlap(p, spec, args, mode, local_dir):
+    """Refuse an ``--out`` that overlaps an input directory (the local corpus directory or
+    ``--train-dir``): the stages replace ``<out>/raw``, ``<out>/bin`` ... as a whole, so
+    ``--raw-dir D/raw --out D`` would delete the upstream files (issue 29.2), and an ``--out``
+    inside an input directory writes into the user's data.
+
+    Raises:
+        SystemExit: the message names both directories."""
+    kind = spec["pipeline"]
+    inputs = [(LOCAL_ALIAS.get(kind, "--local-dir"), local_dir)] if mode == "local" or kind == "long_documents" else []
+    if getattr(args, "train_dir", None):
+        inputs.append(("--train-dir", args.train_dir))
+    for opt, d in inputs:
+        if d and (_inside(d, args.out) or _inside(args.out, d)):
+            p.error(f"--out {args.out} overlaps the input directory {opt} {d}: the preparation would write into (or "
+                    f"replace) the input files; use an --out outside {d} (e.g. the default "
+                    f"data-bin/<corpus>)")
+
+
 def check_python(p, dry):
     """Stop (a dry run: warn) when this interpreter lacks sacremoses, subword_nmt or fairseq."""
     missing = missing_base_modules()
@@ -179,6 +205,9 @@ def main(argv=None):
         return 1
     p, args = parse_args(spec, argv[1:])
     mode, local_dir = resolve_inputs(p, spec, args)
+    check_overlap(p, spec, args, mode, local_dir)
+    if not args.dry_run and writable_problem(args.out):
+        p.error(f"--out {args.out}: {writable_problem(args.out)}")
     check_python(p, args.dry_run)
     PIPELINES[spec["pipeline"]].main(spec, args, mode, local_dir)
     return 0

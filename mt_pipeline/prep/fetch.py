@@ -12,6 +12,7 @@ again.  An ``unverified`` checksum is computed on the first download and stored 
 
 import gzip
 import hashlib
+import http.client
 import os
 import time
 import urllib.error
@@ -28,6 +29,39 @@ class FetchError(Exception):
 
 class ChecksumError(Exception):
     """A file's checksum is not the recorded one; a download with it was not kept."""
+
+
+class _ShortRead(Exception):
+    """The body of a response ended before its ``Content-Length`` (retried like a network error)."""
+
+
+def check_complete(path):
+    """Read an archive or compressed file to its end (``.gz``, ``.tgz``/``.tar.*``, ``.zip``) so
+    that a cut-short download is found before its checksum is pinned; other files pass.
+
+    Raises:
+        ChecksumError: the file ends early or is corrupt (names it)."""
+    import tarfile
+    import zipfile
+
+    name = path.lower()
+    try:
+        if name.endswith((".tgz", ".tar.gz", ".tar.bz2", ".tar.xz", ".tar")):
+            with tarfile.open(path) as t:
+                for member in t:
+                    if member.isfile():
+                        t.extractfile(member).read()
+        elif name.endswith(".gz"):
+            with gzip.open(path, "rb") as f:
+                while f.read(1 << 20):
+                    pass
+        elif name.endswith(".zip"):
+            with zipfile.ZipFile(path) as z:
+                bad = z.testzip()
+            if bad:
+                raise ChecksumError(f"{path}: member {bad} is corrupt")
+    except (OSError, EOFError, tarfile.TarError, zipfile.BadZipFile) as err:
+        raise ChecksumError(f"{path} is cut short or corrupt ({err})") from None
 
 
 def file_digest(path, algo="sha256"):
@@ -67,7 +101,8 @@ def download(url, dest, algo="sha256", expected=None, retries=3, timeout=60):
     ``'unverified'``).  Network errors are retried ``retries`` times (HTTP 4xx are not).
 
     Raises:
-        FetchError: the download failed (``dest`` untouched, no temp file left).
+        FetchError: the download failed, or ended before its ``Content-Length`` (``dest``
+            untouched, no temp file left).
         ChecksumError: the digest differs from ``expected`` (``dest`` untouched, no temp file left).
     """
     with atomic_path(dest) as tmp:
@@ -75,11 +110,17 @@ def download(url, dest, algo="sha256", expected=None, retries=3, timeout=60):
             h = hashlib.new(algo)
             try:
                 with urllib.request.urlopen(url, timeout=timeout) as r, open(tmp, "wb") as f:
+                    size = 0
                     for block in iter(lambda: r.read(1 << 20), b""):
                         f.write(block)
                         h.update(block)
+                        size += len(block)
+                    length = r.headers.get("Content-Length")
+                    if length and length.isdigit() and not r.headers.get("Content-Encoding") and size != int(length):
+                        # the server closed early (or sent more): never keep, nor pin, a short file
+                        raise _ShortRead(f"cut short: got {size} of the {length} bytes its Content-Length announced")
                 break
-            except (urllib.error.URLError, OSError) as err:
+            except (urllib.error.URLError, OSError, _ShortRead, http.client.HTTPException) as err:
                 client_error = isinstance(err, urllib.error.HTTPError) and 400 <= err.code < 500
                 if client_error or attempt == retries:
                     raise FetchError(f"download failed: {url} ({err})") from None
@@ -112,13 +153,29 @@ def _read_store(path):
     return stored
 
 
+def _check_before_pinning(run, path, item, downloaded):
+    """Stop when an unverified file is cut short: its checksum would be pinned in
+    ``download/CHECKSUMS`` and refuse every later, complete download.  A file this run has just
+    ``downloaded`` is removed; one found there is left for the user to move away."""
+    try:
+        check_complete(path)
+    except ChecksumError as err:
+        if downloaded:
+            os.unlink(path)
+            what = f"removed it (run again to download it again from {item['url']})"
+        else:
+            what = f"move it away and run again to download it from {item['url']}"
+        run.die(f"{err}; no checksum is published for {item['file']}, so its checksum is not recorded: {what}")
+
+
 def fetch_all(run, items, ddir, verify=True, hint="pass --local-dir DIR"):
     """Make every spec download ``items`` present in ``ddir`` with its recorded checksum.
 
     A file there with the right checksum is kept ("have download/F"); any other is downloaded
     (a dry run prints "would download URL -> download/F").  ``verify=False`` (``--no-checksum``)
     keeps a download whose checksum differs, with a warning.  Checksums marked ``unverified`` are
-    computed on the first download and kept in ``ddir/CHECKSUMS``.
+    computed on the first download and kept in ``ddir/CHECKSUMS`` -- only after the file was read
+    to its end (:func:`check_complete`), so a cut-short archive is never pinned.
 
     Raises:
         SystemExit: a download failed or has another checksum (``hint`` says what else to do);
@@ -135,6 +192,7 @@ def fetch_all(run, items, ddir, verify=True, hint="pass --local-dir DIR"):
         if os.path.exists(path) and (val == UNVERIFIED or file_digest(path, algo) == val):
             run.log(f"have download/{d['file']}" + ("" if val == UNVERIFIED else f" ({algo} ok)"))
             if val == UNVERIFIED and d["file"] not in stored:
+                _check_before_pinning(run, path, d, downloaded=False)
                 stored[d["file"]], new = file_digest(path), True
             continue
         run.step(f"download {d['url']} -> download/{d['file']}")
@@ -145,10 +203,14 @@ def fetch_all(run, items, ddir, verify=True, hint="pass --local-dir DIR"):
         except FetchError as err:
             run.die(f"{err} ({hint} holding {d['file']})")
         except ChecksumError as err:
-            run.die(f"{err} (use --no-checksum to accept other files, or {hint})")
+            pinned = "" if expected_checksum(d)[1] != UNVERIFIED else (
+                f"; no checksum is published for {d['file']}: the one in download/CHECKSUMS was computed on its first "
+                "download -- if that download was incomplete, remove its line there")
+            run.die(f"{err}{pinned} (use --no-checksum to accept other files, or {hint})")
         if val != UNVERIFIED and got != val:
             run.warn(f"{algo} of download/{d['file']} is {got}, not the recorded {val} (kept: --no-checksum)")
         if val == UNVERIFIED:
+            _check_before_pinning(run, path, d, downloaded=True)
             stored[d["file"]], new = file_digest(path), True
             run.log(f"no recorded checksum for {d['file']}: sha256 {stored[d['file']]} stored in "
                     "download/CHECKSUMS (checked on later runs)")

@@ -14,7 +14,7 @@ import tarfile
 import zipfile
 
 from mt_pipeline.prep.fetch import content_sha256
-from mt_pipeline.prep.textio import write_lines_atomic
+from mt_pipeline.prep.textio import report_problems, write_lines_atomic
 
 FORMATS = "plain, seg, sgm, iwslt_tags, tmx:LANG, bars:N, tsv:N"
 _SEG = re.compile(r'<seg id="[0-9]*">\s*')
@@ -34,7 +34,8 @@ def extract(text, fmt, src=None):
     ``a ||| b ||| c`` lines (ASPEC).  ``tsv:N``: column N of a TSV file.
 
     Raises:
-        SystemExit: unknown format (names the valid ones).
+        SystemExit: unknown format (names the valid ones); a ``bars:N``/``tsv:N`` line with fewer
+            fields (names the line).
     """
     lines = text.split("\n")
     if lines and lines[-1] == "":
@@ -69,12 +70,20 @@ def extract(text, fmt, src=None):
             if m and cur == want:
                 out.append(html.unescape(m.group(1)).strip())
         return out
-    if fmt.startswith("bars:"):
-        col = int(fmt.split(":")[1])
-        return [l.split(" ||| ")[col].strip() for l in lines]
-    if fmt.startswith("tsv:"):
-        col = int(fmt.split(":")[1])
-        return [l.split("\t")[col] for l in lines]
+    for kind, sep, name in (("bars:", " ||| ", "' ||| '-separated fields"), ("tsv:", "\t", "tab-separated columns")):
+        if fmt.startswith(kind):
+            try:
+                col = int(fmt.split(":")[1])
+            except ValueError:
+                raise SystemExit(f"source format '{fmt}': {kind} takes a column number (e.g. {kind}1)") from None
+            out = []
+            for n, l in enumerate(lines, 1):
+                fields = l.split(sep)
+                if col >= len(fields):
+                    raise SystemExit(f"line {n}: {len(fields)} {name}, format '{fmt}' needs field {col} "
+                                     f"(counting from 0): {l[:80]!r}")
+                out.append(fields[col].strip() if kind == "bars:" else fields[col])
+            return out
     raise SystemExit(f"unknown source format '{fmt}'; valid: {FORMATS}")
 
 
@@ -158,7 +167,8 @@ class Sources:
         """The lines of one source for ``lang``.
 
         Raises:
-            SystemExit: a missing file or member, or a content sha256 other than the recorded one."""
+            SystemExit: a missing file or member, a content sha256 other than the recorded one,
+            invalid UTF-8 or a line without the format's field (each names the file and line)."""
         rel = self.path_of(src, lang)
         if "archive" in src:
             arch = os.path.join(self.download_dir, src["archive"])
@@ -182,9 +192,36 @@ class Sources:
             if want and self.verify and content_sha256(data) != want:
                 raise SystemExit(f"sha256 mismatch for the content of {path}: expected {want}, got "
                                  f"{content_sha256(data)} (use --no-checksum to accept other files)")
-        text = data.decode("utf-8-sig" if src.get("bom") else "utf-8")
+        where = f"{arch}:{rel}" if "archive" in src else path
+        try:
+            text = data.decode("utf-8-sig" if src.get("bom") else "utf-8")
+        except UnicodeDecodeError as err:
+            line = data[:err.start].count(b"\n") + 1
+            raise SystemExit(f"{where}:{line}: invalid UTF-8 at byte {err.start}") from None
         # a format may name the language or the column: tmx:{lang}, bars:{col} (spec key `columns`)
-        return extract(text, src.get("format", "plain").format(lang=lang, col=src.get("columns", {}).get(lang, "")), src)
+        try:
+            return extract(text, src.get("format", "plain").format(lang=lang, col=src.get("columns", {}).get(lang, "")),
+                           src)
+        except SystemExit as err:
+            raise SystemExit(f"{where}: {err}") from None
+
+
+def line_problems(split, per_lang, allow_empty=False):
+    """Problems of one split's extracted lines (``{lang: [str]}``), each naming the split,
+    language and 1-based line: a NUL or other C0 control character but tab (the tokeniser would
+    join the words around it), and -- unless ``allow_empty`` (train cleaned by clean-corpus-n,
+    which drops such pairs) -- an empty or whitespace-only line (an empty sentence fairseq pairs
+    with its neighbour's translation or drops)."""
+    problems = []
+    for lang, lines in per_lang.items():
+        for n, line in enumerate(lines, 1):
+            bad = next((c for c in line if ord(c) < 32 and c != "\t"), None)
+            if bad is not None:
+                problems.append(f"{split}.{lang}:{n}: control character {bad!r} (a NUL or control byte in the "
+                                "source; the tokeniser would join the words around it)")
+            elif not allow_empty and not line.strip():
+                problems.append(f"{split}.{lang}:{n}: empty line")
+    return problems
 
 
 def write_splits(run, sources, splits, d):
@@ -192,7 +229,10 @@ def write_splits(run, sources, splits, d):
     sources -> ``d/SPLIT.LANG``; the languages of a split must have equal line counts.
 
     Raises:
-        SystemExit: a bad source (see :meth:`Sources.read`) or unequal line counts."""
+        SystemExit: a bad source (see :meth:`Sources.read`), unequal line counts, or bad text
+        (:func:`line_problems`: control characters, empty lines) -- every split is read and
+        checked before the first one is written, so a refused input leaves no split behind."""
+    ready = []
     for s in splits:
         srcs, per_lang = sources.of(s), {}
         for lang in sources.langs:
@@ -201,12 +241,20 @@ def write_splits(run, sources, splits, d):
                 try:
                     per_lang[lang] = [line for x in srcs for line in sources.read(x, lang)]
                 except SystemExit as err:
-                    run.die(str(err))
+                    run.die(f"raw: {err}; nothing written to {d}")
         if run.dry:
             continue
         n = {lang: len(v) for lang, v in per_lang.items()}
         if len(set(n.values())) != 1:
-            run.die(f"raw: {s} has different line counts per language: {n}")
+            run.die(f"raw: {s} has different line counts per language: {n}; nothing written to {d}")
+        cleaned = s == "train" and bool((sources.spec.get("recipe") or {}).get("clean"))
+        problems = line_problems(s, per_lang, allow_empty=cleaned)
+        if problems:
+            report_problems(problems, "raw")
+            run.die(f"raw: bad text in {s} (see above; the sources: "
+                    f"{'; '.join(sources.describe(srcs, lang) for lang in sources.langs)}); nothing written to {d}")
+        ready.append((s, per_lang))
+    for s, per_lang in ready:
         for lang in sources.langs:
             write_lines_atomic(os.path.join(d, f"{s}.{lang}"), per_lang[lang])
         run.log(f"raw/{s}: {len(per_lang[sources.langs[0]])} pairs")

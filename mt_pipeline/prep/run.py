@@ -108,6 +108,11 @@ class PrepRun:
             body(directory)
             return True
         t0 = time.time()
+        if swap and os.path.lexists(directory) and not os.path.isfile(os.path.join(directory, ".done")):
+            # a stage directory is renamed into place with its stamp: one without a stamp was not
+            # written by mt-prep (e.g. the user's upstream files) and is never replaced
+            self.die(f"{name}: {directory} exists and was not written by mt-prep (it has no .done stamp); "
+                     "refusing to replace it. Move it away or use another --out")
         if swap:
             tmp = f"{directory}.tmp.{os.getpid()}"
             shutil.rmtree(tmp, ignore_errors=True)

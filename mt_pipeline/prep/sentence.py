@@ -90,7 +90,8 @@ class SentencePrep:
         """Given or shipped codes: ``{'*': FILE}`` (joint), ``{LANG: FILE}`` (separate) or None (learn).
 
         Raises:
-            SystemExit: ``--bpe-codes`` does not fit the mode (names the expected form)."""
+            SystemExit: ``--bpe-codes`` does not fit the mode (names the expected form), is missing,
+            or is not a readable subword-nmt codes file (:func:`~mt_pipeline.prep.bpe.check_codes`)."""
         given = self.a.bpe_codes
         if not given:
             sc = self.recipe.get("shipped_codes") if self.joint and self.mode == "local" else None
@@ -109,6 +110,10 @@ class SentencePrep:
         for f in out.values():
             if not os.path.isfile(f):
                 self.run.die(f"--bpe-codes {f}: no such file")
+            try:
+                bpe.check_codes(f)  # readable codes, before any work (and before any worker pool)
+            except SystemExit as err:
+                self.run.die(f"--bpe-codes: {err}")
         return out
 
     def main(self):

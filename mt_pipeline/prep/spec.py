@@ -21,6 +21,120 @@ PIPELINES = ("sentence", "multi30k", "long_documents")
 VARIANT_KEYS = {"truecase", "bpe_joint", "bpe_merges"}
 
 
+#: the keys a corpus.yaml may hold, per part (see the module docstring)
+SPEC_KEYS = ("name", "title", "langs", "pipeline", "downloads", "splits", "split_names", "local", "recipe",
+             "variants", "obtain", "licensed", "default_out", "upstream", "base_url", "base_url_env",
+             "maruf_subsets", "local_sha256")
+DOWNLOAD_KEYS = ("file", "url", "sha256", "md5", "checksum_source", "note", "maruf")
+SOURCE_KEYS = ("file", "archive", "format", "src_lang", "sha256", "columns", "optional", "bom")
+SPLIT_KEYS = ("name", "upstream", "pairs")  # the multi30k pipeline's list of splits
+LOCAL_KEYS = ("default_dir", "splits", "missing")
+RECIPE_KEYS = ("bpe_merges", "bpe_joint", "escape", "aggressive_dash_splits", "clean", "normalize_punct",
+               "remove_non_printing", "replace_apostrophe", "perl_final_period", "truecase", "lengths",
+               "pretokenized", "lowercase", "valid_every", "shipped_codes", "romanian")
+#: source formats (``{lang}``/``{col}`` are filled per language); bars:N and tsv:N take a column number
+FORMAT_NAMES = ("plain", "seg", "sgm", "iwslt_tags")
+
+
+def _nearest(word, valid):
+    import difflib
+
+    close = difflib.get_close_matches(str(word), list(valid), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _check_format(fmt, columns):
+    """The problem with a source ``format`` (None when valid)."""
+    if not isinstance(fmt, str):
+        return f"format {fmt!r} is not a string"
+    if fmt in FORMAT_NAMES or fmt.startswith("tmx:"):
+        return None
+    for kind in ("bars", "tsv"):
+        if fmt.startswith(kind + ":"):
+            col = fmt.split(":", 1)[1]
+            if col == "{col}":
+                if not isinstance(columns, dict) or not all(isinstance(v, int) and v >= 0 for v in columns.values()):
+                    return f"format {fmt!r} needs `columns: {{LANG: N}}` with column numbers >= 0, got {columns!r}"
+                return None
+            if col.isdigit():
+                return None
+            return f"format {fmt!r}: {kind}: takes a column number >= 0 (e.g. {kind}:1) or {{col}} with `columns:`"
+    return f"unknown format {fmt!r}{_nearest(fmt, FORMAT_NAMES)}; valid: plain, seg, sgm, iwslt_tags, tmx:LANG, bars:N, tsv:N"
+
+
+def check_spec(spec, path):
+    """Check a corpus spec against its schema before any work: a mapping with ``name``,
+    ``title``, ``langs`` (two language codes) and ``downloads`` (a list of mappings); every key
+    known in every part (an unknown one names the nearest valid key -- a misspelt ``fromat:``
+    would otherwise be ignored and the whole TSV line taken as both sides); lists where lists are
+    expected (``langs: [en, de]``, not the string ``en de``); valid source formats.
+
+    Raises:
+        SystemExit: every problem found, each naming the part of the spec and the valid choices.
+    """
+    if not isinstance(spec, dict):
+        raise SystemExit(f"{path}: a corpus spec is a YAML mapping (name:, title:, langs:, downloads:, ...), "
+                         f"got {'an empty file' if spec is None else type(spec).__name__}")
+    problems = []
+
+    def keys(where, mapping, valid):
+        if not isinstance(mapping, dict):
+            problems.append(f"{where} must be a mapping (of {', '.join(valid)}), got {mapping!r}")
+            return False
+        for k in mapping:
+            if k not in valid:
+                problems.append(f"unknown key {where}.{k}{_nearest(k, valid)}; valid: {', '.join(valid)}")
+        return True
+
+    def string_list(where, value):
+        if not (isinstance(value, list) and value and all(isinstance(x, str) and x for x in value)):
+            problems.append(f"{where} must be a list of names (e.g. [en, de]), got {value!r}")
+
+    def sources(where, srcs):
+        if not isinstance(srcs, list):
+            problems.append(f"{where} must be a list of sources ({{file: ..., format: ...}}), got {srcs!r}")
+            return
+        for i, x in enumerate(srcs):
+            if keys(f"{where}[{i}]", x, SOURCE_KEYS):
+                if "file" not in x:
+                    problems.append(f"{where}[{i}] has no `file:`")
+                bad = _check_format(x.get("format", "plain"), x.get("columns"))
+                if bad:
+                    problems.append(f"{where}[{i}]: {bad}")
+
+    keys("(top level)", spec, SPEC_KEYS)
+    for k in ("name", "title"):
+        if not isinstance(spec.get(k), str):
+            problems.append(f"`{k}:` must be a string, got {spec.get(k)!r}")
+    langs = spec.get("langs")
+    string_list("langs", langs)
+    if isinstance(langs, list) and len(langs) != 2:
+        problems.append(f"langs must name exactly two languages, got {langs!r}")
+    if "split_names" in spec:
+        string_list("split_names", spec["split_names"])
+    downloads = spec.get("downloads", [])
+    if not isinstance(downloads, list):
+        problems.append(f"downloads must be a list of {{file: ..., sha256: ...}} mappings, got {downloads!r}")
+    else:
+        for i, d in enumerate(downloads):
+            if keys(f"downloads[{i}]", d, DOWNLOAD_KEYS) and "file" not in d:
+                problems.append(f"downloads[{i}] has no `file:`")
+    splits = spec.get("splits")
+    if isinstance(splits, list):
+        for i, x in enumerate(splits):
+            keys(f"splits[{i}]", x, SPLIT_KEYS)
+    elif splits is not None and keys("splits", splits, list(splits) if isinstance(splits, dict) else []):
+        for name, srcs in splits.items():
+            sources(f"splits.{name}", srcs)
+    if "local" in spec and keys("local", spec["local"], LOCAL_KEYS):
+        for name, srcs in (spec["local"].get("splits") or {}).items():
+            sources(f"local.splits.{name}", srcs)
+    if "recipe" in spec:
+        keys("recipe", spec["recipe"], RECIPE_KEYS)
+    if problems:
+        raise SystemExit(f"{path}: " + ("\n  ".join([""] + problems) if len(problems) > 1 else problems[0]))
+
+
 def list_corpora():
     """Names of the corpora with a spec (directories of data-prep/ holding corpus.yaml).
 
@@ -38,14 +152,19 @@ def load_spec(corpus):
     (``base_url``/``file``; the environment variable ``base_url_env`` names a mirror).
 
     Raises:
-        SystemExit: unknown corpus (lists the valid ones), or an unknown pipeline."""
+        SystemExit: unknown corpus (lists the valid ones), a spec that is not valid YAML or does
+        not pass :func:`check_spec`, or an unknown pipeline."""
     import yaml
 
     path = os.path.join(DATA_PREP, corpus, "corpus.yaml")
     if not os.path.exists(path) or corpus.startswith("."):
         raise SystemExit(f"unknown corpus '{corpus}'; valid: {', '.join(list_corpora())}")
-    with open(path, encoding="utf-8") as f:
-        spec = yaml.safe_load(f)
+    try:
+        with open(path, encoding="utf-8") as f:
+            spec = yaml.safe_load(f)
+    except yaml.YAMLError as err:
+        raise SystemExit(f"{path} is not valid YAML: {err}") from None
+    check_spec(spec, path)
     spec.setdefault("entry", f"data-prep/{corpus}/prepare.sh")
     if spec.setdefault("pipeline", "sentence") not in PIPELINES:
         raise SystemExit(f"{path}: pipeline '{spec['pipeline']}'; valid: {', '.join(PIPELINES)}")

@@ -41,6 +41,11 @@ def _line_problems(name, lines, max_words):
             problems.append(f"{name}:{n}: invalid UTF-8 at byte {err.start} of the line "
                             f"({body[max(0, err.start - 10):err.start + 4]!r})")
             continue
+        control = next((c for c in line if ord(c) < 32 and c not in "\t\r"), None)
+        if control is not None:
+            problems.append(f"{name}:{n}: control character {control!r} (e.g. a NUL byte: the tokeniser would "
+                            "join the words around it)")
+            continue
         words = len(line.split())
         if words == 0:
             problems.append(f"{name}:{n}: empty line")
@@ -59,7 +64,8 @@ def check_parallel_lines(named_lines, max_words=MAX_WORDS):
 
     Returns:
         A list of messages, each naming the file and the 1-based line (empty: all good).  Checks:
-        strict UTF-8 (the byte offset of the bad sequence is given); no empty / whitespace-only
+        strict UTF-8 (the byte offset of the bad sequence is given); no NUL or other control
+        character but tab and CR; no empty / whitespace-only
         line (it would give an empty sentence, which fairseq drops or pairs with the wrong
         neighbour); no line over ``max_words`` words; equal line counts.
     """
