@@ -72,6 +72,7 @@ def run(cmd, logfile=None):
         for line in proc.stdout:
             f.write(line)
             if " | train_inner | " in line or " | valid | " in line or "done training" in line:
+                f.flush()  # readers of the log (mt-campaign status) see progress as it happens
                 print("   " + line.rstrip()[20:], flush=True)
         if proc.wait() != 0:
             raise subprocess.CalledProcessError(proc.returncode, cmd)
@@ -287,6 +288,10 @@ def run_stages(a, argv, budget, train_cfg, out):
 
     state_path = os.path.join(out, "state.json")
     state = json.load(open(state_path)) if os.path.exists(state_path) else {"wall_s": {}}
+    # the code of every invocation (a run resumed after a code change was trained by both)
+    state.setdefault("invocations", []).append({"git_commit": git_commit(),
+                                                "started": time.strftime("%Y-%m-%d %H:%M:%S")})
+    write_json_atomic(state_path, state)
 
     prep = prepare_data(budget)
     data_bin = os.path.join(prep, "bin")
@@ -363,6 +368,7 @@ def run_stages(a, argv, budget, train_cfg, out):
         "regime": regime(budget),
         "seed": train_cfg.get("seed"),
         "git_commit": git_commit(),
+        "git_commits_invoked": sorted({inv["git_commit"] for inv in state.get("invocations", [])}),
         "decoded_checkpoint": os.path.relpath(avg, out),
         "decoded_checkpoint_sha256": sha,
         "data": {"corpus": budget["data"]["corpus"], "prep_dir": os.path.relpath(prep, ROOT),

@@ -451,7 +451,10 @@ def render(spec: Dict, seeds: Optional[List[int]] = None) -> None:
             if res.get("evidence"):
                 lines += [f"- committed evidence (result.json, hypotheses, training log): `{os.path.relpath(rdir, ROOT)}`"]
             lines += [f"- run directory: `{res.get('evidence', {}).get('run_dir') or os.path.relpath(rdir, ROOT)}`; "
-                      f"git commit: `{res['git_commit']}`; "
+                      f"git commit: `{res['git_commit']}`"
+                      + (f" (invocations: {', '.join(f'`{c}`' for c in res['git_commits_invoked'])})"
+                         if set(res.get("git_commits_invoked") or [res["git_commit"]]) != {res["git_commit"]} else "")
+                      + "; "
                       f"finished {res['time']}",
                       f"- attention functions: {res.get('attention_fns')}",
                       f"- command: `{res['commands']['train']}`",
