@@ -165,18 +165,21 @@ def test_rectified_bfloat16_and_float16_close_to_float32(interp):
 
 
 @needs_triton
-def test_rectified_dropout_mask_is_regenerated_in_backward(interp):
+@pytest.mark.parametrize("T,S,d", [(20, 16, 16), (21, 37, 40)])
+def test_rectified_dropout_mask_is_regenerated_in_backward(interp, T, S, d):
     """With ``v = I`` the output *is* the dropped, rescaled weights: the mask is visible, and
-    the gradients must equal autograd's through that explicit mask (backward regenerates it)."""
-    B, H, T, S, d, p = 1, 2, 20, 16, 16, 0.3
+    the gradients must equal autograd's through that explicit mask (backward regenerates it,
+    in transposed tiles too; several key tiles, S not a multiple of 16)."""
+    B, H, p = 1, 2, 0.3
     q, k, _ = qkv(B, H, T, S, d, F64)
     v = torch.eye(S, d, dtype=F64).expand(B, H, S, d).clone().requires_grad_()
     torch.manual_seed(0)
     out, (rs, rl) = tk.relu_attention(q, k, v, 1.0, dropout_p=p, need_stats=True)
+    p = 77 / 256  # the rate applied: 0.3 rounded to a multiple of 1/256 (one random byte per score)
     s = torch.relu(q @ k.transpose(-1, -2)).detach()
-    kept = out.detach() != 0
+    kept = out.detach()[..., :S] != 0
     live = s > 0
-    torch.testing.assert_close(out.detach()[kept], (s / (1 - p))[kept])  # survivors rescaled
+    torch.testing.assert_close(out.detach()[..., :S][kept], (s / (1 - p))[kept])  # survivors rescaled
     rate = 1 - kept[live].double().mean()
     assert 0.2 < rate < 0.4  # ~p of the positive weights dropped
     torch.testing.assert_close(rs.detach(), s.sum(-1))  # statistics before dropout
@@ -189,8 +192,25 @@ def test_rectified_dropout_mask_is_regenerated_in_backward(interp):
     for a, b in zip(g_t, g_r):
         assert_close(a, b, F64)
     torch.manual_seed(0)  # same seed, same mask
-    again = tk.relu_attention(q, k, v, 1.0, dropout_p=p)
+    again = tk.relu_attention(q, k, v, 1.0, dropout_p=0.3)
     assert torch.equal(again.detach(), out.detach())
+
+
+@needs_triton
+def test_dropout_mask_does_not_depend_on_the_tiles(interp, monkeypatch):
+    """The mask is a function of (seed, b, h, i, j) only: other tile sizes, same mask."""
+    B, H, T, S, d = 2, 2, 33, 50, 64
+    q, k, _ = qkv(B, H, T, S, d, F64)
+    v = torch.eye(S, d, dtype=F64).expand(B, H, S, d)  # out = the dropped weights: no sums
+    res = []
+    for blocks in ({"BLOCK_M": 16, "BLOCK_N": 16}, {"BLOCK_M": 32, "BLOCK_N": 64}):
+        monkeypatch.setattr(tk._kernels(True), "INTERPRET_BLOCKS", blocks)
+        torch.manual_seed(3)
+        out = tk.relu_attention(q, k, v, 1.0, dropout_p=0.5)
+        res.append(out.detach())
+    assert torch.equal(res[0], res[1])
+    live = (q @ k.transpose(-1, -2)).detach() > 0
+    assert 0.4 < float((res[0][..., :S][live] == 0).double().mean()) < 0.6  # p = 0.5 of the positive weights
 
 
 def test_bad_arguments(monkeypatch):

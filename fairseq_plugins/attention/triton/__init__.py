@@ -47,8 +47,10 @@ mask, combined with padding) tile by tile -- any mask the PyTorch path accepts, 
 ``causal=True`` additionally skips the key tiles after a query tile's last query (and query
 tiles before a key tile's first viewer).  Fully masked rows give exact zeros (output, statistics,
 gradients), as do rows without a positive score (null attention).  Attention dropout draws
-Philox numbers ``tl.rand(seed + b*H + h, i*S + j)``: the backward regenerates the forward's mask
-without storing it; ``seed`` comes from torch's default generator (``torch.manual_seed`` makes a
+one Philox-4x32-10 call (key ``seed + b*H + h``, counter ``i * ceil(S/16) + j // 16``) per 16
+scores of a row and drops score ``(i, j)`` when its random byte is below ``256 p`` (FlashAttention-2's
+scheme; ``p`` is rounded to a multiple of 1/256, see ``_dropout_rate``): the backward regenerates
+the forward's mask without storing it; ``seed`` comes from torch's default generator (``torch.manual_seed`` makes a
 call reproducible).  Requires ``T * S < 2**31``.
 
 Precision: tiles are loaded in the input dtype (bf16/fp16/fp32/fp64); scores, statistics and
@@ -240,6 +242,14 @@ def _scalar(value: float, like: torch.Tensor) -> torch.Tensor:
     return torch.full((1,), float(value), dtype=_acc_dtype(like.dtype), device=like.device)
 
 
+def _dropout_rate(dropout_p: float) -> float:
+    """The dropout rate the kernels apply: ``dropout_p`` rounded to a multiple of 1/256 (at most
+    255/256; 0 below 1/512).  The kernels draw one random byte per score (one Philox call per 16
+    scores, as FlashAttention-2) and drop it when the byte is ``< 256 p``; survivors are scaled
+    by ``1 / (1 - p)`` with this ``p``, so the dropout is unbiased."""
+    return min(round(float(dropout_p) * 256), 255) / 256.0
+
+
 def _seed(dropout_p: float) -> int:
     # < 2**30: seed + b*H + h stays inside int32 in the kernels
     return int(torch.randint(0, 2**30, (1,)).item()) if dropout_p > 0 else 0
@@ -341,7 +351,9 @@ def relu_attention(q, k, v, row_scale, mask=None, dropout_p=0.0, need_stats=Fals
             dtype (float16, bfloat16, float32, float64), any strides, ``d <= 256``.
         row_scale: ``r_i``: a float or a constant tensor ``(B|1, H|1, T, 1)`` (non-finite -> 0).
         mask: bool, broadcastable to ``(B, H, T, S)``, True = blocked, or None.
-        dropout_p: attention dropout on ``s`` after the statistics, in ``[0, 1)``.
+        dropout_p: attention dropout on ``s`` after the statistics, in ``[0, 1)``; applied as the
+            nearest multiple of 1/256 (``_dropout_rate``: one random byte per score), survivors
+            scaled by ``1 / (1 - that rate)``.
         need_stats: also return ``(row_sum, row_slogs)``, ``(B, H, T)`` float32 (float64 for
             float64 inputs), ``sum_j s_ij`` and ``sum_j s_ij log s_ij``, differentiable.
         chunk_size: ignored (tiles are autotuned); accepted for interchangeability.
@@ -380,7 +392,7 @@ def relu_attention(q, k, v, row_scale, mask=None, dropout_p=0.0, need_stats=Fals
             r_t, r_c = torch.full((1, 1, 1, 1), r_c, dtype=torch.float64, device=q.device), 1.0
     if mask is not None:
         mask = mask.to(q.device)
-    res = _RectifiedAttention.apply(q, k, v, r_t, mask, r_c, float(dropout_p), bool(need_stats),
+    res = _RectifiedAttention.apply(q, k, v, r_t, mask, r_c, _dropout_rate(dropout_p), bool(need_stats),
                                     bool(causal), ACTIVATIONS[activation], _seed(dropout_p), interpret)
     if need_stats:
         out, rs, rl = res
@@ -459,7 +471,8 @@ def l1_softmax_attention(q, k, v, scale, mask=None, dropout_p=0.0, causal=False,
             float64), any strides, ``d <= 256``.
         scale: positive float, ``d^-1/2`` in E-ATT.
         mask: bool, broadcastable to ``(B, H, T, S)``, True = blocked, or None.
-        dropout_p: dropout on the softmax weights, in ``[0, 1)``.
+        dropout_p: dropout on the softmax weights, in ``[0, 1)``; applied as the nearest multiple
+            of 1/256 (as in :func:`relu_attention`).
         causal: additionally block keys ``j > i + (S - T)``.
         return_lse: also return the row log-sum-exp ``(B, H, T)`` of the scores (float32; float64
             for float64 inputs; 0 on fully masked rows; not differentiable) -- for tests.
@@ -482,7 +495,7 @@ def l1_softmax_attention(q, k, v, scale, mask=None, dropout_p=0.0, causal=False,
     interpret = _mode(q)
     if mask is not None:
         mask = mask.to(q.device)
-    out, lse = _L1SoftmaxAttention.apply(q, k, v, mask, float(scale), float(dropout_p), bool(causal),
+    out, lse = _L1SoftmaxAttention.apply(q, k, v, mask, float(scale), _dropout_rate(dropout_p), bool(causal),
                                          _seed(dropout_p), interpret)
     return (out, lse) if return_lse else out
 

@@ -116,13 +116,13 @@ def _rowmax(x, AXIS: tl.constexpr):
 
 
 @triton.jit
-def _rand(seed, offset):
-    """Uniform ``[0, 1)`` float32 per element of the int32 ``offset`` tile: Philox-4x32-10 keyed by
-    ``seed`` (a copy of ``tl.rand``: same constants, same numbers)."""
+def _philox(seed, c0):
+    """Philox-4x32-10 (Salmon et al. 2011, the generator of ``tl.randint4x`` / curand: same
+    constants) of the counters ``(c0, 0, 0, 0)`` (a uint32 tile) under the key ``seed``: four
+    uint32 tiles of independent random bits."""
     seed = seed.to(tl.uint64)
     k0 = (seed & 0xFFFFFFFF).to(tl.uint32)
     k1 = ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32)
-    c0 = offset.to(tl.uint32)
     c1 = c0 * 0
     c2 = c1
     c3 = c1
@@ -135,9 +135,34 @@ def _rand(seed, offset):
         c3 = tl.mul(0xD2511F53, _c0, sanitize_overflow=False)
         k0 = tl.add(k0, 0x9E3779B9, sanitize_overflow=False)
         k1 = tl.add(k1, 0xBB67AE85, sanitize_overflow=False)
-    x = c0.to(tl.int32, bitcast=True)
-    x = tl.where(x < 0, ~x, x)
-    return x * 4.6566127342e-10
+    return c0, c1, c2, c3
+
+
+@triton.jit
+def _keep(seed, offs_m, n0, S, dropout_p, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """``(BLOCK_M, BLOCK_N)`` bool: score ``(i, j)`` (query ``offs_m[i]``, key ``n0 + j``) survives
+    dropout.  One Philox call per 16 scores of a row (FlashAttention-2's scheme): counter
+    ``i * ceil(S / 16) + j // 16``, its 4 words hold the 16 scores' random bytes (score ``j`` byte
+    ``j % 4`` of word ``(j // 4) % 4``); a score is dropped when its byte is ``< 256 p`` (``p`` a
+    multiple of 1/256, see ``_dropout_rate``).  A function of ``(seed, i, j)`` only: every tile
+    shape and orientation regenerates the same mask.  ``n0`` and ``BLOCK_N`` are multiples of 16."""
+    G: tl.constexpr = BLOCK_N // 16
+    cnt = offs_m[:, None] * ((S + 15) // 16) + (n0 // 16 + tl.arange(0, G))[None, :]
+    r0, r1, r2, r3 = _philox(seed, cnt.to(tl.uint32))
+    w = tl.reshape(tl.join(tl.join(r0, r1), tl.join(r2, r3)), [BLOCK_M, BLOCK_N // 4])  # word 4g+k: r_k
+    t = (tl.full([1], 0.0, tl.float32) + dropout_p * 256.0).to(tl.int32).to(tl.uint32)  # exact: p = t / 256
+    # byte b of w >= t  <=>  (w & (255 << 8b)) >= t << 8b: no shifts of w
+    k0 = (w & 0xFF) >= t
+    k1 = (w & 0xFF00) >= (t << 8)
+    k2 = (w & 0xFF0000) >= (t << 16)
+    k3 = w >= (t << 24)
+    return tl.reshape(tl.join(tl.join(k0, k1), tl.join(k2, k3)), [BLOCK_M, BLOCK_N])
+
+
+@triton.jit
+def _inv_keep(dropout_p, ACC: tl.constexpr):
+    """``1 / (1 - p)`` in the accumulator dtype, shape ``[1]`` (broadcasts)."""
+    return 1.0 / (1.0 - (tl.full([1], 0.0, ACC) + dropout_p))
 
 
 @triton.jit
@@ -272,10 +297,11 @@ def rect_fwd(Q, K, V, R, M, O, RS, RL,
         if STATS:
             rsum += _rowsum(s, 1)
             rlog += _rowsum(s * tl.log(tl.maximum(s, TINY)), 1)
-        if DROPOUT:
-            keep = _rand(seed + bh, offs_m[:, None] * S + offs_n[None, :]) >= dropout_p
-            s = tl.where(keep, s / (1.0 - dropout_p), 0.0)
+        if DROPOUT:  # 1 / (1 - p) applied to acc after the loop
+            s = tl.where(_keep(seed + bh, offs_m, n0, S, dropout_p, BLOCK_M, BLOCK_N), s, 0.0)
         acc = _dot(s.to(v.dtype), v, acc, PREC, UPCAST)
+    if DROPOUT:
+        acc = acc * _inv_keep(dropout_p, ACC)
     tl.store(O + b * s_ob + h * s_oh + offs_m[:, None] * s_ot + offs_d[None, :] * s_od,
              acc.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
     if STATS:
@@ -315,6 +341,7 @@ def rect_bwd_kv(Q, K, V, R, M, DO, GS, GL, DK, DV,
     q_base = Q + b * s_qb + h * s_qh
     do_base = DO + b * s_ob + h * s_oh
     m_base = M + b * s_mb + h * s_mh
+    inv_keep = _inv_keep(dropout_p, ACC)  # dropout's rescaling (used if DROPOUT)
     lo = 0
     if CAUSAL:  # queries before the first one that sees key pid_n * BLOCK_N are skipped
         lo = (tl.maximum(0, pid_n * BLOCK_N - (S - T)) // BLOCK_M) * BLOCK_M
@@ -333,10 +360,10 @@ def rect_bwd_kv(Q, K, V, R, M, DO, GS, GL, DK, DV,
         ok = _valid_t(offs_n, offs_m, T, S, m_base, s_mt, s_ms, MASK_MODE, CAUSAL)
         st = tl.where(ok, _act(xt, ACT), 0.0)
         dpt = _dot(v, tl.trans(do), tl.full([BLOCK_N, BLOCK_M], 0.0, ACC), PREC, UPCAST).to(ACC)
-        if DROPOUT:
-            keep = _rand(seed + bh, offs_m[None, :] * S + offs_n[:, None]) >= dropout_p
-            pt = tl.where(keep, st / (1.0 - dropout_p), 0.0)
-            dpt = tl.where(keep, dpt / (1.0 - dropout_p), 0.0)
+        if DROPOUT:  # dV's 1 / (1 - p) after the loop
+            keep = tl.trans(_keep(seed + bh, offs_m, pid_n * BLOCK_N, S, dropout_p, BLOCK_M, BLOCK_N))
+            pt = tl.where(keep, st, 0.0)
+            dpt = tl.where(keep, dpt * inv_keep, 0.0)
         else:
             pt = st
         dv = _dot(pt.to(do.dtype), do, dv, PREC, UPCAST)
@@ -346,6 +373,8 @@ def rect_bwd_kv(Q, K, V, R, M, DO, GS, GL, DK, DV,
             dpt += gs[None, :] + gl[None, :] * (tl.log(tl.maximum(st, TINY)) + 1.0)
         dxt = tl.where(ok, dpt * _act_grad(xt, ACT), 0.0) * r[None, :]
         dk = _dot(dxt.to(qt.dtype), tl.trans(qt), dk, PREC, UPCAST)
+    if DROPOUT:
+        dv = dv * inv_keep
     tl.store(DK + b * s_dkb + h * s_dkh + offs_n[:, None] * s_dks + offs_d[None, :] * s_dkd,
              dk.to(DK.dtype.element_ty), mask=kv_mask)
     tl.store(DV + b * s_dvb + h * s_dvh + offs_n[:, None] * s_dvs + offs_d[None, :] * s_dvd,
@@ -388,6 +417,7 @@ def rect_bwd_q(Q, K, V, R, M, DO, GS, GL, DQ,
     k_base = K + b * s_kb + h * s_kh
     v_base = V + b * s_vb + h * s_vh
     m_base = M + b * s_mb + h * s_mh
+    inv_keep = _inv_keep(dropout_p, ACC)  # dropout's rescaling (used if DROPOUT)
     hi = S
     if CAUSAL:
         hi = tl.minimum(S, (pid_m + 1) * BLOCK_M + S - T)
@@ -402,8 +432,8 @@ def rect_bwd_q(Q, K, V, R, M, DO, GS, GL, DQ,
         ok = _valid(offs_m, offs_n, T, S, m_base, s_mt, s_ms, MASK_MODE, CAUSAL)
         dp = _dot(do, vt, tl.full([BLOCK_M, BLOCK_N], 0.0, ACC), PREC, UPCAST).to(ACC)
         if DROPOUT:
-            keep = _rand(seed + bh, offs_m[:, None] * S + offs_n[None, :]) >= dropout_p
-            dp = tl.where(keep, dp / (1.0 - dropout_p), 0.0)
+            keep = _keep(seed + bh, offs_m, n0, S, dropout_p, BLOCK_M, BLOCK_N)
+            dp = tl.where(keep, dp * inv_keep, 0.0)
         if STATS:
             s = tl.where(ok, _act(x, ACT), 0.0)
             dp += gs[:, None] + gl[:, None] * (tl.log(tl.maximum(s, TINY)) + 1.0)
@@ -460,15 +490,16 @@ def l1_fwd(Q, K, V, M, O, LSE,
         p = tl.exp(x - m_safe[:, None])
         alpha = tl.exp(m_i - m_safe)
         l_i = l_i * alpha + _rowsum(p, 1)
-        if DROPOUT:
-            keep = _rand(seed + bh, offs_m[:, None] * S + offs_n[None, :]) >= dropout_p
-            p = tl.where(keep, p / (1.0 - dropout_p), 0.0)
+        if DROPOUT:  # 1 / (1 - p) applied to acc after the loop
+            p = tl.where(_keep(seed + bh, offs_m, n0, S, dropout_p, BLOCK_M, BLOCK_N), p, 0.0)
         v = tl.load(v_base + offs_n[:, None] * s_vs + offs_d[None, :] * s_vd,
                     mask=col_ok[:, None] & d_ok[None, :], other=0.0)
         acc = acc * alpha[:, None]
         acc = _dot(p.to(v.dtype), v, acc, PREC, UPCAST)
         m_i = m_new
     live = l_i > 0
+    if DROPOUT:
+        acc = acc * _inv_keep(dropout_p, ACC)
     out = acc / tl.where(live, l_i, 1.0)[:, None]
     lse = tl.where(live, m_i + tl.log(tl.where(live, l_i, 1.0)), 0.0)
     tl.store(O + b * s_ob + h * s_oh + offs_m[:, None] * s_ot + offs_d[None, :] * s_od,
@@ -508,6 +539,7 @@ def l1_bwd_kv(Q, K, V, M, DO, LSE, DELTA, DK, DV,
                 mask=kv_mask, other=0.0)
     dk = tl.full([BLOCK_N, BLOCK_D], 0.0, ACC)
     dv = tl.full([BLOCK_N, BLOCK_D], 0.0, ACC)
+    inv_keep = _inv_keep(dropout_p, ACC)  # dropout's rescaling (used if DROPOUT)
     lo = 0
     if CAUSAL:
         lo = (tl.maximum(0, pid_n * BLOCK_N - (S - T)) // BLOCK_M) * BLOCK_M
@@ -524,11 +556,10 @@ def l1_bwd_kv(Q, K, V, M, DO, LSE, DELTA, DK, DV,
         do = tl.load(do_base + offs_m[:, None] * s_ot + offs_d[None, :] * s_od,
                      mask=row_ok[:, None] & d_ok[None, :], other=0.0)
         dpt = _dot(v, tl.trans(do), tl.full([BLOCK_N, BLOCK_M], 0.0, ACC), PREC, UPCAST).to(ACC)
-        if DROPOUT:
-            keep = _rand(seed + bh, offs_m[None, :] * S + offs_n[:, None]) >= dropout_p
-            dv = _dot(tl.where(keep, pt / (1.0 - dropout_p), 0.0).to(do.dtype), do, dv, PREC,
-                      UPCAST)
-            dpt = tl.where(keep, dpt / (1.0 - dropout_p), 0.0)
+        if DROPOUT:  # dV's 1 / (1 - p) after the loop
+            keep = tl.trans(_keep(seed + bh, offs_m, pid_n * BLOCK_N, S, dropout_p, BLOCK_M, BLOCK_N))
+            dv = _dot(tl.where(keep, pt, 0.0).to(do.dtype), do, dv, PREC, UPCAST)
+            dpt = tl.where(keep, dpt * inv_keep, 0.0)
         else:
             dv = _dot(pt.to(do.dtype), do, dv, PREC, UPCAST)
         dst = pt * (dpt - delta[None, :])
@@ -539,6 +570,8 @@ def l1_bwd_kv(Q, K, V, M, DO, LSE, DELTA, DK, DV,
             g = _rowsum(tl.where(diff > 0, dst, tl.where(diff < 0, -dst, 0.0)), 1)
             dk = tl.where(offs_d[None, :] == dd, dk + g[:, None], dk)
     dk = dk * scale
+    if DROPOUT:
+        dv = dv * inv_keep
     tl.store(DK + b * s_dkb + h * s_dkh + offs_n[:, None] * s_dks + offs_d[None, :] * s_dkd,
              dk.to(DK.dtype.element_ty), mask=kv_mask)
     tl.store(DV + b * s_dvb + h * s_dvh + offs_n[:, None] * s_dvs + offs_d[None, :] * s_dvd,
@@ -575,6 +608,7 @@ def l1_bwd_q(Q, K, V, M, DO, LSE, DELTA, DQ,
     lse = tl.load(LSE + bh * T + offs_m, mask=row_ok, other=0.0).to(ACC)
     delta = tl.load(DELTA + bh * T + offs_m, mask=row_ok, other=0.0).to(ACC)
     dq = tl.full([BLOCK_M, BLOCK_D], 0.0, ACC)
+    inv_keep = _inv_keep(dropout_p, ACC)  # dropout's rescaling (used if DROPOUT)
     hi = S
     if CAUSAL:
         hi = tl.minimum(S, (pid_m + 1) * BLOCK_M + S - T)
@@ -589,8 +623,8 @@ def l1_bwd_q(Q, K, V, M, DO, LSE, DELTA, DQ,
                      mask=col_ok[None, :] & d_ok[:, None], other=0.0)
         dp = _dot(do, vt, tl.full([BLOCK_M, BLOCK_N], 0.0, ACC), PREC, UPCAST).to(ACC)
         if DROPOUT:
-            keep = _rand(seed + bh, offs_m[:, None] * S + offs_n[None, :]) >= dropout_p
-            dp = tl.where(keep, dp / (1.0 - dropout_p), 0.0)
+            keep = _keep(seed + bh, offs_m, n0, S, dropout_p, BLOCK_M, BLOCK_N)
+            dp = tl.where(keep, dp * inv_keep, 0.0)
         ds = p * (dp - delta[:, None])
         for dd in range(0, D):  # dq[:, dd] += sum_j dS_ij sign(q_id - k_jd)
             qc = tl.load(q_base + offs_m * s_qt + dd * s_qd, mask=row_ok, other=0.0).to(ACC)

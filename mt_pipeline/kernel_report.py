@@ -1,0 +1,569 @@
+"""What the fused Triton attention kernels compile to on the GPUs they target -- without a GPU.
+
+``mt-kernel-report`` compiles every kernel (``rect_fwd``, ``rect_bwd_kv``, ``rect_bwd_q``,
+``l1_fwd``, ``l1_bwd_kv``, ``l1_bwd_q`` of :mod:`fairseq_plugins.attention.triton`) for every
+variant the model launches (ReLA encoder self-attention with key padding, decoder
+self-attention with the general future+padding mask, the causal flag, ReLUFormer's row scale and
+eq. 7 statistics, E-ATT), with and without attention dropout, per dtype (fp16, bf16, fp32) and
+head dimension (32, 64, 128), for ``sm_90a`` (H100) and ``sm_80`` (A100), and reads off:
+
+* registers per thread, spill stores/loads (bytes) and ptxas warnings (e.g. ``C7515``: wgmma
+  serialized) -- from the ``ptxas -v`` log of the kernel's PTX (the ptxas triton ships, triton's
+  own flags);
+* shared memory (bytes, triton's allocation: ``metadata.shared``);
+* ``wgmma.mma_async`` (sm_90a) and ``mma.sync`` (sm_80) instruction counts, in the kernel and in
+  its main loop;
+* PTX instructions of the main loop's body (one iteration over a key tile -- or query tile in the
+  ``*_bwd_kv`` kernels) and that per score: ``loop instructions x threads / (BLOCK_M x BLOCK_N)``
+  (each thread runs the body once per iteration; the tile has ``BLOCK_M x BLOCK_N`` scores).
+  Loops nested in the main loop (E-ATT's loop over head dimensions) count ``d`` times.
+
+The compile is the one the JIT does at the first launch: the real entry points
+(:func:`~fairseq_plugins.attention.triton.relu_attention`,
+:func:`~fairseq_plugins.attention.triton.l1_softmax_attention`, forward and backward) are called
+on CPU tensors in the model's layout (``(L, B, H*d)`` viewed as ``(B, H, T, d)``, as
+:class:`~fairseq_plugins.attention.FunctionalMultiheadAttention` passes them) with the kernel
+launches recorded instead of run; every recorded launch is then specialised by triton's own
+binder (``tt.divisibility = 16`` of pointers, strides and sizes divisible by 16, integer
+arguments equal to 1 -- the unit strides -- as constants) and compiled for the target with each
+autotuning tile asked for (``--tiles first``: the first of the kernel's table).  Which tile the
+autotuner picks on a GPU is not known here.
+
+Writes ``results/gpu/kernel_report.md`` (``--out``; ``--json`` also a JSON list of the rows) with
+a provenance section (:mod:`mt_pipeline.provenance`), atomically (:mod:`mt_pipeline.atomic`).
+Exit status 2 when triton or its NVIDIA backend is missing.
+
+Usage::
+
+    mt-kernel-report [--arch 90,80] [--dtypes fp16,bf16,fp32] [--head-dims 32,64,128]
+                     [--variants rela_enc,...] [--tiles first|all] [--out FILE] [--json FILE]
+"""
+
+import argparse
+import contextlib
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Dict, Iterable, List, Optional, Tuple
+
+from . import provenance
+from .atomic import write_json_atomic, write_text_atomic
+
+__all__ = ["main", "VARIANTS", "MAIN", "DTYPES", "HEAD_DIMS", "ARCHS", "KERNELS", "launches",
+           "compile_launch", "analyse_ptx", "parse_ptxas_log", "report", "render", "problems"]
+
+DTYPES = ("fp16", "bf16", "fp32")
+HEAD_DIMS = (32, 64, 128)
+#: compute capabilities: 90 -> sm_90a (H100, wgmma), 80 -> sm_80 (A100, mma.sync)
+ARCHS = (90, 80)
+KERNELS = {"rectified": ("rect_fwd", "rect_bwd_kv", "rect_bwd_q"),
+           "l1softmax": ("l1_fwd", "l1_bwd_kv", "l1_bwd_q")}
+#: variant -> (family, mask, causal, row scale tensor + eq. 7 statistics (ReLUFormer)); masks as
+#: the attention module builds them: "pad" (B, 1, 1, S) key padding (encoder self-attention and
+#: cross-attention), "future" (B, 1, T, S) padding | future mask (decoder self-attention today)
+VARIANTS = {
+    "rela_enc": ("rectified", "pad", False, False),
+    "rela_dec": ("rectified", "future", False, False),
+    "rela_causal": ("rectified", "pad", True, False),
+    "reluformer_enc": ("rectified", "pad", False, True),
+    "reluformer_dec": ("rectified", "future", False, True),
+    "eatt_enc": ("l1softmax", "pad", False, False),
+    "eatt_dec": ("l1softmax", "future", False, False),
+    "eatt_causal": ("l1softmax", "pad", True, False),
+}
+#: attention dropout of the variants: off and the papers' 0.1
+DROPOUTS = (0.0, 0.1)
+#: the main configurations: no spills and no serialized wgmma allowed (tests/test_kernel_report.py)
+MAIN = dict(arch=90, dtypes=("fp16", "bf16"), head_dims=(64,), tiles="first",
+            variants=("rela_enc", "rela_causal", "reluformer_enc", "eatt_enc", "eatt_causal"))
+#: shape of the recorded launches: lengths not multiples of 16 (fairseq batches have any length)
+SHAPE = dict(B=4, H=8, T=1000, S=1000)
+_SEED = 987654321  # dropout seed of the recorded launches: odd, so never specialised as divisible
+
+
+# --------------------------------------------------------------------------------------------
+# recording the launches of the real entry points
+# --------------------------------------------------------------------------------------------
+class _Recorder:
+    """Stands in for an autotuned kernel: ``kernel[grid](*args, **meta)`` appends a launch."""
+
+    def __init__(self, name: str, sink: list):
+        self.name, self.sink = name, sink
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.sink.append((self.name, args, kwargs))
+
+
+@contextlib.contextmanager
+def _recording(sink: list):
+    """Patch :mod:`fairseq_plugins.attention.triton` so that its entry points take CPU tensors
+    as if they were CUDA tensors (compiled mode) and record their kernel launches in ``sink``."""
+    import types
+
+    import fairseq_plugins.attention.triton as tk
+
+    real = tk._kernels(False)
+    proxy = types.SimpleNamespace(**{n: _Recorder(n, sink) for fam in KERNELS.values() for n in fam})
+    saved = (tk._kernels, tk._mode, tk._seed)
+    tk._kernels = lambda interpret: proxy
+    tk._mode = lambda x: False
+    tk._seed = lambda p: _SEED if p > 0 else 0
+    try:
+        yield real
+    finally:
+        tk._kernels, tk._mode, tk._seed = saved
+
+
+def _model_layout(B, H, L, d, dtype, gen):
+    """``(B, H, L, d)`` view of an ``(L, B, H*d)`` tensor, as the attention module passes q/k/v."""
+    import torch
+
+    x = torch.randn(L, B, H * d, generator=gen).to(dtype)
+    return x.view(L, B, H, d).permute(1, 2, 0, 3).requires_grad_()
+
+
+def _mask(kind: str, B: int, T: int, S: int):
+    """The module's bool masks (True = blocked): key padding ``(B, 1, 1, S)`` or padding | future
+    ``(B, 1, T, S)`` (:meth:`FunctionalMultiheadAttention._build_mask`)."""
+    import torch
+
+    pad = torch.zeros(B, 1, 1, S, dtype=torch.bool)
+    pad[0, ..., S - S // 5:] = True
+    if kind == "pad":
+        return pad
+    return pad | torch.ones(T, S, dtype=torch.bool).triu(1).view(1, 1, T, S)
+
+
+def launches(variant: str, dropout_p: float, dtype: str, head_dim: int) -> List[Tuple[str, tuple, dict]]:
+    """The kernel launches (name, positional args, keyword meta) of one forward + backward of
+    ``variant`` (a key of :data:`VARIANTS`) as the real entry point makes them.
+
+    Raises:
+        ValueError: unknown ``variant`` or ``dtype``.
+    """
+    import torch
+
+    import fairseq_plugins.attention.triton as tk
+
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown variant {variant!r}; valid choices: {', '.join(VARIANTS)}")
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; valid choices: {', '.join(DTYPES)}")
+    family, mask_kind, causal, reluformer = VARIANTS[variant]
+    dt = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
+    B, H, T, S = SHAPE["B"], SHAPE["H"], SHAPE["T"], SHAPE["S"]
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (_model_layout(B, H, n, head_dim, dt, gen) for n in (T, S, S))
+    mask = _mask(mask_kind, B, T, S)
+    sink: list = []
+    with _recording(sink), torch.enable_grad():
+        if family == "rectified" and reluformer:
+            # ReLUFormer: row scale r (B, 1, T, 1) float32 expanded from (B, 1, T|1, 1); eq. 7 terms
+            r = torch.rand(B, 1, T if mask_kind == "future" else 1, 1, generator=gen) + 0.5
+            out, (rs, rl) = tk.relu_attention(q, k, v, r.expand(B, 1, T, 1), mask=mask, dropout_p=dropout_p,
+                                              need_stats=True, causal=causal)
+            loss = out.float().sum() + rs.sum() + rl.sum()
+        elif family == "rectified":
+            out = tk.relu_attention(q, k, v, head_dim ** -0.5, mask=mask, dropout_p=dropout_p, causal=causal)
+            loss = out.float().sum()
+        else:
+            out = tk.l1_softmax_attention(q, k, v, head_dim ** -0.5, mask=mask, dropout_p=dropout_p,
+                                          causal=causal)
+            loss = out.float().sum()
+        loss.backward()
+    return sink
+
+
+# --------------------------------------------------------------------------------------------
+# compiling one launch as the JIT would
+# --------------------------------------------------------------------------------------------
+def _ptxas_path(arch: int) -> str:
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    try:
+        return get_ptxas(arch).path
+    except TypeError:  # older triton: get_ptxas() without the arch
+        return get_ptxas().path
+
+
+def compile_launch(real_module, name: str, args: tuple, meta: dict, arch: int, tile) -> dict:
+    """Compile one recorded launch for ``sm_<arch>`` with ``tile = (BLOCK_M, BLOCK_N, num_warps,
+    num_stages)``, specialised by triton's own binder as the first launch on a GPU would be.
+
+    Returns:
+        ``{"ptx": str, "shared": bytes, "ptxas_log": str, "target": "sm_90a"}``.
+
+    Raises:
+        triton's compilation errors (the kernel does not compile for that target).
+    """
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, make_backend
+    from triton.runtime.jit import create_function_from_signature
+
+    fn = getattr(real_module, name).fn  # the JITFunction under the autotuner
+    bm, bn, warps, stages = tile
+    kwargs = dict(meta, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages)
+    target = GPUTarget("cuda", int(arch), 32)
+    backend = make_backend(target)
+    binder = create_function_from_signature(fn.signature, fn.params, backend)
+    bound, specialization, options = binder(*args, **kwargs)
+    options, signature, constexprs, attrs = fn._pack_args(backend, kwargs, bound, specialization, options)
+    kernel = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=target, options=options.__dict__)
+    ptx = kernel.asm["ptx"]
+    gpu = "sm_90a" if int(arch) == 90 else f"sm_{arch}"
+    with tempfile.TemporaryDirectory() as tmp:
+        src = os.path.join(tmp, "k.ptx")
+        with open(src, "w") as f:
+            f.write(ptx)
+        cmd = [_ptxas_path(int(arch)), "-lineinfo", "-v", "--regAllocOptLevel=2", f"--gpu-name={gpu}", src,
+               "-o", os.path.join(tmp, "k.o")]
+        if not options.enable_fp_fusion:
+            cmd.insert(2, "--fmad=false")
+        res = subprocess.run(cmd, capture_output=True, text=True)
+    return {"ptx": ptx, "shared": int(kernel.metadata.shared), "ptxas_log": res.stdout + res.stderr,
+            "target": gpu}
+
+
+# --------------------------------------------------------------------------------------------
+# reading PTX and the ptxas log
+# --------------------------------------------------------------------------------------------
+_LABEL = re.compile(r"^\s*(\$?[A-Za-z_][\w$]*):\s*$")
+_BRANCH = re.compile(r"\bbra(?:\.uni)?\s+(\$?[A-Za-z_][\w$]*)\s*;")
+_NOT_INSTR = re.compile(r"^\s*(?:\.|//|\{|\}|@@|$)")
+
+
+def _instructions(lines: List[str]) -> List[Tuple[int, str]]:
+    """``(line index, text)`` of the PTX instructions among ``lines`` (not directives, labels,
+    comments, braces or declarations)."""
+    out = []
+    for i, line in enumerate(lines):
+        s = line.split("//", 1)[0].strip()
+        if not s or _NOT_INSTR.match(s) or _LABEL.match(s) or not s.endswith(";"):
+            continue
+        out.append((i, s))
+    return out
+
+
+_BLOCK = re.compile(r"^\s*(?:(\$L__BB\d+_\d+):|// (%bb\.\d+):)")
+_HEADER = re.compile(r"=>\s*This (?:Inner )?Loop Header: Depth=(\d+)")
+_IN_LOOP = re.compile(r"in Loop: Header=(\w+) Depth=(\d+)")
+_PARENT = re.compile(r"Parent Loop (\w+) Depth=(\d+)")
+
+
+def _blocks(lines: List[str]) -> List[dict]:
+    """PTX basic blocks with LLVM's loop annotations: ``{"start", "end", "chain"}`` where
+    ``chain`` lists the headers of the loops holding the block, outermost first (``[]``: in no
+    loop).  Blocks start at ``$L__BB<f>_<n>:`` labels and ``// %bb.<n>:`` comments; LLVM writes
+    ``=>This Loop Header: Depth=d``, ``in Loop: Header=BB<f>_<n> Depth=d`` and ``Parent Loop ...``
+    under each block's first line."""
+    starts = []
+    for i, line in enumerate(lines):
+        m = _BLOCK.match(line)
+        if m:
+            starts.append((i, (m.group(1) or m.group(2)).lstrip("$L_")))
+    blocks = []
+    for n, (i, name) in enumerate(starts):
+        end = starts[n + 1][0] - 1 if n + 1 < len(starts) else len(lines) - 1
+        parents, inner = {}, None
+        for k in range(i, end + 1):
+            code, _, comment = lines[k].partition("//")
+            if k > i and code.strip():
+                break  # the annotations are the comment lines right under the block's start
+            for hm in _HEADER.finditer(comment):
+                inner = (name, int(hm.group(1)))
+            for lm in _IN_LOOP.finditer(comment):
+                inner = (lm.group(1), int(lm.group(2)))
+            for pm in _PARENT.finditer(comment):
+                parents[int(pm.group(2))] = pm.group(1)
+        chain = []
+        if inner is not None:
+            chain = [parents.get(dpt, "?") for dpt in range(1, inner[1])] + [inner[0]]
+        blocks.append({"start": i, "end": end, "chain": chain})
+    return blocks
+
+
+def analyse_ptx(ptx: str, inner_trips: int = 1) -> dict:
+    """Static counts of one kernel's PTX.
+
+    The main loop is the outermost loop (LLVM's loop annotations of the basic blocks) holding the
+    most ``wgmma``/``mma`` instructions (ties: the most instructions).  Instructions of loops
+    nested in it are counted ``inner_trips`` times in ``loop_dynamic`` (their trip count, e.g. the
+    head dimension of E-ATT's per-dimension loop).
+
+    Returns:
+        ``{"instructions", "wgmma", "mma", "loop_instructions" (static, nested loops included),
+        "loop_wgmma", "loop_mma", "inner_loops": [static sizes of the nested loops],
+        "loop_dynamic"}``; the loop fields are 0 / [] without a loop.
+    """
+    lines = ptx.splitlines()
+    instr = _instructions(lines)
+    blocks = _blocks(lines)
+
+    def count(ranges, pat=None):
+        return sum(1 for i, s in instr if any(a <= i <= b for a, b in ranges) and (pat is None or pat in s))
+
+    res = {"instructions": len(instr), "wgmma": count([(0, len(lines))], "wgmma.mma_async"),
+           "mma": count([(0, len(lines))], "mma.sync"), "loop_instructions": 0, "loop_wgmma": 0, "loop_mma": 0,
+           "inner_loops": [], "loop_dynamic": 0}
+    tops = {}
+    for b in blocks:
+        if b["chain"]:
+            tops.setdefault(b["chain"][0], []).append(b)
+    if not tops:
+        return res
+
+    def span(bs):
+        return [(b["start"], b["end"]) for b in bs]
+
+    main = max(tops.values(), key=lambda bs: (count(span(bs), "wgmma.mma_async") + count(span(bs), "mma.sync"),
+                                              count(span(bs))))
+    nested = {}
+    for b in main:
+        if len(b["chain"]) > 1:
+            nested.setdefault(b["chain"][1], []).append(b)
+    sizes = [count(span(bs)) for bs in nested.values()]
+    static = count(span(main))
+    res.update(loop_instructions=static, loop_wgmma=count(span(main), "wgmma.mma_async"),
+               loop_mma=count(span(main), "mma.sync"), inner_loops=sizes,
+               loop_dynamic=static + sum(sizes) * (max(int(inner_trips), 1) - 1))
+    return res
+
+
+_REGS = re.compile(r"Used (\d+) registers")
+_SPILL = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
+_STACK = re.compile(r"(\d+) bytes stack frame")
+
+
+def parse_ptxas_log(log: str) -> dict:
+    """``{"registers", "spill_stores", "spill_loads", "stack", "warnings": [lines]}`` of a
+    ``ptxas -v`` log (one kernel); the warnings are the lines saying ``warning``, without the
+    temporary file's name; ``registers`` is -1 when ptxas failed (its log is then a warning)."""
+    regs = _REGS.search(log)
+    spill = _SPILL.search(log)
+    stack = _STACK.search(log)
+    warnings = []
+    for line in log.splitlines():
+        if "warning" in line.lower() or "error" in line.lower():
+            warnings.append(re.sub(r"^ptxas\s*(?:/\S+)?\s*,?\s*", "", line.strip()))
+    return {"registers": int(regs.group(1)) if regs else -1,
+            "spill_stores": int(spill.group(1)) if spill else 0,
+            "spill_loads": int(spill.group(2)) if spill else 0,
+            "stack": int(stack.group(1)) if stack else 0, "warnings": warnings}
+
+
+# --------------------------------------------------------------------------------------------
+# the report
+# --------------------------------------------------------------------------------------------
+def _tables(real_module) -> Dict[str, list]:
+    return {"rect_fwd": real_module._RECT_FWD, "rect_bwd_kv": real_module._RECT_BWD,
+            "rect_bwd_q": real_module._RECT_BWD, "l1_fwd": real_module._L1_FWD,
+            "l1_bwd_kv": real_module._L1_BWD, "l1_bwd_q": real_module._L1_BWD}
+
+
+def report(archs: Iterable[int] = ARCHS, dtypes: Iterable[str] = DTYPES, head_dims: Iterable[int] = HEAD_DIMS,
+           variants: Iterable[str] = tuple(VARIANTS), dropouts: Iterable[float] = DROPOUTS,
+           tiles: str = "first", log=None) -> List[dict]:
+    """One row per (arch, dtype, head dim, variant, dropout, kernel, tile): the compile's
+    resources and counts (see the module docstring); a kernel that does not compile is a row
+    with ``error`` set.
+
+    Raises:
+        ValueError: unknown variant/dtype, or ``tiles`` not ``first``/``all``.
+    """
+    import fairseq_plugins.attention.triton as tk
+
+    if tiles not in ("first", "all"):
+        raise ValueError(f"tiles must be 'first' or 'all', got {tiles!r}")
+    real = tk._kernels(False)
+    table = _tables(real)
+    rows = []
+    for dtype in dtypes:
+        for d in head_dims:
+            for variant in variants:
+                for p in dropouts:
+                    recorded = launches(variant, p, dtype, d)
+                    for arch in archs:
+                        for name, args, meta in recorded:
+                            for tile in (table[name] if tiles == "all" else table[name][:1]):
+                                row = dict(arch=arch, dtype=dtype, head_dim=d, variant=variant, dropout=p,
+                                           kernel=name, tile="x".join(map(str, tile[:2])), warps=tile[2],
+                                           stages=tile[3], error=None)
+                                t0 = time.time()
+                                try:
+                                    c = compile_launch(real, name, args, meta, arch, tile)
+                                except Exception as e:  # noqa: BLE001 - reported, not hidden
+                                    row["error"] = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200]}"
+                                else:
+                                    row.update(target=c["target"], shared=c["shared"], **parse_ptxas_log(c["ptxas_log"]))
+                                    inner = d if name.startswith("l1") else 1
+                                    row.update(analyse_ptx(c["ptx"], inner_trips=inner))
+                                    threads = 32 * tile[2]
+                                    row["ptx_per_score"] = round(row["loop_dynamic"] * threads / (tile[0] * tile[1]), 2)
+                                row["compile_s"] = round(time.time() - t0, 1)
+                                rows.append(row)
+                                if log is not None:
+                                    print(_row_line(row), file=log, flush=True)
+    return rows
+
+
+def _row_line(r: dict) -> str:
+    head = (f"sm_{r['arch']} {r['dtype']} d{r['head_dim']} {r['variant']} p{r['dropout']:g} {r['kernel']} "
+            f"{r['tile']} w{r['warps']} s{r['stages']}")
+    if r["error"]:
+        return f"{head}: ERROR {r['error']}"
+    return (f"{head}: regs {r['registers']} spill {r['spill_stores']}/{r['spill_loads']} smem {r['shared']} "
+            f"wgmma {r['loop_wgmma']}/{r['wgmma']} mma {r['loop_mma']}/{r['mma']} loop {r['loop_dynamic']} "
+            f"({r['ptx_per_score']}/score) warn {len(r['warnings'])} [{r['compile_s']} s]")
+
+
+def problems(rows: List[dict]) -> List[str]:
+    """The rows that break the targets: a compile error, spills, or a ``wgmma ... serialized``
+    warning; one line each (empty: none)."""
+    bad = []
+    for r in rows:
+        if r["error"]:
+            bad.append(f"{_row_line(r)}")
+        elif r["spill_stores"] or r["spill_loads"] or any("serializ" in w for w in r["warnings"]):
+            bad.append(_row_line(r) + "; " + "; ".join(r["warnings"]))
+    return bad
+
+
+def _warn_codes(ws: List[str]) -> str:
+    codes = []
+    for w in ws:
+        m = re.search(r"\(?(C\d{4})\)?", w)
+        code = m.group(1) if m else w[:40]
+        if "serializ" in w:
+            code += " wgmma serialized"
+        if code not in codes:
+            codes.append(code)
+    return ", ".join(codes)
+
+
+def _dropout_overhead(rows: List[dict]) -> List[str]:
+    """Markdown rows: PTX per score of each kernel with dropout 0.1 vs 0 (same everything else)."""
+    base = {}
+    for r in rows:
+        if not r["error"] and r["dropout"] == 0:
+            base[(r["arch"], r["dtype"], r["head_dim"], r["variant"], r["kernel"], r["tile"])] = r
+    out = []
+    for r in rows:
+        if r["error"] or r["dropout"] == 0:
+            continue
+        b = base.get((r["arch"], r["dtype"], r["head_dim"], r["variant"], r["kernel"], r["tile"]))
+        if b is None or not b["ptx_per_score"]:
+            continue
+        extra = 100.0 * (r["ptx_per_score"] / b["ptx_per_score"] - 1.0)
+        out.append(f"| sm_{r['arch']} | {r['dtype']} | {r['head_dim']} | {r['variant']} | {r['kernel']} | {r['tile']} "
+                   f"| {b['ptx_per_score']} | {r['ptx_per_score']} | {extra:+.0f} % |")
+    return out
+
+
+def render(rows: List[dict], record: dict) -> str:
+    """The Markdown report: the targets' verdict, the dropout overhead, one table per arch, and
+    the provenance section."""
+    lines = ["# Fused attention kernels compiled for H100 (sm_90a) and A100 (sm_80)", "",
+             "Generated by `mt-kernel-report` (`mt_pipeline/kernel_report.py`: how the numbers are made). "
+             "Every kernel launch of one forward + backward, specialised as the JIT does (unit strides "
+             "constant, 16-divisible pointers/strides/sizes), compiled offline with triton's ptxas. "
+             f"Launch shape B {SHAPE['B']}, H {SHAPE['H']}, T = S = {SHAPE['T']}, q/k/v in the model's layout. "
+             "regs: registers per thread; spill: bytes stored/loaded; smem: shared memory (KiB); "
+             "wgmma/mma: in the main loop / in the kernel; loop PTX: instructions of one main-loop "
+             "iteration (nested per-dimension loops x d); /score: that x threads / (BLOCK_M x BLOCK_N). "
+             "Variants: `*_enc` key padding mask (B,1,1,S); `*_dec` padding | future mask (B,1,T,S) as "
+             "decoder self-attention passes it today; `*_causal` key padding + `causal=True`.", ""]
+    bad = problems([r for r in rows if r["arch"] == MAIN["arch"] and r["dtype"] in MAIN["dtypes"]
+                    and r["head_dim"] in MAIN["head_dims"] and r["variant"] in MAIN["variants"]])
+    lines += ["## Targets", "",
+              f"Main configurations (sm_90a, {'/'.join(MAIN['dtypes'])}, d {'/'.join(map(str, MAIN['head_dims']))}, "
+              f"{', '.join(MAIN['variants'])}; dropout 0 and 0.1): no spills, no serialized wgmma, everything compiles.", ""]
+    if not any(r["arch"] == MAIN["arch"] and r["dtype"] in MAIN["dtypes"] for r in rows):
+        lines.append("- not measured in this run")
+    elif bad:
+        lines += [f"- FAIL: {b}" for b in bad]
+    else:
+        lines.append("- met")
+    over = _dropout_overhead(rows)
+    if over:
+        lines += ["", "## Dropout overhead (target: <= +25 % PTX per score)", "",
+                  "| arch | dtype | d | variant | kernel | tile | /score p=0 | /score p=0.1 | extra |",
+                  "|---|---|---|---|---|---|---:|---:|---:|", *over]
+    for arch in sorted({r["arch"] for r in rows}, reverse=True):
+        lines += ["", f"## sm_{arch}{'a' if arch == 90 else ''}", "",
+                  "| dtype | d | variant | p | kernel | tile w/s | regs | spill | smem KiB | wgmma | mma "
+                  "| loop PTX | /score | ptxas warnings |",
+                  "|---|---:|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+        for r in rows:
+            if r["arch"] != arch:
+                continue
+            head = (f"| {r['dtype']} | {r['head_dim']} | {r['variant']} | {r['dropout']:g} | {r['kernel']} "
+                    f"| {r['tile']} {r['warps']}/{r['stages']} ")
+            if r["error"]:
+                lines.append(head + f"| error: {r['error']} | | | | | | | | |")
+                continue
+            inner = f" (+{'+'.join(map(str, r['inner_loops']))} x d)" if r["inner_loops"] else ""
+            lines.append(head + f"| {r['registers']} | {r['spill_stores']}/{r['spill_loads']} "
+                         f"| {r['shared'] / 1024:.1f} | {r['loop_wgmma']}/{r['wgmma']} | {r['loop_mma']}/{r['mma']} "
+                         f"| {r['loop_instructions']}{inner} | {r['ptx_per_score']} | {_warn_codes(r['warnings'])} |")
+    lines += ["", provenance.markdown(record)]
+    return "\n".join(lines)
+
+
+def _csv(text: str, cast=str) -> list:
+    return [cast(x) for x in text.split(",") if x.strip()]
+
+
+def main(argv=None) -> int:
+    """Entry point of ``mt-kernel-report`` / ``scripts/kernel_report.py``; returns the exit status
+    (2 when triton or its NVIDIA backend is missing, 1 with ``--check`` when a main-configuration
+    row breaks the targets)."""
+    p = argparse.ArgumentParser(prog="mt-kernel-report", description=__doc__.split("\n\n")[0])
+    p.add_argument("--arch", default=",".join(map(str, ARCHS)), help="compute capabilities (90 = sm_90a, 80)")
+    p.add_argument("--dtypes", default=",".join(DTYPES), help=f"comma list of {', '.join(DTYPES)}")
+    p.add_argument("--head-dims", default=",".join(map(str, HEAD_DIMS)), help="comma list of head dimensions")
+    p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma list of {', '.join(VARIANTS)}")
+    p.add_argument("--dropouts", default=",".join(map(str, DROPOUTS)), help="attention dropout values")
+    p.add_argument("--tiles", default="first", choices=("first", "all"), help="autotuning tiles compiled")
+    p.add_argument("--out", default=os.path.join(provenance.ROOT, "results", "gpu", "kernel_report.md"))
+    p.add_argument("--json", default=None, help="also write the rows as JSON here")
+    p.add_argument("--check", action="store_true", help="exit 1 when a main configuration breaks the targets")
+    a = p.parse_args(argv)
+    try:
+        archs, dtypes, dims = _csv(a.arch, int), _csv(a.dtypes), _csv(a.head_dims, int)
+        variants, dropouts = _csv(a.variants), _csv(a.dropouts, float)
+    except ValueError as e:
+        p.error(str(e))
+    bad = ([x for x in dtypes if x not in DTYPES] + [x for x in variants if x not in VARIANTS]
+           + [x for x in archs if x not in ARCHS])
+    if bad:
+        p.error(f"unknown {bad}; valid dtypes {', '.join(DTYPES)}; variants {', '.join(VARIANTS)}; "
+                f"arch {', '.join(map(str, ARCHS))}")
+    try:
+        import triton
+        import triton.backends.nvidia.compiler  # noqa: F401
+    except Exception as e:  # noqa: BLE001
+        print(f"mt-kernel-report: needs triton with its NVIDIA backend ({type(e).__name__}: {e})", file=sys.stderr)
+        return 2
+    os.environ.pop("TRITON_INTERPRET", None)
+    record = provenance.collect(provenance.command_line("mt-kernel-report", argv), triton=triton.__version__)
+    t0 = time.time()
+    rows = report(archs, dtypes, dims, variants, dropouts, a.tiles, log=sys.stderr)
+    record["wall_s"] = round(time.time() - t0, 1)
+    text = render(rows, record)
+    write_text_atomic(a.out, text)
+    if a.json:
+        write_json_atomic(a.json, [{k: v for k, v in r.items()} for r in rows])
+    print(f"wrote {provenance.repo_relative(a.out)} ({len(rows)} compiles)", file=sys.stderr)
+    main_bad = problems([r for r in rows if r["arch"] == MAIN["arch"] and r["dtype"] in MAIN["dtypes"]
+                         and r["head_dim"] in MAIN["head_dims"] and r["variant"] in MAIN["variants"]])
+    for line in main_bad:
+        print(f"target broken: {line}", file=sys.stderr)
+    return 1 if (a.check and main_bad) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,118 @@
+"""``mt-kernel-report`` (:mod:`mt_pipeline.kernel_report`): the PTX/ptxas readers on known text,
+the recorded launches, and the targets of issue 28 on the main configurations -- the kernels
+compiled for sm_90a (H100) without a GPU, as the JIT specialises them: no spills, no serialized
+wgmma.  The compile tests skip with a reason when triton or its NVIDIA backend is missing."""
+
+import pytest
+
+import fairseq_plugins.attention.triton as tk
+from mt_pipeline import kernel_report as kr
+
+needs_nvidia = pytest.mark.skipif(not tk.triton_available(), reason="triton is not installed (pip install -e .[gpu])")
+
+PTX = """
+.visible .entry k(
+)
+{
+// %bb.0:
+\tmov.b32 \t%r1, 0;
+\t@%p1 bra \t$L__BB0_4;
+$L__BB0_1:                              // =>This Loop Header: Depth=1
+                                        //     Child Loop BB0_2 Depth 2
+\twgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%r1}, %rd1, %rd2, 0, 1, 1, 0, 1;
+\tadd.s32 \t%r2, %r2, 1;
+$L__BB0_2:                              //   Parent Loop BB0_1 Depth=1
+                                        // =>  This Inner Loop Header: Depth=2
+\tsub.f32 \t%f1, %f2, %f3;
+\tabs.f32 \t%f1, %f1;
+\t@%p2 bra \t$L__BB0_2;
+// %bb.3:                               //   in Loop: Header=BB0_1 Depth=1
+\t.loc\t1 2 3
+\twgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%r1}, %rd1, %rd2, 0, 1, 1, 0, 1;
+\t@%p3 bra \t$L__BB0_1;
+$L__BB0_4:
+\tret;
+}
+"""
+
+
+def test_analyse_ptx_finds_the_main_loop_and_counts_nested_loops_per_trip():
+    a = kr.analyse_ptx(PTX, inner_trips=10)
+    assert a["instructions"] == 10 and a["wgmma"] == 2 and a["mma"] == 0
+    # main loop: BB0_1, BB0_2 (nested: 3 instructions), bb.3 -> 7 instructions, both wgmma
+    assert a["loop_instructions"] == 7 and a["loop_wgmma"] == 2 and a["inner_loops"] == [3]
+    assert a["loop_dynamic"] == 7 + 3 * 9
+    assert kr.analyse_ptx("\tret;\n")["loop_instructions"] == 0
+
+
+def test_parse_ptxas_log():
+    log = ("ptxas info    : Compiling entry function 'k' for 'sm_90a'\n"
+           "ptxas /tmp/x.ptx, line 7; warning : Potential Performance Loss: wgmma.mma_async instructions are "
+           "serialized due to the presence of Extern calls in the function 'k'. (C7515)\n"
+           "    8 bytes stack frame, 48 bytes spill stores, 40 bytes spill loads\n"
+           "ptxas info    : Used 255 registers, used 1 barriers\n")
+    r = kr.parse_ptxas_log(log)
+    assert (r["registers"], r["spill_stores"], r["spill_loads"], r["stack"]) == (255, 48, 40, 8)
+    assert len(r["warnings"]) == 1 and "serialized" in r["warnings"][0] and "/tmp" not in r["warnings"][0]
+    row = dict(arch=90, dtype="bf16", head_dim=64, variant="rela_enc", dropout=0.0, kernel="rect_fwd",
+               tile="128x64", warps=4, stages=3, error=None, shared=0, loop_wgmma=0, wgmma=0, loop_mma=0, mma=0,
+               loop_dynamic=0, ptx_per_score=0.0, compile_s=0.0, **r)
+    assert len(kr.problems([row])) == 1
+    assert kr.problems([dict(row, warnings=[], spill_stores=0, spill_loads=0)]) == []
+
+
+@needs_nvidia
+def test_launches_are_those_of_the_real_entry_points():
+    """Forward + backward of each family: three kernels, compiled-mode meta, model-layout strides
+    (unit stride on the head dimension, which the JIT turns into a constant)."""
+    rec = kr.launches("reluformer_enc", 0.1, "bf16", 64)
+    assert [n for n, _, _ in rec] == ["rect_fwd", "rect_bwd_kv", "rect_bwd_q"]
+    name, args, meta = rec[0]
+    assert meta["HAS_R"] and meta["STATS"] and meta["DROPOUT"] and meta["MASK_MODE"] == 1 and not meta["UPCAST"]
+    assert "BLOCK_M" not in meta  # the autotuner's, set per tile by the report
+    q = args[0]
+    assert q.stride()[-1] == 1 and q.stride(2) == kr.SHAPE["B"] * kr.SHAPE["H"] * 64
+    assert [n for n, _, _ in kr.launches("eatt_dec", 0.0, "fp16", 32)] == ["l1_fwd", "l1_bwd_kv", "l1_bwd_q"]
+    assert kr.launches("eatt_dec", 0.0, "fp16", 32)[0][2]["MASK_MODE"] == 2
+    with pytest.raises(ValueError, match="valid choices"):
+        kr.launches("nope", 0.0, "bf16", 64)
+
+
+#: main configurations still over the targets, with the issue 28 item that removes them; strict:
+#: a configuration that meets the targets fails here until it is taken off this list
+KNOWN = {
+    ("rela_enc", 0.1): "issue 28 item 1: dropout (one Philox call per 16 scores) still spills rect_bwd_kv (24 B)",
+    ("rela_causal", 0.1): "issue 28 item 1: dropout (one Philox call per 16 scores) still spills rect_bwd_kv",
+    ("reluformer_enc", 0.0): "ReLUFormer's eq. 7 statistics (s log s per score) spill rect_fwd/rect_bwd_kv",
+    ("reluformer_enc", 0.1): "ReLUFormer's eq. 7 statistics and per-score Philox spill",
+    ("eatt_enc", 0.0): "issue 28 item 5: E-ATT's runtime per-dimension L1 loop spills (255 registers)",
+    ("eatt_enc", 0.1): "issue 28 item 5: E-ATT's runtime per-dimension L1 loop spills (255 registers)",
+    ("eatt_causal", 0.0): "issue 28 item 5: E-ATT's runtime per-dimension L1 loop spills (255 registers)",
+    ("eatt_causal", 0.1): "issue 28 item 5: E-ATT's runtime per-dimension L1 loop spills (255 registers)",
+}
+
+
+def _main_cases():
+    for variant in kr.MAIN["variants"]:
+        for p in kr.DROPOUTS:
+            for dtype in ("fp16",):  # fairseq trains with --fp16; bf16 compiles alike (the report has both)
+                marks = ()
+                reason = KNOWN.get((variant, p))
+                if reason:
+                    marks = (pytest.mark.xfail(strict=True, reason=reason),)
+                yield pytest.param(variant, p, dtype, id=f"{variant}-p{p:g}-{dtype}", marks=marks)
+
+
+@needs_nvidia
+@pytest.mark.parametrize("variant,p,dtype", list(_main_cases()))
+def test_main_configurations_compile_for_sm90a_without_spills_or_serialized_wgmma(variant, p, dtype, monkeypatch):
+    """Issue 28's targets on the main configurations (``kr.MAIN``: sm_90a, d 64, the first
+    autotuning tile, JIT specialisations): every kernel of forward + backward compiles, spills
+    nothing and gets no ``wgmma ... serialized`` warning from ptxas."""
+    pytest.importorskip("triton.backends.nvidia.compiler", reason="triton without its NVIDIA backend")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    rows = kr.report(archs=(kr.MAIN["arch"],), dtypes=(dtype,), head_dims=kr.MAIN["head_dims"],
+                     variants=(variant,), dropouts=(p,), tiles=kr.MAIN["tiles"])
+    assert len(rows) == 3 and all(r["target"] == "sm_90a" for r in rows if not r["error"])
+    assert all(r["loop_wgmma"] > 0 for r in rows if not r["error"])  # tensor cores in the main loop
+    assert kr.problems(rows) == []
