@@ -524,6 +524,11 @@ class LocalLauncher:
         def pre():
             if nice:
                 os.nice(nice)
+                # with the kernel's autogroups (a scheduling group per session, as here) a process's
+                # nice weighs only against its own session: the run's new session is niced as a whole
+                with contextlib.suppress(OSError):
+                    with open("/proc/self/autogroup", "w") as f:
+                        f.write(str(nice))
             if hasattr(os, "sched_setaffinity"):
                 os.sched_setaffinity(0, cores)
 
