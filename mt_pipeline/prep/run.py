@@ -25,6 +25,7 @@ import sys
 import time
 
 from mt_pipeline.atomic import atomic_path, remove_leftovers
+from mt_pipeline.locks import dir_lock
 
 _RUN_TMP = re.compile(r".+\.tmp\.[0-9]+")  # <name>.tmp.<pid>: a stage dir / file being built
 
@@ -161,15 +162,8 @@ class PrepRun:
         if self.dry:
             yield
             return
-        import fcntl
-
         os.makedirs(self.out, exist_ok=True)
-        with open(os.path.join(self.out, ".lock"), "w") as f:
-            try:
-                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                self.log(f"waiting for another run on {self.out} ...")
-                fcntl.flock(f, fcntl.LOCK_EX)
+        with dir_lock(self.out, wait=True, on_wait=lambda: self.log(f"waiting for another run on {self.out} ...")):
             remove_run_leftovers(self.out)
             yield
 
