@@ -67,7 +67,7 @@ from fairseq.modules.transformer_layer import (
     TransformerEncoderLayerBase,
 )
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
-from fairseq.utils import safe_getattr, safe_hasattr
+from fairseq.utils import safe_getattr
 from omegaconf import OmegaConf
 
 from ..attention import FunctionalMultiheadAttention, attention_fn_names, build_attention_fn
@@ -222,54 +222,15 @@ class AttentionTransformerConfig(TransformerConfig):
         """The config of a flat ``argparse.Namespace`` (``fairseq-train``, old checkpoints) or a
         flat ``DictConfig`` (``fairseq-hydra-train``, its checkpoints); an instance is returned as is.
 
-        Like fairseq's ``TransformerConfig.from_namespace`` (prefixed keys go into the
-        ``encoder``/``decoder``/``quant_noise`` sub-configs; every other attribute of a
-        ``Namespace`` is kept on the config, as fairseq code expects), but reading the plugin's
-        options from a ``DictConfig`` too.  A missing or ``None`` plugin option keeps its default.
+        fairseq's ``TransformerConfig.from_namespace`` (prefixed keys go into the
+        ``encoder``/``decoder``/``quant_noise`` sub-configs; every other attribute is kept on the
+        config, the plugin's flat names landing in their option groups), on a ``Namespace``: a
+        ``DictConfig`` is converted first (of a ``DictConfig`` fairseq would keep no extra key).  A
+        missing plugin option keeps its default (the arch presets fill every one, :func:`apply_family`).
         """
-        if args is None or isinstance(args, cls):
-            return args
-        config = cls()
-        seen = set()
-        groups = cls.groups()
-        base = {f.name for f in fields(TransformerConfig)}
-        for f in fields(cls):
-            name = f.name
-            if name in _FAIRSEQ_SUBCONFIGS:
-                sub_cls = _FAIRSEQ_SUBCONFIGS[name]
-                nested = safe_getattr(args, name, None)
-                if nested is not None and not isinstance(nested, type):
-                    seen.add(name)
-                    sub = sub_cls(**(OmegaConf.to_container(nested) if OmegaConf.is_config(nested)
-                                     else dict(nested) if isinstance(nested, dict) else vars(nested)))
-                else:
-                    sub = TransformerConfig._copy_keys(args, sub_cls, name, seen)
-                object.__setattr__(config, name, sub)
-            elif name in groups:
-                values = {}
-                for key in groups[name].option_names():
-                    attr = groups[name].attr(key)
-                    if safe_hasattr(args, attr):
-                        seen.add(attr)
-                        v = safe_getattr(args, attr)
-                        if v is not None:
-                            values[key] = v
-                object.__setattr__(config, name, groups[name](**values))
-            elif safe_hasattr(args, name):
-                seen.add(name)
-                value = safe_getattr(args, name)
-                if value is not None or name in base:
-                    setattr(config, name, value)
-        if isinstance(args, Namespace):
-            extras = vars(args)
-        elif OmegaConf.is_config(args):
-            extras = {k: args[k] for k in args}
-        else:
-            extras = {}
-        for key, value in extras.items():
-            if key not in seen:
-                setattr(config, key, value)
-        return config
+        if OmegaConf.is_config(args):
+            args = Namespace(**OmegaConf.to_container(args, resolve=True))
+        return super().from_namespace(args)
 
     # -- the one check ------------------------------------------------------------------------
     def validate(self) -> None:
