@@ -62,7 +62,6 @@ runs (SystemExit naming the valid choices).
 
 import argparse
 import contextlib
-import fcntl
 import json
 import math
 import os
@@ -81,6 +80,7 @@ from . import evidence
 from . import tables
 from .atomic import atomic_path, write_json_atomic
 from .budget import load_budget, regime
+from .locks import lock_held
 from .provenance import ROOT, hardware, repo_relative
 
 __all__ = ["Run", "load_plan", "run_state", "estimate_minutes", "device_name", "main"]
@@ -224,20 +224,6 @@ def load_plan(path: str) -> Dict:
 # ---------------------------------------------------------------------------------------------
 # state of a run, throughput, estimates
 
-def _lock_held(run_dir: str) -> bool:
-    """True when another process holds ``<run_dir>/.lock`` (an experiment runner is training it)."""
-    path = os.path.join(run_dir, ".lock")
-    if not os.path.exists(path):
-        return False
-    with open(path, "a") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        fcntl.flock(f, fcntl.LOCK_UN)
-    return False
-
-
 def _updates_so_far(run_dir: str) -> int:
     from .curves import loss_curves
 
@@ -275,7 +261,7 @@ def run_state(run: Run) -> Dict:
     run-directory lock is held), ``partial`` (checkpoints, no runner), ``submitted`` (a slurm
     job recorded, not started yet) or ``pending``."""
     # the run directory first, then its runner, then committed evidence (of this or an earlier attempt)
-    held = not os.path.exists(os.path.join(run.dir, "result.json")) and _lock_held(run.dir)
+    held = not os.path.exists(os.path.join(run.dir, "result.json")) and lock_held(run.dir)
     found = None if held else evidence.locate(run.dir, run.regime)
     if found:
         with open(os.path.join(found, "result.json")) as f:

@@ -26,7 +26,6 @@ fairseq at start-up and listed with their valid choices).
 
 import argparse
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -40,17 +39,12 @@ from .atomic import remove_leftovers, writable_problem, write_json_atomic
 from .budget import (build_train_cmd, decode_checkpoint, eval_cmd, flags, load_budget, prep_cmd,  # noqa: F401
                      prep_dir, regime, train_flags)
 from .curves import last_valid_metrics, loss_curves
+from .locks import dir_lock, inherited_fds
 from .provenance import ROOT, git_commit, hardware
 
 
 def log(msg):
     print(f"[experiment] {msg}", flush=True)
-
-
-#: file descriptors of the run-directory locks this process holds (:func:`run_dir_lock`); every
-#: child :func:`run` starts inherits them, so the lock lives as long as the runner *or* any of
-#: its children (a fairseq-train left running by a killed runner keeps the directory locked)
-_HELD_LOCKS = set()
 
 
 def run(cmd, logfile=None):
@@ -61,7 +55,7 @@ def run(cmd, logfile=None):
         subprocess.CalledProcessError: the command failed (``returncode < 0``: killed by a signal).
     """
     log("$ " + " ".join(shlex.quote(c) for c in cmd))
-    fds = tuple(sorted(_HELD_LOCKS))
+    fds = inherited_fds()  # the run-directory lock (run_dir_lock) lives as long as any child
     if logfile is None:
         subprocess.run(cmd, check=True, cwd=ROOT, pass_fds=fds)
         return
@@ -95,19 +89,11 @@ def run_dir_lock(out):
     Raises:
         SystemExit: another process holds the lock (the message names the directory).
     """
-    f = open(os.path.join(out, ".lock"), "a")
-    try:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise SystemExit(f"another mt-experiment, or a fairseq-train/evaluation it started, is running in {out} "
-                             f"(it holds {out}/.lock; `fuser {out}/.lock` names it); wait for it to finish or "
-                             "stop it first") from None
-        _HELD_LOCKS.add(f.fileno())
+    with dir_lock(out, inherit=True,
+                  busy_message=f"another mt-experiment, or a fairseq-train/evaluation it started, is running in {out} "
+                               f"(it holds {out}/.lock; `fuser {out}/.lock` names it); wait for it to finish or "
+                               "stop it first"):
         yield
-    finally:
-        _HELD_LOCKS.discard(f.fileno())
-        f.close()  # releases the lock (once no child holds it either)
 
 
 def target_updates(train_cmd):

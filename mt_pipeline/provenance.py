@@ -40,9 +40,10 @@ def git_commit(root: str = ROOT) -> str:
         return "unknown"
 
 
-def file_sha256(path: str) -> str:
-    """Hex SHA-256 of a file (checkpoints, data), read in 1 MiB blocks."""
-    h = hashlib.sha256()
+def file_sha256(path: str, algo: str = "sha256") -> str:
+    """Hex SHA-256 of a file (checkpoints, data), read in 1 MiB blocks; ``algo`` another
+    :func:`hashlib.new` algorithm (mt-prep checks the md5 sums sacreBLEU records for test sets)."""
+    h = hashlib.new(algo)
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)

@@ -122,7 +122,7 @@ def test_separate_bpe_has_one_model_and_one_dictionary_per_language(iwslt):
         train_syms = {w for l in lines(out / "bpe" / f"train.{lang}") for w in l.split()}
         assert set(dicts[lang]) == train_syms
     assert set(dicts["vi"]) - set(dicts["en"]) and set(dicts["en"]) - set(dicts["vi"])
-    assert json.loads((out / "bin" / ".done").read_text())["joined_dictionary"] is False
+    assert "joined_dictionary=false" in (out / "bin" / ".done").read_text().splitlines()
 
 
 def test_rerun_is_idempotent_and_dry_run_prints_the_new_steps(iwslt):

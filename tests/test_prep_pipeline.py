@@ -13,6 +13,7 @@ import pytest
 
 from mt_pipeline.prep import cli, fetch
 from mt_pipeline.prep.run import PrepRun, remove_run_leftovers
+from mt_pipeline.provenance import file_sha256
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 M30K_RAW = os.path.normpath(os.path.join(ROOT, "..", "shared", "data", "multi30k_en_de", "raw"))
@@ -32,7 +33,7 @@ def test_download_keeps_a_file_only_with_its_checksum(tmp_path):
     src.parent.mkdir()
     src.write_bytes(gzip.compress(b"a man .\n"))
     url, dest = src.as_uri(), tmp_path / "download" / "train.en.gz"
-    good = fetch.file_digest(str(src))
+    good = file_sha256(str(src))
     with pytest.raises(fetch.ChecksumError, match=f"sha256 mismatch for {url}: expected {'0' * 64}, got {good}"):
         fetch.download(url, str(dest), "sha256", "0" * 64)
     assert os.listdir(dest.parent) == []  # neither the file nor a temp file
@@ -41,7 +42,7 @@ def test_download_keeps_a_file_only_with_its_checksum(tmp_path):
     assert os.listdir(dest.parent) == []
     assert fetch.download(url, str(dest), "sha256", good) == good
     assert dest.read_bytes() == src.read_bytes()
-    assert fetch.download(url, str(dest), "md5") == fetch.file_digest(str(src), "md5")  # unverified: any digest
+    assert fetch.download(url, str(dest), "md5") == file_sha256(str(src), "md5")  # unverified: any digest
 
 
 def test_fetch_all_records_unverified_checksums_and_skips_good_files(tmp_path, capsys):
@@ -52,7 +53,7 @@ def test_fetch_all_records_unverified_checksums_and_skips_good_files(tmp_path, c
     items = [{"url": src.as_uri(), "file": "a.dat", "sha256": "unverified"}]
     ddir = tmp_path / "out" / "download"
     fetch.fetch_all(run, items, str(ddir))
-    assert (ddir / "CHECKSUMS").read_text() == f"{fetch.file_digest(str(src))} a.dat\n"
+    assert (ddir / "CHECKSUMS").read_text() == f"{file_sha256(str(src))} a.dat\n"
     fetch.fetch_all(run, items, str(ddir))  # present with the stored checksum: not fetched again
     assert "have download/a.dat" in capsys.readouterr().out
     src.write_bytes(b"another archive")  # upstream changed: the stored checksum refuses it

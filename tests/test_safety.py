@@ -16,6 +16,7 @@ import pytest
 
 from mt_pipeline import evaluate
 from mt_pipeline.atomic import NotOwnedError, OwnedFiles
+from mt_pipeline.provenance import file_sha256
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REFS = ["Ein Mann fährt Rad .", "Zwei Hunde spielen ."]
@@ -511,7 +512,7 @@ def test_an_unverified_checksum_is_never_pinned_from_a_cut_short_file(tmp_path, 
     assert not (ddir / "CHECKSUMS").exists() and not (ddir / "a.tgz").exists()
     up.write_bytes(whole)  # the complete file is then accepted and pinned
     fetch.fetch_all(run, items, str(ddir))
-    assert (ddir / "CHECKSUMS").read_text() == f"{fetch.file_digest(str(up))} a.tgz\n"
+    assert (ddir / "CHECKSUMS").read_text() == f"{file_sha256(str(up))} a.tgz\n"
 
 
 # ---------------------------------------------------------------------------------------------

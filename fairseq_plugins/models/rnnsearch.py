@@ -35,7 +35,6 @@ end-of-generation callback a ``--user-dir`` can reach, and this needs no wrapper
 import atexit
 import math
 import sys
-from contextlib import nullcontext
 from dataclasses import dataclass, fields
 from typing import Optional
 
@@ -53,14 +52,13 @@ from fairseq.models import (
     register_model_architecture,
 )
 from fairseq.utils import safe_getattr
-from omegaconf import OmegaConf, open_dict
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from ..attention.additive import ATTENTION_KINDS, NORMALIZER_CHOICES, AdditiveAttention
 from ..modules.auxiliary import clear_auxiliary
 from ..options import check_fields, option
-from ..trained_data import KEY as TRAINED_DATA
 from ..trained_data import record_or_check
+from ._config import check_model_keys, fill_defaults
 from .precision import check_precision_flags, training_config
 from .ranges import check_training_ranges
 
@@ -93,11 +91,6 @@ class RNNsearchConfig(FairseqDataclass):
 
 # the option keys (not FairseqDataclass._name)
 _RNN_KEYS = frozenset(f.name for f in fields(RNNsearchConfig) if not f.name.startswith("_"))
-
-
-def _config_context(args):
-    """``open_dict`` for an omegaconf config (arch presets add keys), else nothing."""
-    return open_dict(args) if OmegaConf.is_config(args) else nullcontext()
 
 
 def left_pad_attention(attn: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
@@ -299,11 +292,7 @@ class RNNsearchModel(FairseqEncoderDecoderModel):
 
     @classmethod
     def build_model(cls, args, task):
-        if OmegaConf.is_config(args):
-            unknown = sorted(set(args.keys()) - _RNN_KEYS - {"_name", "arch", TRAINED_DATA})
-            if unknown:
-                raise ValueError(f"unknown model option(s) {', '.join(unknown)} for rnnsearch; valid keys: "
-                                 f"{', '.join(sorted(_RNN_KEYS))}")
+        check_model_keys(args, _RNN_KEYS, "rnnsearch", f"valid keys: {', '.join(sorted(_RNN_KEYS))}")
         base_architecture(args)
         check_precision_flags()  # --fp16/--bf16 this machine cannot train with (fairseq-train only)
         check_training_ranges()  # --lr, --label-smoothing, --dropout ... in their ranges (fairseq-train only)
@@ -330,12 +319,9 @@ class RNNsearchModel(FairseqEncoderDecoderModel):
 
 
 def _fill(args, **defaults) -> None:
-    """Set each option ``args`` lacks (missing or None) to its default; an explicit value (0
-    included) is kept, so that it reaches the check in :meth:`RNNsearchModel.build_model`."""
-    with _config_context(args):
-        for key, value in defaults.items():
-            if safe_getattr(args, key, None) is None:
-                setattr(args, key, value)
+    """:func:`~fairseq_plugins.models._config.fill_defaults` (explicit values, 0 included, are kept
+    and reach the check in :meth:`RNNsearchModel.build_model`)."""
+    fill_defaults(args, defaults)
 
 
 @register_model_architecture("rnnsearch", "rnnsearch")

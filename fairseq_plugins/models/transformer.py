@@ -40,7 +40,6 @@ the layers' ``build_self_attention``/``build_encoder_attention``); fairseq's cla
 
 import logging
 from argparse import Namespace
-from contextlib import nullcontext
 from dataclasses import dataclass, field, fields
 from typing import Dict, Set, Type
 
@@ -68,8 +67,8 @@ from fairseq.modules.transformer_layer import (
     TransformerEncoderLayerBase,
 )
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
-from fairseq.utils import safe_getattr, safe_hasattr
-from omegaconf import OmegaConf, open_dict
+from fairseq.utils import safe_getattr
+from omegaconf import OmegaConf
 
 from ..attention import FunctionalMultiheadAttention, attention_fn_names, build_attention_fn
 from ..attention.backend import BACKENDS
@@ -78,8 +77,8 @@ from ..attention.functions import RelaNormOptions, ReluFormerOptions, attention_
 from ..modules.auxiliary import clear_auxiliary
 from ..modules.ffn import FfnOptions, configure_ffn
 from ..options import OptionGroup, check_fields, option
-from ..trained_data import KEY as TRAINED_DATA
 from ..trained_data import record_or_check
+from ._config import check_model_keys, config_context, fill_defaults
 from .precision import check_precision_flags, training_config
 from .ranges import check_training_ranges
 
@@ -223,54 +222,15 @@ class AttentionTransformerConfig(TransformerConfig):
         """The config of a flat ``argparse.Namespace`` (``fairseq-train``, old checkpoints) or a
         flat ``DictConfig`` (``fairseq-hydra-train``, its checkpoints); an instance is returned as is.
 
-        Like fairseq's ``TransformerConfig.from_namespace`` (prefixed keys go into the
-        ``encoder``/``decoder``/``quant_noise`` sub-configs; every other attribute of a
-        ``Namespace`` is kept on the config, as fairseq code expects), but reading the plugin's
-        options from a ``DictConfig`` too.  A missing or ``None`` plugin option keeps its default.
+        fairseq's ``TransformerConfig.from_namespace`` (prefixed keys go into the
+        ``encoder``/``decoder``/``quant_noise`` sub-configs; every other attribute is kept on the
+        config, the plugin's flat names landing in their option groups), on a ``Namespace``: a
+        ``DictConfig`` is converted first (of a ``DictConfig`` fairseq would keep no extra key).  A
+        missing plugin option keeps its default (the arch presets fill every one, :func:`apply_family`).
         """
-        if args is None or isinstance(args, cls):
-            return args
-        config = cls()
-        seen = set()
-        groups = cls.groups()
-        base = {f.name for f in fields(TransformerConfig)}
-        for f in fields(cls):
-            name = f.name
-            if name in _FAIRSEQ_SUBCONFIGS:
-                sub_cls = _FAIRSEQ_SUBCONFIGS[name]
-                nested = safe_getattr(args, name, None)
-                if nested is not None and not isinstance(nested, type):
-                    seen.add(name)
-                    sub = sub_cls(**(OmegaConf.to_container(nested) if OmegaConf.is_config(nested)
-                                     else dict(nested) if isinstance(nested, dict) else vars(nested)))
-                else:
-                    sub = TransformerConfig._copy_keys(args, sub_cls, name, seen)
-                object.__setattr__(config, name, sub)
-            elif name in groups:
-                values = {}
-                for key in groups[name].option_names():
-                    attr = groups[name].attr(key)
-                    if safe_hasattr(args, attr):
-                        seen.add(attr)
-                        v = safe_getattr(args, attr)
-                        if v is not None:
-                            values[key] = v
-                object.__setattr__(config, name, groups[name](**values))
-            elif safe_hasattr(args, name):
-                seen.add(name)
-                value = safe_getattr(args, name)
-                if value is not None or name in base:
-                    setattr(config, name, value)
-        if isinstance(args, Namespace):
-            extras = vars(args)
-        elif OmegaConf.is_config(args):
-            extras = {k: args[k] for k in args}
-        else:
-            extras = {}
-        for key, value in extras.items():
-            if key not in seen:
-                setattr(config, key, value)
-        return config
+        if OmegaConf.is_config(args):
+            args = Namespace(**OmegaConf.to_container(args, resolve=True))
+        return super().from_namespace(args)
 
     # -- the one check ------------------------------------------------------------------------
     def validate(self) -> None:
@@ -327,11 +287,6 @@ class EattTransformerConfig(AttentionTransformerConfig):
     cross_attention_fn: str = attention_fn_field("cross", "eatt")
 
 
-def _config_context(args):
-    """``open_dict`` for an omegaconf config (arch presets add keys), else nothing."""
-    return open_dict(args) if OmegaConf.is_config(args) else nullcontext()
-
-
 def apply_family(args, family: Type[AttentionTransformerConfig] = AttentionTransformerConfig) -> None:
     """Fill every plugin option ``args`` lacks (missing or None) with ``family``'s default -- the
     family differs from :class:`AttentionTransformerConfig` only where its dataclass says so (the
@@ -341,24 +296,7 @@ def apply_family(args, family: Type[AttentionTransformerConfig] = AttentionTrans
     Args:
         args: ``Namespace`` or ``DictConfig`` (flat), modified in place.
     """
-    with _config_context(args):
-        for key, default in family.plugin_keys().items():
-            if safe_getattr(args, key, None) is None:
-                setattr(args, key, default)
-
-
-def _check_keys(args) -> None:
-    """Refuse ``model:`` keys of a hydra ``DictConfig`` that are no option (a misspelt key would
-    otherwise be ignored silently).
-
-    Raises:
-        ValueError: naming the unknown keys and pointing at the valid ones.
-    """
-    unknown = sorted(set(args.keys()) - AttentionTransformerConfig.flat_keys() - {"_name", "arch", TRAINED_DATA})
-    if unknown:
-        raise ValueError(f"unknown model option(s) {', '.join(unknown)} for attention_transformer; valid "
-                         "keys are the flags of `fairseq-train --arch <arch> --help` with '_' for '-' "
-                         "(e.g. encoder_attention_fn, reluformer_gamma, encoder_layers)")
+    fill_defaults(args, family.plugin_keys())
 
 
 def _attention(cfg, kind: str, embed_dim: int, num_heads: int, quant_noise, qn_block_size, **kw):
@@ -535,8 +473,9 @@ class AttentionTransformerModel(TransformerModel):
             ValueError: an invalid option (:func:`validate_args`) or, in a ``DictConfig``, a key
                 that is no option.
         """
-        if OmegaConf.is_config(args):
-            _check_keys(args)
+        check_model_keys(args, AttentionTransformerConfig.flat_keys(), "attention_transformer",
+                         "valid keys are the flags of `fairseq-train --arch <arch> --help` with '_' for '-' "
+                         "(e.g. encoder_attention_fn, reluformer_gamma, encoder_layers)")
         attention_transformer_base(args)
         cfg = validate_args(args)
         check_precision_flags()  # --fp16/--bf16 this machine cannot train with (fairseq-train only)
@@ -566,7 +505,7 @@ class AttentionTransformerModel(TransformerModel):
 def attention_transformer_base(args):
     """Transformer base with softmax everywhere unless a flag says otherwise."""
     apply_family(args, AttentionTransformerConfig)
-    with _config_context(args):
+    with config_context(args):
         base_architecture(args)
 
 
@@ -574,7 +513,7 @@ def attention_transformer_base(args):
 def rela_transformer(args):
     """ReLA paper setting (Section 5): Transformer base, ReLA-g in all three attention types."""
     apply_family(args, RelaTransformerConfig)
-    with _config_context(args):
+    with config_context(args):
         base_architecture(args)
 
 
@@ -582,14 +521,14 @@ def rela_transformer(args):
 def rela_transformer_iwslt_de_en(args):
     """fairseq's ``transformer_iwslt_de_en`` sizes (6+6 layers, 4 heads, d 512, FFN 1024), ReLA-g."""
     apply_family(args, RelaTransformerConfig)
-    with _config_context(args):
+    with config_context(args):
         transformer_iwslt_de_en(args)
 
 
 def small_preset(args):
     """The CPU preset used for results here: 3+3 layers, d 256, 4 heads (d_h 64), FFN 1024,
     all embeddings shared (needs a joined dictionary), dropout 0.1."""
-    with _config_context(args):
+    with config_context(args):
         args.encoder_embed_dim = getattr(args, "encoder_embed_dim", 256)
         args.encoder_ffn_embed_dim = getattr(args, "encoder_ffn_embed_dim", 1024)
         args.encoder_attention_heads = getattr(args, "encoder_attention_heads", 4)
@@ -615,7 +554,7 @@ def reluformer(args):
     self, decoder self and cross attention, ReLU FFN.  Train with the criterion
     ``label_smoothed_cross_entropy_with_reg`` (eq. 7)."""
     apply_family(args, ReluFormerTransformerConfig)
-    with _config_context(args):
+    with config_context(args):
         base_architecture(args)
 
 
@@ -623,7 +562,7 @@ def reluformer(args):
 def reluformer_iwslt_de_en(args):
     """ReLUFormer at the paper's IWSLT14 size (App. A.2: 6+6 layers, 4 heads, d 512, FFN 1024)."""
     apply_family(args, ReluFormerTransformerConfig)
-    with _config_context(args):
+    with config_context(args):
         transformer_iwslt_de_en(args)
 
 
@@ -640,7 +579,7 @@ def eatt_transformer(args):
     with E-ATT in encoder self, decoder self and cross attention, tau = 1.0.  Hybrids (Table 5):
     override any of the three ``--*-attention-fn``."""
     apply_family(args, EattTransformerConfig)
-    with _config_context(args):
+    with config_context(args):
         base_architecture(args)
 
 
@@ -648,7 +587,7 @@ def eatt_transformer(args):
 def eatt_transformer_iwslt_de_en(args):
     """E-ATT at fairseq's ``transformer_iwslt_de_en`` sizes (6+6 layers, 4 heads, d 512, FFN 1024)."""
     apply_family(args, EattTransformerConfig)
-    with _config_context(args):
+    with config_context(args):
         transformer_iwslt_de_en(args)
 
 

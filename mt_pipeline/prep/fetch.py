@@ -6,7 +6,7 @@ where nothing is published).  A download is streamed into a temporary file, hash
 and moved into place only when its checksum matches: a wrong checksum or a broken connection
 leaves no file behind.  A file already in ``download/`` with the right checksum is not fetched
 again.  An ``unverified`` checksum is computed on the first download and stored in
-``download/CHECKSUMS`` (checked on later runs).  Local inputs are checked with :func:`file_digest`
+``download/CHECKSUMS`` (checked on later runs).  Local inputs are checked with :func:`~mt_pipeline.provenance.file_sha256`
 (the file) or :func:`content_sha256` (the decompressed content of a ``.gz``).
 """
 
@@ -19,6 +19,7 @@ import urllib.error
 import urllib.request
 
 from mt_pipeline.atomic import atomic_path, write_text_atomic
+from mt_pipeline.provenance import file_sha256
 
 UNVERIFIED = "unverified"
 
@@ -62,15 +63,6 @@ def check_complete(path):
                 raise ChecksumError(f"{path}: member {bad} is corrupt")
     except (OSError, EOFError, tarfile.TarError, zipfile.BadZipFile) as err:
         raise ChecksumError(f"{path} is cut short or corrupt ({err})") from None
-
-
-def file_digest(path, algo="sha256"):
-    """Hex digest (``algo``: sha256, md5, ...) of the bytes of ``path``."""
-    h = hashlib.new(algo)
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def read_content(path):
@@ -189,11 +181,11 @@ def fetch_all(run, items, ddir, verify=True, hint="pass --local-dir DIR"):
         algo, val = expected_checksum(d)
         if val == UNVERIFIED:
             val = stored.get(d["file"], UNVERIFIED)
-        if os.path.exists(path) and (val == UNVERIFIED or file_digest(path, algo) == val):
+        if os.path.exists(path) and (val == UNVERIFIED or file_sha256(path, algo) == val):
             run.log(f"have download/{d['file']}" + ("" if val == UNVERIFIED else f" ({algo} ok)"))
             if val == UNVERIFIED and d["file"] not in stored:
                 _check_before_pinning(run, path, d, downloaded=False)
-                stored[d["file"]], new = file_digest(path), True
+                stored[d["file"]], new = file_sha256(path), True
             continue
         run.step(f"download {d['url']} -> download/{d['file']}")
         if run.dry:
@@ -211,7 +203,7 @@ def fetch_all(run, items, ddir, verify=True, hint="pass --local-dir DIR"):
             run.warn(f"{algo} of download/{d['file']} is {got}, not the recorded {val} (kept: --no-checksum)")
         if val == UNVERIFIED:
             _check_before_pinning(run, path, d, downloaded=True)
-            stored[d["file"]], new = file_digest(path), True
+            stored[d["file"]], new = file_sha256(path), True
             run.log(f"no recorded checksum for {d['file']}: sha256 {stored[d['file']]} stored in "
                     "download/CHECKSUMS (checked on later runs)")
     if new and not run.dry:

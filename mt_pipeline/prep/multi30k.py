@@ -26,9 +26,10 @@ import gzip
 import os
 
 from mt_pipeline.prep import binarize, bpe, fetch, tok
-from mt_pipeline.prep.run import PrepRun, sha256_text
+from mt_pipeline.prep.run import PrepRun, sha256_text, stamp_text
 from mt_pipeline.prep.textio import MAX_WORDS, check_pair, check_parallel_lines, count_lines, report_problems
 from mt_pipeline.prep.tools import tool_versions_line
+from mt_pipeline.provenance import file_sha256
 
 TOKENIZER = "sacremoses MosesTokenizer(lang).tokenize(escape=False, aggressive_dash_splits=False); case kept"
 BPE_HOW = "subword-nmt learn_bpe (min_frequency=2) on tok/train.en+tok/train.de, BPE.process_line on all splits"
@@ -60,18 +61,18 @@ def stamps(spec, a, in_dir):
         if not a.no_checksum:
             return sha[f]
         path = os.path.join(in_dir, f)
-        return fetch.file_digest(path) if os.path.isfile(path) else "missing"
+        return file_sha256(path) if os.path.isfile(path) else "missing"
 
-    raw = f"stage=raw\ninputs={' '.join(f'{f}:{input_sha(f)}' for f in input_files(spec))}\ntrain_lines={tl}"
-    tok_ = f"stage=tok\nupstream={sha256_text(raw)}\ntrain_lines={tl}\ntokenizer={TOKENIZER}\nversions={versions}"
-    bpe_ = (f"stage=bpe\nupstream={sha256_text(tok_)}\ntrain_lines={tl}\nbpe_merges={a.bpe_merges}\n"
-            f"bpe={BPE_HOW}\nversions={versions}")
-    char = f"stage=char\nupstream={sha256_text(tok_)}\ntrain_lines={tl}\nsegmentation={CHAR_HOW}"
+    raw = stamp_text("raw", inputs=" ".join(f"{f}:{input_sha(f)}" for f in input_files(spec)), train_lines=tl)
+    tok_ = stamp_text("tok", upstream=sha256_text(raw), train_lines=tl, tokenizer=TOKENIZER, versions=versions)
+    bpe_ = stamp_text("bpe", upstream=sha256_text(tok_), train_lines=tl, bpe_merges=a.bpe_merges, bpe=BPE_HOW,
+                      versions=versions)
+    char = stamp_text("char", upstream=sha256_text(tok_), train_lines=tl, segmentation=CHAR_HOW)
     if a.char:
-        bin_ = f"stage=bin\nupstream={sha256_text(char)}\ntrain_lines={tl}\nsegmentation=char\n"
+        seg = dict(upstream=sha256_text(char), train_lines=tl, segmentation="char")
     else:
-        bin_ = f"stage=bin\nupstream={sha256_text(bpe_)}\ntrain_lines={tl}\nbpe_merges={a.bpe_merges}\n"
-    bin_ += f"src={a.src}\ntgt={a.tgt}\nfairseq-preprocess --joined-dictionary"
+        seg = dict(upstream=sha256_text(bpe_), train_lines=tl, bpe_merges=a.bpe_merges)
+    bin_ = stamp_text("bin", **seg, src=a.src, tgt=a.tgt) + "\nfairseq-preprocess --joined-dictionary"
     return {"raw": raw, "tok": tok_, "bpe": bpe_, "char": char, "bin": bin_}
 
 
@@ -91,8 +92,8 @@ def check_local_inputs(run, spec, in_dir, verify):
         if not os.path.isfile(path):
             run.die(f"missing input {path} (--raw-dir must hold {{{','.join(s['upstream'] for s in spec['splits'])}}}"
                     f".{{{','.join(spec['langs'])}}}.gz)")
-        if verify and not run.dry and fetch.file_digest(path) != sha[f]:
-            run.die(f"sha256 mismatch for {path}: expected {sha[f]}, got {fetch.file_digest(path)} "
+        if verify and not run.dry and file_sha256(path) != sha[f]:
+            run.die(f"sha256 mismatch for {path}: expected {sha[f]}, got {file_sha256(path)} "
                     "(use --no-checksum to accept other files)")
     if verify and not run.dry:
         run.log(f"inputs in {in_dir}: sha256 ok")

@@ -16,6 +16,7 @@ Every stage of every pipeline goes through :meth:`PrepRun.stage`:
 
 import contextlib
 import hashlib
+import json
 import os
 import re
 import shlex
@@ -25,8 +26,25 @@ import sys
 import time
 
 from mt_pipeline.atomic import atomic_path, remove_leftovers
+from mt_pipeline.locks import dir_lock
 
 _RUN_TMP = re.compile(r".+\.tmp\.[0-9]+")  # <name>.tmp.<pid>: a stage dir / file being built
+
+
+def stamp_text(stage, **fields):
+    """A stage's stamp (the one format of ``.done``): ``stage=STAGE``, then one ``key=value`` line
+    a field in the order given; strings and numbers as they are, other values (lists, dicts,
+    booleans) as compact JSON with sorted keys.  No trailing newline (:meth:`PrepRun.write_stamp`
+    adds one).  It is the format of the shell pipeline mt-prep replaced: the multi30k and
+    long_documents stamps are byte for byte its, so preps made with it stay up to date."""
+    lines = [f"stage={stage}"]
+    for key, value in fields.items():
+        if not isinstance(value, (str, int)) or isinstance(value, bool):
+            value = json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+        value = str(value)
+        assert "\n" not in value, f"stamp field {key} spans lines"
+        lines.append(f"{key}={value}")
+    return "\n".join(lines)
 
 
 def sha256_text(text):
@@ -67,14 +85,14 @@ class PrepRun:
 
     # ------------------------------------------------------------------ stamps
     @staticmethod
-    def current(directory, stamp, files):
-        """Whether ``directory/.done`` holds ``stamp`` (trailing newlines aside) and every one of
-        ``files`` exists."""
+    def current(directory, stamp, files, legacy=()):
+        """Whether ``directory/.done`` holds ``stamp`` or one of the ``legacy`` stamps (trailing
+        newlines aside) and every one of ``files`` exists."""
         path = os.path.join(directory, ".done")
         if not os.path.isfile(path):
             return False
         with open(path, encoding="utf-8") as f:
-            if f.read().rstrip("\n") != stamp.rstrip("\n"):
+            if f.read().rstrip("\n") not in {s.rstrip("\n") for s in (stamp, *legacy)}:
                 return False
         return all(os.path.exists(f) for f in files)
 
@@ -84,22 +102,24 @@ class PrepRun:
         with atomic_path(os.path.join(directory, ".done")) as tmp, open(tmp, "w", encoding="utf-8") as f:
             f.write(stamp.rstrip("\n") + "\n")
 
-    def stage(self, name, directory, stamp, files, body, swap=False, note=""):
+    def stage(self, name, directory, stamp, files, body, swap=False, note="", legacy=()):
         """Run one stage unless it is up to date.
 
         Args:
             name: the stage's name in the messages (``tok``, ``L=128 pack``, ...).
             directory: the stage directory holding ``.done``.
-            stamp: the stage's stamp (text).
+            stamp: the stage's stamp (text, :func:`stamp_text`).
             files: the outputs that must exist for the stage to count as done.
             body: ``body(d)`` does the work, writing into ``d``: ``directory`` itself, or (with
                 ``swap``) a fresh temporary directory that replaces ``directory`` afterwards.
             note: appended to the stage name in the "up to date" message.
+            legacy: stamps an earlier mt-prep wrote for the same stage that still count as up to
+                date (a stage that runs writes ``stamp``).
 
         Returns:
             False when the stage was up to date and skipped, True when it ran (or would run).
         """
-        if self.current(directory, stamp, files):
+        if self.current(directory, stamp, files, legacy):
             if not self.dry:
                 self.log(f"{name}: up to date{note}, skipping")
                 return False
@@ -161,15 +181,8 @@ class PrepRun:
         if self.dry:
             yield
             return
-        import fcntl
-
         os.makedirs(self.out, exist_ok=True)
-        with open(os.path.join(self.out, ".lock"), "w") as f:
-            try:
-                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                self.log(f"waiting for another run on {self.out} ...")
-                fcntl.flock(f, fcntl.LOCK_EX)
+        with dir_lock(self.out, wait=True, on_wait=lambda: self.log(f"waiting for another run on {self.out} ...")):
             remove_run_leftovers(self.out)
             yield
 

@@ -17,8 +17,8 @@ Variants (``--variant NAME``, spec ``variants``) share download/, raw/ and tok/ 
 recipe and write tc/, bpe/, bin/ to ``<out>/<variant>/`` (raw/ and tok/ there are links to the
 shared ones).  Where the training data is not available (local mode on ../shared/data holds only
 dev/test sets), the stages run on the splits that are there and the run ends naming what is
-missing and how to get it.  The stamps are JSON (stage parameters, the digest of the upstream
-stamp, tool versions).
+missing and how to get it.  The stamps (:func:`~mt_pipeline.prep.run.stamp_text`) hold the stage
+parameters, the digest of the upstream stamp and the tool versions.
 """
 
 import hashlib
@@ -29,15 +29,18 @@ import shutil
 from mt_pipeline.prep import bpe, fetch, raw, tc, tok
 from mt_pipeline.provenance import file_sha256
 from mt_pipeline.prep.binarize import preprocess_cmd, run_preprocess
-from mt_pipeline.prep.run import PrepRun
+from mt_pipeline.prep.run import PrepRun, stamp_text
 from mt_pipeline.prep.spec import SHARED_DATA, bpe_merges_for, effective_recipe, spec_digest, truecase_langs
 from mt_pipeline.prep.textio import check_pair, count_lines, write_text_atomic
 from mt_pipeline.prep.tools import check_lang_tool, check_tool, tool_versions
 
 
-def stamp_text(**kw):
-    """A JSON stamp (sorted keys, one per line)."""
-    return json.dumps(kw, sort_keys=True, indent=1) + "\n"
+def stamps(stage, **kw):
+    """``(stamp, legacy)``: the stage's stamp (:func:`~mt_pipeline.prep.run.stamp_text`) and the
+    JSON stamp (sorted keys, one per line) that mt-prep wrote for it before the stamps had one
+    format.  The JSON one is read only so that sentence-level preps made then stay up to date (a
+    WMT prep takes hours); it is never written."""
+    return stamp_text(stage, **kw), json.dumps(dict(kw, stage=stage), sort_keys=True, indent=1)
 
 
 def check_args(p, spec, args):
@@ -163,16 +166,16 @@ def stage_raw(p):
     missing = [s for s in p.spec["split_names"] if s not in p.splits]
     if missing:
         run.log(f"not available in this mode: {', '.join(missing)}")
-    stamp = stamp_text(stage="raw", mode=p.mode, spec=spec_digest(p.spec), splits=p.splits,
+    stamp, legacy = stamps("raw", mode=p.mode, spec=spec_digest(p.spec), splits=p.splits,
                        inputs=p.sources.fingerprint(p.splits))
     files = [os.path.join(d, f"{s}.{l}") for s in p.splits for l in p.langs]
-    run.stage("raw", d, stamp, files, lambda x: raw.write_splits(run, p.sources, p.splits, x))
+    run.stage("raw", d, stamp, files, lambda x: raw.write_splits(run, p.sources, p.splits, x), legacy=[legacy])
 
 
 def stage_tok(p):
     """Stage tok: the recipe's tokenisation, [clean-corpus-n on train], [valid carved from train]."""
     run, r, d = p.run, p.recipe, os.path.join(p.out, "tok")
-    stamp = stamp_text(stage="tok", upstream=p.prev("raw"), recipe=tok.describe(r, p.langs), versions=tool_versions())
+    stamp, legacy = stamps("tok", upstream=p.prev("raw"), recipe=tok.describe(r, p.langs), versions=tool_versions())
     every = r.get("valid_every") if "train" in p.splits and "valid" not in p.splits else None
     splits = p.splits + (["valid"] if every else [])
     files = [os.path.join(d, f"{s}.{l}") for s in splits for l in p.langs]
@@ -188,7 +191,7 @@ def stage_tok(p):
             tok.carve_valid(run, x, p.langs, every)
         for s in ([] if run.dry else splits):
             check_pair(run, "tok", x, s, p.langs, count_lines(os.path.join(x, f"{s}.{p.langs[0]}")))
-    run.stage("tok", d, stamp, files, body)
+    run.stage("tok", d, stamp, files, body, legacy=[legacy])
     p.splits = splits
 
 
@@ -226,11 +229,11 @@ def stage_tc(p):
                          "which is not here -- so no tc/, bpe/ or bin/")
         return False
     check_tool("truecase", run.dry, run.log)
-    stamp = stamp_text(stage="tc", upstream=p.prev("tok"), langs=p.tc_langs, how=tc.DESCRIPTION, versions=tool_versions())
+    stamp, legacy = stamps("tc", upstream=p.prev("tok"), langs=p.tc_langs, how=tc.DESCRIPTION, versions=tool_versions())
     files = [os.path.join(d, f"truecase-model.{l}") for l in p.tc_langs] + [
         os.path.join(d, f"{s}.{l}") for s in p.splits for l in p.langs]
     run.stage("tc", d, stamp, files, lambda x: tc.truecase_files(run, os.path.join(p.out, "tok"), x, p.splits,
-                                                                  p.langs, p.tc_langs))
+                                                                  p.langs, p.tc_langs), legacy=[legacy])
     return True
 
 
@@ -256,7 +259,7 @@ def stage_bpe(p):
                      f"{file_sha256(given[k]) if os.path.isfile(given[k]) else 'missing'})")
                  for n, (k, langs, _) in names.items()}
     how = ("joint" if joint else "separate") + " BPE: " + "; ".join(f"{n}: {h}" for n, (_, _, h) in names.items())
-    stamp = stamp_text(stage="bpe", upstream=p.prev(src_stage, src_base), input=src_stage, how=how, versions=tool_versions())
+    stamp, legacy = stamps("bpe", upstream=p.prev(src_stage, src_base), input=src_stage, how=how, versions=tool_versions())
     files = [os.path.join(d, n) for n in names] + [os.path.join(d, f"{s}.{l}") for s in p.splits for l in p.langs]
 
     def body(x):
@@ -281,7 +284,7 @@ def stage_bpe(p):
                 bpe.apply_bpe(bpe.io_pairs(src_dir, x, p.splits, langs), os.path.join(x, name), run.workers)
         for s in ([] if run.dry else p.splits):
             check_pair(run, "bpe", x, s, p.langs, count_lines(os.path.join(src_dir, f"{s}.{p.langs[0]}")))
-    run.stage("bpe", d, stamp, files, body)
+    run.stage("bpe", d, stamp, files, body, legacy=[legacy])
     return True
 
 
@@ -294,7 +297,7 @@ def stage_bin(p):
     src, tgt = a.src or p.langs[0], a.tgt or p.langs[1]
     b, bp = os.path.join(p.vout, "bin"), os.path.join(p.vout, "bpe")
     tests = [s for s in p.splits if s not in ("train", "valid")]
-    stamp = stamp_text(stage="bin", upstream=p.prev("bpe", p.vout), src=src, tgt=tgt, tests=tests,
+    stamp, legacy = stamps("bin", upstream=p.prev("bpe", p.vout), src=src, tgt=tgt, tests=tests,
                        joined_dictionary=p.joint)
 
     def body(x):
@@ -304,7 +307,8 @@ def stage_bin(p):
         if not run.dry:
             write_text_atomic(os.path.join(x, "subsets.json"),
                               json.dumps({"test" if i == 0 else f"test{i}": s for i, s in enumerate(tests)}))
-    run.stage("bin", b, stamp, [os.path.join(b, f"dict.{l}.txt") for l in (src, tgt)], body, swap=True)
+    run.stage("bin", b, stamp, [os.path.join(b, f"dict.{l}.txt") for l in (src, tgt)], body, swap=True,
+              legacy=[legacy])
 
 
 def main(spec, args, mode, local_dir):

@@ -31,7 +31,7 @@ import os
 
 from mt_pipeline.prep import binarize, bpe, fetch, tok
 from mt_pipeline.prep.longdoc import dedup, pack, sources
-from mt_pipeline.prep.run import PrepRun, sha256_text
+from mt_pipeline.prep.run import PrepRun, sha256_text, stamp_text
 from mt_pipeline.prep.textio import MAX_WORDS, check_pair, count_lines, report_problems
 from mt_pipeline.prep.tools import tool_versions_line
 
@@ -114,19 +114,19 @@ class LongDocuments:
     def stamps(self):
         """The stamp of every stage (``sent``, ``tok``, ``bpe``, ``dict``, ``pack<L>``, ``bin<L>``)."""
         a, versions = self.a, tool_versions_line()
-        sent = (f"stage=sent\ndata_dir={self.data_dir or 'none'}\nmaruf_dir={self.maruf_dir or 'from data_dir'}\n"
-                f"train_dir={self.train_dir or 'none'}\nchecksum={0 if a.no_checksum else 1}\n"
-                f"inputs={input_desc(self.data_dir, self.maruf_dir, self.train_dir)}\ntools={sent_code_sha()}")
-        tok_ = f"stage=tok\nupstream={sha256_text(sent)}\ntokenizer={TOKENIZER}\nversions={versions}"
-        bpe_ = f"stage=bpe\nupstream={sha256_text(tok_)}\nbpe_merges={a.bpe_merges}\nbpe={BPE_HOW}\nversions={versions}"
-        dict_ = (f"stage=dict\nupstream={sha256_text(bpe_)}\n"
-                 "fairseq-preprocess --joined-dictionary --dict-only on bpe/train.{en,de}")
+        sent = stamp_text("sent", data_dir=self.data_dir or "none", maruf_dir=self.maruf_dir or "from data_dir",
+                          train_dir=self.train_dir or "none", checksum=0 if a.no_checksum else 1,
+                          inputs=input_desc(self.data_dir, self.maruf_dir, self.train_dir), tools=sent_code_sha())
+        tok_ = stamp_text("tok", upstream=sha256_text(sent), tokenizer=TOKENIZER, versions=versions)
+        bpe_ = stamp_text("bpe", upstream=sha256_text(tok_), bpe_merges=a.bpe_merges, bpe=BPE_HOW, versions=versions)
+        dict_ = (stamp_text("dict", upstream=sha256_text(bpe_))
+                 + "\nfairseq-preprocess --joined-dictionary --dict-only on bpe/train.{en,de}")
         st = {"sent": sent, "tok": tok_, "bpe": bpe_, "dict": dict_}
         for n in a.lengths:
-            st[f"pack{n}"] = (f"stage=pack\nupstream={sha256_text(bpe_)}\nlength={n}\n"
-                              "unit=max(#BPE en, #BPE de) per sentence")
-            st[f"bin{n}"] = (f"stage=bin\nupstream={sha256_text(st[f'pack{n}'])}\ndict={sha256_text(dict_)}\n"
-                             "fairseq-preprocess --srcdict --tgtdict en-de")
+            st[f"pack{n}"] = stamp_text("pack", upstream=sha256_text(bpe_), length=n,
+                                        unit="max(#BPE en, #BPE de) per sentence")
+            st[f"bin{n}"] = (stamp_text("bin", upstream=sha256_text(st[f"pack{n}"]), dict=sha256_text(dict_))
+                             + "\nfairseq-preprocess --srcdict --tgtdict en-de")
         return st
 
     def split_count(self, split):

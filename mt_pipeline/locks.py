@@ -1,0 +1,78 @@
+"""The run-directory lock: ``<dir>/.lock``, an exclusive ``flock``.
+
+One implementation for every tool that owns a directory: the experiment runner
+(:func:`mt_pipeline.experiment.run_dir_lock`: refuses a second runner, and its children inherit
+the lock), mt-prep (:meth:`mt_pipeline.prep.run.PrepRun.lock`: waits for another prep) and
+mt-campaign (:func:`lock_held`: a probe, to tell a run being trained from a stopped one).
+
+Standard library only (mt-prep and mt-campaign must not import fairseq).
+"""
+
+import contextlib
+import fcntl
+import os
+
+LOCK_NAME = ".lock"
+
+#: file descriptors of the locks this process holds with ``inherit=True``; pass them to a child
+#: (``subprocess`` ``pass_fds=inherited_fds()``) and the lock lives as long as this process *or*
+#: that child does
+_INHERITED = set()
+
+
+def lock_path(directory: str) -> str:
+    return os.path.join(directory, LOCK_NAME)
+
+
+def inherited_fds() -> tuple:
+    """The descriptors of this process's ``inherit=True`` locks, for ``pass_fds``."""
+    return tuple(sorted(_INHERITED))
+
+
+@contextlib.contextmanager
+def dir_lock(directory: str, *, wait: bool = False, busy_message: str = None, on_wait=None,
+             inherit: bool = False):
+    """Hold ``<directory>/.lock`` (``flock``, exclusive; the file is created) for the block.
+
+    Args:
+        wait: when another process holds it, call ``on_wait()`` (if given) and block until it is
+            free; else raise.
+        busy_message: the SystemExit message when ``wait`` is False and the lock is held.
+        inherit: record the descriptor in :func:`inherited_fds` while the block runs.
+
+    Raises:
+        SystemExit: ``wait`` is False and another process holds the lock.
+    """
+    path = lock_path(directory)
+    f = open(path, "a")
+    try:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if not wait:
+                raise SystemExit(busy_message or f"another process holds {path}") from None
+            if on_wait is not None:
+                on_wait()
+            fcntl.flock(f, fcntl.LOCK_EX)
+        if inherit:
+            _INHERITED.add(f.fileno())
+        yield
+    finally:
+        if inherit:
+            _INHERITED.discard(f.fileno())
+        f.close()  # releases the lock (once no child holds it either)
+
+
+def lock_held(directory: str) -> bool:
+    """True when another process holds ``<directory>/.lock`` (a probe: takes and drops it at once;
+    creates nothing)."""
+    path = lock_path(directory)
+    if not os.path.exists(path):
+        return False
+    with open(path, "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(f, fcntl.LOCK_UN)
+    return False
