@@ -291,6 +291,9 @@ def test_an_interrupted_re_evaluation_never_mixes_two_checkpoints(reference, tmp
     # every subset of the first checkpoint goes, also one not asked for now (test1)
     stale = dict(json.loads((eval_dir / "test.json").read_text()), subset="test1")
     (eval_dir / "test1.json").write_text(json.dumps(stale))
+    from mt_pipeline.atomic import OwnedFiles
+
+    OwnedFiles(str(eval_dir), "mt-evaluate").adopt(["test1.json"])  # as mt-evaluate records what it writes
     other = reference / "checkpoints" / "checkpoint_last.pt"
     prep = os.path.join(th.ROOT, res["data"]["prep_dir"])
     args = ["-m", "mt_pipeline.evaluate", "--checkpoint", str(other), "--data-bin", os.path.join(prep, "bin"),
