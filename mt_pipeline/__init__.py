@@ -8,9 +8,10 @@ imports nothing heavy (no torch, no fairseq): its modules import those where the
 
 Modules:
 
-* :mod:`mt_pipeline.atomic` -- the one atomic file writer (never a half-written output);
+* :mod:`mt_pipeline.atomic` -- the one atomic file writer (never a half-written output),
+  re-exported from :mod:`fairseq_plugins.atomic` (so importing it imports the plugin, and fairseq);
 * :mod:`mt_pipeline.provenance` -- the one provenance record (command, git commit, hardware, ...)
-  and its Markdown rendering;
+  and its Markdown rendering, re-exported from :mod:`fairseq_plugins.provenance`;
 * :mod:`mt_pipeline.prep` -- the data preparation of every corpus (``mt-prep CORPUS``, run by
   ``data-prep/<corpus>/prepare.sh``).
 """

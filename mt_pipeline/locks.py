@@ -5,7 +5,7 @@ One implementation for every tool that owns a directory: the experiment runner
 the lock), mt-prep (:meth:`mt_pipeline.prep.run.PrepRun.lock`: waits for another prep) and
 mt-campaign (:func:`lock_held`: a probe, to tell a run being trained from a stopped one).
 
-Standard library only (mt-prep and mt-campaign must not import fairseq).
+Standard library only.
 """
 
 import contextlib

@@ -325,8 +325,8 @@ def main(argv=None):
     import fairseq_plugins  # noqa: F401
     from . import plots
     from .capture import hypothesis_batches, load_model_for_analysis, pairs_dataset
-    from mt_pipeline import provenance
-    from mt_pipeline.atomic import atomic_path, write_json_atomic, write_text_atomic
+    from .. import provenance
+    from ..atomic import atomic_path, write_json_atomic, write_text_atomic
     from .metrics import ffn_anisotropy
     from .report import alignment_aer, analyze_dataset, cross_null_by_sentence, hallucination_test, rank_pairs
 

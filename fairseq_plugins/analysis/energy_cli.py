@@ -24,7 +24,7 @@ import json
 import os
 import sys
 
-from mt_pipeline.atomic import atomic_path
+from ..atomic import atomic_path
 
 PAPER_T2 = {"Vanilla": "100.00", "Dense": "51.10", "RandInit": "0.00", "E-ATT": "0.44"}
 FORMULAS = {"Vanilla": ("2ld² + l²d", "2ld² + l²d"), "Dense": ("ld² + l²d", "ld² + l²d"),
@@ -132,7 +132,7 @@ def plot(res, path):
 
 def provenance_markdown(argv=None):
     """The Markdown footer that lets a reader regenerate the file: command, git commit, hardware."""
-    from mt_pipeline import provenance
+    from .. import provenance
 
     rec = provenance.collect(provenance.command_line("fairseq-attention-energy", argv))
     return "\n" + provenance.markdown(rec)

@@ -54,7 +54,7 @@ def emit_result(res: dict, checkpoint: str, subset: str, json_path=None) -> dict
     import json
     import os
 
-    from mt_pipeline.atomic import atomic_path
+    from ..atomic import atomic_path
 
     res.update(checkpoint=os.path.abspath(checkpoint), subset=subset)
     text = json.dumps(res, indent=1)

@@ -8,7 +8,7 @@ papers' figures.
 import os
 from typing import Dict, List, Optional, Sequence
 
-from mt_pipeline.atomic import atomic_path
+from ..atomic import atomic_path
 
 __all__ = ["layer_curves", "hallucination_curves", "aer_curves", "top_p_curves", "heatmap_grid", "rho_curves",
            "training_curves"]
