@@ -70,7 +70,11 @@ def _campaign(args, tmp_path, check=True, timeout=900):
 
 
 def _status(plan, tmp_path):
-    return {r["key"]: r for r in json.loads(_campaign(["status", "--plan", plan, "--json"], tmp_path)[1])}
+    """``mt-campaign status --json``: the JSON on stdout (fairseq's import logging goes to stderr)."""
+    res = subprocess.run([sys.executable, "-m", "mt_pipeline.campaign", "status", "--plan", plan, "--json"],
+                         cwd=th.ROOT, env=_env(tmp_path), capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    return {r["key"]: r for r in json.loads(res.stdout)}
 
 
 @needs_data
