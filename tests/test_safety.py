@@ -379,6 +379,20 @@ def test_fairseq_training_options_outside_their_range_are_refused(case):
         check_training_ranges(bad)
 
 
+def test_the_stock_baseline_arch_checks_the_ranges_too():
+    """The stock baseline (`stock_transformer_small`, fairseq's own model) has no plugin build
+    hook: its arch function checks the flat Namespace instead."""
+    import argparse
+
+    from fairseq_plugins.models.transformer import stock_transformer_small
+
+    stock_transformer_small(argparse.Namespace(label_smoothing=0.1, lr=[0.001], dropout=0.3))
+    with pytest.raises(ValueError, match=re.escape("--label-smoothing")):
+        stock_transformer_small(argparse.Namespace(label_smoothing=1.5, lr=[0.001]))
+    with pytest.raises(ValueError, match=re.escape("--lr")):
+        stock_transformer_small(argparse.Namespace(lr=[-0.001]))
+
+
 def test_fairseq_train_refuses_label_smoothing_above_one_before_training(tmp_path):
     """Probe: `--label-smoothing 1.5` trained to exit 0."""
     import train_helpers as th

@@ -5,7 +5,9 @@ fairseq 0.12 parses ``--lr``, ``--label-smoothing``, ``--dropout``, ``--weight-d
 or ``--clip-norm nan`` train to exit 0 on a meaningless objective (issue 29.10).  The plugin's
 models call :func:`check_training_ranges` when ``fairseq_cli.train.main`` builds them
 (:func:`.precision.training_config`), before the Trainer, any checkpoint or "begin training".
-The stock ``transformer`` arch gets no such hook.
+fairseq's stock ``transformer`` model gets no such hook: the plugin's ``stock_transformer_small``
+arch function checks the flat Namespace fairseq-train hands it (fairseq's own ``transformer``
+archs stay unchecked).
 """
 
 from typing import Any, Iterable, Tuple

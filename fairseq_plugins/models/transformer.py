@@ -601,5 +601,14 @@ def eatt_transformer_small(args):
 @register_model_architecture("transformer", "stock_transformer_small")
 def stock_transformer_small(args):
     """fairseq's stock ``transformer`` model at the CPU preset's sizes (the unmodified baseline
-    that ``rela_transformer_small`` with ``softmax`` everywhere must equal)."""
+    that ``rela_transformer_small`` with ``softmax`` everywhere must equal).
+
+    The model is fairseq's, so the plugin has no build hook there: the arch function itself checks
+    fairseq's numeric training options (:func:`.ranges.check_training_ranges` on the flat
+    Namespace fairseq-train hands it), as the plugin's own models do at build.
+
+    Raises:
+        ValueError: an option outside its range, e.g. ``--label-smoothing 1.5``.
+    """
+    check_training_ranges(args)
     small_preset(args)
