@@ -315,7 +315,7 @@ def throughput_records(extra_dirs: Optional[List[str]] = None) -> List[Dict]:
         train = wall.get("train_fairseq_cumulative") or wall.get("train")
         if not train:
             continue
-        meta = _read_json(os.path.join(os.path.dirname(p), "campaign.json")) or {}
+        meta = res.get("campaign") or _read_json(os.path.join(os.path.dirname(p), "campaign.json")) or {}
         out.append({"budget": os.path.realpath(evidence.resolve(res.get("config", {}).get("budget_file", "?"))),
                     "device": device_name(res.get("hardware") or {}), "jobs": int(meta.get("jobs", 1)),
                     "s_per_update": float(train) / float(res["updates"]),

@@ -11,8 +11,10 @@ it was trained on.  When a run has finished, :func:`export` copies what a reader
 * ``<subset>.hyp.detok.gz`` -- the detokenized hypotheses that were scored (gzip, mtime 0, so the
   same text gives the same bytes);
 * ``train.log.gz`` -- fairseq's full JSON training log (loss and validation curves, resumes);
-* ``config.json``, ``campaign.json`` (launcher, concurrency) and ``analysis_*.json`` when the run has them;
-* ``MANIFEST.json`` -- the files this module wrote with their SHA-256; a later export overwrites
+* ``analysis_*.json`` when the run has them (its ``config.json`` fingerprint is ``result.json``'s
+  ``config``; its ``campaign.json`` -- launcher, concurrency -- goes into ``result.json`` as ``campaign``);
+* ``MANIFEST.json`` -- the files this module wrote with their SHA-256, the run's git commit and the
+  commit the export ran at; a later export overwrites
   only those, never anything else a user put in the directory.
 
 :func:`locate` finds a run's ``result.json`` in its run directory or, failing that, in its
@@ -31,7 +33,7 @@ import shutil
 from typing import Dict, List, Optional
 
 from .atomic import atomic_path, write_json_atomic
-from .provenance import ROOT, file_sha256, repo_relative
+from .provenance import ROOT, file_sha256, git_commit, repo_relative
 
 __all__ = ["evidence_root", "evidence_dir", "export", "locate", "resolve", "rescore", "RescoreError"]
 
@@ -94,6 +96,10 @@ def export(run_dir: str, regime: str) -> Optional[str]:
         res = json.load(f)
     out = evidence_dir(run_dir, regime)
     os.makedirs(out, exist_ok=True)
+    old = {}
+    if os.path.exists(os.path.join(out, MANIFEST)):
+        with open(os.path.join(out, MANIFEST)) as f:
+            old = json.load(f).get("files", {})
     written: Dict[str, str] = {}
 
     def put(name, src, gz=False):
@@ -114,12 +120,21 @@ def export(run_dir: str, regime: str) -> Optional[str]:
     if os.path.exists(os.path.join(run_dir, "train.log")):
         put("train.log.gz", os.path.join(run_dir, "train.log"), gz=True)
     for name in sorted(os.listdir(run_dir)):
-        if name in ("config.json", "campaign.json") or (name.startswith("analysis_") and name.endswith(".json")):
+        if name.startswith("analysis_") and name.endswith(".json"):
             put(name, os.path.join(run_dir, name))
+    campaign = os.path.join(run_dir, "campaign.json")
+    if os.path.exists(campaign):
+        with open(campaign) as f:
+            res["campaign"] = json.load(f)
     res["evidence"] = {"run_dir": repo_relative(run_dir), "regime": regime}
     write_json_atomic(os.path.join(out, "result.json"), res)
     written["result.json"] = file_sha256(os.path.join(out, "result.json"))
-    write_json_atomic(os.path.join(out, MANIFEST), {"written_by": "mt_pipeline.evidence.export", "files": written})
+    write_json_atomic(os.path.join(out, MANIFEST), {"written_by": "mt_pipeline.evidence.export",
+                                                    "git_commit": res.get("git_commit"),
+                                                    "exported_at_git_commit": git_commit(), "files": written})
+    for name in set(old) - set(written) - {MANIFEST}:  # written by an earlier export, no longer part of it
+        if os.path.exists(os.path.join(out, name)):
+            os.unlink(os.path.join(out, name))
     return out
 
 

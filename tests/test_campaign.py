@@ -121,7 +121,11 @@ def test_local_launcher_runs_a_plan_killed_resumed_failing_row_and_minutes(budge
     # 3. evidence: result.json with committed hypotheses that re-score to the recorded BLEU
     ev = tmp_path / "evidence" / "smoke" / "tiny" / "smoke" / "row1"  # <regime>/<last three components>
     manifest = json.loads((ev / "MANIFEST.json").read_text())
-    assert {"result.json", "test.hyp.detok.gz", "train.log.gz", "config.json"} <= set(manifest["files"])
+    assert {"result.json", "test.hyp.detok.gz", "train.log.gz"} <= set(manifest["files"])
+    assert manifest["git_commit"] == res1["git_commit"]  # every committed file names its commit
+    exported = json.loads((ev / "result.json").read_text())
+    assert exported["config"]["sha256"] == json.loads((row1 / "config.json").read_text())["sha256"]
+    assert exported["campaign"]["launcher"] == "local"
     hyp = gzip.open(ev / "test.hyp.detok.gz", "rt", encoding="utf-8").read().splitlines()
     assert len(hyp) == 1000  # test_2016_flickr
     monkeypatch.setenv("MT_EVIDENCE_ROOT", str(tmp_path / "evidence"))
