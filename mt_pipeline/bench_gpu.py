@@ -22,6 +22,29 @@ Four measurements, every ratio against baselines measured *in the same run* (reg
    rela_g / reluformer / eatt in all attention types vs fairseq's stock ``transformer``, ``--fp16``
    (fairseq 0.12's ``fairseq-train --bf16`` implies ``--tpu`` and fails on a GPU).
 
+The core section has a second baseline for ReLU attention: torch's FlexAttention
+(``torch.compile(flex_attention)``) -- what a user would try first.  A softmax kernel computes
+``softmax(score_mod(s)) V``; with ``score_mod(s) = log relu(s)`` (``-inf`` where ``s <= 0``) that is
+``relu(s) V / sum relu(s)``, and multiplying by ``exp(lse)`` (``lse = log sum relu(s)``, returned by
+FlexAttention) undoes the normalisation: ``relu(s) V`` (ReLA eq. 3 without the norm), null rows 0
+(:func:`relu_flex`).
+
+The layer section runs each attention *kind* as fairseq's Transformer calls it (``--layer-kinds``):
+``enc`` encoder self-attention with a key padding mask ``(B, S)``; ``dec`` decoder self-attention
+with fairseq's future mask (float ``-inf`` above the diagonal, ``(T, T)``) and a key padding mask;
+``cross`` encoder-decoder attention (queries ``(T, B, C)``, keys/values the encoder output with its
+padding).  Batches are right-padded with up to 1/8 padding per sentence (``B = tokens / T``
+sentences, lengths ``T - (b mod 8) * ceil(T / 64)``), like fairseq's length-bucketed batches.
+Each kind runs at every ``--attention-dropout`` rate (default 0 and 0.1, the papers' attention
+dropout), because dropout and masks are what change a fused kernel's inner loop.
+
+Every time is reported twice: the wall time of a step (``do_bench``: what training sees, launch
+overhead and host work included) and the summed time of the GPU kernels the step launched
+(``torch.profiler``, CUDA activity only, mean of 3 steps) -- at small T the difference is launch
+overhead, not kernel speed.  float32 runs with TF32 matmuls (``--tf32``, default on:
+``torch.backends.cuda.matmul.allow_tf32``, which the Triton kernels honour too), as fp32 training
+on an Ampere/Hopper GPU would; ``--no-tf32`` measures IEEE fp32.
+
 Timings: ``triton.testing.do_bench`` (CUDA events around synchronised calls; median over
 ``--rep`` ms of repetitions after ``--warmup`` ms of warm-up -- which also covers Triton's
 autotuning).  Peak memory: ``torch.cuda.max_memory_allocated`` during one step minus the memory
@@ -35,6 +58,7 @@ with exit status 2 and a message (the numbers are GPU numbers).
 Usage::
 
     mt-bench-gpu [--T 64,256,1024,2048,4096,8192] [--dtypes bf16,fp32] [--sections core,layer,decode]
+                 [--layer-kinds enc,dec,cross] [--attention-dropout 0,0.1] [--no-tf32]
                  [--train-data data-bin/multi30k_en_de --src en --tgt de] [--out FILE]
 """
 
@@ -54,11 +78,15 @@ from . import provenance
 from .atomic import write_text_atomic
 from .curves import progress_stats
 
-__all__ = ["main", "DTYPES", "SECTIONS", "FUSED", "core_cases", "layer_cases", "decode_cases",
-           "render", "parse_wps"]
+__all__ = ["main", "DTYPES", "SECTIONS", "LAYER_KINDS", "FUSED", "core_cases", "layer_cases", "decode_cases",
+           "relu_flex", "padding_mask", "measure", "kernel_ms", "render", "parse_wps"]
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 SECTIONS = ("core", "layer", "decode", "train")
+#: attention kinds of the layer section -> description (how fairseq's Transformer calls them)
+LAYER_KINDS = {"enc": "encoder self-attention (key padding)",
+               "dec": "decoder self-attention (future mask + key padding)",
+               "cross": "encoder-decoder attention (key padding)"}
 #: functions with a fused Triton kernel (measured on both backends in the layer/decode sections)
 FUSED = ("relu", "rela_g", "reluformer", "eatt")
 TRAIN_FNS = ("rela_g", "reluformer", "eatt")
@@ -68,9 +96,40 @@ Step = Callable[[], None]
 # --------------------------------------------------------------------------------------------
 # cases: each returns {label: zero-argument step}; steps run forward + backward (or decode)
 # --------------------------------------------------------------------------------------------
+def _flex_log_relu(score, b, h, q_idx, kv_idx):
+    """FlexAttention ``score_mod``: ``log relu(s)``, ``-inf`` where ``s <= 0`` (the clamp keeps the
+    gradient of the branch not taken finite: ``0 / 1e-30``, never ``0 / 0``)."""
+    return torch.where(score > 0, torch.log(score.clamp_min(1e-30)), float("-inf"))
+
+
+def relu_flex(q, k, v, scale: float, flex=None):
+    """ReLU attention ``relu(scale q k^T) V`` (ReLA eq. 3 without the norm) through torch's
+    FlexAttention: ``softmax(log relu(s)) V * exp(lse)`` (see the module docstring).
+
+    Args:
+        q ``(B, H, T, d)``, k, v ``(B, H, S, d)``; scale: the score scale (``d^-1/2``);
+        flex: the ``flex_attention`` callable (``torch.compile(flex_attention)`` on a GPU; the
+            eager one, forward only, on CPU) -- default: the eager one.
+
+    Returns:
+        ``(B, H, T, d)`` in the dtype of ``q``; rows without a positive score are 0 (their
+        ``lse`` is ``-inf``).
+    """
+    from torch.nn.attention import flex_attention as fa
+
+    flex = flex or fa.flex_attention
+    if hasattr(fa, "AuxRequest"):  # torch >= 2.9: return_aux; return_lse is deprecated
+        out, aux = flex(q, k, v, score_mod=_flex_log_relu, scale=scale, return_aux=fa.AuxRequest(lse=True))
+        lse = aux.lse
+    else:
+        out, lse = flex(q, k, v, score_mod=_flex_log_relu, scale=scale, return_lse=True)
+    return out * torch.exp(lse).unsqueeze(-1).to(out.dtype)
+
+
 def core_cases(T: int, dtype: torch.dtype, device, rows: int = 2**20, heads: int = 8,
-               head_dim: int = 64, with_triton: bool = True) -> Dict[str, Step]:
-    """Attention-core steps at ``B*H*T = rows`` (``B = rows / (H T)``, at least 1), ``S = T``."""
+               head_dim: int = 64, with_triton: bool = True, with_flex: bool = True) -> Dict[str, Step]:
+    """Attention-core steps at ``B*H*T = rows`` (``B = rows / (H T)``, at least 1), ``S = T``;
+    ``with_flex`` adds ``relu flex`` (:func:`relu_flex`, compiled; needs CUDA for its backward)."""
     from fairseq_plugins.attention import kernels
 
     B = max(1, rows // (heads * T))
@@ -114,6 +173,11 @@ def core_cases(T: int, dtype: torch.dtype, device, rows: int = 2**20, heads: int
         "reluformer+eq.7 torch": step(lambda qq: kernels.relu_attention(qq, k, v, r_cast, need_stats=True), qs),
         "eatt torch": step(eatt_torch),
     }
+    if with_flex:
+        from torch.nn.attention.flex_attention import flex_attention
+
+        compiled = torch.compile(flex_attention, dynamic=False)
+        cases["relu flex"] = step(lambda qq: relu_flex(qq, k, v, 1.0, compiled), qs)
     if with_triton:
         from fairseq_plugins.attention import triton as tk
 
@@ -123,54 +187,80 @@ def core_cases(T: int, dtype: torch.dtype, device, rows: int = 2**20, heads: int
     return cases
 
 
-def _module(name: Optional[str], backend: str, C: int, H: int, dtype, device, dropout: float):
-    """Stock ``MultiheadAttention`` (``name`` None) or ``FunctionalMultiheadAttention(name)``."""
+def _module(name: Optional[str], backend: str, C: int, H: int, dtype, device, dropout: float,
+            kind: str = "enc"):
+    """Stock ``MultiheadAttention`` (``name`` None) or ``FunctionalMultiheadAttention(name)``, as
+    self-attention (``kind`` enc / dec) or encoder-decoder attention (``cross``)."""
     from fairseq.modules import MultiheadAttention
 
     from fairseq_plugins.attention import FunctionalMultiheadAttention, build_attention_fn
 
     torch.manual_seed(0)
+    roles = dict(self_attention=kind != "cross", encoder_decoder_attention=kind == "cross")
     if name is None:
-        m = MultiheadAttention(C, H, dropout=dropout, self_attention=True)
+        m = MultiheadAttention(C, H, dropout=dropout, **roles)
     else:
         fn = build_attention_fn(name, C, H, argparse.Namespace(attention_backend=backend))
-        m = FunctionalMultiheadAttention(C, H, fn, dropout=dropout, self_attention=True)
+        m = FunctionalMultiheadAttention(C, H, fn, dropout=dropout, **roles)
         fn.aux.enabled = name.startswith("reluformer")  # eq. 7 terms recorded, as in training
     return m.to(device=device, dtype=dtype).train()
 
 
+def padding_mask(B: int, T: int, device) -> torch.Tensor:
+    """Right padding of a length-bucketed batch: ``(B, T)`` bool, True = padding; sentence ``b`` has
+    ``max(1, T - (b mod 8) * ceil(T / 64))`` tokens (about 1/8 padding at most, as in fairseq's
+    length-bucketed batches; sentence 0 is unpadded, so the batch is ``T`` long)."""
+    step = -(-T // 64)
+    lengths = (T - (torch.arange(B) % 8) * step).clamp_min(1)
+    return (torch.arange(T).unsqueeze(0) >= lengths.unsqueeze(1)).to(device)
+
+
 def layer_cases(T: int, dtype, device, tokens: int = 16384, C: int = 512, H: int = 8,
-                names=None, backends=("torch", "triton"), dropout: float = 0.0) -> Dict[str, Step]:
-    """Self-attention layer steps (forward + backward) at ``B = tokens / T``: ``stock`` and
-    ``<function> <backend>`` for every function in ``names`` (default: all registered), Triton
-    only for :data:`FUSED`-family functions (those with a kernel)."""
+                names=None, backends=("torch", "triton"), dropout: float = 0.0,
+                kind: str = "enc") -> Dict[str, Step]:
+    """Attention-layer steps (forward + backward) at ``B = tokens / T`` right-padded sentences
+    (:func:`padding_mask`): ``stock`` and ``<function> <backend>`` for every function in ``names``
+    (default: all registered), Triton only for functions with a kernel.  ``kind`` (one of
+    :data:`LAYER_KINDS`) passes the masks fairseq's Transformer passes: ``enc`` key padding,
+    ``dec`` future mask ``(T, T)`` (float, ``-inf`` above the diagonal) + key padding, ``cross``
+    queries ``x`` and keys/values ``y`` (the encoder output, its padding as key padding).
+
+    Raises:
+        ValueError: unknown ``kind`` (the message lists :data:`LAYER_KINDS`).
+    """
     from fairseq_plugins.attention import ATTENTION_FUNCTIONS, attention_fn_names
 
+    if kind not in LAYER_KINDS:
+        raise ValueError(f"unknown layer kind {kind!r}; valid: {', '.join(LAYER_KINDS)}")
     B = max(1, tokens // T)
     g = torch.Generator(device="cpu").manual_seed(0)
     x = torch.randn(T, B, C, generator=g).to(device, dtype).requires_grad_()
+    y = torch.randn(T, B, C, generator=g).to(device, dtype).requires_grad_() if kind == "cross" else x
     go = torch.randn(T, B, C, generator=g).to(device, dtype)
+    pad = padding_mask(B, T, device)
+    future = torch.triu(torch.full((T, T), float("-inf"), device=device, dtype=dtype), 1) if kind == "dec" else None
+    inputs = [x] if y is x else [x, y]
 
     def step(m):
         def run():
-            out, _ = m(x, x, x, need_weights=False)
+            out, _ = m(x, y, y, key_padding_mask=pad, attn_mask=future, need_weights=False)
             loss = (out * go).sum()
             fn = getattr(m, "attn_fn", None)
             if fn is not None and fn.aux.enabled:
                 for total, _count, is_loss in fn.aux.pop().values():
                     if is_loss:
                         loss = loss + total
-            torch.autograd.grad(loss, [x] + [p for p in m.parameters() if p.requires_grad])
+            torch.autograd.grad(loss, inputs + [p for p in m.parameters() if p.requires_grad])
         return run
 
-    cases = {"stock": step(_module(None, "torch", C, H, dtype, device, dropout))}
+    cases = {"stock": step(_module(None, "torch", C, H, dtype, device, dropout, kind))}
     for name in (names or attention_fn_names()):
         has_kernel = ATTENTION_FUNCTIONS[name].kernel_family is not None
         for b in backends:
             if b == "triton" and not has_kernel:
                 continue
             label = f"{name} {b}" if has_kernel else name
-            cases[label] = step(_module(name, b, C, H, dtype, device, dropout))
+            cases[label] = step(_module(name, b, C, H, dtype, device, dropout, kind))
     return cases
 
 
@@ -206,8 +296,27 @@ def decode_cases(S: int, dtype, device, sentences: int = 64, beam: int = 5, C: i
 # --------------------------------------------------------------------------------------------
 # measuring
 # --------------------------------------------------------------------------------------------
+def kernel_ms(run: Step, steps: int = 3) -> float:
+    """Mean summed duration (ms) of the GPU kernels (and copies) one call of ``run`` launches:
+    ``torch.profiler`` with CUDA activity only, over ``steps`` calls after one unprofiled call."""
+    from torch.profiler import ProfilerActivity, profile
+
+    run()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            run()
+        torch.cuda.synchronize()
+    total_us = 0.0
+    for evt in prof.key_averages():
+        total_us += float(getattr(evt, "self_device_time_total", None)
+                          or getattr(evt, "self_cuda_time_total", 0.0) or 0.0)
+    return total_us / 1000.0 / steps
+
+
 def measure(run: Step, warmup: int, rep: int) -> Dict[str, object]:
-    """``{"ms": median ms, "mib": peak extra MiB}`` or ``{"error": "OOM" | message}``."""
+    """``{"ms": median wall ms, "kernel_ms": summed kernel ms (:func:`kernel_ms`), "mib": peak extra
+    MiB}`` or ``{"error": "OOM" | message}``."""
     import triton.testing
 
     try:
@@ -219,7 +328,7 @@ def measure(run: Step, warmup: int, rep: int) -> Dict[str, object]:
         torch.cuda.synchronize()
         mib = (torch.cuda.max_memory_allocated() - before) / 2**20
         ms = triton.testing.do_bench(run, warmup=warmup, rep=rep, return_mode="median")
-        return {"ms": float(ms), "mib": float(mib)}
+        return {"ms": float(ms), "kernel_ms": kernel_ms(run), "mib": float(mib)}
     except torch.cuda.OutOfMemoryError:
         return {"error": "OOM"}
     except Exception as e:  # noqa: BLE001 - reported in the table, the benchmark goes on
@@ -289,22 +398,28 @@ def _cell(res: Dict, base: Optional[Dict], mem: bool = False) -> str:
     s = f"{res['ms']:.3g} ms"
     if base is not None and "ms" in base:
         s += f" ({base['ms'] / res['ms']:.2f}x)"
+    if res.get("kernel_ms") is not None:
+        s += f"; kernels {res['kernel_ms']:.3g} ms"
+        if base is not None and base.get("kernel_ms"):
+            s += f" ({base['kernel_ms'] / res['kernel_ms']:.2f}x)"
     if mem:
         s += f", {res['mib']:.0f} MiB"
     return s
 
 
 def render(results: Dict, meta: Dict) -> str:
-    """Markdown of ``results``: ``{section: {dtype: {length: {label: measurement}}}}`` (train:
+    """Markdown of ``results``: ``{section: {variant: {length: {label: measurement}}}}`` (variant:
+    the dtype for core/decode, ``"<dtype>, <kind>, dropout <p>"`` for layer; train:
     ``{label: run}``) with ratios against the section's baseline (``sdpa ...`` for core,
     ``stock`` for layer/decode, ``stock transformer`` for train)."""
     lines = [f"# Attention speed on {meta['gpu']} (regime: benchmark)", "",
              "Generated by `mt-bench-gpu` (`mt_pipeline/bench_gpu.py`); see `results/gpu/README.md` "
-             "for what is measured and the targets.  Cells: median time per step, in parentheses the "
-             "speed relative to the row's baseline measured in the same run (> 1 is faster), then "
-             "the peak extra memory of the step.", ""]
+             "for what is measured and the targets.  Cells: median wall time per step, in parentheses the "
+             "speed relative to the row's baseline measured in the same run (> 1 is faster); then the summed "
+             "time of the step's GPU kernels (torch.profiler) and its ratio; then the peak extra memory of the "
+             "step.  float32: TF32 matmuls " + ("on" if meta.get("tf32", True) else "off") + ".", ""]
     titles = {"core": "Attention core, forward + backward (B*H*T = %s, d_h %s)" % (meta.get("core_rows"), 64),
-              "layer": "One self-attention layer, forward + backward (C 512, H 8, %s tokens per batch)"
+              "layer": "One attention layer, forward + backward (C 512, H 8, %s tokens per batch)"
                        % meta.get("tokens"),
               "decode": "Incremental decoding, one self-attention step (64 sentences x beam 5, forward)"}
     for section in ("core", "layer", "decode"):
@@ -361,7 +476,12 @@ def main(argv=None) -> int:
     p.add_argument("--tokens", type=int, default=16384, help="tokens per batch of the layer section")
     p.add_argument("--functions", default=None,
                    help="layer section: comma list of attention functions (default: all registered)")
-    p.add_argument("--attention-dropout", type=float, default=0.0, help="layer section dropout")
+    p.add_argument("--layer-kinds", default=",".join(LAYER_KINDS),
+                   help=f"layer section: comma list of {', '.join(LAYER_KINDS)}")
+    p.add_argument("--attention-dropout", default="0,0.1",
+                   help="layer section: comma list of attention dropout rates in [0, 1)")
+    p.add_argument("--tf32", action=argparse.BooleanOptionalAction, default=True,
+                   help="TF32 matmuls for float32 (torch.backends.cuda.matmul.allow_tf32; default on)")
     p.add_argument("--warmup", type=int, default=25, help="do_bench warm-up, ms")
     p.add_argument("--rep", type=int, default=100, help="do_bench measurement, ms")
     p.add_argument("--train-data", default=None, help="fairseq data-bin for the train section")
@@ -377,6 +497,16 @@ def main(argv=None) -> int:
     bad = [x for x in dtypes if x not in DTYPES] + [x for x in sections if x not in SECTIONS]
     if bad:
         p.error(f"unknown {bad}; valid dtypes: {', '.join(DTYPES)}; valid sections: {', '.join(SECTIONS)}")
+    kinds = [x for x in a.layer_kinds.split(",") if x]
+    if not kinds or any(x not in LAYER_KINDS for x in kinds):
+        p.error(f"unknown layer kinds {[x for x in kinds if x not in LAYER_KINDS] or kinds}; "
+                f"valid: {', '.join(LAYER_KINDS)}")
+    try:
+        rates = [float(x) for x in a.attention_dropout.split(",") if x]
+    except ValueError:
+        rates = []
+    if not rates or any(not 0.0 <= r < 1.0 for r in rates):
+        p.error(f"--attention-dropout {a.attention_dropout!r}: a comma list of rates in [0, 1), e.g. 0,0.1")
     if "train" in sections and not a.train_data:
         p.error("--sections train needs --train-data DATA_BIN (a fairseq-preprocess output)")
     if not torch.cuda.is_available():
@@ -392,6 +522,8 @@ def main(argv=None) -> int:
     import fairseq_plugins  # noqa: F401  (registers the functions)
 
     lengths = [int(x) for x in a.T.split(",") if x]
+    torch.backends.cuda.matmul.allow_tf32 = a.tf32
+    torch.backends.cudnn.allow_tf32 = a.tf32
     gpu = torch.cuda.get_device_name(0)
     dev = torch.device("cuda")
     names = a.functions.split(",") if a.functions else None
@@ -403,26 +535,30 @@ def main(argv=None) -> int:
             continue
         results[section] = {}
         for dt in dtypes:
-            per_len = results[section][dt] = {}
-            for t in ([int(x) for x in a.decode_S.split(",") if x] if section == "decode" else lengths):
-                if section == "core":
-                    cases = core_cases(t, DTYPES[dt], dev, rows=a.core_rows)
-                elif section == "layer":
-                    cases = layer_cases(t, DTYPES[dt], dev, tokens=a.tokens, names=names,
-                                        dropout=a.attention_dropout)
-                else:
-                    cases = decode_cases(t, DTYPES[dt], dev)
-                per_len[t] = {}
-                for label, run in cases.items():
-                    per_len[t][label] = res = measure(run, a.warmup, a.rep)
-                    print(f"[{section} {dt} {t}] {label}: {res}", flush=True)
-                del cases
+            variants = [(f"{dt}, {LAYER_KINDS[kd]}, dropout {p_}", kd, p_) for kd in kinds for p_ in rates] \
+                if section == "layer" else [(dt, None, 0.0)]
+            for variant, kind, rate in variants:
+                per_len = results[section][variant] = {}
+                for t in ([int(x) for x in a.decode_S.split(",") if x] if section == "decode" else lengths):
+                    if section == "core":
+                        cases = core_cases(t, DTYPES[dt], dev, rows=a.core_rows)
+                    elif section == "layer":
+                        cases = layer_cases(t, DTYPES[dt], dev, tokens=a.tokens, names=names,
+                                            dropout=rate, kind=kind)
+                    else:
+                        cases = decode_cases(t, DTYPES[dt], dev)
+                    per_len[t] = {}
+                    for label, run in cases.items():
+                        per_len[t][label] = res = measure(run, a.warmup, a.rep)
+                        print(f"[{section} {variant} {t}] {label}: {res}", flush=True)
+                    del cases
     import triton
 
-    meta = {"gpu": gpu, "core_rows": a.core_rows, "tokens": a.tokens,
+    meta = {"gpu": gpu, "core_rows": a.core_rows, "tokens": a.tokens, "tf32": a.tf32,
             "provenance": provenance.collect(provenance.command_line("mt-bench-gpu", argv),
                                              regime="benchmark", triton=triton.__version__,
-                                             cuda=torch.version.cuda, wall_s=round(time.time() - t0, 1))}
+                                             cuda=torch.version.cuda, tf32=a.tf32,
+                                             wall_s=round(time.time() - t0, 1))}
     out = a.out or os.path.join(provenance.ROOT, "results", "gpu", f"attention_speed_{_slug(gpu)}.md")
     write_text_atomic(out, render(results, meta))
     print(f"wrote {out}")

@@ -22,24 +22,77 @@ def test_bad_options_name_the_choices(capsys):
     with pytest.raises(SystemExit):
         bench_gpu.main(["--sections", "train"])
     assert "--train-data" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench_gpu.main(["--layer-kinds", "enc,decoder"])
+    assert "unknown layer kinds ['decoder']; valid: enc, dec, cross" in capsys.readouterr().err
+    for bad in ("0,1.5", "0.1,x", ""):
+        with pytest.raises(SystemExit):
+            bench_gpu.main(["--attention-dropout", bad])
+        assert "a comma list of rates in [0, 1)" in capsys.readouterr().err
 
 
 def test_steps_run_on_cpu_with_the_torch_backend():
     """Every kind of step of the harness does its forward (+ backward) on a tiny CPU case."""
-    cases = bench_gpu.core_cases(8, torch.float32, "cpu", rows=64, heads=2, head_dim=16, with_triton=False)
+    cases = bench_gpu.core_cases(8, torch.float32, "cpu", rows=64, heads=2, head_dim=16, with_triton=False,
+                                 with_flex=False)
     assert set(cases) == {"sdpa (default)", "relu torch", "reluformer+eq.7 torch", "eatt torch"}
     for run in cases.values():
         run()
-    layer = bench_gpu.layer_cases(8, torch.float32, "cpu", tokens=24, C=16, H=2,
-                                  names=["softmax", "rela_g", "reluformer", "eatt"], backends=("torch",))
-    assert set(layer) == {"stock", "softmax", "rela_g torch", "reluformer torch", "eatt torch"}
-    for run in layer.values():
-        run()
+    for kind in bench_gpu.LAYER_KINDS:
+        layer = bench_gpu.layer_cases(8, torch.float32, "cpu", tokens=24, C=16, H=2, dropout=0.1, kind=kind,
+                                      names=["softmax", "rela_g", "reluformer", "eatt"], backends=("torch",))
+        assert set(layer) == {"stock", "softmax", "rela_g torch", "reluformer torch", "eatt torch"}
+        for run in layer.values():
+            run()
+    with pytest.raises(ValueError, match="valid: enc, dec, cross"):
+        bench_gpu.layer_cases(8, torch.float32, "cpu", kind="self")
     dec = bench_gpu.decode_cases(5, torch.float32, "cpu", sentences=2, beam=2, C=16, H=2,
                                  names=("rela_g", "eatt"), backends=("torch",))
     for run in dec.values():
         run()
         run()  # the cache stays S - 1 long: a second step sees the same state
+
+
+def test_layer_kinds_pass_the_masks_fairseq_passes(monkeypatch):
+    """enc: key padding only; dec: fairseq's float future mask + key padding; cross: other keys."""
+    from fairseq_plugins.attention import FunctionalMultiheadAttention
+
+    seen = []
+    forward = FunctionalMultiheadAttention.forward
+
+    def spy(self, query, key, value, key_padding_mask=None, attn_mask=None, **kw):
+        seen.append((key is query, key_padding_mask, attn_mask))
+        return forward(self, query, key, value, key_padding_mask=key_padding_mask, attn_mask=attn_mask, **kw)
+
+    monkeypatch.setattr(FunctionalMultiheadAttention, "forward", spy)
+    for kind in ("enc", "dec", "cross"):
+        seen.clear()
+        bench_gpu.layer_cases(70, torch.float32, "cpu", tokens=700, C=16, H=2, names=["rela_g"],
+                              backends=("torch",), kind=kind)["rela_g torch"]()
+        (same, pad, future), = seen
+        assert same == (kind != "cross")
+        # 10 sentences of T 70: lengths 70 - (b mod 8) * 2, the first unpadded
+        assert pad.shape == (10, 70) and not pad[0].any() and pad[1:8].any(1).all()
+        assert (~pad).sum(1).tolist() == [70, 68, 66, 64, 62, 60, 58, 56, 70, 68]
+        if kind == "dec":
+            assert future.dtype == torch.float32 and torch.equal(
+                torch.isneginf(future), torch.ones(70, 70, dtype=torch.bool).triu(1))
+        else:
+            assert future is None
+
+
+def test_relu_flex_is_relu_attention_with_null_rows_zero():
+    """FlexAttention with score_mod log relu(s) times exp(lse) is ReLU attention (forward; its
+    backward needs CUDA), including a query without any positive score."""
+    from fairseq_plugins.attention import kernels
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 8, 16, generator=g) for _ in range(3))
+    q[0, 1, 3] = 0.0  # a null row: every score 0
+    out = bench_gpu.relu_flex(q, k, v, 0.25)
+    ref = kernels.relu_attention_reference(q * 0.25, k, v, 1.0)
+    assert not torch.isnan(out).any() and torch.equal(out[0, 1, 3], torch.zeros(16))
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
 
 
 def test_parse_wps_takes_the_median_after_the_first_interval():
@@ -56,16 +109,16 @@ def test_parse_wps_takes_the_median_after_the_first_interval():
 
 
 def test_render_reports_ratios_against_the_baseline_of_the_same_run():
-    res = {"layer": {"bf16": {256: {"stock": {"ms": 2.0, "mib": 100.0},
-                                    "rela_g triton": {"ms": 1.0, "mib": 120.0},
+    res = {"layer": {"bf16": {256: {"stock": {"ms": 2.0, "kernel_ms": 1.5, "mib": 100.0},
+                                    "rela_g triton": {"ms": 1.0, "kernel_ms": 0.5, "mib": 120.0},
                                     "eatt torch": {"error": "OOM"}}}},
            "train": {"stock transformer": {"wps": 1000.0, "wall_s": 10, "command": "fairseq-train x"},
                      "rela_g auto": {"wps": 900.0, "wall_s": 11, "command": "fairseq-train y"}}}
     meta = {"gpu": "Test GPU", "tokens": 16384, "core_rows": 2**20,
             "provenance": {"command": "mt-bench-gpu", "git_commit": "abc"}}
     md = bench_gpu.render(res, meta)
-    assert "| rela_g triton | 1 ms (2.00x), 120 MiB |" in md
-    assert "| stock | 2 ms, 100 MiB |" in md
+    assert "| rela_g triton | 1 ms (2.00x); kernels 0.5 ms (3.00x), 120 MiB |" in md
+    assert "| stock | 2 ms; kernels 1.5 ms, 100 MiB |" in md
     assert "| eatt torch | OOM |" in md
     assert "| rela_g auto | 900 | 0.90x | 11 |" in md
     assert "regime: benchmark" in md and "## Provenance" in md
