@@ -1,0 +1,268 @@
+"""The compiled Triton kernels on a CUDA GPU: every autotune tile, causal with T != S, dropout,
+head dims 32/64/128, decoding (T = 1) and the attention module's strided layout (issue 28).
+
+Each check is a function of the device and the run mode, so the same code runs:
+
+* on CUDA, compiled, at realistic sizes (T, S in the hundreds, several tiles per row) -- the tests
+  marked ``needs_cuda``, skipped on a machine without a GPU;
+* on CPU under Triton's interpreter at tiny sizes (``test_checks_hold_under_the_interpreter``),
+  so CI proves the checks themselves right (a check that cannot fail would pass there too, but
+  one that is wrong fails there first).
+
+References are the PyTorch path in float64 (:func:`relu_attention_reference`, an L1 softmax from
+``torch.cdist``).  float32 runs with TF32 off (IEEE products), so it is held to 1e-4 relative to the
+largest entry; bf16/fp16 to 2e-2.
+"""
+
+import contextlib
+
+import pytest
+import torch
+
+import fairseq_plugins.attention.triton as tk
+from fairseq_plugins.attention.kernels import relu_attention_reference
+
+needs_cuda = pytest.mark.skipif(not (torch.cuda.is_available() and tk.triton_available()),
+                                reason="needs a CUDA GPU and triton")
+needs_triton = pytest.mark.skipif(not tk.triton_available(),
+                                  reason="triton is not installed (pip install -e .[gpu])")
+F64 = torch.float64
+TOL = {torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 2e-2, F64: 1e-9}
+RECT_KERNELS = ("rect_fwd", "rect_bwd_kv", "rect_bwd_q")
+L1_KERNELS = ("l1_fwd", "l1_bwd_kv", "l1_bwd_q")
+
+
+@pytest.fixture
+def compiled(monkeypatch):
+    """Compiled kernels on CUDA tensors, IEEE float32 (no TF32)."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+
+
+def inputs(B, H, T, S, d, dtype, device, layout="contiguous", seed=0):
+    """q ``(B, H, T, d)`` (scaled by ``d^-1/2``), k, v ``(B, H, S, d)``, leaf tensors.
+
+    ``layout="module"``: views of ``(L, B, H*d)`` tensors permuted to ``(B, H, L, d)``, the
+    strides ``FunctionalMultiheadAttention`` hands the kernels (no copy)."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, H, T, d, generator=g, dtype=F64) * d ** -0.5
+    k = torch.randn(B, H, S, d, generator=g, dtype=F64)
+    v = torch.randn(B, H, S, d, generator=g, dtype=F64)
+    out = []
+    for x in (q, k, v):
+        x = x.to(device, dtype)
+        if layout == "module":  # (B, H, L, d) -> (L, B, H, d) contiguous -> the module's permuted view
+            L = x.size(2)
+            x = x.permute(2, 0, 1, 3).contiguous().view(L, B, H * d).view(L, B, H, d).permute(1, 2, 0, 3)
+            assert not x.is_contiguous()
+        out.append(x.detach().requires_grad_())
+    return out
+
+
+def key_padding(B, S, device):
+    """``(B, 1, 1, S)`` bool: item 0 right-padded by S/4, the last left-padded by S/3."""
+    kp = torch.zeros(B, 1, 1, S, dtype=torch.bool)
+    kp[0, ..., S - S // 4:] = True
+    kp[-1, ..., : S // 3] = True
+    return kp.to(device)
+
+
+def upstream(shapes, device, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(s, generator=g, dtype=F64) * sc).to(device) for s, sc in zip(shapes, (1.0, 1.0, 0.1))]
+
+
+def grads(outs, ups, xs):
+    return torch.autograd.grad(sum((o.double() * u).sum() for o, u in zip(outs, ups)), xs)
+
+
+def close(a, b, dtype, what):
+    """``|a - b| <= tol * max|b|`` (relative to the largest entry: half-precision rounding)."""
+    a, b = a.detach().double().cpu(), b.detach().double().cpu()
+    scale = max(float(b.abs().max()), 1e-30)
+    err = float((a - b).abs().max())
+    assert err <= TOL[dtype] * scale, f"{what}: max error {err:.3g} > {TOL[dtype]} x {scale:.3g}"
+
+
+def l1_reference(q, k, v, scale, mask=None, causal=False):
+    """E-ATT eq. 13 in float64: ``softmax(-scale ||q_i - k_j||_1) V``, exact zeros on fully blocked rows."""
+    x = -torch.cdist(q, k, p=1) * scale
+    T, S = x.shape[-2:]
+    blocked = torch.zeros(T, S, dtype=torch.bool, device=x.device)
+    if causal:
+        blocked = torch.ones(T, S, dtype=torch.bool, device=x.device).triu(S - T + 1)
+    if mask is not None:
+        blocked = blocked | mask
+    blocked = blocked.expand_as(x)
+    dead = blocked.all(-1, keepdim=True)
+    w = torch.softmax(x.masked_fill(blocked, float("-inf")).masked_fill(dead, 0.0), -1).masked_fill(dead, 0.0)
+    return w @ v
+
+
+def check_rectified(device, dtype, B, H, T, S, d, causal, layout="contiguous", stats=True):
+    """Fused ReLU attention (row scale, key padding, ``causal``, eq. 7 statistics) and its gradients
+    vs the float64 reference."""
+    q, k, v = inputs(B, H, T, S, d, dtype, device, layout)
+    mask = key_padding(B, S, device)
+    r = (torch.rand(B, 1, T, 1, generator=torch.Generator().manual_seed(3), dtype=F64) + 0.5).to(device)
+    ups = upstream([(B, H, T, d), (B, H, T), (B, H, T)], device)
+    res = tk.relu_attention(q, k, v, r.float(), mask=mask, need_stats=stats, causal=causal)
+    outs = [res[0], *res[1]] if stats else [res]
+    g_t = grads(outs, ups, (q, k, v))
+    q64, k64, v64 = (x.detach().double().requires_grad_() for x in (q, k, v))
+    ref = relu_attention_reference(q64, k64, v64, r, mask=mask, need_stats=stats, causal=causal)
+    refs = [ref[0], *ref[1]] if stats else [ref]
+    g_r = grads(refs, ups, (q64, k64, v64))
+    assert outs[0].stride() == q.stride(), "the output keeps q's layout"
+    for name, a, b in zip(["out", "row_sum", "row_slogs"][:len(outs)] + ["dq", "dk", "dv"],
+                          outs + list(g_t), refs + list(g_r)):
+        close(a, b, dtype, f"rectified {name} (T {T}, S {S}, d {d}, causal {causal}, {layout})")
+
+
+def check_l1(device, dtype, B, H, T, S, d, causal, layout="contiguous"):
+    """Fused E-ATT L1 softmax attention (key padding, ``causal``) and its gradients vs float64 cdist."""
+    q, k, v = inputs(B, H, T, S, d, dtype, device, layout)
+    mask = key_padding(B, S, device)
+    ups = upstream([(B, H, T, d)], device)
+    out = tk.l1_softmax_attention(q, k, v, d ** -0.5, mask=mask, causal=causal)
+    g_t = grads([out], ups, (q, k, v))
+    q64, k64, v64 = (x.detach().double().requires_grad_() for x in (q, k, v))
+    ref = l1_reference(q64, k64, v64, d ** -0.5, mask, causal)
+    g_r = grads([ref], ups, (q64, k64, v64))
+    for name, a, b in zip(["out", "dq", "dk", "dv"], [out, *g_t], [ref, *g_r]):
+        close(a, b, dtype, f"l1 {name} (T {T}, S {S}, d {d}, causal {causal}, {layout})")
+
+
+def check_dropout(device, T, S, d, p=0.3):
+    """Attention dropout of the rectified kernel: with ``v = I`` the output *is* the dropped,
+    rescaled weights, so the mask is visible; the rate is about ``p``; the gradients equal
+    autograd's through that explicit mask (the backward regenerates it); the same seed gives the
+    same mask.  Needs ``S <= d``."""
+    assert S <= d
+    q, k, _ = inputs(1, 2, T, S, d, torch.float32, device)
+    v = torch.eye(S, d, dtype=torch.float32, device=device).expand(1, 2, S, d).clone().requires_grad_()
+    torch.manual_seed(0)
+    out = tk.relu_attention(q, k, v, 1.0, dropout_p=p)
+    rate = tk._dropout_rate(p)
+    s = torch.relu(q.double() @ k.double().transpose(-1, -2)).detach()
+    kept = out.detach()[..., :S] != 0
+    live = s > 0
+    close(out.detach()[..., :S] * kept, (s / (1 - rate)) * kept, torch.float32, "survivors rescaled")
+    dropped = 1 - kept[live].double().mean()
+    assert abs(float(dropped) - rate) < 0.1, f"dropped {float(dropped):.3f} of the positive weights, rate {rate}"
+    ups = upstream([(1, 2, T, d)], device)
+    g_t = grads([out], ups, (q, k, v))
+    q64, k64, v64 = (x.detach().double().requires_grad_() for x in (q, k, v))
+    ref = (torch.relu(q64 @ k64.transpose(-1, -2)) * kept / (1 - rate)) @ v64
+    for name, a, b in zip(["dq", "dk", "dv"], g_t, grads([ref], ups, (q64, k64, v64))):
+        close(a, b, torch.float32, f"dropout {name}")
+    torch.manual_seed(0)
+    assert torch.equal(tk.relu_attention(q, k, v, 1.0, dropout_p=p).detach(), out.detach()), "same seed, same mask"
+    return out.detach()
+
+
+@contextlib.contextmanager
+def forced_config(kernel, config):
+    """Run ``kernel`` (a ``triton.autotune`` object) with ``config`` only: its config list is that
+    one tile and its cache of tuned choices is emptied; both are restored afterwards."""
+    configs, cache = kernel.configs, dict(kernel.cache)
+    kernel.configs = [config]
+    kernel.cache.clear()
+    try:
+        yield
+    finally:
+        kernel.configs = configs
+        kernel.cache.clear()
+        kernel.cache.update(cache)
+
+
+def _tiles(names):
+    """Every (kernel name, config) of the compiled kernel module's autotune tables."""
+    mod = tk._kernels(False)
+    return [(n, c) for n in names for c in getattr(mod, n).configs]
+
+
+# ---------------------------------------------------------------------------------------------
+# CPU: the checks themselves, under the interpreter (tiny sizes)
+# ---------------------------------------------------------------------------------------------
+@needs_triton
+def test_checks_hold_under_the_interpreter(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    check_rectified("cpu", torch.float32, 2, 2, 9, 21, 16, causal=True, layout="module")
+    check_rectified("cpu", torch.float32, 2, 2, 1, 21, 32, causal=False, stats=False)
+    check_l1("cpu", torch.float32, 2, 2, 9, 21, 16, causal=True, layout="module")
+    check_l1("cpu", torch.float32, 2, 2, 1, 21, 16, causal=False)
+    check_dropout("cpu", 20, 16, 16)
+
+
+@needs_triton
+def test_forced_config_sets_and_restores_the_autotuner(monkeypatch):
+    """On the compiled module's real autotuners (built here without a GPU): one tile while
+    forced, the table and the tuned choices back afterwards."""
+    mod = tk._kernels(False)
+    kernel = mod.rect_fwd
+    table = list(kernel.configs)
+    kernel.cache["probe"] = table[0]
+    try:
+        with forced_config(kernel, table[-1]):
+            assert kernel.configs == [table[-1]] and "probe" not in kernel.cache
+        assert kernel.configs == table and kernel.cache["probe"] is table[0]
+    finally:
+        kernel.cache.pop("probe", None)
+    assert len(_tiles(RECT_KERNELS)) == len(mod.rect_fwd.configs) + 2 * len(mod.rect_bwd_kv.configs)
+
+
+# ---------------------------------------------------------------------------------------------
+# CUDA
+# ---------------------------------------------------------------------------------------------
+@needs_cuda
+@pytest.mark.parametrize("family", ["rectified", "l1"])
+def test_cuda_every_autotune_tile_matches_the_reference(compiled, family):
+    """Each tile of each kernel's table, alone (the others autotuned), on a shape with partial
+    tiles (T 300, S 333), key padding and causal masking, float32 and bf16."""
+    mod = tk._kernels(False)
+    names = RECT_KERNELS if family == "rectified" else L1_KERNELS
+    check = check_rectified if family == "rectified" else check_l1
+    failures = []
+    for name, config in _tiles(names):
+        for dtype in (torch.float32, torch.bfloat16):
+            with forced_config(getattr(mod, name), config):
+                try:
+                    check("cuda", dtype, 2, 3, 300, 333, 64, causal=True)
+                except AssertionError as err:
+                    failures.append(f"{name} {config} {dtype}: {err}")
+    assert not failures, "\n".join(failures)
+
+
+@needs_cuda
+@pytest.mark.parametrize("d", [32, 64, 128])
+@pytest.mark.parametrize("T,S", [(257, 257), (100, 300), (300, 100), (1, 300)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_cuda_causal_and_head_dims(compiled, d, T, S, dtype):
+    """Causal masking with T != S (keys ``j > i + S - T`` blocked; T > S leaves fully blocked rows),
+    decoding (T = 1), head dims 32 / 64 / 128, both kernel families."""
+    check_rectified("cuda", dtype, 2, 3, T, S, d, causal=True)
+    check_l1("cuda", dtype, 2, 3, T, S, d, causal=True)
+    if T == S:
+        check_rectified("cuda", dtype, 2, 3, T, S, d, causal=False)
+        check_l1("cuda", dtype, 2, 3, T, S, d, causal=False)
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_module_layout(compiled, dtype):
+    """The strided ``(B, H, L, d)`` views the attention module passes (no copy): same results."""
+    check_rectified("cuda", dtype, 4, 8, 200, 200, 64, causal=True, layout="module")
+    check_l1("cuda", dtype, 4, 8, 200, 200, 64, causal=False, layout="module")
+
+
+@needs_cuda
+def test_cuda_dropout_is_regenerated_and_tile_independent(compiled):
+    """Dropout on the GPU: visible mask, rate, backward through the same mask, same seed same mask;
+    and the mask is the same whichever forward tile runs (a function of seed, b, h, i, j only)."""
+    mod = tk._kernels(False)
+    outs = []
+    for config in (mod.rect_fwd.configs[0], mod.rect_fwd.configs[-1]):
+        with forced_config(mod.rect_fwd, config):
+            outs.append(check_dropout("cuda", 200, 128, 128))
+    assert torch.equal(outs[0], outs[1])
