@@ -1,10 +1,11 @@
 """Converged evidence on whatever compute exists: run a campaign plan of table rows × seeds.
 
 A *plan* (``configs/campaign/converged.yaml``) lists, most decisive first, rows of existing table
-specs with the seeds to train them under one budget::
+specs with the seeds to train them under one budget -- or, without ``budget:``, each table under
+its own budget(s) (``configs/campaign/smoke.yaml``: the smoke tables with committed evidence)::
 
     title: ...
-    budget: configs/multi30k/converged.yaml     # every run trains under it (``mt-table --budget``)
+    budget: configs/multi30k/converged.yaml     # optional: every run trains under it (``mt-table --budget``)
     runs:
       - {table: configs/rela/table1.yaml, rows: [1, 7], seeds: [1, 2, 3], why: "ReLA's main claim"}
     claims:                                     # optional: verdicts rendered on results/README.md
@@ -115,6 +116,11 @@ class Run:
         return tables.row_regime(self.row)
 
     @property
+    def budget(self) -> str:
+        """Absolute path of the budget the run trains under (the plan's, else its row's or table's)."""
+        return _abs(tables.row_budget(self.spec, self.row))
+
+    @property
     def target_updates(self) -> Optional[int]:
         value = self.row["_budget"]["train"].get("max-update")
         return int(value) if value else None
@@ -153,11 +159,11 @@ def load_plan(path: str) -> Dict:
         except yaml.YAMLError as err:
             raise SystemExit(f"{path}: not valid YAML: {err}") from None
     _check_keys(path, plan, PLAN_KEYS)
-    for key in ("budget", "runs"):
-        if key not in plan:
-            raise SystemExit(f"{path}: missing key {key!r}; required: ['budget', 'runs']")
-    budget = _abs(plan["budget"])
-    load_budget(budget)  # raises on a missing budget
+    if "runs" not in plan:
+        raise SystemExit(f"{path}: missing key 'runs'; required: ['runs'] (and optionally 'budget')")
+    budget = _abs(plan["budget"]) if plan.get("budget") else None
+    if budget:
+        load_budget(budget)  # raises on a missing budget
     if not isinstance(plan["runs"], list) or not plan["runs"]:
         raise SystemExit(f"{path}: 'runs' must be a non-empty list of {{table, rows, seeds}} entries")
     specs: Dict[str, Dict] = {}
@@ -574,7 +580,7 @@ def _fits(run: Run, a, records, device, jobs, deadline) -> bool:
     """``--minutes``: may the run start now and finish before the deadline?"""
     if deadline is None:
         return True
-    est = estimate_minutes(run, records, device, jobs, a.plan_budget, _updates_so_far(run.dir))
+    est = estimate_minutes(run, records, device, jobs, run.budget, _updates_so_far(run.dir))
     if est is None and a.per_run_minutes:
         est = a.per_run_minutes * (1 - _updates_so_far(run.dir) / max(1, run.target_updates or 1))
     left = (deadline - time.time()) / 60
@@ -704,7 +710,7 @@ def status(plan: Dict) -> List[Dict]:
         meta = _read_json(os.path.join(run.dir, "campaign.json")) or {}
         eta = None
         if st["state"] in ("running", "partial", "pending", "submitted"):
-            eta = estimate_minutes(run, records, device, int(meta.get("jobs", 1)), plan["_budget"], st["updates"])
+            eta = estimate_minutes(run, records, device, int(meta.get("jobs", 1)), run.budget, st["updates"])
             rate = _own_rate(run.dir) if st["state"] == "running" else None
             if eta is None and rate and run.target_updates:  # no finished run measured yet: its own speed
                 eta = (run.target_updates - st["updates"]) * rate / 60.0
@@ -790,7 +796,6 @@ def main(argv=None) -> int:
     if a.cmd == "render":
         render(plan)
         return 0
-    a.plan_budget = plan["_budget"]
     if a.dry_run:
         for run in _candidates(plan, False):
             print(f"{run.key}: python -m mt_pipeline.experiment "

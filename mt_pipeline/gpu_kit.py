@@ -62,7 +62,7 @@ def _size_mib(path: str) -> float:
 
 
 def write_kit(out: str, plan: Dict) -> str:
-    """Write the kit for ``plan`` (its budget's corpus) into ``out``; returns ``out``.
+    """Write the kit for ``plan`` (the corpora of its runs' budgets) into ``out``; returns ``out``.
 
     Raises:
         SystemExit: ``out`` exists and was not written by this function (no ``KIT.json``), lies in
@@ -77,10 +77,12 @@ def write_kit(out: str, plan: Dict) -> str:
         raise SystemExit(f"{out} is not git-ignored: add it to .gitignore first (the kit must never be committed)")
     from .budget import load_budget
 
-    corpus = load_budget(plan["_budget"])["data"]["corpus"]
-    src = os.path.join(os.path.dirname(ROOT), "shared", "data", {"multi30k": "multi30k_en_de"}.get(corpus, corpus))
-    if not os.path.isdir(src):
-        raise SystemExit(f"raw files of corpus {corpus!r} not found at {src}")
+    corpora = sorted({load_budget(run.budget)["data"]["corpus"] for run in plan["_runs"]})
+    srcs = [os.path.join(os.path.dirname(ROOT), "shared", "data", {"multi30k": "multi30k_en_de"}.get(c, c))
+            for c in corpora]
+    for corpus, src in zip(corpora, srcs):
+        if not os.path.isdir(src):
+            raise SystemExit(f"raw files of corpus {corpus!r} not found at {src}")
     for sub in ("whl", "data"):
         if os.path.isdir(os.path.join(out, sub)):
             shutil.rmtree(os.path.join(out, sub))  # written by an earlier write_kit (KIT.json checked above)
@@ -95,15 +97,16 @@ def write_kit(out: str, plan: Dict) -> str:
         _pip(["download", "-q", "--no-deps", "--no-binary", ":all:", "--no-build-isolation", "-d", whl, FAIRSEQ])
     except subprocess.CalledProcessError as err:
         raise SystemExit(f"pip could not fetch the kit's packages ({err}); {out} is incomplete: re-run") from None
-    shutil.copytree(src, os.path.join(out, "data", os.path.basename(src)))
+    for src in srcs:
+        shutil.copytree(src, os.path.join(out, "data", os.path.basename(src)))
     size = _size_mib(out)
     if size > LIMIT_MIB:
         raise SystemExit(f"the kit is {size:.1f} MiB, over the {LIMIT_MIB} MiB that may travel to the GPU machine")
-    record = collect("mt-campaign gpu-kit --out " + os.path.relpath(out, ROOT), corpus=corpus,
+    record = collect("mt-campaign gpu-kit --out " + os.path.relpath(out, ROOT), corpus=", ".join(corpora),
                      files=sorted(os.path.relpath(p, out) for p in glob.glob(os.path.join(out, "*", "*"))),
                      size_mib=round(size, 1))
     record["state"] = "complete"
     with open(os.path.join(out, "KIT.json"), "w") as f:
         json.dump(record, f, indent=1)
-    print(f"[gpu-kit] wrote {out} ({size:.1f} MiB): {len(os.listdir(whl))} packages, data of {corpus}")
+    print(f"[gpu-kit] wrote {out} ({size:.1f} MiB): {len(os.listdir(whl))} packages, data of {', '.join(corpora)}")
     return out

@@ -200,6 +200,20 @@ def test_a_bad_plan_is_refused_before_anything_runs(tmp_path):
     shared = next(r for r in plan["_runs"] if r.key == "rela_table1 row1 seed1")
     assert "configs/eatt/table4_multi30k.yaml" in shared.tables
     assert all(r.regime == "converged" for r in plan["_runs"])
+    refused({"runs": good["runs"][:0]}, "'runs' must be a non-empty list")
+    refused({"title": "t"}, "missing key 'runs'")
+    # without `budget:` every table trains under its own budget(s): the smoke plans, in the tables'
+    # own run directories (runs/<table>/row<id>), the regime and target of each row's budget
+    smoke = campaign.load_plan("configs/campaign/smoke.yaml")
+    by_key = {r.key: r for r in smoke["_runs"]}
+    row1 = by_key["rela_table1 row1 seed1"]
+    assert row1.dir == os.path.join(th.ROOT, "runs", "rela_table1", "row1") and row1.regime == "smoke"
+    assert row1.budget.endswith("configs/multi30k/small_cpu.yaml") and row1.target_updates == 400
+    assert by_key["reluformer_lambda_study row1 seed1"].regime == "diagnostic"
+    assert "configs/eatt/table4_multi30k.yaml" in row1.tables  # E-ATT T4 row 1 is this run
+    assert len(set(r.dir for r in smoke["_runs"])) == len(smoke["_runs"])
+    long_docs = campaign.load_plan("configs/campaign/smoke_long_documents.yaml")["_runs"]
+    assert len({r.budget for r in long_docs}) > 1  # rows with their own budgets (L128 ... L2048)
 
 
 def _fake_run(d, bleu_hyp, ref_path, seed, tmp_path):
