@@ -374,6 +374,8 @@ def _loss_figure(spec: Dict, results: Dict[int, List[Dict]], out_md: str) -> Opt
 def render(spec: Dict, seeds: Optional[List[int]] = None) -> None:
     """Write the Markdown table ``spec['out']`` (atomically) and its validation-loss figure from
     the finished rows (every seed found, or ``seeds``)."""
+    from . import evidence
+
     rows, subsets, metrics = spec["rows"], spec["subsets"], spec.get("metrics") or []
     analyses = [an["name"] for an in spec.get("analyses") or []]
     results = {r["id"]: row_results(spec, r, seeds) for r in rows}
@@ -448,8 +450,11 @@ def render(spec: Dict, seeds: Optional[List[int]] = None) -> None:
                       ""]
             if res.get("status") == "failed":
                 lines += ["- training stopped with an error: `" + " / ".join(res.get("error_tail", [])[-2:]) + "`"]
-            if res.get("evidence"):
-                lines += [f"- committed evidence (result.json, hypotheses, training log): `{os.path.relpath(rdir, ROOT)}`"]
+            ev_dir = rdir if res.get("evidence") else evidence.evidence_dir(rdir, row_regime(r))
+            if os.path.exists(os.path.join(ev_dir, evidence.MANIFEST)):
+                lines += [f"- committed evidence (result.json, hypotheses, training log): `{os.path.relpath(ev_dir, ROOT)}`"]
+            else:
+                lines += ["- committed evidence: none yet (`mt-campaign render` exports it)"]
             lines += [f"- run directory: `{res.get('evidence', {}).get('run_dir') or os.path.relpath(rdir, ROOT)}`; "
                       f"git commit: `{res['git_commit']}`"
                       + (f" (invocations: {', '.join(f'`{c}`' for c in res['git_commits_invoked'])})"

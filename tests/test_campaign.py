@@ -117,6 +117,7 @@ def test_local_launcher_runs_a_plan_killed_resumed_failing_row_and_minutes(budge
     row_lines = [l for l in md.splitlines() if l.startswith("| 2 | fails")]
     assert row_lines and "failed: training stopped with an error" in row_lines[0], md
     assert "| 1 | softmax" in md and "| done |" in md
+    assert "committed evidence (result.json, hypotheses, training log)" in md  # rendered from the run dir too
 
     # 3. evidence: result.json with committed hypotheses that re-score to the recorded BLEU
     ev = tmp_path / "evidence" / "smoke" / "tiny" / "smoke" / "row1"  # <regime>/<last three components>
