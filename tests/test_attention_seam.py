@@ -360,11 +360,13 @@ def test_no_host_sync_or_host_tensor_on_a_device(name, monkeypatch):
     x = torch.randn(6, B, C, device="meta", requires_grad=True)
     kp = torch.zeros(B, 6, dtype=torch.bool, device="meta")
     am = torch.zeros(6, 6, device="meta")
-    for need_weights in (False, True):
-        y, _ = m(x, x, x, key_padding_mask=kp, attn_mask=am, need_weights=need_weights)
-        assert y.device.type == "meta"
-    state = {}
-    for t in range(3):  # incremental decoding, T = 1
-        y, _ = m(x[t:t + 1], x[t:t + 1], x[t:t + 1], key_padding_mask=kp[:, :1], incremental_state=state,
-                 need_weights=False)
+    for pad in (kp, None):
+        for mask in (am, None):
+            for need_weights in (False, True):
+                y, _ = m(x, x, x, key_padding_mask=pad, attn_mask=mask, need_weights=need_weights)
+                assert y.device.type == "meta"
+        state = {}
+        for t in range(3):  # incremental decoding, T = 1
+            y, _ = m(x[t:t + 1], x[t:t + 1], x[t:t + 1], key_padding_mask=None if pad is None else pad[:, :1],
+                     incremental_state=state, need_weights=False)
     assert copies == []
