@@ -247,12 +247,19 @@ def test_triton_gets_causal_and_a_key_padding_mask(name, monkeypatch):
     assert entry == ("l1_softmax_attention" if name == "eatt" else "relu_attention")
     assert causal is True and mask.shape == (B, 1, 1, 7) and torch.equal(mask.view(B, 7), kp)
     assert modes and set(modes) == {1}  # forward and backward read the mask once per key tile
+    # the torch backend (checked against the dense mask above); ReLUFormer's row scale r_i (eq. 6)
+    # is float32 in both backends, folded with d_h^-1/2 before rounding on the Triton path only
     y0, _, terms0, grads0, _ = run(name, "left", 0, False, backend="torch")
-    torch.testing.assert_close(y, y0, rtol=1e-10, atol=1e-12)
+    rel = 1e-7 if name == "reluformer" else 1e-11  # of the largest magnitude
+
+    def close(a, b, msg=None):
+        torch.testing.assert_close(a, b, rtol=rel, atol=rel * max(1.0, float(b.abs().max())), msg=msg)
+
+    close(y, y0)
     for k in terms0:
-        torch.testing.assert_close(terms[k].double(), terms0[k].double(), rtol=1e-10, atol=1e-12)
+        close(terms[k].double(), terms0[k].double(), msg=k)
     for k in grads0:
-        torch.testing.assert_close(grads[k], grads0[k], rtol=1e-9, atol=1e-11, msg=k)
+        close(grads[k], grads0[k], msg=k)
 
 
 # --------------------------------------------------------------------------------------------
