@@ -569,6 +569,10 @@ class _ReluFormerBase(AttentionFunction):
     with ``q`` scaled by ``d_h^-1/2`` and ``n_i`` the number of keys query ``i`` may attend to
     (padding not counted; ``i + 1`` under the causal mask, also when decoding incrementally,
     where it is the cache length).  ``h_i = sum_j s_ij v_j``; no normalisation follows.
+    :meth:`fused` counts ``n_i`` from the ``key_padding_mask`` and the query position
+    (:func:`~fairseq_plugins.attention.stats.keys_per_query`: the non-padding keys
+    ``j <= i + (S - T)`` under ``causal``; no ``(T, S)`` scan, no host sync); the score path,
+    which has the dense mask anyway, uses :func:`~fairseq_plugins.attention.stats.valid_keys`.
 
     In training it records the two terms of eq. 7 per query row, averaged over rows and
     heads (the criterion then averages over layers):
