@@ -63,7 +63,9 @@ KERNELS = {"rectified": ("rect_fwd", "rect_bwd_kv", "rect_bwd_q"),
            "l1softmax": ("l1_fwd", "l1_bwd_kv", "l1_bwd_q")}
 #: variant -> (family, mask, causal, row scale tensor + eq. 7 statistics (ReLUFormer)); masks as
 #: the attention module builds them: "pad" (B, 1, 1, S) key padding (encoder self-attention and
-#: cross-attention), "future" (B, 1, T, S) padding | future mask (decoder self-attention today)
+#: cross-attention; with causal=True, decoder self-attention since the seam change of issue 28),
+#: "future" (B, 1, T, S) padding | future mask (decoder self-attention before that change; any
+#: attn_mask other than the causal pattern still arrives so)
 VARIANTS = {
     "rela_enc": ("rectified", "pad", False, False),
     "rela_dec": ("rectified", "future", False, False),
@@ -126,8 +128,9 @@ def _model_layout(B, H, L, d, dtype, gen):
 
 
 def _mask(kind: str, B: int, T: int, S: int):
-    """The module's bool masks (True = blocked): key padding ``(B, 1, 1, S)`` or padding | future
-    ``(B, 1, T, S)`` (:meth:`FunctionalMultiheadAttention._build_mask`)."""
+    """Bool masks (True = blocked): key padding ``(B, 1, 1, S)`` (what
+    :meth:`FunctionalMultiheadAttention._build_mask` passes, with ``causal``) or padding | future
+    ``(B, 1, T, S)`` (what it passed for the future mask before issue 28; a general mask)."""
     import torch
 
     pad = torch.zeros(B, 1, 1, S, dtype=torch.bool)
@@ -477,7 +480,8 @@ def render(rows: List[dict], record: dict) -> str:
              "wgmma/mma: in the main loop / in the kernel; loop PTX: instructions of one main-loop "
              "iteration (nested per-dimension loops x d); /score: that x threads / (BLOCK_M x BLOCK_N). "
              "Variants: `*_enc` key padding mask (B,1,1,S); `*_dec` padding | future mask (B,1,T,S) as "
-             "decoder self-attention passes it today; `*_causal` key padding + `causal=True`.", ""]
+             "decoder self-attention passed it before the seam change (issue 28); `*_causal` key padding + "
+             "`causal=True`, as decoder self-attention passes it since.", ""]
     bad = problems([r for r in rows if r["arch"] == MAIN["arch"] and r["dtype"] in MAIN["dtypes"]
                     and r["head_dim"] in MAIN["head_dims"] and r["variant"] in MAIN["variants"]])
     lines += ["## Targets", "",

@@ -117,7 +117,7 @@ def test_mask_check_is_cached_per_buffer_but_sees_in_place_changes():
     buf = torch.zeros(T, T).masked_fill(torch.ones(T, T).triu(1).bool(), float("-inf"))
     for n in (T, T - 3, T):
         assert torch.equal(attn_mask_to_bool(buf[:n, :n]), torch.ones(n, n).triu(1).bool())
-    assert id(buf) in mh._CHECKED_FLOAT_MASKS and len(mh._CHECKED_FLOAT_MASKS[id(buf)][1]) == 2
+    assert id(buf) in mh._CHECKED_MASKS and len(mh._CHECKED_MASKS[id(buf)][1]) == 2
     buf[T - 1, 0] = -5.0  # the same storage, now holding a bias
     with pytest.raises(ValueError, match="entries other than 0 and -inf"):
         attn_mask_to_bool(buf[:T, :T])

@@ -132,12 +132,12 @@ class _L1Score:
     def score(self, q, k):
         return l1_scores(q, k, self.scaling, impl="cdist")
 
-    def fused(self, q, k, v, mask, dropout_p):
+    def fused(self, q, k, v, mask, dropout_p, causal=False):
         if not self.uses_triton(q):
             return None
         from .triton import l1_softmax_attention
 
-        return l1_softmax_attention(q, k, v, self.scaling, mask=mask, dropout_p=dropout_p)
+        return l1_softmax_attention(q, k, v, self.scaling, mask=mask, dropout_p=dropout_p, causal=causal)
 
 
 @register_attention_fn("eatt")
@@ -179,7 +179,12 @@ class _Synthesizer(SoftmaxAttention):
         super().__init__(embed_dim, num_heads, args)
         self.max_len = int(self.options.max_len)
 
-    def _check(self, *positions):
+    def _check(self, *positions, src_len=None):
+        """Raise when a position is >= ``max_len``.  Key positions count non-padding keys, so they
+        are < ``src_len`` (``S``) by construction: with ``src_len <= max_len`` the check (a host
+        sync: it reads the maximum back) is skipped."""
+        if src_len is not None and src_len <= self.max_len:
+            return
         for p in positions:
             if p.numel() and int(p.max()) >= self.max_len:
                 raise ValueError(
@@ -191,7 +196,7 @@ class _Synthesizer(SoftmaxAttention):
         dev = q.device
         return self.score_at(q, k, torch.arange(T, device=dev)[None], torch.arange(S, device=dev)[None])
 
-    def fused(self, q, k, v, mask, dropout_p):
+    def fused(self, q, k, v, mask, dropout_p, causal=False):
         return None
 
 
@@ -209,7 +214,7 @@ class SynthDenseAttention(_Synthesizer):
         self.b2 = nn.Parameter(torch.zeros(num_heads, self.max_len))
 
     def score_at(self, q, k, q_pos, k_pos):
-        self._check(k_pos)
+        self._check(k_pos, src_len=k.size(2))
         B, H, T, _ = q.shape
         S = k.size(2)
         logits = torch.einsum("bhtd,hdl->bhtl", F.relu(q), self.w2.to(q.dtype)) + self.b2.to(q.dtype)[:, None]
@@ -229,7 +234,8 @@ class SynthRandomAttention(_Synthesizer):
         self.r = nn.Parameter(torch.randn(num_heads, self.max_len, self.max_len), requires_grad=not fixed)
 
     def score_at(self, q, k, q_pos, k_pos):
-        self._check(q_pos, k_pos)
+        self._check(q_pos)  # query positions: a host sync per call (no static bound in cross-attention)
+        self._check(k_pos, src_len=k.size(2))
         B, T, S = q.size(0), q.size(2), k.size(2)
         qi = q_pos.view(q_pos.size(0), T, 1).expand(B, T, S)
         kj = k_pos.view(k_pos.size(0), 1, S).expand(B, T, S)

@@ -16,6 +16,13 @@ ReLA eq. 1) into the pieces the papers change:
 * :meth:`AttentionFunction.fused` -- optional fused kernel computing ``alpha V`` at once,
   used only by the function that owns it (softmax -> ``scaled_dot_product_attention``).
 
+Masks reach a function as the seam's pair (:mod:`~fairseq_plugins.attention.masks`): :meth:`fused`
+gets ``mask`` -- fairseq's ``key_padding_mask`` as ``(B|1, 1, 1, S)``, a general
+``(B|1, 1, T, S)`` mask, or None -- and ``causal`` (also block keys ``j > i + (S - T)``: the
+decoder's future mask, never materialised on the fused paths); :meth:`normalize`, :meth:`observe`
+and the analysis :attr:`~AttentionFunction.capture` get the dense combination
+(:func:`~fairseq_plugins.attention.masks.combined_mask`), built only on that path.
+
 Every function returns exact zeros for a fully masked (padded) query row -- never NaN --
 and the ReLU family returns exact zeros for a row without any positive score
 (*null attention*, ReLA Section 4).
@@ -34,7 +41,8 @@ from ..modules.auxiliary import AuxiliaryBuffer
 from ..modules.norms import NORM_SCOPES, GatedNorm, RMSNorm
 from ..options import OptionGroup, option
 from .backend import check_backend, resolve_backend
-from .stats import ROW_EPS, entropy_from_terms, row_mass_terms, valid_keys
+from .masks import combined_mask
+from .stats import ROW_EPS, entropy_from_terms, keys_per_query, row_mass_terms, valid_keys
 
 __all__ = [
     "AttentionFunction",
@@ -261,15 +269,28 @@ class AttentionFunction(nn.Module):
         return torch.matmul(q * self.scaling, k.transpose(-1, -2))
 
     def normalize(self, scores: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
-        """Scores ``(B, H, T, S)`` and bool mask -> weights ``(B, H, T, S)``, zero where masked."""
+        """Scores ``(B, H, T, S)`` and the dense bool mask (broadcastable, True = blocked; the
+        causal pattern already combined in) -> weights ``(B, H, T, S)``, zero where masked and
+        on fully masked rows.  Implementations must not read values back to the host (no
+        ``.item()``/``bool()`` of a tensor): they run in every layer and decoding step."""
         raise NotImplementedError
 
     def post_aggregate(self, attn: torch.Tensor) -> torch.Tensor:
         """Hook on the concatenated heads ``(T, B, C)`` before ``out_proj``; identity by default."""
         return attn
 
-    def fused(self, q, k, v, mask, dropout_p: float) -> Optional[torch.Tensor]:
-        """Optional fused ``alpha V`` ``(B, H, T, d)``; ``None`` means "use score/normalize"."""
+    def fused(self, q, k, v, mask, dropout_p: float, causal: bool = False) -> Optional[torch.Tensor]:
+        """Optional fused ``alpha V`` ``(B, H, T, d)``; ``None`` means "use score/normalize".
+
+        Args:
+            q: ``(B, H, T, d)``; k, v: ``(B, H, S, d)``.
+            mask: bool, True = blocked: the ``key_padding_mask`` ``(B|1, 1, 1, S)``, a general
+                mask ``(B|1, 1, T, S)``, or None.
+            dropout_p: attention dropout (0 in evaluation).
+            causal: also block keys ``j > i + (S - T)`` for query ``i`` (the decoder's future
+                mask, bottom-right aligned; a no-op for ``T <= 1``).  Equivalent to passing
+                :func:`~fairseq_plugins.attention.masks.combined_mask` with ``causal=False``.
+        """
         return None
 
     def wants_weights(self) -> bool:
@@ -291,7 +312,7 @@ class AttentionFunction(nn.Module):
         self._hand_to_capture(weights, mask)
         if self.track_entropy and not self.training and self.aux.enabled:
             row_sum, row_slogs = row_mass_terms(weights.detach())
-            n = valid_keys(mask, weights.size(-1)).to(weights.device)
+            n = valid_keys(mask, weights.size(-1), device=weights.device)
             self._record_entropy(row_sum, row_slogs, n)
 
     def counted_rows(self, n: torch.Tensor, row_sum: torch.Tensor) -> torch.Tensor:
@@ -319,22 +340,28 @@ class SoftmaxAttention(AttentionFunction):
 
     Numerically equal to fairseq's ``MultiheadAttention``.  When attention weights are not
     requested it runs through ``torch.nn.functional.scaled_dot_product_attention`` -- the
-    kernel stock fairseq also reaches in training -- which gives zeros on fully masked rows.
+    kernel stock fairseq also reaches in training -- which gives zeros on fully masked rows;
+    the decoder's future mask reaches it as ``is_causal=True`` when there is no
+    ``key_padding_mask`` and ``T == S`` (SDPA refuses a mask together with ``is_causal``, and
+    aligns its causal pattern top-left), else combined with the padding into one mask.
     """
 
     @classmethod
     def normalize(cls, scores, mask):
+        if mask is None:
+            return F.softmax(_at_least_float32(scores), dim=-1).type_as(scores)
+        # fully masked rows are left unmasked (no softmax over all -inf, NaN) and zeroed after:
+        # no host-side test of whether there are any (a device sync in every layer)
         dead = _null_rows(mask)
-        if dead is not None and not bool(dead.any()):
-            dead = None  # the common case: one masked_fill, as stock fairseq does
-        if mask is not None:
-            scores = scores.masked_fill(mask, float("-inf"))
-        if dead is not None:
-            scores = scores.masked_fill(dead, 0.0)  # avoid softmax over all -inf (NaN)
+        scores = scores.masked_fill(mask & ~dead, float("-inf"))
         weights = F.softmax(_at_least_float32(scores), dim=-1).type_as(scores)
-        return weights if dead is None else weights.masked_fill(dead, 0.0)
+        return weights.masked_fill(dead, 0.0)
 
-    def fused(self, q, k, v, mask, dropout_p):
+    def fused(self, q, k, v, mask, dropout_p, causal=False):
+        T, S = q.size(2), k.size(2)
+        if causal and T > 1 and mask is None and T == S:
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
+        mask = combined_mask(mask, causal, T, S, q.device)
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=None if mask is None else ~mask, dropout_p=dropout_p
         )
@@ -428,15 +455,16 @@ class _RectifiedAttention(AttentionFunction):
     def activation(self, x):
         return F.relu(x)
 
-    def fused(self, q, k, v, mask, dropout_p):
+    def fused(self, q, k, v, mask, dropout_p, causal=False):
         """``act((q d_h^-1/2) k^T) V`` through the fused Triton kernel when the backend is Triton
-        (scores never stored; the norm/gate stay in :meth:`post_aggregate`); ``None`` (the
+        (scores never stored; the norm/gate stay in :meth:`post_aggregate`; ``causal`` skips the
+        key tiles after the diagonal, a key padding mask is read once per tile); ``None`` (the
         score/normalize path) with the torch backend."""
         if not self.uses_triton(q):
             return None
         from .triton import relu_attention
 
-        return relu_attention(q, k, v, self.scaling, mask=mask, dropout_p=dropout_p,
+        return relu_attention(q, k, v, self.scaling, mask=mask, dropout_p=dropout_p, causal=causal,
                               activation=self.kernel_activation)
 
     def build_norm(self):
@@ -541,6 +569,10 @@ class _ReluFormerBase(AttentionFunction):
     with ``q`` scaled by ``d_h^-1/2`` and ``n_i`` the number of keys query ``i`` may attend to
     (padding not counted; ``i + 1`` under the causal mask, also when decoding incrementally,
     where it is the cache length).  ``h_i = sum_j s_ij v_j``; no normalisation follows.
+    :meth:`fused` counts ``n_i`` from the ``key_padding_mask`` and the query position
+    (:func:`~fairseq_plugins.attention.stats.keys_per_query`: the non-padding keys
+    ``j <= i + (S - T)`` under ``causal``; no ``(T, S)`` scan, no host sync); the score path,
+    which has the dense mask anyway, uses :func:`~fairseq_plugins.attention.stats.valid_keys`.
 
     In training it records the two terms of eq. 7 per query row, averaged over rows and
     heads (the criterion then averages over layers):
@@ -585,7 +617,7 @@ class _ReluFormerBase(AttentionFunction):
         return torch.where(n > 0, 1.0 / (self.gamma * torch.sqrt(n.clamp_min(1.0) / 2.0)), 0.0)
 
     def normalize(self, scores, mask):
-        n = valid_keys(mask, scores.size(-1)).to(scores.device)
+        n = valid_keys(mask, scores.size(-1), device=scores.device)
         if mask is not None:
             scores = scores.masked_fill(mask, 0.0)
         return F.relu(scores) * self.row_scale(n).to(scores.dtype)
@@ -593,26 +625,30 @@ class _ReluFormerBase(AttentionFunction):
     def wants_weights(self):
         return self.capture is not None  # its own statistics are recorded by observe()/fused()
 
-    def fused(self, q, k, v, mask, dropout_p):
+    def fused(self, q, k, v, mask, dropout_p, causal=False):
         """``s V`` through the fused Triton kernel (:func:`fairseq_plugins.attention.triton.relu_attention`,
         backend Triton) or :func:`~fairseq_plugins.attention.kernels.relu_attention` (torch: chunked,
         scores recomputed in backward, for long inputs; the plain path at sentence lengths); both
-        also return the row sums eq. 7 needs, so the weights are never materialised."""
+        also return the row sums eq. 7 needs, so the weights are never materialised.  Both take
+        ``causal`` as a flag (future key blocks skipped); eq. 6's ``n_i`` comes from the key
+        padding and the query position (:func:`~fairseq_plugins.attention.stats.keys_per_query`:
+        no ``(T, S)`` mask scanned, no host sync)."""
         T = q.size(2)
-        n = valid_keys(mask, k.size(2)).to(q.device)  # (B|1, 1, T|1, 1)
+        n = keys_per_query(mask, causal, T, k.size(2), device=q.device)  # (B|1, 1, T|1, 1)
         need = self.aux.enabled
         if self.uses_triton(q):
             from .triton import relu_attention as triton_relu_attention
 
             r = self.row_scale(n) * self.scaling  # float32; d_h^-1/2 folded into the row scale
             out = triton_relu_attention(q, k, v, r.expand(r.size(0), r.size(1), T, 1), mask=mask,
-                                        dropout_p=dropout_p, need_stats=need)
+                                        dropout_p=dropout_p, need_stats=need, causal=causal)
         else:
             from .kernels import relu_attention
 
             r = self.row_scale(n).to(q.dtype)
             r = r.expand(r.size(0), r.size(1), T, 1)
-            out = relu_attention(q * self.scaling, k, v, r, mask=mask, dropout_p=dropout_p, need_stats=need)
+            out = relu_attention(q * self.scaling, k, v, r, mask=mask, dropout_p=dropout_p, need_stats=need,
+                                 causal=causal)
         if need:
             out, (row_sum, row_slogs) = out
             self.record_terms(row_sum, row_slogs, n)
@@ -623,7 +659,7 @@ class _ReluFormerBase(AttentionFunction):
         if not self.aux.enabled:
             return
         row_sum, row_slogs = row_mass_terms(weights)
-        self.record_terms(row_sum, row_slogs, valid_keys(mask, weights.size(-1)).to(weights.device))
+        self.record_terms(row_sum, row_slogs, valid_keys(mask, weights.size(-1), device=weights.device))
 
     def record_terms(self, row_sum: torch.Tensor, row_slogs: torch.Tensor, n: torch.Tensor) -> None:
         """Record eq. 7's two terms (differentiable) and the statistics.

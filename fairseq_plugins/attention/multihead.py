@@ -20,15 +20,17 @@ from fairseq.modules import MultiheadAttention
 from torch import Tensor
 
 from .functions import AttentionFunction
+from .masks import causal_mask, combined_mask
 
-__all__ = ["FunctionalMultiheadAttention", "attn_mask_to_bool"]
+__all__ = ["FunctionalMultiheadAttention", "attn_mask_to_bool", "check_attn_mask"]
 
-#: float attention masks already checked to hold only 0 / -inf: ``id(base tensor)`` ->
-#: ``(weakref to it, {(shape, stride, offset, version)})``; the entry goes with the tensor and the
-#: weakref is compared, so a freed mask's id or address is never mistaken for a checked one.
-#: fairseq's decoder passes views of one buffered future mask to every layer of every forward,
-#: so the check costs one device sync per new target length, not one per layer and forward.
-_CHECKED_FLOAT_MASKS: Dict[int, Tuple["weakref.ref", set]] = {}
+#: attention masks already checked: ``id(base tensor)`` -> ``(weakref to it, {(shape, stride,
+#: offset, version): is_causal})``; the entry goes with the tensor and the weakref is compared, so
+#: a freed mask's id or address is never mistaken for a checked one.  fairseq's decoder passes
+#: views of one buffered future mask to every layer of every forward, so the check (float
+#: entries 0 / -inf; whether the mask is the causal pattern) costs one device sync per new target
+#: length, not one per layer and forward.
+_CHECKED_MASKS: Dict[int, Tuple["weakref.ref", dict]] = {}
 
 
 def attn_mask_to_bool(attn_mask: Tensor) -> Tensor:
@@ -58,39 +60,58 @@ def attn_mask_to_bool(attn_mask: Tensor) -> Tensor:
         ValueError: integer dtype, or a float mask with entries other than 0 and -inf; the
             message says how to pass the mask instead.
     """
+    return check_attn_mask(attn_mask)[0]
+
+
+def check_attn_mask(attn_mask: Tensor) -> Tuple[Tensor, bool]:
+    """``(attn_mask_to_bool(attn_mask), is_causal)`` for an ``attn_mask`` ``(T, S)``.
+
+    ``is_causal``: ``T <= S`` and the mask blocks exactly the keys ``j > i + (S - T)`` (fairseq's
+    future mask ``triu(-inf, 1)`` when ``T == S``; bottom-right aligned when queries continue a
+    prefix).  Both checks run together, one device sync, once per mask tensor view and version
+    (:data:`_CHECKED_MASKS`; inference tensors, which keep no version counter, every call).
+
+    Raises:
+        ValueError: as :func:`attn_mask_to_bool`.
+    """
     if attn_mask.dtype == torch.bool:
-        return attn_mask
-    if not attn_mask.is_floating_point():
+        blocked = attn_mask
+    elif not attn_mask.is_floating_point():
         raise ValueError(
             f"attn_mask of dtype {attn_mask.dtype} is ambiguous and not supported (as in torch's "
             "MultiheadAttention): pass a bool mask (True = blocked, e.g. mask.bool() for an old "
             "fairseq ByteTensor mask where 1 = blocked) or a float mask with -inf at blocked "
             "positions and 0 elsewhere")
+    else:
+        blocked = torch.isneginf(attn_mask)
     base = attn_mask if attn_mask._base is None else attn_mask._base
     key = None
     if not attn_mask.is_inference():  # inference tensors keep no version counter: always checked
         key = (tuple(attn_mask.shape), attn_mask.stride(), attn_mask.storage_offset(), attn_mask._version)
-    entry = _CHECKED_FLOAT_MASKS.get(id(base))
+    entry = _CHECKED_MASKS.get(id(base))
     checked = entry[1] if entry is not None and entry[0]() is base else None
-    blocked = torch.isneginf(attn_mask)
-    if key is None or checked is None or key not in checked:
-        if not bool((blocked | (attn_mask == 0)).all()):  # one device sync
-            bad = attn_mask[~(blocked | (attn_mask == 0))]
-            raise ValueError(
-                f"attn_mask holds {bad.numel()} entries other than 0 and -inf (e.g. "
-                f"{bad.flatten()[:3].tolist()}): an additive bias is not supported by "
-                "FunctionalMultiheadAttention (its attention functions take a mask, not a bias), "
-                "and it is refused rather than ignored; pass a bool mask (True = blocked) or a "
-                "float mask with -inf at blocked positions and 0 elsewhere")
-        if key is None:
-            return blocked
+    if key is not None and checked is not None and key in checked:
+        return blocked, checked[key]
+    flags = [blocked.new_ones(()) if blocked is attn_mask else (blocked | (attn_mask == 0)).all()]
+    T, S = (attn_mask.shape if attn_mask.dim() == 2 else (1, 0))
+    flags.append((blocked == causal_mask(T, S, blocked.device)).all() if T <= S else blocked.new_zeros(()))
+    valid, is_causal = (bool(f) for f in torch.stack(flags).tolist())  # one device sync
+    if not valid:
+        bad = attn_mask[~(blocked | (attn_mask == 0))]
+        raise ValueError(
+            f"attn_mask holds {bad.numel()} entries other than 0 and -inf (e.g. "
+            f"{bad.flatten()[:3].tolist()}): an additive bias is not supported by "
+            "FunctionalMultiheadAttention (its attention functions take a mask, not a bias), "
+            "and it is refused rather than ignored; pass a bool mask (True = blocked) or a "
+            "float mask with -inf at blocked positions and 0 elsewhere")
+    if key is not None:
         if checked is None:
             bid = id(base)
-            checked = set()
-            _CHECKED_FLOAT_MASKS[bid] = (weakref.ref(base, lambda _, bid=bid: _CHECKED_FLOAT_MASKS.pop(bid, None)),
-                                         checked)
-        checked.add(key)
-    return blocked
+            checked = {}
+            _CHECKED_MASKS[bid] = (weakref.ref(base, lambda _, bid=bid: _CHECKED_MASKS.pop(bid, None)),
+                                   checked)
+        checked[key] = is_causal
+    return blocked, is_causal
 
 
 class FunctionalMultiheadAttention(MultiheadAttention):
@@ -163,7 +184,10 @@ class FunctionalMultiheadAttention(MultiheadAttention):
             static_kv: keys/values are fixed across steps (cross-attention).
             attn_mask: ``(T, S)`` -- bool (True = blocked) or float with ``-inf`` at blocked
                 positions and 0 elsewhere (fairseq's future mask); integer masks and finite
-                additive biases raise (:func:`attn_mask_to_bool`).
+                additive biases raise (:func:`attn_mask_to_bool`).  The causal pattern (keys
+                ``j > i + (S - T)`` blocked, ``T <= S``) reaches the attention function as
+                ``causal=True`` beside the compact ``key_padding_mask`` ``(Bk, 1, 1, S)``
+                (:meth:`_build_mask`); any other mask as a general ``(Bk|1, 1, T, S)`` one.
             before_softmax: not supported (there need not be a softmax).
 
         Returns:
@@ -237,7 +261,9 @@ class FunctionalMultiheadAttention(MultiheadAttention):
             if q_pos is not None:  # (B|1, T) -> (Bk|1, beam*T), as q
                 q_pos = q_pos.reshape(-1, beam * tgt_len) if q_pos.size(0) > 1 else q_pos.repeat(1, beam)
 
-        mask = self._build_mask(key_padding_mask, attn_mask, kv_bsz, src_len)  # (Bk|1, 1, T|1, S)
+        # key padding (Bk, 1, 1, S) or a general mask (Bk|1, 1, T, S), and fairseq's future mask
+        # as a flag: every attention function gets the pair (no (T, S) pattern is built here)
+        mask, causal = self._build_mask(key_padding_mask, attn_mask, kv_bsz, src_len)
         # padded query rows, for statistics and auxiliary losses only (recording is off in
         # generation): self-attention queries are the keys' positions, cross-attention ones are
         # the decoder's (set by the decoder layer in `query_padding_mask`)
@@ -251,10 +277,11 @@ class FunctionalMultiheadAttention(MultiheadAttention):
         dropout_p = self.dropout_module.p if (
             self.training or self.dropout_module.apply_during_inference) else 0.0
         use_fused = not (need_weights or beam > 1 or fn.wants_weights())
-        out = fn.fused(q, k, v, mask, dropout_p) if use_fused else None
+        out = fn.fused(q, k, v, mask, dropout_p, causal=causal) if use_fused else None
         weights = None
         if out is None:
             scores = fn.score(q, k) if q_pos is None else fn.score_at(q, k, q_pos, k_pos)  # (Bk, H, T', S)
+            mask = combined_mask(mask, causal, tgt_len, src_len, q.device)  # (Bk|1, 1, T|1, S)
             if beam > 1 and mask is not None and mask.size(2) > 1:
                 mask = mask.repeat(1, 1, beam, 1)
             weights = fn.normalize(scores, mask)  # (Bk, H, T', S)
@@ -304,11 +331,19 @@ class FunctionalMultiheadAttention(MultiheadAttention):
         return q_pos, k_pos
 
     @staticmethod
-    def _build_mask(key_padding_mask, attn_mask, kv_bsz: int, src_len: int) -> Optional[Tensor]:
-        """Combine fairseq's masks into one bool mask ``(Bk|1, 1, T|1, S)``, True = blocked.
+    def _build_mask(key_padding_mask, attn_mask, kv_bsz: int, src_len: int) -> Tuple[Optional[Tensor], bool]:
+        """fairseq's masks as the seam's pair ``(mask, causal)`` (:mod:`~fairseq_plugins.attention.masks`).
 
-        ``key_padding_mask`` ``(Bk, S)``: nonzero = padding, any dtype (fairseq calls
-        ``.bool()`` on it too).  ``attn_mask`` ``(T, S)``: see :func:`attn_mask_to_bool`.
+        ``key_padding_mask`` ``(Bk, S)``: nonzero = padding, any dtype (fairseq calls ``.bool()``
+        on it too).  ``attn_mask`` ``(T, S)``: see :func:`attn_mask_to_bool`.
+
+        Returns:
+            ``(mask, causal)``: when ``attn_mask`` is None or exactly the causal pattern
+            (:func:`check_attn_mask`: keys ``j > i + (S - T)`` blocked, fairseq's future mask),
+            ``mask`` is the key padding ``(Bk, 1, 1, S)`` bool (True = blocked) or None and
+            ``causal`` is ``attn_mask is not None``; any other ``attn_mask`` is combined with the
+            padding into a general mask ``(Bk|1, 1, T, S)`` and ``causal`` is False.  The causal
+            check costs one device sync per new mask tensor, none per layer.
 
         Raises:
             ValueError: from :func:`attn_mask_to_bool`, or ``attn_mask`` is not ``(T, S)``
@@ -317,14 +352,16 @@ class FunctionalMultiheadAttention(MultiheadAttention):
         mask = None
         if key_padding_mask is not None and key_padding_mask.dim() > 0:
             mask = key_padding_mask.to(torch.bool).view(kv_bsz, 1, 1, src_len)
-        if attn_mask is not None:
-            if attn_mask.dim() != 2 or attn_mask.size(-1) != src_len:
-                raise ValueError(f"attn_mask must be (T, S) = (query length, {src_len} keys), "
-                                 f"got shape {tuple(attn_mask.shape)}")
-            am = attn_mask_to_bool(attn_mask)
-            am = am.view(1, 1, am.size(-2), am.size(-1))
-            mask = am if mask is None else (mask | am)
-        return mask
+        if attn_mask is None:
+            return mask, False
+        if attn_mask.dim() != 2 or attn_mask.size(-1) != src_len:
+            raise ValueError(f"attn_mask must be (T, S) = (query length, {src_len} keys), "
+                             f"got shape {tuple(attn_mask.shape)}")
+        am, is_causal = check_attn_mask(attn_mask)
+        if is_causal:
+            return mask, True
+        am = am.view(1, 1, am.size(-2), am.size(-1))
+        return (am if mask is None else (mask | am)), False
 
     def set_attn_fn(self, attn_fn: AttentionFunction):
         """Replace the attention function (e.g. for analysis); shapes must match."""

@@ -18,7 +18,7 @@ from typing import Optional, Tuple
 
 import torch
 
-__all__ = ["valid_keys", "row_mass_terms", "RowMassTerms", "entropy_from_terms", "ROW_EPS"]
+__all__ = ["valid_keys", "keys_per_query", "row_mass_terms", "RowMassTerms", "entropy_from_terms", "ROW_EPS"]
 
 #: floor of ``sum s`` inside logarithms: ``log(max(sum s, ROW_EPS))``.  Rows above it are exact;
 #: null rows (``sum s = 0``) never reach a log unmasked: they are excluded from entropy means and
@@ -26,12 +26,16 @@ __all__ = ["valid_keys", "row_mass_terms", "RowMassTerms", "entropy_from_terms",
 ROW_EPS = 1e-6
 
 
-def valid_keys(mask: Optional[torch.Tensor], src_len: int) -> torch.Tensor:
-    """Number of keys each query may attend to, ``n`` of ReLUFormer eq. 6.
+def valid_keys(mask: Optional[torch.Tensor], src_len: int, device=None) -> torch.Tensor:
+    """Number of keys each query may attend to, ``n_i`` of ReLUFormer (Shen et al. 2023) eq. 6,
+    counted from a dense mask (any mask: this scans it; see :func:`keys_per_query` for the
+    seam's ``(key_padding_mask, causal)`` pair, which needs no scan of a ``(T, S)`` mask).
 
     Args:
         mask: bool ``(B|1, H|1, T|1, S)`` (True = blocked) or None.
         src_len: ``S``.
+        device: where the result of ``mask=None`` is built (default CPU); ignored with a mask
+            (the result is on the mask's device).
 
     Returns:
         float32 ``(B|1, H|1, T|1, 1)``, or a ``(1, 1, 1, 1)`` tensor holding ``S`` when
@@ -39,8 +43,54 @@ def valid_keys(mask: Optional[torch.Tensor], src_len: int) -> torch.Tensor:
         ``i + 1`` (and during incremental decoding the cache length, which is the same).
     """
     if mask is None:
-        return torch.full((1, 1, 1, 1), float(src_len))
+        return torch.full((1, 1, 1, 1), float(src_len), device=device)
     return (~mask).sum(dim=-1, keepdim=True, dtype=torch.float32)
+
+
+def keys_per_query(mask: Optional[torch.Tensor], causal: bool, tgt_len: int, src_len: int,
+                   device=None) -> torch.Tensor:
+    """``n_i`` of ReLUFormer (Shen et al. 2023) eq. 6 for the attention seam's ``(mask, causal)``,
+    from key counts and query positions: no ``(T, S)`` mask is scanned, nothing is read back to
+    the host, and the result is built on the device.
+
+    * no ``causal`` (or ``T <= 1``: incremental decoding, where the keys are the cache): ``n_i`` =
+      the number of non-padding keys, the same for every query;
+    * ``causal``: ``n_i`` = the number of non-padding keys ``j <= i + (S - T)``, read from a
+      cumulative sum over the key padding at position ``i + (S - T)`` (0 where that is < 0), so
+      right- and left-padded keys are both counted right (a left-padded sentence's first
+      queries may see no key at all: ``n_i = 0``, a fully masked row).
+
+    Args:
+        mask: the key padding ``(B|1, H|1, 1, S)`` bool (True = padding), or a general mask
+            ``(B|1, H|1, T, S)`` (then :func:`valid_keys` of its combination with ``causal``),
+            or None.
+        causal: block keys ``j > i + (S - T)`` for query ``i``.
+        tgt_len, src_len: ``T`` and ``S``.
+        device: where the result is built without a mask (with one: the mask's device).
+
+    Returns:
+        float32 ``(B|1, H|1, T|1, 1)``: equal to ``valid_keys(combined_mask(mask, causal, T, S), S)``.
+    """
+    T, S = tgt_len, src_len
+    if causal and T <= 1:
+        causal = False  # the pattern blocks nothing for a single query
+    if mask is not None and mask.size(-2) != 1:
+        from .masks import combined_mask
+
+        return valid_keys(combined_mask(mask, causal, T, S), S)
+    if not causal:
+        return valid_keys(mask, S, device=device)
+    if mask is not None:
+        device = mask.device
+    last = torch.arange(T, device=device) + (S - T)  # (T,): the last key query i may see
+    if mask is None:
+        return (last + 1).clamp_(0, S).to(torch.float32).view(1, 1, T, 1)
+    if S == 0:
+        return torch.zeros(*mask.shape[:-2], T, 1, device=device)
+    seen = (~mask).cumsum(-1, dtype=torch.int32)  # (B|1, H|1, 1, S): non-padding keys <= j
+    idx = last.clamp(0, S - 1).view(*([1] * (mask.dim() - 1)), T).expand(*mask.shape[:-2], 1, T)
+    n = seen.gather(-1, idx).masked_fill_((last < 0).view(*([1] * (mask.dim() - 1)), T), 0)
+    return n.to(torch.float32).transpose(-1, -2)  # (B|1, H|1, T, 1)
 
 
 class RowMassTerms(torch.autograd.Function):

@@ -42,10 +42,12 @@ accumulates ``dK, dV`` over query tiles, one per query tile accumulates ``dQ`` o
                dq_id = -scale sum_j dS_ij sgn(q_id - k_jd)   (sgn(0) = 0, as torch.cdist)
 
 Masks reach the kernels as bytes with their broadcast strides: a key-padding mask
-``(B|1, 1, 1, S)`` is read as one row per tile, a general mask ``(B|1, 1, T, S)`` (fairseq's future
-mask, combined with padding) tile by tile -- any mask the PyTorch path accepts, no fallback.
-``causal=True`` additionally skips the key tiles after a query tile's last query (and query
-tiles before a key tile's first viewer).  Fully masked rows give exact zeros (output, statistics,
+``(B|1, 1, 1, S)`` is read as one row per tile (mask mode 1), a general mask ``(B|1, 1, T, S)``
+tile by tile (mode 2) -- any mask the PyTorch path accepts, no fallback.  ``causal=True``
+additionally blocks keys ``j > i + (S - T)`` and skips the key tiles after a query tile's last
+query (and query tiles before a key tile's first viewer).  The attention module passes the
+decoder's future mask this way (``causal=True`` with the key padding, mode 1), not as a general
+mask (:mod:`fairseq_plugins.attention.masks`).  Fully masked rows give exact zeros (output, statistics,
 gradients), as do rows without a positive score (null attention).  Attention dropout draws
 one Philox-4x32-10 call (key ``seed + b*H + h``, counter ``i * ceil(S/16) + j // 16``) per 16
 scores of a row and drops score ``(i, j)`` when its random byte is below ``256 p`` (FlashAttention-2's
