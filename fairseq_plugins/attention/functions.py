@@ -460,12 +460,17 @@ class _RectifiedAttention(AttentionFunction):
         """ReLA's norm (eq. 4) or gated norm (eq. 5) of the concatenated heads ``(T, B, C)``.
         The RMSNorm variants run as one fused op
         (:func:`~fairseq_plugins.modules.norms.gated_rms_norm`), with the Triton kernel when the
-        backend resolves to Triton for kernel family ``"norm"``; the LayerNorm variant on torch."""
+        backend resolves to Triton for kernel family ``"norm"`` and a row fits one program's tile
+        (:func:`fairseq_plugins.attention.triton.norm.fits`: ``C <= 8192``); the LayerNorm variant
+        on torch."""
         if self.norm is None:
             return attn
         if not (isinstance(self.norm, RMSNorm) or (isinstance(self.norm, GatedNorm) and self.norm.fused)):
             return self.norm(attn)  # GatedNorm with LayerNorm, or a subclass's own module
-        return self.norm(attn, backend="triton" if self.uses_triton(attn, "norm") else "torch")
+        from .triton.norm import fits
+
+        use = self.uses_triton(attn, "norm") and fits(attn.size(-1), self.norm_groups)
+        return self.norm(attn, backend="triton" if use else "torch")
 
 
 @register_attention_fn("relu")
