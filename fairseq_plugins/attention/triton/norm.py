@@ -15,6 +15,7 @@ attention functions choose the backend per device and dtype
 import triton.
 """
 
+import functools
 import importlib.util
 import os
 import sys
@@ -115,8 +116,12 @@ def _programs(n_blocks: int, device: torch.device, interpret: bool) -> int:
     partial ``dg``/``dw`` row), 2 under the interpreter (so the tests loop over row blocks)."""
     if interpret:
         return max(1, min(n_blocks, 2))
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return max(1, min(n_blocks, 4 * sms))
+    return max(1, min(n_blocks, 4 * _sm_count(torch.device(device).index)))
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: Optional[int]) -> int:
+    return torch.cuda.get_device_properties(torch.cuda.current_device() if index is None else index).multi_processor_count
 
 
 class _FusedGatedRMSNorm(torch.autograd.Function):
