@@ -461,7 +461,7 @@ class _RectifiedAttention(AttentionFunction):
         The RMSNorm variants run as one fused op
         (:func:`~fairseq_plugins.modules.norms.gated_rms_norm`), with the Triton kernel when the
         backend resolves to Triton for kernel family ``"norm"`` and a row fits one program's tile
-        (:func:`fairseq_plugins.attention.triton.norm.fits`: ``C <= 8192``); the LayerNorm variant
+        (:func:`fairseq_plugins.attention.triton.norm.fits`: padded width <= 8192); the LayerNorm variant
         on torch."""
         if self.norm is None:
             return attn
