@@ -1,7 +1,8 @@
 """What the fused Triton attention kernels compile to on the GPUs they target -- without a GPU.
 
 ``mt-kernel-report`` compiles every kernel (``rect_fwd``, ``rect_bwd_kv``, ``rect_bwd_q``,
-``l1_fwd``, ``l1_bwd_kv``, ``l1_bwd_q`` of :mod:`fairseq_plugins.attention.triton`) for every
+``l1_fwd``, ``l1_bwd_kv``, ``l1_bwd_q`` of :mod:`fairseq_plugins.attention.triton`, and ReLA-g's
+fused gated RMSNorm ``norm_fwd``, ``norm_bwd`` of :mod:`fairseq_plugins.attention.triton.norm`) for every
 variant the model launches (ReLA encoder self-attention with key padding, decoder
 self-attention with the general future+padding mask, the causal flag, ReLUFormer's row scale and
 eq. 7 statistics, E-ATT), with and without attention dropout, per dtype (fp16, bf16, fp32) and
@@ -60,12 +61,15 @@ HEAD_DIMS = (32, 64, 128)
 #: compute capabilities: 90 -> sm_90a (H100, wgmma), 80 -> sm_80 (A100, mma.sync)
 ARCHS = (90, 80)
 KERNELS = {"rectified": ("rect_fwd", "rect_bwd_kv", "rect_bwd_q"),
-           "l1softmax": ("l1_fwd", "l1_bwd_kv", "l1_bwd_q")}
+           "l1softmax": ("l1_fwd", "l1_bwd_kv", "l1_bwd_q"),
+           "norm": ("norm_fwd", "norm_bwd")}
 #: variant -> (family, mask, causal, row scale tensor + eq. 7 statistics (ReLUFormer)); masks as
 #: the attention module builds them: "pad" (B, 1, 1, S) key padding (encoder self-attention and
 #: cross-attention; with causal=True, decoder self-attention since the seam change of issue 28),
 #: "future" (B, 1, T, S) padding | future mask (decoder self-attention before that change; any
-#: attn_mask other than the causal pattern still arrives so)
+#: attn_mask other than the causal pattern still arrives so).
+#: The "norm" family (ReLA-g's gated RMSNorm on the concatenated heads (T, B, H*d), gate on) has
+#: the norm's scope in the mask slot: "concat" (groups 1) or "head" (groups H); no dropout.
 VARIANTS = {
     "rela_enc": ("rectified", "pad", False, False),
     "rela_dec": ("rectified", "future", False, False),
@@ -75,6 +79,8 @@ VARIANTS = {
     "eatt_enc": ("l1softmax", "pad", False, False),
     "eatt_dec": ("l1softmax", "future", False, False),
     "eatt_causal": ("l1softmax", "pad", True, False),
+    "rela_g_norm": ("norm", "concat", False, False),
+    "rela_g_norm_head": ("norm", "head", False, False),
 }
 #: attention dropout of the variants: off and the papers' 0.1
 DROPOUTS = (0.0, 0.1)
@@ -159,6 +165,8 @@ def launches(variant: str, dropout_p: float, dtype: str, head_dim: int) -> List[
     dt = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
     B, H, T, S = SHAPE["B"], SHAPE["H"], SHAPE["T"], SHAPE["S"]
     gen = torch.Generator().manual_seed(0)
+    if family == "norm":
+        return _norm_launches(mask_kind == "head", dt, B, H, T, head_dim, gen)
     q, k, v = (_model_layout(B, H, n, head_dim, dt, gen) for n in (T, S, S))
     mask = _mask(mask_kind, B, T, S)
     sink: list = []
@@ -178,6 +186,48 @@ def launches(variant: str, dropout_p: float, dtype: str, head_dim: int) -> List[
             loss = out.float().sum()
         loss.backward()
     return sink
+
+
+#: streaming multiprocessors assumed for the norm backward's program count (H100 SXM: 132)
+_SMS = 132
+
+
+def _norm_launches(per_head: bool, dt, B: int, H: int, T: int, head_dim: int, gen) -> list:
+    """The launches of one forward + backward of the fused gated RMSNorm on ``(T, B, H*d)`` in
+    ``dt`` (parameters in ``dt`` too, as a ``--fp16``/``--bf16`` model has them)."""
+    import types
+
+    import torch
+
+    import fairseq_plugins.attention.triton.norm as tn
+
+    C = H * head_dim
+    z = torch.randn(T, B, C, generator=gen).to(dt).requires_grad_()
+    w = torch.ones(C, dtype=dt, requires_grad=True)
+    gate = (torch.rand(C, generator=gen) - 0.5).to(dt).requires_grad_()
+    sink: list = []
+    proxy = types.SimpleNamespace(**{n: _Recorder(n, sink) for n in KERNELS["norm"]})
+    saved = (tn._norm_kernels, tn._mode, tn._programs)
+    tn._norm_kernels = lambda interpret: proxy
+    tn._mode = lambda x: False
+    tn._programs = lambda n_blocks, device, interpret: max(1, min(n_blocks, 4 * _SMS))
+    try:
+        with torch.enable_grad():
+            y = tn.gated_rms_norm(z, w, gate, 1e-8, H if per_head else 1)
+            y.float().sum().backward()
+    finally:
+        tn._norm_kernels, tn._mode, tn._programs = saved
+    return sink
+
+
+def _norm_real():
+    """The compiled norm kernels, shaped like the autotuned ones (``.fn`` is the JITFunction)."""
+    import types
+
+    import fairseq_plugins.attention.triton.norm as tn
+
+    mod = tn._norm_kernels(False)
+    return types.SimpleNamespace(**{n: types.SimpleNamespace(fn=getattr(mod, n)) for n in KERNELS["norm"]})
 
 
 # --------------------------------------------------------------------------------------------
@@ -383,21 +433,32 @@ def report(archs: Iterable[int] = ARCHS, dtypes: Iterable[str] = DTYPES, head_di
         raise ValueError(f"tiles must be 'first' or 'all', got {tiles!r}")
     real = tk._kernels(False)
     table = _tables(real)
+    norm_real = None
     rows = []
     for dtype in dtypes:
         for d in head_dims:
             for variant in variants:
                 for p in dropouts:
+                    if VARIANTS[variant][0] == "norm" and p > 0:
+                        continue  # no dropout in the norm
                     recorded = launches(variant, p, dtype, d)
                     for arch in archs:
                         for name, args, meta in recorded:
-                            for tile in (table[name] if tiles == "all" else table[name][:1]):
+                            module = real
+                            if name in KERNELS["norm"]:  # fixed tiles: the launch's own
+                                norm_real = norm_real or _norm_real()
+                                module, meta = norm_real, dict(meta)
+                                tile_list = [(meta.pop("BLOCK_M"), meta.pop("BLOCK_N"), meta.pop("num_warps", 4), 1)]
+                            else:
+                                tile_list = table[name] if tiles == "all" else table[name][:1]
+                            for tile in tile_list:
+                                shown = tile[:1] + ((meta["BLOCK_G"],) if "BLOCK_G" in meta else ()) + tile[1:2]
                                 row = dict(arch=arch, dtype=dtype, head_dim=d, variant=variant, dropout=p,
-                                           kernel=name, tile="x".join(map(str, tile[:2])), warps=tile[2],
+                                           kernel=name, tile="x".join(map(str, shown)), warps=tile[2],
                                            stages=tile[3], error=None)
                                 t0 = time.time()
                                 try:
-                                    c = compile_launch(real, name, args, meta, arch, tile)
+                                    c = compile_launch(module, name, args, meta, arch, tile)
                                 except Exception as e:  # noqa: BLE001 - reported, not hidden
                                     row["error"] = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200]}"
                                 else:
@@ -405,7 +466,9 @@ def report(archs: Iterable[int] = ARCHS, dtypes: Iterable[str] = DTYPES, head_di
                                     inner = d if name.startswith("l1") else 1
                                     row.update(analyse_ptx(c["ptx"], inner_trips=inner))
                                     threads = 32 * tile[2]
-                                    row["ptx_per_score"] = round(row["loop_dynamic"] * threads / (tile[0] * tile[1]), 2)
+                                    # per score; the norm: per element of its (BLOCK_M, BLOCK_G, BLOCK_N) tile
+                                    per = tile[0] * tile[1] * meta.get("BLOCK_G", 1)
+                                    row["ptx_per_score"] = round(row["loop_dynamic"] * threads / per, 2)
                                 row["compile_s"] = round(time.time() - t0, 1)
                                 rows.append(row)
                                 if log is not None:
@@ -481,7 +544,9 @@ def render(rows: List[dict], record: dict) -> str:
              "iteration (nested per-dimension loops x d); /score: that x threads / (BLOCK_M x BLOCK_N). "
              "Variants: `*_enc` key padding mask (B,1,1,S); `*_dec` padding | future mask (B,1,T,S) as "
              "decoder self-attention passed it before the seam change (issue 28); `*_causal` key padding + "
-             "`causal=True`, as decoder self-attention passes it since.", ""]
+             "`causal=True`, as decoder self-attention passes it since; "
+             "`rela_g_norm` / `rela_g_norm_head`: ReLA-g's fused gated RMSNorm on (T, B, H*d), statistics over "
+             "C / per head, its own fixed tile BLOCK_M x BLOCK_G x BLOCK_N, /score per element, no dropout.", ""]
     bad = problems([r for r in rows if r["arch"] == MAIN["arch"] and r["dtype"] in MAIN["dtypes"]
                     and r["head_dim"] in MAIN["head_dims"] and r["variant"] in MAIN["variants"]])
     lines += ["## Targets", "",

@@ -116,3 +116,19 @@ def test_main_configurations_compile_for_sm90a_without_spills_or_serialized_wgmm
     assert len(rows) == 3 and all(r["target"] == "sm_90a" for r in rows if not r["error"])
     assert all(r["loop_wgmma"] > 0 for r in rows if not r["error"])  # tensor cores in the main loop
     assert kr.problems(rows) == []
+
+
+@needs_nvidia
+def test_fused_norm_compiles_for_sm90a_without_spills(monkeypatch):
+    """Issue 28 item 3: ReLA-g's fused gated RMSNorm (C = 8 x 64 = 512, scope concat and per
+    head, fp16/bf16) compiles for sm_90a without spills; launches recorded from the real entry
+    point (forward + backward), no dropout variant."""
+    pytest.importorskip("triton.backends.nvidia.compiler", reason="triton without its NVIDIA backend")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    rec = kr.launches("rela_g_norm_head", 0.0, "bf16", 64)
+    assert [n for n, _, _ in rec] == ["norm_fwd", "norm_bwd"]
+    assert rec[0][2]["GATE"] and rec[0][2]["BLOCK_G"] == kr.SHAPE["H"] and rec[0][2]["BLOCK_N"] == 64
+    rows = kr.report(archs=(90,), dtypes=("fp16", "bf16"), head_dims=(64,),
+                     variants=("rela_g_norm", "rela_g_norm_head"), dropouts=(0.0, 0.1))
+    assert len(rows) == 8 and kr.problems(rows) == []
+    assert all(r["target"] == "sm_90a" and 0 < r["registers"] <= 128 for r in rows)

@@ -478,7 +478,7 @@ def test_chosen_backend_is_logged_once(monkeypatch, caplog):
 def test_self_test_passes_under_the_interpreter(interp):
     for family in tk.FAMILIES:
         assert tk.self_test(family, "cpu", F32) is None
-    with pytest.raises(ValueError, match="valid choices: rectified, l1softmax"):
+    with pytest.raises(ValueError, match="valid choices: rectified, l1softmax, norm"):
         tk.self_test("softmax", "cpu", F32)
 
 

@@ -223,24 +223,27 @@ class AttentionFunction(nn.Module):
         self.scaling = self.head_dim**-0.5
         self.track_entropy = bool(getattr(args, "attention_entropy", False)) if args is not None else False
         self.backend = check_backend(getattr(args, "attention_backend", None))
-        #: ``{(device, dtype): bool}``: :meth:`uses_triton`'s answers (resolved once per input
-        #: device and dtype, not on every layer call of every decoding step)
-        self._uses_triton: Dict[Tuple[torch.device, torch.dtype], bool] = {}
+        #: ``{(device, dtype, family): bool}``: :meth:`uses_triton`'s answers (resolved once per
+        #: input device, dtype and kernel family, not on every layer call of every decoding step)
+        self._uses_triton: Dict[Tuple[torch.device, torch.dtype, Optional[str]], bool] = {}
         self.aux = AuxiliaryBuffer()
 
     #: the Triton kernel family of :meth:`fused` (``"rectified"``, ``"l1softmax"``) or None
     kernel_family = None
 
-    def uses_triton(self, x: torch.Tensor) -> bool:
-        """True when :meth:`fused` should run the Triton kernels on ``x`` (its device and dtype;
-        :func:`~fairseq_plugins.attention.backend.resolve_backend`, which raises ``RuntimeError``
-        for ``--attention-backend triton`` where Triton cannot run).  Resolved once per device
-        and dtype of ``x`` (the backend and the machine do not change during a run)."""
-        key = (x.device, x.dtype)
+    def uses_triton(self, x: torch.Tensor, family: Optional[str] = None) -> bool:
+        """True when the Triton kernels of ``family`` (default :attr:`kernel_family`, those of
+        :meth:`fused`; ``"norm"``: ReLA's fused norm in :meth:`post_aggregate`) should run on ``x``
+        (its device and dtype; :func:`~fairseq_plugins.attention.backend.resolve_backend`, which
+        raises ``RuntimeError`` for ``--attention-backend triton`` where Triton cannot run).
+        Resolved once per device, dtype and family (the backend and the machine do not change
+        during a run)."""
+        family = self.kernel_family if family is None else family
+        key = (x.device, x.dtype, family)
         use = self._uses_triton.get(key)
         if use is None:
             use = self._uses_triton[key] = \
-                resolve_backend(self.backend, x.device, self.kernel_family, x.dtype) == "triton"
+                resolve_backend(self.backend, x.device, family, x.dtype) == "triton"
         return use
 
     #: True for functions whose scores depend on token positions (Synthesizer); the attention
@@ -482,7 +485,20 @@ class _RectifiedAttention(AttentionFunction):
         return self.activation(scores)
 
     def post_aggregate(self, attn):
-        return attn if self.norm is None else self.norm(attn)
+        """ReLA's norm (eq. 4) or gated norm (eq. 5) of the concatenated heads ``(T, B, C)``.
+        The RMSNorm variants run as one fused op
+        (:func:`~fairseq_plugins.modules.norms.gated_rms_norm`), with the Triton kernel when the
+        backend resolves to Triton for kernel family ``"norm"`` and a row fits one program's tile
+        (:func:`fairseq_plugins.attention.triton.norm.fits`: padded width <= 8192); the LayerNorm variant
+        on torch."""
+        if self.norm is None:
+            return attn
+        if not (isinstance(self.norm, RMSNorm) or (isinstance(self.norm, GatedNorm) and self.norm.fused)):
+            return self.norm(attn)  # GatedNorm with LayerNorm, or a subclass's own module
+        from .triton.norm import fits
+
+        use = self.uses_triton(attn, "norm") and fits(attn.size(-1), self.norm_groups)
+        return self.norm(attn, backend="triton" if use else "torch")
 
 
 @register_attention_fn("relu")

@@ -13,6 +13,9 @@ Two entry points, each a drop-in for the PyTorch path (same contract, same zeros
 * :func:`l1_softmax_attention` -- E-ATT (eq. 13): ``x_ij = -scale ||q_i - k_j||_1``,
   ``out = dropout(softmax(x)) V``.
 
+ReLA's fused (gated) RMSNorm of the concatenated heads (eqs. 4-5), kernel family ``"norm"``, lives
+in :mod:`fairseq_plugins.attention.triton.norm` (kernels in ``_norm_kernels.py``, loaded the same way).
+
 Algorithm (FlashAttention-2 style, Dao 2023), per program one tile of ``BLOCK_M`` queries of one
 ``(b, h)``; ``BLOCK_N`` keys per step; nothing of size ``T x S`` is ever stored::
 
@@ -505,8 +508,9 @@ def l1_softmax_attention(q, k, v, scale, mask=None, dropout_p=0.0, causal=False,
 # --------------------------------------------------------------------------------------------
 # start-up check (used by --attention-backend auto)
 # --------------------------------------------------------------------------------------------
-#: kernel families and the attention functions they serve
-FAMILIES = ("rectified", "l1softmax")
+#: kernel families and the attention functions they serve ("norm": ReLA's fused (gated) RMSNorm,
+#: :mod:`fairseq_plugins.attention.triton.norm`, used by the ReLU family's post-aggregation)
+FAMILIES = ("rectified", "l1softmax", "norm")
 
 
 def self_test(family: str, device, dtype: torch.dtype) -> Optional[str]:
@@ -527,6 +531,10 @@ def self_test(family: str, device, dtype: torch.dtype) -> Optional[str]:
     """
     if family not in FAMILIES:
         raise ValueError(f"unknown kernel family {family!r}; valid choices: {', '.join(FAMILIES)}")
+    if family == "norm":  # its own check: 37 rows of 64, groups 1 and 4, with and without the gate
+        from .norm import self_test as norm_self_test
+
+        return norm_self_test(device, dtype)
     tol = {torch.float64: 1e-6, torch.float32: 2e-3}.get(dtype, 3e-2)
     g = torch.Generator().manual_seed(0)
     B, H, T, S, d = 2, 2, 24, 40, 32
