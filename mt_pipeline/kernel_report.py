@@ -361,7 +361,7 @@ def parse_ptxas_log(log: str) -> dict:
 def _tables(real_module) -> Dict[str, list]:
     return {"rect_fwd": real_module._RECT_FWD, "rect_bwd_kv": real_module._RECT_BWD,
             "rect_bwd_q": real_module._RECT_BWD, "l1_fwd": real_module._L1_FWD,
-            "l1_bwd_kv": real_module._L1_BWD, "l1_bwd_q": real_module._L1_BWD}
+            "l1_bwd_kv": real_module._L1_BWD_KV, "l1_bwd_q": real_module._L1_BWD_Q}
 
 
 def report(archs: Iterable[int] = ARCHS, dtypes: Iterable[str] = DTYPES, head_dims: Iterable[int] = HEAD_DIMS,

@@ -612,7 +612,7 @@ def compile_offline(arch: int = 90, dtype: torch.dtype = torch.bfloat16, tiles: 
     rect = dict(common, HAS_R=True, ACT=1, STATS=True)
     plan = [("rect_fwd", mod._RECT_FWD, rect), ("rect_bwd_kv", mod._RECT_BWD, rect),
             ("rect_bwd_q", mod._RECT_BWD, rect), ("l1_fwd", mod._L1_FWD, common),
-            ("l1_bwd_kv", mod._L1_BWD, common), ("l1_bwd_q", mod._L1_BWD, common)]
+            ("l1_bwd_kv", mod._L1_BWD_KV, common), ("l1_bwd_q", mod._L1_BWD_Q, common)]
     target = GPUTarget("cuda", int(arch), 32)
     shared = {}
     for name, table, constexprs in plan:

@@ -43,10 +43,13 @@ _RECT_FWD = [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3),
              (64, 128, 4, 3), (128, 32, 4, 4), (64, 32, 4, 2), (32, 32, 4, 2), (16, 32, 4, 2)]
 _RECT_BWD = [(64, 64, 4, 2), (64, 128, 8, 2), (128, 64, 8, 2), (32, 64, 4, 2),
              (64, 32, 4, 2), (32, 32, 4, 1), (16, 32, 4, 1), (128, 128, 8, 2)]
-_L1_FWD = [(64, 64, 4, 2), (64, 32, 4, 2), (32, 64, 4, 2), (128, 64, 8, 2), (64, 128, 8, 2),
-           (32, 32, 4, 1), (16, 32, 4, 1)]
-_L1_BWD = [(64, 64, 4, 1), (32, 64, 4, 1), (64, 32, 4, 1), (32, 32, 4, 1), (64, 64, 8, 1),
-           (16, 32, 4, 1)]
+# E-ATT's scores live in registers (CUDA cores), so its tiles hold at most 16-32 scores per thread:
+# 64x64 with 4 warps, 128x64 and 64x128 with 8 spilled (sm_90a, d 64: 12-1252 B, issue 28) and
+# are not tried; l1_bwd_kv (dK, dV and the sign sums of the transposed tile) starts at 32x64
+# (64x64 w8 spills 112 B with causal + dropout only; the autotuner may still take it)
+_L1_FWD = [(64, 64, 8, 2), (64, 32, 4, 2), (32, 64, 4, 2), (32, 32, 4, 1), (16, 32, 4, 1)]
+_L1_BWD_KV = [(32, 64, 8, 1), (64, 64, 8, 1), (16, 64, 4, 1), (32, 32, 4, 1), (16, 32, 4, 1)]
+_L1_BWD_Q = [(64, 64, 8, 1), (32, 64, 4, 1), (64, 32, 4, 1), (32, 32, 4, 1), (16, 32, 4, 1)]
 _RECT_KEY = ["T_KEY", "S_KEY", "BLOCK_D", "ACT", "MASK_MODE", "CAUSAL", "STATS", "DROPOUT", "PREC"]
 _L1_KEY = ["T_KEY", "S_KEY", "BLOCK_D", "MASK_MODE", "CAUSAL", "DROPOUT", "PREC"]
 
@@ -506,7 +509,7 @@ def l1_fwd(Q, K, V, M, O, LSE,
              out.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
     tl.store(LSE + bh * T + offs_m, lse.to(LSE.dtype.element_ty), mask=row_ok)
 
-@_tuned(_L1_BWD, _L1_KEY)
+@_tuned(_L1_BWD_KV, _L1_KEY)
 @triton.jit
 def l1_bwd_kv(Q, K, V, M, DO, LSE, DELTA, DK, DV,
               s_qb, s_qh, s_qt, s_qd, s_kb, s_kh, s_ks, s_kd, s_vb, s_vh, s_vs, s_vd,
@@ -577,7 +580,7 @@ def l1_bwd_kv(Q, K, V, M, DO, LSE, DELTA, DK, DV,
     tl.store(DV + b * s_dvb + h * s_dvh + offs_n[:, None] * s_dvs + offs_d[None, :] * s_dvd,
              dv.to(DV.dtype.element_ty), mask=kv_mask)
 
-@_tuned(_L1_BWD, _L1_KEY)
+@_tuned(_L1_BWD_Q, _L1_KEY)
 @triton.jit
 def l1_bwd_q(Q, K, V, M, DO, LSE, DELTA, DQ,
              s_qb, s_qh, s_qt, s_qd, s_kb, s_kh, s_ks, s_kd, s_vb, s_vh, s_vs, s_vd,
