@@ -610,13 +610,14 @@ def compile_offline(arch: int = 90, dtype: torch.dtype = torch.bfloat16, tiles: 
     ptrs.update({n: acc_ptr for n in ("R", "RS", "RL", "GS", "GL", "LSE", "DELTA", "SC")}, M="*u8")
     common = dict(MASK_MODE=2, CAUSAL=True, DROPOUT=True, ACC=acc, PREC=prec, UPCAST=False, BLOCK_D=64)
     rect = dict(common, HAS_R=True, ACT=1, STATS=True)
-    plan = [("rect_fwd", mod._RECT_FWD, rect), ("rect_bwd_kv", mod._RECT_BWD, rect),
-            ("rect_bwd_q", mod._RECT_BWD, rect), ("l1_fwd", mod._L1_FWD, common),
+    plan = [("rect_fwd", mod._RECT_FWD, rect), ("rect_bwd_kv", mod._RECT_BWD_KV, rect),
+            ("rect_bwd_q", mod._RECT_BWD_Q, rect), ("l1_fwd", mod._L1_FWD, common),
             ("l1_bwd_kv", mod._L1_BWD_KV, common), ("l1_bwd_q", mod._L1_BWD_Q, common)]
     target = GPUTarget("cuda", int(arch), 32)
     shared = {}
     for name, table, constexprs in plan:
         fn = getattr(mod, name).fn  # the JITFunction under the autotuner
+        table = mod._tried(table, constexprs)
         for bm, bn, warps, stages in (table if tiles == "all" else table[:1]):
             cx = dict(constexprs, BLOCK_M=bm, BLOCK_N=bn)
             sig = {a: ("constexpr" if a in cx else ptrs.get(a, "fp32" if a in ("r_const", "dropout_p") else "i32"))

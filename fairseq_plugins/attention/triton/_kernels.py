@@ -41,8 +41,16 @@ TINY = tl.constexpr(1.1754943508222875e-38)
 # autotuning tables (BLOCK_M, BLOCK_N, num_warps, num_stages) of the compiled kernels
 _RECT_FWD = [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3),
              (64, 128, 4, 3), (128, 32, 4, 4), (64, 32, 4, 2), (32, 32, 4, 2), (16, 32, 4, 2)]
-_RECT_BWD = [(64, 64, 4, 2), (64, 128, 8, 2), (128, 64, 8, 2), (32, 64, 4, 2),
-             (64, 32, 4, 2), (32, 32, 4, 1), (16, 32, 4, 1), (128, 128, 8, 2)]
+# rect_bwd_kv holds dK, dV and the transposed scores: 64x64 with 2 stages spilled with dropout
+# (12-84 B, sm_90a d 64, issue 28); one stage does not (ReLA)
+_RECT_BWD_KV = [(64, 64, 4, 1), (32, 64, 4, 2), (64, 128, 8, 2), (128, 64, 8, 2), (64, 32, 4, 2),
+                (32, 32, 4, 1), (16, 32, 4, 1), (128, 128, 8, 2)]
+_RECT_BWD_Q = [(64, 64, 4, 2), (64, 128, 8, 2), (128, 64, 8, 2), (32, 64, 4, 2),
+               (64, 32, 4, 2), (32, 32, 4, 1), (16, 32, 4, 1), (128, 128, 8, 2)]
+#: rectified tiles that spill with ReLUFormer's eq. 7 statistics (``STATS``: ``s log s`` per score;
+#: sm_90a d 64: rect_fwd 128x64 w4 s3 20-148 B, rect_bwd_kv 64x64 w4 s1 212 B with dropout);
+#: the autotuner does not try them there (``_tried``); none is in ``_RECT_BWD_Q``
+_SPILL_WITH_STATS = {(128, 64, 4, 3), (64, 64, 4, 1)}
 # E-ATT's scores live in registers (CUDA cores), so its tiles hold at most 16-32 scores per thread:
 # 64x64 with 4 warps, 128x64 and 64x128 with 8 spilled (sm_90a, d 64: 12-1252 B, issue 28) and
 # are not tried; l1_bwd_kv (dK, dV and the sign sums of the transposed tile) starts at 32x64
@@ -54,11 +62,23 @@ _RECT_KEY = ["T_KEY", "S_KEY", "BLOCK_D", "ACT", "MASK_MODE", "CAUSAL", "STATS",
 _L1_KEY = ["T_KEY", "S_KEY", "BLOCK_D", "MASK_MODE", "CAUSAL", "DROPOUT", "PREC"]
 
 
+def _tried(table, meta):
+    """The tiles of ``table`` the autotuner tries for a launch with constexprs ``meta`` before
+    the size pruning of :func:`_prune` (no ``_SPILL_WITH_STATS`` tile with ``STATS``)."""
+    if meta.get("STATS"):
+        return [t for t in table if tuple(t) not in _SPILL_WITH_STATS]
+    return list(table)
+
+
 def _prune(configs, named_args, **kwargs):
-    """Drop tiles far larger than the problem (decoding: T = 1); always keeps one config."""
+    """Drop tiles far larger than the problem (decoding: T = 1) and those of ``_tried``;
+    always keeps one config."""
     t = max(16, named_args.get("T_KEY", kwargs.get("T_KEY", 16)))
     s = max(16, named_args.get("S_KEY", kwargs.get("S_KEY", 16)))
-    kept = [c for c in configs if c.kwargs["BLOCK_M"] <= 2 * t and c.kwargs["BLOCK_N"] <= 2 * s]
+    tried = _tried([(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) for c in configs],
+                   {"STATS": kwargs.get("STATS", named_args.get("STATS"))})
+    kept = [c for c in configs if c.kwargs["BLOCK_M"] <= 2 * t and c.kwargs["BLOCK_N"] <= 2 * s
+            and (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) in tried]
     return kept or configs[-1:]
 
 
@@ -311,7 +331,7 @@ def rect_fwd(Q, K, V, R, M, O, RS, RL,
         tl.store(RS + bh * T + offs_m, rsum.to(RS.dtype.element_ty), mask=row_ok)
         tl.store(RL + bh * T + offs_m, rlog.to(RL.dtype.element_ty), mask=row_ok)
 
-@_tuned(_RECT_BWD, _RECT_KEY)
+@_tuned(_RECT_BWD_KV, _RECT_KEY)
 @triton.jit
 def rect_bwd_kv(Q, K, V, R, M, DO, GS, GL, DK, DV,
                 s_qb, s_qh, s_qt, s_qd, s_kb, s_kh, s_ks, s_kd, s_vb, s_vh, s_vs, s_vd,
@@ -383,7 +403,7 @@ def rect_bwd_kv(Q, K, V, R, M, DO, GS, GL, DK, DV,
     tl.store(DV + b * s_dvb + h * s_dvh + offs_n[:, None] * s_dvs + offs_d[None, :] * s_dvd,
              dv.to(DV.dtype.element_ty), mask=kv_mask)
 
-@_tuned(_RECT_BWD, _RECT_KEY)
+@_tuned(_RECT_BWD_Q, _RECT_KEY)
 @triton.jit
 def rect_bwd_q(Q, K, V, R, M, DO, GS, GL, DQ,
                s_qb, s_qh, s_qt, s_qd, s_kb, s_kh, s_ks, s_kd, s_vb, s_vh, s_vs, s_vd,
