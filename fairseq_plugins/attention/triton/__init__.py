@@ -47,7 +47,7 @@ mask, combined with padding) tile by tile -- any mask the PyTorch path accepts, 
 ``causal=True`` additionally skips the key tiles after a query tile's last query (and query
 tiles before a key tile's first viewer).  Fully masked rows give exact zeros (output, statistics,
 gradients), as do rows without a positive score (null attention).  Attention dropout draws
-one Philox-4x32-10 call (key ``seed + b*H + h``, counter ``i * ceil(S/16) + j // 16``) per 16
+one Philox-4x32-7 call (7 rounds, as FlashAttention-2) (key ``seed + b*H + h``, counter ``i * ceil(S/16) + j // 16``) per 16
 scores of a row and drops score ``(i, j)`` when its random byte is below ``256 p`` (FlashAttention-2's
 scheme; ``p`` is rounded to a multiple of 1/256, see ``_dropout_rate``): the backward regenerates
 the forward's mask without storing it; ``seed`` comes from torch's default generator (``torch.manual_seed`` makes a
