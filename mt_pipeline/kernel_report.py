@@ -27,8 +27,9 @@ on CPU tensors in the model's layout (``(L, B, H*d)`` viewed as ``(B, H, T, d)``
 launches recorded instead of run; every recorded launch is then specialised by triton's own
 binder (``tt.divisibility = 16`` of pointers, strides and sizes divisible by 16, integer
 arguments equal to 1 -- the unit strides -- as constants) and compiled for the target with each
-autotuning tile asked for (``--tiles first``: the first of the kernel's table).  Which tile the
-autotuner picks on a GPU is not known here.
+autotuning tile asked for (``--tiles first``: the first of the kernel's table that the autotuner
+tries for that launch -- ``_tried``: tiles known to spill with ReLUFormer's statistics are not
+tried there).  Which tile the autotuner picks on a GPU is not known here.
 
 Writes ``results/gpu/kernel_report.md`` (``--out``; ``--json`` also a JSON list of the rows) with
 a provenance section (:mod:`mt_pipeline.provenance`), atomically (:mod:`mt_pipeline.atomic`).
@@ -412,9 +413,9 @@ def parse_ptxas_log(log: str) -> dict:
 # the report
 # --------------------------------------------------------------------------------------------
 def _tables(real_module) -> Dict[str, list]:
-    return {"rect_fwd": real_module._RECT_FWD, "rect_bwd_kv": real_module._RECT_BWD,
-            "rect_bwd_q": real_module._RECT_BWD, "l1_fwd": real_module._L1_FWD,
-            "l1_bwd_kv": real_module._L1_BWD, "l1_bwd_q": real_module._L1_BWD}
+    return {"rect_fwd": real_module._RECT_FWD, "rect_bwd_kv": real_module._RECT_BWD_KV,
+            "rect_bwd_q": real_module._RECT_BWD_Q, "l1_fwd": real_module._L1_FWD,
+            "l1_bwd_kv": real_module._L1_BWD_KV, "l1_bwd_q": real_module._L1_BWD_Q}
 
 
 def report(archs: Iterable[int] = ARCHS, dtypes: Iterable[str] = DTYPES, head_dims: Iterable[int] = HEAD_DIMS,
@@ -450,7 +451,8 @@ def report(archs: Iterable[int] = ARCHS, dtypes: Iterable[str] = DTYPES, head_di
                                 module, meta = norm_real, dict(meta)
                                 tile_list = [(meta.pop("BLOCK_M"), meta.pop("BLOCK_N"), meta.pop("num_warps", 4), 1)]
                             else:
-                                tile_list = table[name] if tiles == "all" else table[name][:1]
+                                tried = real._tried(table[name], meta)  # the autotuner's candidates
+                                tile_list = tried if tiles == "all" else tried[:1]
                             for tile in tile_list:
                                 shown = tile[:1] + ((meta["BLOCK_G"],) if "BLOCK_G" in meta else ()) + tile[1:2]
                                 row = dict(arch=arch, dtype=dtype, head_dim=d, variant=variant, dropout=p,

@@ -80,16 +80,7 @@ def test_launches_are_those_of_the_real_entry_points():
 
 #: main configurations still over the targets, with the issue 28 item that removes them; strict:
 #: a configuration that meets the targets fails here until it is taken off this list
-KNOWN = {
-    ("rela_enc", 0.1): "issue 28 item 1: dropout (one Philox call per 16 scores) still spills rect_bwd_kv (24 B)",
-    ("rela_causal", 0.1): "issue 28 item 1: dropout (one Philox call per 16 scores) still spills rect_bwd_kv",
-    ("reluformer_enc", 0.0): "ReLUFormer's eq. 7 statistics (s log s per score) spill rect_fwd/rect_bwd_kv",
-    ("reluformer_enc", 0.1): "ReLUFormer's eq. 7 statistics and per-score Philox spill",
-    ("eatt_enc", 0.0): "issue 28 item 5: E-ATT's runtime per-dimension L1 loop spills (255 registers)",
-    ("eatt_enc", 0.1): "issue 28 item 5: E-ATT's runtime per-dimension L1 loop spills (255 registers)",
-    ("eatt_causal", 0.0): "issue 28 item 5: E-ATT's runtime per-dimension L1 loop spills (255 registers)",
-    ("eatt_causal", 0.1): "issue 28 item 5: E-ATT's runtime per-dimension L1 loop spills (255 registers)",
-}
+KNOWN = {}
 
 
 def _main_cases():

@@ -52,7 +52,7 @@ query (and query tiles before a key tile's first viewer).  The attention module 
 decoder's future mask this way (``causal=True`` with the key padding, mode 1), not as a general
 mask (:mod:`fairseq_plugins.attention.masks`).  Fully masked rows give exact zeros (output, statistics,
 gradients), as do rows without a positive score (null attention).  Attention dropout draws
-one Philox-4x32-10 call (key ``seed + b*H + h``, counter ``i * ceil(S/16) + j // 16``) per 16
+one Philox-4x32-7 call (7 rounds, as FlashAttention-2) (key ``seed + b*H + h``, counter ``i * ceil(S/16) + j // 16``) per 16
 scores of a row and drops score ``(i, j)`` when its random byte is below ``256 p`` (FlashAttention-2's
 scheme; ``p`` is rounded to a multiple of 1/256, see ``_dropout_rate``): the backward regenerates
 the forward's mask without storing it; ``seed`` comes from torch's default generator (``torch.manual_seed`` makes a
@@ -620,13 +620,14 @@ def compile_offline(arch: int = 90, dtype: torch.dtype = torch.bfloat16, tiles: 
     ptrs.update({n: acc_ptr for n in ("R", "RS", "RL", "GS", "GL", "LSE", "DELTA", "SC")}, M="*u8")
     common = dict(MASK_MODE=2, CAUSAL=True, DROPOUT=True, ACC=acc, PREC=prec, UPCAST=False, BLOCK_D=64)
     rect = dict(common, HAS_R=True, ACT=1, STATS=True)
-    plan = [("rect_fwd", mod._RECT_FWD, rect), ("rect_bwd_kv", mod._RECT_BWD, rect),
-            ("rect_bwd_q", mod._RECT_BWD, rect), ("l1_fwd", mod._L1_FWD, common),
-            ("l1_bwd_kv", mod._L1_BWD, common), ("l1_bwd_q", mod._L1_BWD, common)]
+    plan = [("rect_fwd", mod._RECT_FWD, rect), ("rect_bwd_kv", mod._RECT_BWD_KV, rect),
+            ("rect_bwd_q", mod._RECT_BWD_Q, rect), ("l1_fwd", mod._L1_FWD, common),
+            ("l1_bwd_kv", mod._L1_BWD_KV, common), ("l1_bwd_q", mod._L1_BWD_Q, common)]
     target = GPUTarget("cuda", int(arch), 32)
     shared = {}
     for name, table, constexprs in plan:
         fn = getattr(mod, name).fn  # the JITFunction under the autotuner
+        table = mod._tried(table, constexprs)
         for bm, bn, warps, stages in (table if tiles == "all" else table[:1]):
             cx = dict(constexprs, BLOCK_M=bm, BLOCK_N=bn)
             sig = {a: ("constexpr" if a in cx else ptrs.get(a, "fp32" if a in ("r_const", "dropout_p") else "i32"))

@@ -35,27 +35,52 @@ except AttributeError:  # pragma: no cover - older triton reads the variable dir
 
 #: fixed tiles of the interpreter (small, so tests with T, S ~ 5..40 cross several tiles)
 INTERPRET_BLOCKS = {"BLOCK_M": 16, "BLOCK_N": 16}
+#: rounds of the dropout's Philox-4x32 (FlashAttention-2: 7; curand / ``tl.randint4x``: 10)
+PHILOX_ROUNDS = tl.constexpr(7)
 #: smallest positive float32 normal: ``log(max(s, TINY))`` is finite, and exact where it matters
 TINY = tl.constexpr(1.1754943508222875e-38)
 
 # autotuning tables (BLOCK_M, BLOCK_N, num_warps, num_stages) of the compiled kernels
 _RECT_FWD = [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3),
              (64, 128, 4, 3), (128, 32, 4, 4), (64, 32, 4, 2), (32, 32, 4, 2), (16, 32, 4, 2)]
-_RECT_BWD = [(64, 64, 4, 2), (64, 128, 8, 2), (128, 64, 8, 2), (32, 64, 4, 2),
-             (64, 32, 4, 2), (32, 32, 4, 1), (16, 32, 4, 1), (128, 128, 8, 2)]
-_L1_FWD = [(64, 64, 4, 2), (64, 32, 4, 2), (32, 64, 4, 2), (128, 64, 8, 2), (64, 128, 8, 2),
-           (32, 32, 4, 1), (16, 32, 4, 1)]
-_L1_BWD = [(64, 64, 4, 1), (32, 64, 4, 1), (64, 32, 4, 1), (32, 32, 4, 1), (64, 64, 8, 1),
-           (16, 32, 4, 1)]
+# rect_bwd_kv holds dK, dV and the transposed scores: 64x64 with 2 stages spilled with dropout
+# (12-84 B, sm_90a d 64, issue 28); one stage does not (ReLA)
+_RECT_BWD_KV = [(64, 64, 4, 1), (32, 64, 4, 2), (64, 128, 8, 2), (128, 64, 8, 2), (64, 32, 4, 2),
+                (32, 32, 4, 1), (16, 32, 4, 1), (128, 128, 8, 2)]
+_RECT_BWD_Q = [(64, 64, 4, 2), (64, 128, 8, 2), (128, 64, 8, 2), (32, 64, 4, 2),
+               (64, 32, 4, 2), (32, 32, 4, 1), (16, 32, 4, 1), (128, 128, 8, 2)]
+#: rectified tiles that spill with ReLUFormer's eq. 7 statistics (``STATS``: ``s log s`` per score;
+#: sm_90a d 64: rect_fwd 128x64 w4 s3 20-148 B, rect_bwd_kv 64x64 w4 s1 212 B with dropout);
+#: the autotuner does not try them there (``_tried``); none is in ``_RECT_BWD_Q``
+_SPILL_WITH_STATS = {(128, 64, 4, 3), (64, 64, 4, 1)}
+# E-ATT's scores live in registers (CUDA cores), so its tiles hold at most 16-32 scores per thread:
+# 64x64 with 4 warps, 128x64 and 64x128 with 8 spilled (sm_90a, d 64: 12-1252 B, issue 28) and
+# are not tried; l1_bwd_kv (dK, dV and the sign sums of the transposed tile) starts at 32x64
+# (64x64 w8 spills 112 B with causal + dropout only; the autotuner may still take it)
+_L1_FWD = [(64, 64, 8, 2), (64, 32, 4, 2), (32, 64, 4, 2), (32, 32, 4, 1), (16, 32, 4, 1)]
+_L1_BWD_KV = [(32, 64, 8, 1), (64, 64, 8, 1), (16, 64, 4, 1), (32, 32, 4, 1), (16, 32, 4, 1)]
+_L1_BWD_Q = [(64, 64, 8, 1), (32, 64, 4, 1), (64, 32, 4, 1), (32, 32, 4, 1), (16, 32, 4, 1)]
 _RECT_KEY = ["T_KEY", "S_KEY", "BLOCK_D", "ACT", "MASK_MODE", "CAUSAL", "STATS", "DROPOUT", "PREC"]
 _L1_KEY = ["T_KEY", "S_KEY", "BLOCK_D", "MASK_MODE", "CAUSAL", "DROPOUT", "PREC"]
 
 
+def _tried(table, meta):
+    """The tiles of ``table`` the autotuner tries for a launch with constexprs ``meta`` before
+    the size pruning of :func:`_prune` (no ``_SPILL_WITH_STATS`` tile with ``STATS``)."""
+    if meta.get("STATS"):
+        return [t for t in table if tuple(t) not in _SPILL_WITH_STATS]
+    return list(table)
+
+
 def _prune(configs, named_args, **kwargs):
-    """Drop tiles far larger than the problem (decoding: T = 1); always keeps one config."""
+    """Drop tiles far larger than the problem (decoding: T = 1) and those of ``_tried``;
+    always keeps one config."""
     t = max(16, named_args.get("T_KEY", kwargs.get("T_KEY", 16)))
     s = max(16, named_args.get("S_KEY", kwargs.get("S_KEY", 16)))
-    kept = [c for c in configs if c.kwargs["BLOCK_M"] <= 2 * t and c.kwargs["BLOCK_N"] <= 2 * s]
+    tried = _tried([(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) for c in configs],
+                   {"STATS": kwargs.get("STATS", named_args.get("STATS"))})
+    kept = [c for c in configs if c.kwargs["BLOCK_M"] <= 2 * t and c.kwargs["BLOCK_N"] <= 2 * s
+            and (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) in tried]
     return kept or configs[-1:]
 
 
@@ -117,16 +142,17 @@ def _rowmax(x, AXIS: tl.constexpr):
 
 @triton.jit
 def _philox(seed, c0):
-    """Philox-4x32-10 (Salmon et al. 2011, the generator of ``tl.randint4x`` / curand: same
-    constants) of the counters ``(c0, 0, 0, 0)`` (a uint32 tile) under the key ``seed``: four
-    uint32 tiles of independent random bits."""
+    """Philox-4x32-7 (Salmon et al. 2011; the constants of ``tl.randint4x`` / curand, with
+    FlashAttention-2's 7 rounds instead of 10 -- Philox4x32-7 passes TestU01's BigCrush, Salmon
+    et al. Table 2) of the counters ``(c0, 0, 0, 0)`` (a uint32 tile) under the key ``seed``:
+    four uint32 tiles of independent random bits."""
     seed = seed.to(tl.uint64)
     k0 = (seed & 0xFFFFFFFF).to(tl.uint32)
     k1 = ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32)
     c1 = c0 * 0
     c2 = c1
     c3 = c1
-    for _ in tl.static_range(10):
+    for _ in tl.static_range(PHILOX_ROUNDS):
         _c0 = c0
         _c2 = c2
         c0 = tl.umulhi(0xCD9E8D57, _c2) ^ c1 ^ k0
@@ -308,7 +334,7 @@ def rect_fwd(Q, K, V, R, M, O, RS, RL,
         tl.store(RS + bh * T + offs_m, rsum.to(RS.dtype.element_ty), mask=row_ok)
         tl.store(RL + bh * T + offs_m, rlog.to(RL.dtype.element_ty), mask=row_ok)
 
-@_tuned(_RECT_BWD, _RECT_KEY)
+@_tuned(_RECT_BWD_KV, _RECT_KEY)
 @triton.jit
 def rect_bwd_kv(Q, K, V, R, M, DO, GS, GL, DK, DV,
                 s_qb, s_qh, s_qt, s_qd, s_kb, s_kh, s_ks, s_kd, s_vb, s_vh, s_vs, s_vd,
@@ -380,7 +406,7 @@ def rect_bwd_kv(Q, K, V, R, M, DO, GS, GL, DK, DV,
     tl.store(DV + b * s_dvb + h * s_dvh + offs_n[:, None] * s_dvs + offs_d[None, :] * s_dvd,
              dv.to(DV.dtype.element_ty), mask=kv_mask)
 
-@_tuned(_RECT_BWD, _RECT_KEY)
+@_tuned(_RECT_BWD_Q, _RECT_KEY)
 @triton.jit
 def rect_bwd_q(Q, K, V, R, M, DO, GS, GL, DQ,
                s_qb, s_qh, s_qt, s_qd, s_kb, s_kh, s_ks, s_kd, s_vb, s_vh, s_vs, s_vd,
@@ -506,7 +532,7 @@ def l1_fwd(Q, K, V, M, O, LSE,
              out.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
     tl.store(LSE + bh * T + offs_m, lse.to(LSE.dtype.element_ty), mask=row_ok)
 
-@_tuned(_L1_BWD, _L1_KEY)
+@_tuned(_L1_BWD_KV, _L1_KEY)
 @triton.jit
 def l1_bwd_kv(Q, K, V, M, DO, LSE, DELTA, DK, DV,
               s_qb, s_qh, s_qt, s_qd, s_kb, s_kh, s_ks, s_kd, s_vb, s_vh, s_vs, s_vd,
@@ -577,7 +603,7 @@ def l1_bwd_kv(Q, K, V, M, DO, LSE, DELTA, DK, DV,
     tl.store(DV + b * s_dvb + h * s_dvh + offs_n[:, None] * s_dvs + offs_d[None, :] * s_dvd,
              dv.to(DV.dtype.element_ty), mask=kv_mask)
 
-@_tuned(_L1_BWD, _L1_KEY)
+@_tuned(_L1_BWD_Q, _L1_KEY)
 @triton.jit
 def l1_bwd_q(Q, K, V, M, DO, LSE, DELTA, DQ,
              s_qb, s_qh, s_qt, s_qd, s_kb, s_kh, s_ks, s_kd, s_vb, s_vh, s_vs, s_vd,
