@@ -442,7 +442,11 @@ def test_triton_kernels_on_cpu_without_the_interpreter_name_the_variable(monkeyp
     x = torch.randn(3, 1, 16)
     with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
         m(x, x, x, need_weights=False)
-    m(x, x, x, need_weights=True)  # the weights path never needs a kernel
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
+        m(x, x, x, need_weights=True)  # ReLA-g's gated RMSNorm is a Triton kernel too (family "norm")
+    relu = FunctionalMultiheadAttention(16, 2, build_attention_fn("relu", 16, 2, argparse.Namespace(
+        attention_backend="triton")), self_attention=True)
+    relu(x, x, x, need_weights=True)  # the weights path of the attention itself never needs a kernel
 
 
 def test_auto_falls_back_to_torch_when_the_start_up_check_fails(monkeypatch, caplog):
