@@ -48,7 +48,9 @@ Masks reach the kernels as bytes with their broadcast strides: a key-padding mas
 ``(B|1, 1, 1, S)`` is read as one row per tile (mask mode 1), a general mask ``(B|1, 1, T, S)``
 tile by tile (mode 2) -- any mask the PyTorch path accepts, no fallback.  ``causal=True``
 additionally blocks keys ``j > i + (S - T)`` and skips the key tiles after a query tile's last
-query (and query tiles before a key tile's first viewer).  The attention module passes the
+query (and query tiles before a key tile's first viewer); within each ``(b, h)`` the programs
+start longest first (query tiles from the last one, key tiles from the first one: a shorter
+tail, as FlashAttention schedules causal tiles).  The attention module passes the
 decoder's future mask this way (``causal=True`` with the key padding, mode 1), not as a general
 mask (:mod:`fairseq_plugins.attention.masks`).  Fully masked rows give exact zeros (output, statistics,
 gradients), as do rows without a positive score (null attention).  Attention dropout draws

@@ -288,6 +288,8 @@ def rect_fwd(Q, K, V, R, M, O, RS, RL,
     pid = tl.program_id(0)
     num_m = (T + BLOCK_M - 1) // BLOCK_M
     pid_m = pid % num_m
+    if CAUSAL:  # longest query tiles (most key tiles) first: a shorter tail
+        pid_m = num_m - 1 - pid_m
     bh = pid // num_m
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
@@ -349,7 +351,7 @@ def rect_bwd_kv(Q, K, V, R, M, DO, GS, GL, DK, DV,
     gradients ``GS, GL`` ``(B*H, T)`` (``d/ds_ij = g_sum_i + g_slogs_i (log s_ij + 1)``)."""
     pid = tl.program_id(0)
     num_n = (S + BLOCK_N - 1) // BLOCK_N
-    pid_n = pid % num_n
+    pid_n = pid % num_n  # CAUSAL: the earliest key tiles (most query tiles) already start first
     bh = pid // num_n
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
@@ -420,6 +422,8 @@ def rect_bwd_q(Q, K, V, R, M, DO, GS, GL, DQ,
     pid = tl.program_id(0)
     num_m = (T + BLOCK_M - 1) // BLOCK_M
     pid_m = pid % num_m
+    if CAUSAL:  # longest query tiles (most key tiles) first: a shorter tail
+        pid_m = num_m - 1 - pid_m
     bh = pid // num_m
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
@@ -486,6 +490,8 @@ def l1_fwd(Q, K, V, M, O, LSE,
     pid = tl.program_id(0)
     num_m = (T + BLOCK_M - 1) // BLOCK_M
     pid_m = pid % num_m
+    if CAUSAL:  # longest query tiles (most key tiles) first: a shorter tail
+        pid_m = num_m - 1 - pid_m
     bh = pid // num_m
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
@@ -547,7 +553,7 @@ def l1_bwd_kv(Q, K, V, M, DO, LSE, DELTA, DK, DV,
     ``dk_jd = scale * sum_i dS_ij sign(q_id - k_jd)``."""
     pid = tl.program_id(0)
     num_n = (S + BLOCK_N - 1) // BLOCK_N
-    pid_n = pid % num_n
+    pid_n = pid % num_n  # CAUSAL: the earliest key tiles (most query tiles) already start first
     bh = pid // num_n
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
@@ -616,6 +622,8 @@ def l1_bwd_q(Q, K, V, M, DO, LSE, DELTA, DQ,
     pid = tl.program_id(0)
     num_m = (T + BLOCK_M - 1) // BLOCK_M
     pid_m = pid % num_m
+    if CAUSAL:  # longest query tiles (most key tiles) first: a shorter tail
+        pid_m = num_m - 1 - pid_m
     bh = pid // num_m
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
