@@ -192,6 +192,20 @@ def _inv_keep(dropout_p, ACC: tl.constexpr):
 
 
 @triton.jit
+def _log2e(ACC: tl.constexpr):
+    """``log2(e)`` in the accumulator dtype, shape ``[1]`` (a Python float literal would be a
+    float32 constant, also in float64 kernels): ``exp(x) = exp2(x log2 e)``.  For row vectors;
+    per score the kernels use ``SC[1] = scale log2(e)`` (host-side product in float64)."""
+    return tl.full([1], 1.4426950408889634, ACC)
+
+
+@triton.jit
+def _ln2(ACC: tl.constexpr):
+    """``ln 2`` in the accumulator dtype, shape ``[1]``: ``log(y) = log2(y) ln 2``."""
+    return tl.full([1], 0.6931471805599453, ACC)
+
+
+@triton.jit
 def _dot(a, b, acc, PREC: tl.constexpr, UPCAST: tl.constexpr):
     """``acc + a @ b`` (``tl.dot``); ``UPCAST``: operands in float32 first (set only under the
     interpreter for bfloat16, whose ``tl.dot`` it gets wrong)."""
@@ -486,7 +500,9 @@ def l1_fwd(Q, K, V, M, O, LSE,
            ACC: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr,
            BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """One program: ``BLOCK_M`` queries of one ``(b, h)``; online softmax over key tiles.
-    Writes ``O`` and the row log-sum-exp ``LSE`` ``(B*H, T)`` (0 on fully masked rows)."""
+    Writes ``O`` and the row log-sum-exp ``LSE`` ``(B*H, T)`` (natural log; 0 on fully masked
+    rows).  The loop works in base 2: ``x`` is the score times ``log2 e`` (folded into the scale),
+    ``m`` its running max, ``p = exp2(x - m)`` (``tl.exp`` would multiply by ``log2 e`` per score)."""
     pid = tl.program_id(0)
     num_m = (T + BLOCK_M - 1) // BLOCK_M
     pid_m = pid % num_m
@@ -495,7 +511,7 @@ def l1_fwd(Q, K, V, M, O, LSE,
     bh = pid // num_m
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
-    scale = tl.load(SC).to(ACC)  # (a tensor: a float argument would be float32)
+    scale2 = tl.load(SC + 1).to(ACC)  # scale * log2(e): scores in base 2 (SC: see _l1_scale)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     row_ok = offs_m < T
@@ -513,14 +529,14 @@ def l1_fwd(Q, K, V, M, O, LSE,
     for n0 in range(0, hi, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         col_ok = offs_n < S
-        x = -scale * _l1(q_base, k_base, offs_m, offs_n, row_ok, col_ok, s_qt, s_qd, s_ks, s_kd, D,
-                         ACC, BLOCK_M, BLOCK_N)
+        x = -scale2 * _l1(q_base, k_base, offs_m, offs_n, row_ok, col_ok, s_qt, s_qd, s_ks, s_kd, D,
+                          ACC, BLOCK_M, BLOCK_N)
         ok = _valid(offs_m, offs_n, T, S, m_base, s_mt, s_ms, MASK_MODE, CAUSAL)
         x = tl.where(ok, x, float("-inf"))
         m_new = tl.maximum(m_i, _rowmax(x, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # fully masked so far: no NaN
-        p = tl.exp(x - m_safe[:, None])
-        alpha = tl.exp(m_i - m_safe)
+        p = tl.exp2(x - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
         l_i = l_i * alpha + _rowsum(p, 1)
         if DROPOUT:  # 1 / (1 - p) applied to acc after the loop
             p = tl.where(_keep(seed + bh, offs_m, n0, S, dropout_p, BLOCK_M, BLOCK_N), p, 0.0)
@@ -533,7 +549,7 @@ def l1_fwd(Q, K, V, M, O, LSE,
     if DROPOUT:
         acc = acc * _inv_keep(dropout_p, ACC)
     out = acc / tl.where(live, l_i, 1.0)[:, None]
-    lse = tl.where(live, m_i + tl.log(tl.where(live, l_i, 1.0)), 0.0)
+    lse = tl.where(live, m_i * _ln2(ACC) + tl.log(tl.where(live, l_i, 1.0)), 0.0)  # natural log
     tl.store(O + b * s_ob + h * s_oh + offs_m[:, None] * s_ot + offs_d[None, :] * s_od,
              out.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
     tl.store(LSE + bh * T + offs_m, lse.to(LSE.dtype.element_ty), mask=row_ok)
@@ -558,6 +574,7 @@ def l1_bwd_kv(Q, K, V, M, DO, LSE, DELTA, DK, DV,
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
     scale = tl.load(SC).to(ACC)  # (a tensor: a float argument would be float32)
+    scale2 = tl.load(SC + 1).to(ACC)  # scale * log2(e): P = exp2(-scale2 dist - lse log2 e)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     col_ok = offs_n < S
@@ -582,9 +599,9 @@ def l1_bwd_kv(Q, K, V, M, DO, LSE, DELTA, DK, DV,
         dist = _l1(k_base, q_base, offs_n, offs_m, col_ok, row_ok, s_ks, s_kd, s_qt, s_qd, D,
                    ACC, BLOCK_N, BLOCK_M)
         ok = _valid_t(offs_n, offs_m, T, S, m_base, s_mt, s_ms, MASK_MODE, CAUSAL)
-        lse = tl.load(LSE + bh * T + offs_m, mask=row_ok, other=0.0).to(ACC)
+        lse2 = tl.load(LSE + bh * T + offs_m, mask=row_ok, other=0.0).to(ACC) * _log2e(ACC)
         delta = tl.load(DELTA + bh * T + offs_m, mask=row_ok, other=0.0).to(ACC)
-        pt = tl.where(ok, tl.exp(-scale * dist - lse[None, :]), 0.0)
+        pt = tl.where(ok, tl.exp2(-scale2 * dist - lse2[None, :]), 0.0)
         do = tl.load(do_base + offs_m[:, None] * s_ot + offs_d[None, :] * s_od,
                      mask=row_ok[:, None] & d_ok[None, :], other=0.0)
         dpt = _dot(v, tl.trans(do), tl.full([BLOCK_N, BLOCK_M], 0.0, ACC), PREC, UPCAST).to(ACC)
@@ -628,6 +645,7 @@ def l1_bwd_q(Q, K, V, M, DO, LSE, DELTA, DQ,
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
     scale = tl.load(SC).to(ACC)  # (a tensor: a float argument would be float32)
+    scale2 = tl.load(SC + 1).to(ACC)  # scale * log2(e): P = exp2(-scale2 dist - lse log2 e)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     row_ok = offs_m < T
@@ -639,7 +657,7 @@ def l1_bwd_q(Q, K, V, M, DO, LSE, DELTA, DQ,
     m_base = M + b * s_mb + h * s_mh
     do = tl.load(DO + b * s_ob + h * s_oh + offs_m[:, None] * s_ot + offs_d[None, :] * s_od,
                  mask=q_mask, other=0.0)
-    lse = tl.load(LSE + bh * T + offs_m, mask=row_ok, other=0.0).to(ACC)
+    lse2 = tl.load(LSE + bh * T + offs_m, mask=row_ok, other=0.0).to(ACC) * _log2e(ACC)
     delta = tl.load(DELTA + bh * T + offs_m, mask=row_ok, other=0.0).to(ACC)
     dq = tl.full([BLOCK_M, BLOCK_D], 0.0, ACC)
     inv_keep = _inv_keep(dropout_p, ACC)  # dropout's rescaling (used if DROPOUT)
@@ -652,7 +670,7 @@ def l1_bwd_q(Q, K, V, M, DO, LSE, DELTA, DQ,
         dist = _l1(q_base, k_base, offs_m, offs_n, row_ok, col_ok, s_qt, s_qd, s_ks, s_kd, D,
                    ACC, BLOCK_M, BLOCK_N)
         ok = _valid(offs_m, offs_n, T, S, m_base, s_mt, s_ms, MASK_MODE, CAUSAL)
-        p = tl.where(ok, tl.exp(-scale * dist - lse[:, None]), 0.0)
+        p = tl.where(ok, tl.exp2(-scale2 * dist - lse2[:, None]), 0.0)
         vt = tl.load(v_base + offs_n[None, :] * s_vs + offs_d[:, None] * s_vd,
                      mask=col_ok[None, :] & d_ok[:, None], other=0.0)
         dp = _dot(do, vt, tl.full([BLOCK_M, BLOCK_N], 0.0, ACC), PREC, UPCAST).to(ACC)
