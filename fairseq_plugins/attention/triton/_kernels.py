@@ -44,15 +44,23 @@ TINY = tl.constexpr(1.1754943508222875e-38)
 _RECT_FWD = [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3),
              (64, 128, 4, 3), (128, 32, 4, 4), (64, 32, 4, 2), (32, 32, 4, 2), (16, 32, 4, 2)]
 # rect_bwd_kv holds dK, dV and the transposed scores: 64x64 with 2 stages spilled with dropout
-# (12-84 B, sm_90a d 64, issue 28); one stage does not (ReLA)
+# (12-84 B, sm_90a d 64, issue 28); one stage does not (ReLA).  The triton fused-attention
+# tutorial's backward tiles (dK/dV: 128 keys x 32 queries, dQ: 128 queries x 32 keys, 3 stages;
+# issue 28): with 8 warps no spills in the main configurations; 32x128 w4 s3 spills with dropout
+# (ReLA 144-212 B) and with the eq. 7 statistics (108-436 B): not tried there (_tried).  4 and 5
+# stages: the same code with more shared memory (5 spills with ReLUFormer + dropout): not added
 _RECT_BWD_KV = [(64, 64, 4, 1), (32, 64, 4, 2), (64, 128, 8, 2), (128, 64, 8, 2), (64, 32, 4, 2),
-                (32, 32, 4, 1), (16, 32, 4, 1), (128, 128, 8, 2)]
+                (32, 32, 4, 1), (16, 32, 4, 1), (32, 128, 4, 3), (32, 128, 8, 3), (128, 128, 8, 2)]
 _RECT_BWD_Q = [(64, 64, 4, 2), (64, 128, 8, 2), (128, 64, 8, 2), (32, 64, 4, 2),
-               (64, 32, 4, 2), (32, 32, 4, 1), (16, 32, 4, 1), (128, 128, 8, 2)]
+               (64, 32, 4, 2), (32, 32, 4, 1), (16, 32, 4, 1), (128, 32, 4, 3), (128, 32, 8, 3),
+               (128, 128, 8, 2)]
 #: rectified tiles that spill with ReLUFormer's eq. 7 statistics (``STATS``: ``s log s`` per score;
 #: sm_90a d 64: rect_fwd 128x64 w4 s3 20-148 B, rect_bwd_kv 64x64 w4 s1 212 B with dropout);
 #: the autotuner does not try them there (``_tried``); none is in ``_RECT_BWD_Q``
-_SPILL_WITH_STATS = {(128, 64, 4, 3), (64, 64, 4, 1)}
+_SPILL_WITH_STATS = {(128, 64, 4, 3), (64, 64, 4, 1), (32, 128, 4, 3)}
+#: rectified tiles that spill with attention dropout (``DROPOUT``; sm_90a d 64: rect_bwd_kv
+#: 32x128 w4 s3 144-212 B); not tried there either
+_SPILL_WITH_DROPOUT = {(32, 128, 4, 3)}
 # E-ATT's scores live in registers (CUDA cores), so its tiles hold at most 16-32 scores per thread:
 # 64x64 with 4 warps, 128x64 and 64x128 with 8 spilled (sm_90a, d 64: 12-1252 B, issue 28) and
 # are not tried; l1_bwd_kv (dK, dV and the sign sums of the transposed tile) starts at 32x64
@@ -66,10 +74,14 @@ _L1_KEY = ["T_KEY", "S_KEY", "BLOCK_D", "MASK_MODE", "CAUSAL", "DROPOUT", "PREC"
 
 def _tried(table, meta):
     """The tiles of ``table`` the autotuner tries for a launch with constexprs ``meta`` before
-    the size pruning of :func:`_prune` (no ``_SPILL_WITH_STATS`` tile with ``STATS``)."""
+    the size pruning of :func:`_prune` (no ``_SPILL_WITH_STATS`` tile with ``STATS``, no
+    ``_SPILL_WITH_DROPOUT`` tile with ``DROPOUT``)."""
+    out = list(table)
     if meta.get("STATS"):
-        return [t for t in table if tuple(t) not in _SPILL_WITH_STATS]
-    return list(table)
+        out = [t for t in out if tuple(t) not in _SPILL_WITH_STATS]
+    if meta.get("DROPOUT"):
+        out = [t for t in out if tuple(t) not in _SPILL_WITH_DROPOUT]
+    return out
 
 
 def _prune(configs, named_args, **kwargs):
@@ -78,7 +90,7 @@ def _prune(configs, named_args, **kwargs):
     t = max(16, named_args.get("T_KEY", kwargs.get("T_KEY", 16)))
     s = max(16, named_args.get("S_KEY", kwargs.get("S_KEY", 16)))
     tried = _tried([(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) for c in configs],
-                   {"STATS": kwargs.get("STATS", named_args.get("STATS"))})
+                   {k: kwargs.get(k, named_args.get(k)) for k in ("STATS", "DROPOUT")})
     kept = [c for c in configs if c.kwargs["BLOCK_M"] <= 2 * t and c.kwargs["BLOCK_N"] <= 2 * s
             and (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) in tried]
     return kept or configs[-1:]
