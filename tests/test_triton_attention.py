@@ -86,6 +86,7 @@ CASES = [  # (T, S, d, mask, causal, need_stats, row_scale, dtype)
     (19, 19, 16, "causal_left", False, True, "tensor", F32),
     (19, 19, 16, "left", True, True, "tensor", F64),
     (7, 23, 16, "none", True, False, "float", F32),
+    (40, 21, 16, "left", True, True, "tensor", F64),  # causal T > S: reversed query tiles, dead rows
     (33, 18, 16, "dead", False, True, "tensor", F32),
     (17, 40, 16, "general", False, True, "tensor", F64),
 ]
@@ -252,7 +253,7 @@ def l1_reference(q, k, v, scale, mask=None, causal=False, keep=None, p=0.0):
 @needs_triton
 @pytest.mark.parametrize("T,S,mask_kind,causal,dtype", [
     (5, 19, "left", False, F64), (18, 18, "causal_left", False, F64), (17, 17, "none", True, F32),
-    (20, 11, "dead", False, F64)])
+    (20, 11, "dead", False, F64), (9, 37, "left", True, F64), (40, 21, "none", True, F64)])
 def test_eatt_scores_and_gradients_vs_cdist(interp, T, S, mask_kind, causal, dtype):
     """The row log-sum-exp checks the L1 scores themselves; output and gradients vs
     ``softmax(-cdist(q, k, p=1) / sqrt(d)) V`` (float64 on CPU)."""

@@ -27,6 +27,7 @@ Algorithm (FlashAttention-2 style, Dao 2023), per program one tile of ``BLOCK_M`
       rows += sum s, sum s log s  (stats)      l = l e^(m-m') + rowsum p
       acc += drop(s) V_j        [tl.dot]       acc = acc e^(m-m') + drop(p) V_j   [tl.dot]
     O_i = acc                                O_i = acc / l;  LSE_i = m + log l
+                                             (in base 2: x log2 e, exp2; LSE natural log)
 
 A rectified attention has no normaliser, hence no running max, no rescaling and no second
 statistic to carry: the loop is two GEMMs and one elementwise pass (the reason it can beat fused
@@ -48,7 +49,9 @@ Masks reach the kernels as bytes with their broadcast strides: a key-padding mas
 ``(B|1, 1, 1, S)`` is read as one row per tile (mask mode 1), a general mask ``(B|1, 1, T, S)``
 tile by tile (mode 2) -- any mask the PyTorch path accepts, no fallback.  ``causal=True``
 additionally blocks keys ``j > i + (S - T)`` and skips the key tiles after a query tile's last
-query (and query tiles before a key tile's first viewer).  The attention module passes the
+query (and query tiles before a key tile's first viewer); within each ``(b, h)`` the programs
+start longest first (query tiles from the last one, key tiles from the first one: a shorter
+tail, as FlashAttention schedules causal tiles).  The attention module passes the
 decoder's future mask this way (``causal=True`` with the key padding, mode 1), not as a general
 mask (:mod:`fairseq_plugins.attention.masks`).  Fully masked rows give exact zeros (output, statistics,
 gradients), as do rows without a positive score (null attention).  Attention dropout draws
@@ -247,6 +250,13 @@ def _scalar(value: float, like: torch.Tensor) -> torch.Tensor:
     return torch.full((1,), float(value), dtype=_acc_dtype(like.dtype), device=like.device)
 
 
+def _l1_scale(scale: float, like: torch.Tensor) -> torch.Tensor:
+    """The L1 kernels' ``SC``: ``[scale, scale * log2(e)]`` in the accumulator dtype (the kernels
+    exponentiate with ``exp2``: ``exp(-scale d) = exp2(-scale log2(e) d)``; products in float64 here)."""
+    return torch.tensor([float(scale), float(scale) * math.log2(math.e)], dtype=_acc_dtype(like.dtype),
+                        device=like.device)
+
+
 def _dropout_rate(dropout_p: float) -> float:
     """The dropout rate the kernels apply: ``dropout_p`` rounded to a multiple of 1/256 (at most
     255/256; 0 below 1/512).  The kernels draw one random byte per score (one Philox call per 16
@@ -432,7 +442,7 @@ class _L1SoftmaxAttention(torch.autograd.Function):
         if B * H * T > 0:
             grid = _grid(T, B * H, interpret, meta, "BLOCK_M")
             mod.l1_fwd[grid](q, k, v, m_arg, out, lse, *_strides(q), *_strides(k), *_strides(v), *m_str,
-                             *_strides(out), H, T, S, d, _scalar(scale, q), float(dropout_p), seed,
+                             *_strides(out), H, T, S, d, _l1_scale(scale, q), float(dropout_p), seed,
                              *_keys(T, S), **meta)
         ctx.save_for_backward(q, k, v, mask, out, lse)
         ctx.cfg = (scale, dropout_p, causal, seed, interpret)
@@ -454,7 +464,7 @@ class _L1SoftmaxAttention(torch.autograd.Function):
         delta = (g_out.to(acc_dt) * out.to(acc_dt)).sum(-1).contiguous()  # (B, H, T), dO_i . O_i
         meta = _l1_meta(mod, q, interpret, mode, causal, dropout_p > 0)
         common = (*_strides(q), *_strides(k), *_strides(v), *m_str, *_strides(g_out))
-        tail = (H, T, S, d, _scalar(scale, q), float(dropout_p), seed, *_keys(T, S))
+        tail = (H, T, S, d, _l1_scale(scale, q), float(dropout_p), seed, *_keys(T, S))
         if B * H * S > 0:
             if T == 0:
                 dk.zero_(), dv.zero_()

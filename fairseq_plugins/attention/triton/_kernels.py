@@ -44,15 +44,23 @@ TINY = tl.constexpr(1.1754943508222875e-38)
 _RECT_FWD = [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3),
              (64, 128, 4, 3), (128, 32, 4, 4), (64, 32, 4, 2), (32, 32, 4, 2), (16, 32, 4, 2)]
 # rect_bwd_kv holds dK, dV and the transposed scores: 64x64 with 2 stages spilled with dropout
-# (12-84 B, sm_90a d 64, issue 28); one stage does not (ReLA)
+# (12-84 B, sm_90a d 64, issue 28); one stage does not (ReLA).  The triton fused-attention
+# tutorial's backward tiles (dK/dV: 128 keys x 32 queries, dQ: 128 queries x 32 keys, 3 stages;
+# issue 28): with 8 warps no spills in the main configurations; 32x128 w4 s3 spills with dropout
+# (ReLA 144-212 B) and with the eq. 7 statistics (108-436 B): not tried there (_tried).  4 and 5
+# stages: the same code with more shared memory (5 spills with ReLUFormer + dropout): not added
 _RECT_BWD_KV = [(64, 64, 4, 1), (32, 64, 4, 2), (64, 128, 8, 2), (128, 64, 8, 2), (64, 32, 4, 2),
-                (32, 32, 4, 1), (16, 32, 4, 1), (128, 128, 8, 2)]
+                (32, 32, 4, 1), (16, 32, 4, 1), (32, 128, 4, 3), (32, 128, 8, 3), (128, 128, 8, 2)]
 _RECT_BWD_Q = [(64, 64, 4, 2), (64, 128, 8, 2), (128, 64, 8, 2), (32, 64, 4, 2),
-               (64, 32, 4, 2), (32, 32, 4, 1), (16, 32, 4, 1), (128, 128, 8, 2)]
+               (64, 32, 4, 2), (32, 32, 4, 1), (16, 32, 4, 1), (128, 32, 4, 3), (128, 32, 8, 3),
+               (128, 128, 8, 2)]
 #: rectified tiles that spill with ReLUFormer's eq. 7 statistics (``STATS``: ``s log s`` per score;
 #: sm_90a d 64: rect_fwd 128x64 w4 s3 20-148 B, rect_bwd_kv 64x64 w4 s1 212 B with dropout);
 #: the autotuner does not try them there (``_tried``); none is in ``_RECT_BWD_Q``
-_SPILL_WITH_STATS = {(128, 64, 4, 3), (64, 64, 4, 1)}
+_SPILL_WITH_STATS = {(128, 64, 4, 3), (64, 64, 4, 1), (32, 128, 4, 3)}
+#: rectified tiles that spill with attention dropout (``DROPOUT``; sm_90a d 64: rect_bwd_kv
+#: 32x128 w4 s3 144-212 B); not tried there either
+_SPILL_WITH_DROPOUT = {(32, 128, 4, 3)}
 # E-ATT's scores live in registers (CUDA cores), so its tiles hold at most 16-32 scores per thread:
 # 64x64 with 4 warps, 128x64 and 64x128 with 8 spilled (sm_90a, d 64: 12-1252 B, issue 28) and
 # are not tried; l1_bwd_kv (dK, dV and the sign sums of the transposed tile) starts at 32x64
@@ -66,10 +74,14 @@ _L1_KEY = ["T_KEY", "S_KEY", "BLOCK_D", "MASK_MODE", "CAUSAL", "DROPOUT", "PREC"
 
 def _tried(table, meta):
     """The tiles of ``table`` the autotuner tries for a launch with constexprs ``meta`` before
-    the size pruning of :func:`_prune` (no ``_SPILL_WITH_STATS`` tile with ``STATS``)."""
+    the size pruning of :func:`_prune` (no ``_SPILL_WITH_STATS`` tile with ``STATS``, no
+    ``_SPILL_WITH_DROPOUT`` tile with ``DROPOUT``)."""
+    out = list(table)
     if meta.get("STATS"):
-        return [t for t in table if tuple(t) not in _SPILL_WITH_STATS]
-    return list(table)
+        out = [t for t in out if tuple(t) not in _SPILL_WITH_STATS]
+    if meta.get("DROPOUT"):
+        out = [t for t in out if tuple(t) not in _SPILL_WITH_DROPOUT]
+    return out
 
 
 def _prune(configs, named_args, **kwargs):
@@ -78,7 +90,7 @@ def _prune(configs, named_args, **kwargs):
     t = max(16, named_args.get("T_KEY", kwargs.get("T_KEY", 16)))
     s = max(16, named_args.get("S_KEY", kwargs.get("S_KEY", 16)))
     tried = _tried([(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) for c in configs],
-                   {"STATS": kwargs.get("STATS", named_args.get("STATS"))})
+                   {k: kwargs.get(k, named_args.get(k)) for k in ("STATS", "DROPOUT")})
     kept = [c for c in configs if c.kwargs["BLOCK_M"] <= 2 * t and c.kwargs["BLOCK_N"] <= 2 * s
             and (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) in tried]
     return kept or configs[-1:]
@@ -192,6 +204,20 @@ def _inv_keep(dropout_p, ACC: tl.constexpr):
 
 
 @triton.jit
+def _log2e(ACC: tl.constexpr):
+    """``log2(e)`` in the accumulator dtype, shape ``[1]`` (a Python float literal would be a
+    float32 constant, also in float64 kernels): ``exp(x) = exp2(x log2 e)``.  For row vectors;
+    per score the kernels use ``SC[1] = scale log2(e)`` (host-side product in float64)."""
+    return tl.full([1], 1.4426950408889634, ACC)
+
+
+@triton.jit
+def _ln2(ACC: tl.constexpr):
+    """``ln 2`` in the accumulator dtype, shape ``[1]``: ``log(y) = log2(y) ln 2``."""
+    return tl.full([1], 0.6931471805599453, ACC)
+
+
+@triton.jit
 def _dot(a, b, acc, PREC: tl.constexpr, UPCAST: tl.constexpr):
     """``acc + a @ b`` (``tl.dot``); ``UPCAST``: operands in float32 first (set only under the
     interpreter for bfloat16, whose ``tl.dot`` it gets wrong)."""
@@ -288,6 +314,8 @@ def rect_fwd(Q, K, V, R, M, O, RS, RL,
     pid = tl.program_id(0)
     num_m = (T + BLOCK_M - 1) // BLOCK_M
     pid_m = pid % num_m
+    if CAUSAL:  # longest query tiles (most key tiles) first: a shorter tail
+        pid_m = num_m - 1 - pid_m
     bh = pid // num_m
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
@@ -349,7 +377,7 @@ def rect_bwd_kv(Q, K, V, R, M, DO, GS, GL, DK, DV,
     gradients ``GS, GL`` ``(B*H, T)`` (``d/ds_ij = g_sum_i + g_slogs_i (log s_ij + 1)``)."""
     pid = tl.program_id(0)
     num_n = (S + BLOCK_N - 1) // BLOCK_N
-    pid_n = pid % num_n
+    pid_n = pid % num_n  # CAUSAL: the earliest key tiles (most query tiles) already start first
     bh = pid // num_n
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
@@ -420,6 +448,8 @@ def rect_bwd_q(Q, K, V, R, M, DO, GS, GL, DQ,
     pid = tl.program_id(0)
     num_m = (T + BLOCK_M - 1) // BLOCK_M
     pid_m = pid % num_m
+    if CAUSAL:  # longest query tiles (most key tiles) first: a shorter tail
+        pid_m = num_m - 1 - pid_m
     bh = pid // num_m
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
@@ -482,14 +512,18 @@ def l1_fwd(Q, K, V, M, O, LSE,
            ACC: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr,
            BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """One program: ``BLOCK_M`` queries of one ``(b, h)``; online softmax over key tiles.
-    Writes ``O`` and the row log-sum-exp ``LSE`` ``(B*H, T)`` (0 on fully masked rows)."""
+    Writes ``O`` and the row log-sum-exp ``LSE`` ``(B*H, T)`` (natural log; 0 on fully masked
+    rows).  The loop works in base 2: ``x`` is the score times ``log2 e`` (folded into the scale),
+    ``m`` its running max, ``p = exp2(x - m)`` (``tl.exp`` would multiply by ``log2 e`` per score)."""
     pid = tl.program_id(0)
     num_m = (T + BLOCK_M - 1) // BLOCK_M
     pid_m = pid % num_m
+    if CAUSAL:  # longest query tiles (most key tiles) first: a shorter tail
+        pid_m = num_m - 1 - pid_m
     bh = pid // num_m
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
-    scale = tl.load(SC).to(ACC)  # (a tensor: a float argument would be float32)
+    scale2 = tl.load(SC + 1).to(ACC)  # scale * log2(e): scores in base 2 (SC: see _l1_scale)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     row_ok = offs_m < T
@@ -507,14 +541,14 @@ def l1_fwd(Q, K, V, M, O, LSE,
     for n0 in range(0, hi, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         col_ok = offs_n < S
-        x = -scale * _l1(q_base, k_base, offs_m, offs_n, row_ok, col_ok, s_qt, s_qd, s_ks, s_kd, D,
-                         ACC, BLOCK_M, BLOCK_N)
+        x = -scale2 * _l1(q_base, k_base, offs_m, offs_n, row_ok, col_ok, s_qt, s_qd, s_ks, s_kd, D,
+                          ACC, BLOCK_M, BLOCK_N)
         ok = _valid(offs_m, offs_n, T, S, m_base, s_mt, s_ms, MASK_MODE, CAUSAL)
         x = tl.where(ok, x, float("-inf"))
         m_new = tl.maximum(m_i, _rowmax(x, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # fully masked so far: no NaN
-        p = tl.exp(x - m_safe[:, None])
-        alpha = tl.exp(m_i - m_safe)
+        p = tl.exp2(x - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
         l_i = l_i * alpha + _rowsum(p, 1)
         if DROPOUT:  # 1 / (1 - p) applied to acc after the loop
             p = tl.where(_keep(seed + bh, offs_m, n0, S, dropout_p, BLOCK_M, BLOCK_N), p, 0.0)
@@ -527,7 +561,7 @@ def l1_fwd(Q, K, V, M, O, LSE,
     if DROPOUT:
         acc = acc * _inv_keep(dropout_p, ACC)
     out = acc / tl.where(live, l_i, 1.0)[:, None]
-    lse = tl.where(live, m_i + tl.log(tl.where(live, l_i, 1.0)), 0.0)
+    lse = tl.where(live, m_i * _ln2(ACC) + tl.log(tl.where(live, l_i, 1.0)), 0.0)  # natural log
     tl.store(O + b * s_ob + h * s_oh + offs_m[:, None] * s_ot + offs_d[None, :] * s_od,
              out.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
     tl.store(LSE + bh * T + offs_m, lse.to(LSE.dtype.element_ty), mask=row_ok)
@@ -547,11 +581,12 @@ def l1_bwd_kv(Q, K, V, M, DO, LSE, DELTA, DK, DV,
     ``dk_jd = scale * sum_i dS_ij sign(q_id - k_jd)``."""
     pid = tl.program_id(0)
     num_n = (S + BLOCK_N - 1) // BLOCK_N
-    pid_n = pid % num_n
+    pid_n = pid % num_n  # CAUSAL: the earliest key tiles (most query tiles) already start first
     bh = pid // num_n
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
     scale = tl.load(SC).to(ACC)  # (a tensor: a float argument would be float32)
+    scale2 = tl.load(SC + 1).to(ACC)  # scale * log2(e): P = exp2(-scale2 dist - lse log2 e)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     col_ok = offs_n < S
@@ -576,9 +611,9 @@ def l1_bwd_kv(Q, K, V, M, DO, LSE, DELTA, DK, DV,
         dist = _l1(k_base, q_base, offs_n, offs_m, col_ok, row_ok, s_ks, s_kd, s_qt, s_qd, D,
                    ACC, BLOCK_N, BLOCK_M)
         ok = _valid_t(offs_n, offs_m, T, S, m_base, s_mt, s_ms, MASK_MODE, CAUSAL)
-        lse = tl.load(LSE + bh * T + offs_m, mask=row_ok, other=0.0).to(ACC)
+        lse2 = tl.load(LSE + bh * T + offs_m, mask=row_ok, other=0.0).to(ACC) * _log2e(ACC)
         delta = tl.load(DELTA + bh * T + offs_m, mask=row_ok, other=0.0).to(ACC)
-        pt = tl.where(ok, tl.exp(-scale * dist - lse[None, :]), 0.0)
+        pt = tl.where(ok, tl.exp2(-scale2 * dist - lse2[None, :]), 0.0)
         do = tl.load(do_base + offs_m[:, None] * s_ot + offs_d[None, :] * s_od,
                      mask=row_ok[:, None] & d_ok[None, :], other=0.0)
         dpt = _dot(v, tl.trans(do), tl.full([BLOCK_N, BLOCK_M], 0.0, ACC), PREC, UPCAST).to(ACC)
@@ -616,10 +651,13 @@ def l1_bwd_q(Q, K, V, M, DO, LSE, DELTA, DQ,
     pid = tl.program_id(0)
     num_m = (T + BLOCK_M - 1) // BLOCK_M
     pid_m = pid % num_m
+    if CAUSAL:  # longest query tiles (most key tiles) first: a shorter tail
+        pid_m = num_m - 1 - pid_m
     bh = pid // num_m
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
     scale = tl.load(SC).to(ACC)  # (a tensor: a float argument would be float32)
+    scale2 = tl.load(SC + 1).to(ACC)  # scale * log2(e): P = exp2(-scale2 dist - lse log2 e)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     row_ok = offs_m < T
@@ -631,7 +669,7 @@ def l1_bwd_q(Q, K, V, M, DO, LSE, DELTA, DQ,
     m_base = M + b * s_mb + h * s_mh
     do = tl.load(DO + b * s_ob + h * s_oh + offs_m[:, None] * s_ot + offs_d[None, :] * s_od,
                  mask=q_mask, other=0.0)
-    lse = tl.load(LSE + bh * T + offs_m, mask=row_ok, other=0.0).to(ACC)
+    lse2 = tl.load(LSE + bh * T + offs_m, mask=row_ok, other=0.0).to(ACC) * _log2e(ACC)
     delta = tl.load(DELTA + bh * T + offs_m, mask=row_ok, other=0.0).to(ACC)
     dq = tl.full([BLOCK_M, BLOCK_D], 0.0, ACC)
     inv_keep = _inv_keep(dropout_p, ACC)  # dropout's rescaling (used if DROPOUT)
@@ -644,7 +682,7 @@ def l1_bwd_q(Q, K, V, M, DO, LSE, DELTA, DQ,
         dist = _l1(q_base, k_base, offs_m, offs_n, row_ok, col_ok, s_qt, s_qd, s_ks, s_kd, D,
                    ACC, BLOCK_M, BLOCK_N)
         ok = _valid(offs_m, offs_n, T, S, m_base, s_mt, s_ms, MASK_MODE, CAUSAL)
-        p = tl.where(ok, tl.exp(-scale * dist - lse[:, None]), 0.0)
+        p = tl.where(ok, tl.exp2(-scale2 * dist - lse2[:, None]), 0.0)
         vt = tl.load(v_base + offs_n[None, :] * s_vs + offs_d[:, None] * s_vd,
                      mask=col_ok[None, :] & d_ok[:, None], other=0.0)
         dp = _dot(do, vt, tl.full([BLOCK_M, BLOCK_N], 0.0, ACC), PREC, UPCAST).to(ACC)
