@@ -118,9 +118,15 @@ def interpret_requested() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes")
 
 
-def _kernels(interpret: bool):
-    """The kernel module ``_kernels.py`` executed in ``interpret`` mode (cached per mode)."""
-    key = interpret
+def load_kernel_module(filename: str, interpret: bool):
+    """The kernel file ``filename`` of this package executed in ``interpret`` mode, as its own
+    module object (cached per file and mode; see the module docstring for why kernels are
+    executed lazily).
+
+    Raises:
+        RuntimeError: triton forces the other mode (``triton.knobs.runtime.interpret``).
+    """
+    key = (filename, interpret)
     mod = _MODULES.get(key)
     if mod is not None:
         return mod
@@ -128,8 +134,8 @@ def _kernels(interpret: bool):
         mod = _MODULES.get(key)
         if mod is not None:
             return mod
-        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_kernels.py")
-        modname = f"{__name__}._kernels_{'interpreted' if interpret else 'compiled'}"
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), filename)
+        modname = f"{__name__}.{filename[:-3]}_{'interpreted' if interpret else 'compiled'}"
         spec = importlib.util.spec_from_file_location(modname, path)
         mod = importlib.util.module_from_spec(spec)
         old = os.environ.get("TRITON_INTERPRET")
@@ -148,10 +154,15 @@ def _kernels(interpret: bool):
         if mod.INTERPRET != interpret:
             sys.modules.pop(modname, None)
             raise RuntimeError(f"could not build the {'interpreted' if interpret else 'compiled'} "
-                               f"Triton kernels: triton.knobs.runtime.interpret is forced to "
+                               f"Triton kernels of {filename}: triton.knobs.runtime.interpret is forced to "
                                f"{mod.INTERPRET}")
         _MODULES[key] = mod
         return mod
+
+
+def _kernels(interpret: bool):
+    """The attention kernel module ``_kernels.py`` executed in ``interpret`` mode (cached per mode)."""
+    return load_kernel_module("_kernels.py", interpret)
 
 
 def _mode(x: torch.Tensor) -> bool:

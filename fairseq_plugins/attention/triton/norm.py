@@ -16,10 +16,6 @@ import triton.
 """
 
 import functools
-import importlib.util
-import os
-import sys
-import threading
 from typing import Optional
 
 import torch
@@ -31,44 +27,12 @@ __all__ = ["gated_rms_norm", "fits", "self_test", "MAX_WIDTH"]
 #: widest padded row tile (``next_pow2(groups) * next_pow2(C / groups)``) a program holds
 MAX_WIDTH = 8192
 
-_MODULES = {}
-_LOCK = threading.Lock()
-
-
 def _norm_kernels(interpret: bool):
     """``_norm_kernels.py`` executed in ``interpret`` mode (cached per mode; see the package
     docstring for why the kernels are executed lazily as their own module objects)."""
-    mod = _MODULES.get(interpret)
-    if mod is not None:
-        return mod
-    with _LOCK:
-        mod = _MODULES.get(interpret)
-        if mod is not None:
-            return mod
-        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_norm_kernels.py")
-        modname = f"{__package__}._norm_kernels_{'interpreted' if interpret else 'compiled'}"
-        spec = importlib.util.spec_from_file_location(modname, path)
-        mod = importlib.util.module_from_spec(spec)
-        old = os.environ.get("TRITON_INTERPRET")
-        os.environ["TRITON_INTERPRET"] = "1" if interpret else "0"
-        try:
-            sys.modules[modname] = mod
-            spec.loader.exec_module(mod)
-        except BaseException:
-            sys.modules.pop(modname, None)
-            raise
-        finally:
-            if old is None:
-                os.environ.pop("TRITON_INTERPRET", None)
-            else:
-                os.environ["TRITON_INTERPRET"] = old
-        if mod.INTERPRET != interpret:
-            sys.modules.pop(modname, None)
-            raise RuntimeError(f"could not build the {'interpreted' if interpret else 'compiled'} "
-                               f"Triton norm kernels: triton.knobs.runtime.interpret is forced to "
-                               f"{mod.INTERPRET}")
-        _MODULES[interpret] = mod
-        return mod
+    from . import load_kernel_module
+
+    return load_kernel_module("_norm_kernels.py", interpret)
 
 
 def _pow2(n: int) -> int:
