@@ -254,8 +254,8 @@ def test_attention_function_uses_the_triton_norm(interp, monkeypatch, name):
     import fairseq_plugins.attention.triton.norm as tn
 
     calls = []
-    real = tn.gated_rms_norm
-    monkeypatch.setattr(tn, "gated_rms_norm", lambda *a: calls.append(a[3:]) or real(*a))
+    real = tn.apply_checked  # what modules.norms.gated_rms_norm(backend="triton") calls
+    monkeypatch.setattr(tn, "apply_checked", lambda *a: calls.append(a[3:]) or real(*a))
     for scope, groups in (("concat", 1), ("head", 4)):
         args = argparse.Namespace(attention_backend="triton", rela_norm_scope=scope)
         fn = build_attention_fn(name, 16, 4, args).double()

@@ -495,9 +495,11 @@ class _RectifiedAttention(AttentionFunction):
             return attn
         if not (isinstance(self.norm, RMSNorm) or (isinstance(self.norm, GatedNorm) and self.norm.fused)):
             return self.norm(attn)  # GatedNorm with LayerNorm, or a subclass's own module
-        from .triton.norm import fits
+        use = self.uses_triton(attn, "norm")
+        if use:
+            from .triton.norm import fits
 
-        use = self.uses_triton(attn, "norm") and fits(attn.size(-1), self.norm_groups)
+            use = fits(attn.size(-1), self.norm_groups)
         return self.norm(attn, backend="triton" if use else "torch")
 
 

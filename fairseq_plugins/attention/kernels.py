@@ -51,6 +51,7 @@ from typing import List, Optional, Sequence
 
 import torch
 
+from .masks import causal_mask as _causal_mask
 from .stats import RowMassTerms
 
 __all__ = ["relu_attention", "relu_attention_reference", "SMALL_TS", "MIN_SCORES", "BLOCK_ELEMS"]
@@ -124,13 +125,6 @@ def _check(q, k, v, row_scale, mask, dropout_p):
     if isinstance(row_scale, float):
         return row_scale if math.isfinite(row_scale) else 0.0
     return torch.nan_to_num(row_scale.detach().to(q.dtype), nan=0.0, posinf=0.0, neginf=0.0)
-
-
-def _causal_mask(T: int, S: int, device) -> torch.Tensor:
-    """``(T, S)`` bool, True where key ``j > i + (S - T)`` comes after query ``i``."""
-    i = torch.arange(T, device=device).unsqueeze(1)
-    j = torch.arange(S, device=device).unsqueeze(0)
-    return j > i + (S - T)
 
 
 # --------------------------------------------------------------------------------------------

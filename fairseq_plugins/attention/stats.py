@@ -18,6 +18,8 @@ from typing import Optional, Tuple
 
 import torch
 
+from .masks import combined_mask
+
 __all__ = ["valid_keys", "keys_per_query", "row_mass_terms", "RowMassTerms", "entropy_from_terms", "ROW_EPS"]
 
 #: floor of ``sum s`` inside logarithms: ``log(max(sum s, ROW_EPS))``.  Rows above it are exact;
@@ -75,8 +77,6 @@ def keys_per_query(mask: Optional[torch.Tensor], causal: bool, tgt_len: int, src
     if causal and T <= 1:
         causal = False  # the pattern blocks nothing for a single query
     if mask is not None and mask.size(-2) != 1:
-        from .masks import combined_mask
-
         return valid_keys(combined_mask(mask, causal, T, S), S)
     if not causal:
         return valid_keys(mask, S, device=device)

@@ -177,9 +177,9 @@ def gated_rms_norm(z: torch.Tensor, weight: torch.Tensor, gate=None, eps: float 
         raise ValueError(f"backend={backend!r}; valid choices: {', '.join(NORM_BACKENDS)}")
     _check_norm_args(z, weight, gate, eps, groups)
     if backend == "triton":
-        from ..attention.triton.norm import gated_rms_norm as fused
+        from ..attention.triton.norm import apply_checked
 
-        return fused(z, weight, gate, float(eps), groups)
+        return apply_checked(z, weight, gate, float(eps), groups)
     return _GatedRMSNorm.apply(z, weight, gate, float(eps), groups)
 
 

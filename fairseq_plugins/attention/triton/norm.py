@@ -20,12 +20,14 @@ from typing import Optional
 
 import torch
 
+from ...modules.norms import _check_norm_args, _out_dtype, _stat_dtype
 from . import _mode, interpret_requested  # noqa: F401  (re-exported for the tests)
 
-__all__ = ["gated_rms_norm", "fits", "self_test", "MAX_WIDTH"]
+__all__ = ["gated_rms_norm", "apply_checked", "fits", "self_test", "MAX_WIDTH"]
 
 #: widest padded row tile (``next_pow2(groups) * next_pow2(C / groups)``) a program holds
 MAX_WIDTH = 8192
+
 
 def _norm_kernels(interpret: bool):
     """``_norm_kernels.py`` executed in ``interpret`` mode (cached per mode; see the package
@@ -57,10 +59,6 @@ def _meta(dim: int, groups: int, interpret: bool, backward: bool = False):
     if not interpret:
         meta["num_warps"] = 4 if width * bm <= 4096 else 8
     return meta
-
-
-def _acc(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def _tl_acc(dtype: torch.dtype):
@@ -98,7 +96,7 @@ class _FusedGatedRMSNorm(torch.autograd.Function):
         shape, C = z.shape, z.size(-1)
         z2 = _rows(z)
         M = z2.size(0)
-        acc = _acc(z.dtype)
+        acc = _stat_dtype(z.dtype)
         y = torch.empty((M, C), dtype=out_dtype, device=z.device)
         rstd = torch.empty((M, groups), dtype=acc, device=z.device)
         w = weight.contiguous()
@@ -158,9 +156,19 @@ def gated_rms_norm(z: torch.Tensor, weight: torch.Tensor, gate: Optional[torch.T
             wider than one tile (:func:`fits`: ``next_pow2(groups) * next_pow2(C / groups) > 8192``).
         RuntimeError: triton missing, or a non-CUDA tensor without ``TRITON_INTERPRET=1``.
     """
-    from ...modules.norms import _check_norm_args, _out_dtype
-
     _check_norm_args(z, weight, gate, eps, groups)
+    return apply_checked(z, weight, gate, eps, groups)
+
+
+def apply_checked(z: torch.Tensor, weight: torch.Tensor, gate: Optional[torch.Tensor], eps: float,
+                  groups: int) -> torch.Tensor:
+    """:func:`gated_rms_norm` after the argument checks (which the caller has done: the public
+    :func:`fairseq_plugins.modules.norms.gated_rms_norm` checks once per call, not twice).
+
+    Raises:
+        ValueError: a row wider than one tile (:func:`fits`).
+        RuntimeError: triton missing, or a non-CUDA tensor without ``TRITON_INTERPRET=1``.
+    """
     C = z.size(-1)
     if not fits(C, groups):
         raise ValueError(f"the Triton norm kernel takes rows up to a padded width of {MAX_WIDTH} "
