@@ -77,8 +77,22 @@ def _status(plan, tmp_path):
     return {r["key"]: r for r in json.loads(res.stdout)}
 
 
+# The kill below must land while fairseq-train is still training: with the tiny budget's 8 updates
+# (~25 ms each) the first checkpoint_last.pt can appear after the last update, and the "resume" then
+# only skips a finished training (CI failed once that way).  This test trains 120 updates with a
+# checkpoint every 30, so ~90 updates (seconds) remain after the first checkpoint_last.pt.
+KILL_UPDATES = 120
+
+
+def _kill_budget(tmp_path, budget):  # noqa: F811
+    path = tmp_path / "kill_budget.yaml"
+    path.write_text(yaml.safe_dump({"base": budget, "train": {"max-update": KILL_UPDATES, "save-interval-updates": 30}}))
+    return str(path)
+
+
 @needs_data
 def test_local_launcher_runs_a_plan_killed_resumed_failing_row_and_minutes(budget, tmp_path, monkeypatch):  # noqa: F811
+    budget = _kill_budget(tmp_path, budget)
     table = _spec(tmp_path, budget, [ROW_SOFTMAX, ROW_FAILS])
     plan = _plan(tmp_path, budget, table, [1, 2])
     row1 = tmp_path / "runs" / "tiny" / "smoke" / "row1"   # an absolute runs/<table>/rowN: .../<regime>/rowN
@@ -98,6 +112,8 @@ def test_local_launcher_runs_a_plan_killed_resumed_failing_row_and_minutes(budge
     out = proc.communicate(timeout=120)[0]
     assert "signal 15: stopping 1 run(s)" in out, out[-3000:]
     assert not (row1 / "result.json").exists()
+    killed_at = [l for l in (row1 / "train.log").read_text().splitlines() if " | train_inner | " in l or "done training" in l]
+    assert not any("done training" in l for l in killed_at), "killed only after training had finished:\n" + out[-3000:]
     time.sleep(1)
     st = _status(plan, tmp_path)
     assert st["tiny row1 seed1"]["state"] == "partial" and st["tiny row2 seed1"]["state"] == "pending"
@@ -106,7 +122,7 @@ def test_local_launcher_runs_a_plan_killed_resumed_failing_row_and_minutes(budge
     # 2. the re-run resumes row 1 from its checkpoint and runs row 2, which fails in training
     _, out = _campaign(["run", "--plan", plan], tmp_path)
     res1 = json.loads((row1 / "result.json").read_text())
-    assert res1["status"] == "done" and res1["updates"] == 8
+    assert res1["status"] == "done" and res1["updates"] == KILL_UPDATES
     train_log = (row1 / "train.log").read_text()
     assert "Loaded checkpoint" in train_log and "@ 0 updates" not in train_log.split("Loaded checkpoint")[-1][:200]
     st = _status(plan, tmp_path)
