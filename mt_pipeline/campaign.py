@@ -368,15 +368,26 @@ def collect(plan: Dict, runs: Optional[List[Run]] = None) -> List[str]:
 
 
 def render_tables(plan: Dict, table_paths: Optional[List[str]] = None) -> None:
-    """Re-render the plan's tables (or only ``table_paths``) that have a finished run."""
+    """Re-render the plan's tables (or only ``table_paths``) that have a finished run, then every
+    index file (``results/<paper>/<table>.md``, :func:`mt_pipeline.reproduce.render_indexes`) with a
+    part among them: the index rows quote the full tables, so none keeps a stale row."""
+    from .reproduce import render_indexes  # reproduce imports the table machinery: import late
+
+    rendered = []
     for table in table_paths or list(plan["_specs"]):
         spec = plan["_specs"][table]
         if not any(tables.row_results(spec, r) for r in spec["rows"]):
             continue  # nothing finished yet: no table of pending rows
         try:
             tables.render(spec)
+            rendered.append(spec["out"])
         except Exception as err:  # a render problem must not stop the campaign
             log(f"rendering {table} failed: {type(err).__name__}: {err}")
+    try:
+        if rendered:
+            render_indexes(rendered)
+    except Exception as err:  # noqa: BLE001 - same: never stop the campaign
+        log(f"rendering the index files failed: {type(err).__name__}: {err}")
 
 
 def _seed_scores(results: List[Dict], subset: str) -> Dict[object, Dict]:
@@ -464,7 +475,8 @@ def render_verdicts(plan: Dict, page: Optional[str] = None) -> Optional[str]:
 
 
 def render(plan: Dict) -> None:
-    """Export every finished run's evidence, re-render every table of the plan and the verdicts."""
+    """Export every finished run's evidence, re-render every table of the plan, the index files and
+    the verdicts."""
     collect(plan)
     render_tables(plan)
     page = render_verdicts(plan)

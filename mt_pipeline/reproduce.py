@@ -459,7 +459,7 @@ def write_index(paper, table, entry, results_dir=None):
              f"`--dry-run` prints every command first; `--index-only` rewrites this file from what has run). "
              "Claims and verdicts: [results/README.md](../README.md) -- a smoke or diagnostic number below is "
              "never a replication.", "",
-             f"Index written at git commit `{git_commit()}`; each row's commit is in the `commit` "
+             f"{INDEX_COMMIT_LINE} `{git_commit()}`; each row's commit is in the `commit` "
              "column (full provenance -- command, config, data, signature, hardware, wall time -- in the part's "
              "full table). Where the runs are not on the machine that wrote this index, the row cells are "
              "copied from the committed full table named in the part.", ""]
@@ -524,10 +524,59 @@ def write_index(paper, table, entry, results_dir=None):
         if after_steps(entry, scale):
             lines.append("")
     out = os.path.join(results_dir or os.path.join(ROOT, "results"), paper, f"{table}.md")
+    text = "\n".join(lines) + "\n"
+    if os.path.exists(out) and _without_commit_line(open(out).read()) == _without_commit_line(text):
+        return out  # nothing but the commit it was written at would change: leave it (and its commit)
     os.makedirs(os.path.dirname(out), exist_ok=True)
     with atomic_path(out) as tmp, open(tmp, "w") as f:
-        f.write("\n".join(lines) + "\n")
+        f.write(text)
     print(f"[reproduce] wrote {os.path.relpath(out, ROOT)}")
+    return out
+
+
+def _without_commit_line(text: str) -> str:
+    return "\n".join(line for line in text.splitlines() if not line.startswith(INDEX_COMMIT_LINE))
+
+
+#: how the line naming the commit an index was written at starts
+INDEX_COMMIT_LINE = "Index written at git commit"
+
+
+def index_entries():
+    """``[(paper, table, entry)]`` of every table that has an index file (not the pending ones)."""
+    return [(paper, table, e) for paper, tabs in TABLES.items() for table, e in tabs.items() if "pending" not in e]
+
+
+def _part_outs(entry):
+    """The full-table files (absolute) of every part of a table entry at every scale."""
+    outs = set()
+    if "benchmark" in entry:
+        return outs
+    for scale in _scales(entry):
+        for spec_path, override in _specs(entry, scale):
+            spec = run_table.load_table(os.path.join(ROOT, spec_path),
+                                        None if override is None else os.path.join(ROOT, override))
+            outs.add(os.path.abspath(os.path.join(ROOT, spec["out"])))
+    return outs
+
+
+def render_indexes(full_tables=None, results_dir=None):
+    """Rewrite the index files ``results/<paper>/<table>.md`` (:func:`write_index`) from what has
+    run here or is committed as evidence; a file whose only change would be its commit line is
+    left as it is.  ``mt-campaign`` calls it after re-rendering full tables, so no index keeps a
+    stale row.
+
+    Args:
+        full_tables: only the indexes with a part whose full table (a spec's ``out``, absolute or
+            repo-relative) is among these; None: every index.
+        results_dir: where the index files go (default ``results/``).
+
+    Returns:
+        The index paths written or found up to date.
+    """
+    want = None if full_tables is None else {os.path.abspath(os.path.join(ROOT, p)) for p in full_tables}
+    return [write_index(paper, table, e, results_dir) for paper, table, e in index_entries()
+            if want is None or _part_outs(e) & want]
 
 
 def main(argv=None):

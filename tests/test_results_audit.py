@@ -1,0 +1,139 @@
+"""Issue 27: every number on a results page can be traced -- or says plainly that it cannot.
+
+* Every results page of a trained regime (smoke, diagnostic, converged; not the index files and not
+  the claims page ``results/README.md``, which quotes these pages and whose converged verdicts
+  ``mt-campaign render`` writes from the evidence) either names, per row, the committed evidence
+  (``results/runs/...``: result.json, hypotheses, training log) -- and then every score cell of its
+  tables is the recorded BLEU of that evidence (mean over the row's seeds) -- or carries the line
+  :data:`NO_EVIDENCE`, which says its numbers predate committed evidence and names the command that
+  re-runs them.  (The evidence
+  itself re-scores from its hypotheses: ``test_campaign.test_every_committed_run_rescores_from_its_hypotheses``.)
+* Every index file ``results/<paper>/<table>.md`` is what the current code renders from the
+  committed tables and evidence (``mt_pipeline.reproduce.render_indexes``), apart from the line naming
+  the commit it was written at: a stale index row cannot survive.
+"""
+
+import json
+import os
+import re
+import statistics
+
+import pytest
+
+from mt_pipeline import reproduce
+from mt_pipeline.evidence import resolve
+from mt_pipeline.provenance import ROOT
+
+RESULTS = os.path.join(ROOT, "results")
+#: the line a full table carries when its numbers have no committed evidence
+NO_EVIDENCE = "**Evidence: none committed.**"
+NUMBER = re.compile(r"^-?\d+\.\d+")
+
+
+def _pages():
+    out = []
+    for d, dirs, files in os.walk(RESULTS):
+        dirs[:] = [x for x in dirs if os.path.join(d, x) != os.path.join(RESULTS, "runs")]
+        out += [os.path.join(d, f) for f in files if f.endswith(".md")]
+    return sorted(out)
+
+
+def _is_index(text):
+    return re.match(r"# \S+ \S+: what ran, at which scale", text) is not None
+
+
+def _tables(text):
+    """``[(header cells, [row cells])]`` of the markdown tables in ``text``."""
+    out, lines = [], text.splitlines()
+    i = 0
+    while i < len(lines) - 1:
+        if lines[i].startswith("|") and re.match(r"^\|[-:| ]+\|$", lines[i + 1].strip()):
+            header = [c.strip() for c in lines[i].strip().strip("|").split("|")]
+            rows, i = [], i + 2
+            while i < len(lines) and lines[i].startswith("|"):
+                rows.append([c.strip() for c in lines[i].strip().strip("|").split("|")])
+                i += 1
+            out.append((header, rows))
+        else:
+            i += 1
+    return out
+
+
+def _score_cells(text):
+    """``[(row id, cell)]``: the first score column (``ours ...`` or ``BLEU ...``) of every table,
+    numeric cells only."""
+    cells = []
+    for header, rows in _tables(text):
+        cols = [k for k, h in enumerate(header) if h.lower().startswith("ours") or h.startswith("BLEU")]
+        if not cols:
+            continue
+        for r in rows:
+            if len(r) > cols[0] and NUMBER.match(r[cols[0]]):
+                cells.append((r[0], r[cols[0]]))
+    return cells
+
+
+def _evidence_by_row(text):
+    """``{row id: [evidence dirs]}`` from the per-row provenance sections of a rendered table."""
+    out, row = {}, None
+    for line in text.splitlines():
+        m = re.match(r"### Row (\S+?):", line)
+        if m:
+            row = m.group(1)
+        m = re.match(r"- committed evidence \(result\.json, hypotheses, training log\): `([^`]+)`", line)
+        if m and row is not None:
+            out.setdefault(row, []).append(m.group(1))
+    return out
+
+
+TRAINED = re.compile(r"\*\*Regime: (smoke|diagnostic|converged)\*\*")
+PAGES = [p for p in _pages() if os.path.basename(p) != "README.md" or os.path.dirname(p) != RESULTS]
+TRAINED_PAGES = [p for p in PAGES if not _is_index(open(p).read()) and TRAINED.search(open(p).read())]
+
+
+def test_the_audit_finds_the_pages_it_is_about():
+    """The detection is not vacuous: the converged ReLA Table 1, a smoke table and the analysis are
+    among the pages, and score cells are found in both tables."""
+    rel = {os.path.relpath(p, ROOT): p for p in TRAINED_PAGES}
+    for want in ("results/rela/table1_multi30k_converged.md", "results/rela/table1_multi30k.md",
+                 "results/analysis/analysis.md", "results/flexible/table1_multi30k.md"):
+        assert want in rel, sorted(rel)
+    assert len(_score_cells(open(rel["results/rela/table1_multi30k.md"]).read())) == 13
+    assert len(_score_cells(open(rel["results/flexible/table1_multi30k.md"]).read())) >= 4
+
+
+@pytest.mark.parametrize("page", TRAINED_PAGES, ids=lambda p: os.path.relpath(p, RESULTS))
+def test_every_score_names_its_committed_evidence_or_the_page_says_there_is_none(page):
+    text = open(page).read()
+    cells = _score_cells(text)
+    evidence = _evidence_by_row(text)
+    if NO_EVIDENCE in text:
+        assert not evidence, f"{page}: says it has no evidence but names some"
+        assert "mt-campaign run --plan configs/campaign/" in text, f"{page}: the marker must name the re-run command"
+        return
+    assert evidence, f"{page}: names no committed evidence and does not say it has none ({NO_EVIDENCE})"
+    for row, cell in cells:
+        dirs = evidence.get(row)
+        assert dirs, f"{page}: row {row} shows {cell} but names no committed evidence (nor says there is none)"
+        bleus = []
+        for d in dirs:
+            path = os.path.join(ROOT, d, "result.json")
+            assert os.path.exists(path), f"{page}: row {row}: {d}/result.json is not in the repository"
+            res = json.load(open(path))
+            first = next(iter(res["scores"]))
+            assert os.path.exists(resolve(res["scores"][first]["hyp"])), f"{d}: hypotheses missing"
+            bleus.append(res["scores"][first]["bleu"])
+        want = f"{statistics.mean(bleus):.2f}"
+        assert NUMBER.match(cell).group(0) == want, f"{page}: row {row} shows {cell}, its evidence says {want}"
+
+
+def test_index_files_are_what_the_current_code_renders(tmp_path):
+    fresh = reproduce.render_indexes(results_dir=str(tmp_path))
+    assert fresh, "no index rendered"
+    for path in fresh:
+        rel = os.path.relpath(path, str(tmp_path))
+        committed = os.path.join(RESULTS, rel)
+        assert os.path.exists(committed), f"results/{rel} is missing: run `reproduce <paper> <table> --index-only`"
+        strip = reproduce._without_commit_line
+        assert strip(open(committed).read()) == strip(open(path).read()), (
+            f"results/{rel} is stale: `mt-campaign render` (or `reproduce <paper> <table> --index-only`) rewrites it")
