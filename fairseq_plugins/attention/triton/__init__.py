@@ -87,7 +87,8 @@ from typing import Optional
 import torch
 
 __all__ = ["relu_attention", "l1_softmax_attention", "triton_available", "interpret_requested",
-           "self_test", "compile_offline", "ACTIVATIONS", "MAX_HEAD_DIM", "FAMILIES"]
+           "self_test", "compile_offline", "set_rect_backward", "rect_backward", "ACTIVATIONS",
+           "MAX_HEAD_DIM", "FAMILIES", "RECT_BACKWARDS"]
 
 #: activations of :func:`relu_attention` -> kernel code (0 ReLU, 1 GeLU, 2 Leaky ReLU 0.01)
 ACTIVATIONS = {"relu": 0, "gelu": 1, "leaky_relu": 2}
@@ -306,8 +307,57 @@ def _rect_inputs(q, k, v, r_t, mask):
     return (B, H, T, S, d), r_arg, r_str, m_arg, m_str, mode
 
 
+#: backward paths of :func:`relu_attention` (see :func:`set_rect_backward`)
+RECT_BACKWARDS = ("auto", "fused", "split")
+_RECT_BACKWARD: Optional[str] = None
+
+
+def set_rect_backward(mode: Optional[str]) -> None:
+    """Choose the backward of :func:`relu_attention` for the calls that follow.
+
+    * ``"fused"``: one kernel (``rect_bwd``), FlashAttention-2's five GEMMs per score tile
+      (``x = r Q K^T``, ``dP = dO V^T``, ``dV += drop(s)^T dO``, ``dK += (r dX)^T Q``,
+      ``dQ += r dX K``): one program per key tile loops over the query tiles and adds its
+      ``dQ`` tile into a float32 (float64) buffer with atomic adds.  The order of those sums varies
+      from run to run, so ``dQ`` is not bitwise reproducible (last bits).
+    * ``"split"``: two kernels without atomics (``rect_bwd_kv``: ``dK, dV`` per key tile;
+      ``rect_bwd_q``: ``dQ`` per query tile), seven GEMMs (``x`` and ``dP`` computed in both):
+      bitwise deterministic.
+    * ``"auto"`` (the default): ``"split"`` when ``torch.are_deterministic_algorithms_enabled()``
+      (``torch.use_deterministic_algorithms(True)``), else ``"fused"``.
+    * ``None``: the environment variable ``MT_RECT_BACKWARD`` (one of the above), else ``"auto"``.
+
+    The choice is read at each forward call (:func:`rect_backward`) and kept for its backward.
+
+    Raises:
+        ValueError: ``mode`` not in :data:`RECT_BACKWARDS` (nor None).
+    """
+    global _RECT_BACKWARD
+    if mode is not None and mode not in RECT_BACKWARDS:
+        raise ValueError(f"unknown rectified backward {mode!r}; valid choices: {', '.join(RECT_BACKWARDS)}")
+    _RECT_BACKWARD = mode
+
+
+def rect_backward() -> str:
+    """The backward path the next :func:`relu_attention` call takes: ``"fused"`` or ``"split"``
+    (the setting of :func:`set_rect_backward`, else ``$MT_RECT_BACKWARD``, else ``"auto"``, resolved).
+
+    Raises:
+        ValueError: ``MT_RECT_BACKWARD`` names no mode of :data:`RECT_BACKWARDS`.
+    """
+    mode = _RECT_BACKWARD
+    if mode is None:
+        mode = os.environ.get("MT_RECT_BACKWARD", "auto").strip().lower() or "auto"
+        if mode not in RECT_BACKWARDS:
+            raise ValueError(f"MT_RECT_BACKWARD={mode!r}: valid choices: {', '.join(RECT_BACKWARDS)}")
+    if mode == "auto":
+        return "split" if torch.are_deterministic_algorithms_enabled() else "fused"
+    return mode
+
+
 class _RectifiedAttention(torch.autograd.Function):
-    """Autograd function of :func:`relu_attention`; saves ``q, k, v, r, mask`` and the seed."""
+    """Autograd function of :func:`relu_attention`; saves ``q, k, v, r, mask`` and the seed;
+    the backward takes the path :func:`rect_backward` names at the forward."""
 
     @staticmethod
     def forward(ctx, q, k, v, r_t, mask, r_c, dropout_p, need_stats, causal, act, seed, interpret):
@@ -326,6 +376,7 @@ class _RectifiedAttention(torch.autograd.Function):
                                H, T, S, d, float(r_c), float(dropout_p), seed, *_keys(T, S), **meta)
         ctx.save_for_backward(q, k, v, r_t, mask)
         ctx.cfg = (r_c, dropout_p, causal, act, seed, interpret)
+        ctx.bwd = rect_backward()  # chosen at the forward: one call, one backward path
         if need_stats:
             return out, rs, rl
         return out
@@ -351,6 +402,16 @@ class _RectifiedAttention(torch.autograd.Function):
         meta = _rect_meta(mod, q, interpret, act, mode, causal, stats, dropout_p > 0, r_t is not None)
         common = (*_strides(q), *_strides(k), *_strides(v), *r_str, *m_str, *_strides(g_out))
         tail = (H, T, S, d, float(r_c), float(dropout_p), seed, *_keys(T, S))
+        if ctx.bwd == "fused":  # one kernel, 5 GEMMs; dQ summed by atomic adds in acc_dt
+            dq_acc = torch.zeros_like(q, dtype=acc_dt)
+            if B * H * S > 0 and T > 0:
+                grid = _grid(S, B * H, interpret, meta, "BLOCK_N")
+                mod.rect_bwd[grid](q, k, v, r_arg, m_arg, g_out, g_sum, g_slogs, dq_acc, dk, dv, *common,
+                                   *_strides(dq_acc), *_strides(dk), *_strides(dv), *tail, **meta)
+            else:
+                dk.zero_(), dv.zero_()
+            dq = dq_acc if dq_acc.dtype == q.dtype else dq_acc.to(q.dtype)
+            return dq, dk, dv, None, None, None, None, None, None, None, None, None
         if B * H * S > 0:
             if T == 0:
                 dk.zero_(), dv.zero_()
@@ -639,9 +700,11 @@ def compile_offline(arch: int = 90, dtype: torch.dtype = torch.bfloat16, tiles: 
     acc_ptr = _PTR_TYPES[_acc_dtype(dtype)]
     ptrs = {n: _PTR_TYPES[dtype] for n in ("Q", "K", "V", "O", "DO", "DK", "DV", "DQ")}
     ptrs.update({n: acc_ptr for n in ("R", "RS", "RL", "GS", "GL", "LSE", "DELTA", "SC")}, M="*u8")
+    fused_ptrs = dict(ptrs, DQ=acc_ptr)  # rect_bwd adds dQ into an accumulator-dtype buffer
     common = dict(MASK_MODE=2, CAUSAL=True, DROPOUT=True, ACC=acc, PREC=prec, UPCAST=False, BLOCK_D=64)
     rect = dict(common, HAS_R=True, ACT=1, STATS=True)
-    plan = [("rect_fwd", mod._RECT_FWD, rect), ("rect_bwd_kv", mod._RECT_BWD_KV, rect),
+    plan = [("rect_fwd", mod._RECT_FWD, rect), ("rect_bwd", mod._RECT_BWD, rect),
+            ("rect_bwd_kv", mod._RECT_BWD_KV, rect),
             ("rect_bwd_q", mod._RECT_BWD_Q, rect), ("l1_fwd", mod._L1_FWD, common),
             ("l1_bwd_kv", mod._L1_BWD_KV, common), ("l1_bwd_q", mod._L1_BWD_Q, common)]
     target = GPUTarget("cuda", int(arch), 32)
@@ -651,7 +714,8 @@ def compile_offline(arch: int = 90, dtype: torch.dtype = torch.bfloat16, tiles: 
         table = mod._tried(table, constexprs)
         for bm, bn, warps, stages in (table if tiles == "all" else table[:1]):
             cx = dict(constexprs, BLOCK_M=bm, BLOCK_N=bn)
-            sig = {a: ("constexpr" if a in cx else ptrs.get(a, "fp32" if a in ("r_const", "dropout_p") else "i32"))
+            types = fused_ptrs if name == "rect_bwd" else ptrs
+            sig = {a: ("constexpr" if a in cx else types.get(a, "fp32" if a in ("r_const", "dropout_p") else "i32"))
                    for a in fn.arg_names}
             kernel = triton.compile(ASTSource(fn, sig, cx), target=target,
                                     options={"num_warps": warps, "num_stages": stages})
