@@ -36,14 +36,27 @@ cost ``3 d`` additions per pair on the CUDA cores (that is the paper's mechanism
 multiplication in ``f(Q, K)``); only ``p V`` runs on tensor cores.
 
 Backward recomputes the score tiles (memory ``O(T)``: only ``Q, K, V, O`` and, for E-ATT, the
-row log-sum-exp ``(B, H, T)`` are kept) in two kernels without atomics: one program per key tile
-accumulates ``dK, dV`` over query tiles, one per query tile accumulates ``dQ`` over key tiles::
+row log-sum-exp ``(B, H, T)`` are kept)::
 
     rectified: dS = drop(dO V^T) + g_sum + g_slogs (log s + 1);  dX = dS act'(x) valid
                dV = drop(s)^T dO;  dK = (r dX)^T Q;  dQ = r (dX K)
     L1:        dP = drop(dO V^T);  dS = P (dP - delta),  delta_i = dO_i . O_i
                dV = drop(P)^T dO;  dk_jd = scale sum_i dS_ij sgn(q_id - k_jd);
                dq_id = -scale sum_j dS_ij sgn(q_id - k_jd)   (sgn(0) = 0, as torch.cdist)
+
+The rectified backward has two paths (:func:`set_rect_backward`, ``MT_RECT_BACKWARD``):
+
+* ``fused`` (the default unless ``torch.use_deterministic_algorithms(True)``): FlashAttention-2's
+  one kernel ``rect_bwd``, one program per key tile holding ``dK, dV`` in registers, looping over
+  the query tiles with five GEMMs per tile pair (``x``, ``dP``, ``dV``, ``dK``, ``dQ``) and adding
+  each ``dQ`` tile into a float32 (float64) ``(B, H, T, d)`` buffer with relaxed atomic adds
+  (``red.global.add``), cast to the input dtype after the kernel.  The order of the atomic sums
+  varies from run to run: ``dQ`` is reproducible to rounding, not bitwise.
+* ``split``: two kernels without atomics, bitwise deterministic: ``rect_bwd_kv`` (one program per
+  key tile accumulates ``dK, dV`` over query tiles) and ``rect_bwd_q`` (one per query tile
+  accumulates ``dQ`` over key tiles): seven GEMMs per tile pair (``x`` and ``dP`` in both).
+
+E-ATT's backward is split the same way (``l1_bwd_kv``, ``l1_bwd_q``).
 
 Masks reach the kernels as bytes with their broadcast strides: a key-padding mask
 ``(B|1, 1, 1, S)`` is read as one row per tile (mask mode 1), a general mask ``(B|1, 1, T, S)``

@@ -54,18 +54,20 @@ _RECT_BWD_KV = [(64, 64, 4, 1), (32, 64, 4, 2), (64, 128, 8, 2), (128, 64, 8, 2)
 _RECT_BWD_Q = [(64, 64, 4, 2), (64, 128, 8, 2), (128, 64, 8, 2), (32, 64, 4, 2),
                (64, 32, 4, 2), (32, 32, 4, 1), (16, 32, 4, 1), (128, 32, 4, 3), (128, 32, 8, 3),
                (128, 128, 8, 2)]
-# rect_bwd (the fused backward: dK, dV of BLOCK_N keys in registers, dQ by atomic adds) starts
-# from the tiles of FlashAttention-2 / the triton tutorial's dK/dV loop: BLOCK_N 64-128 keys x
-# BLOCK_M 32-64 queries, 2-3 stages
-_RECT_BWD = [(32, 128, 8, 3), (64, 128, 8, 2), (32, 64, 4, 2), (64, 64, 4, 2), (32, 128, 8, 2),
-             (64, 64, 4, 1), (32, 32, 4, 1), (16, 32, 4, 1)]
+# rect_bwd (the fused backward: dK, dV of BLOCK_N keys and the transposed scores in registers,
+# dQ by atomic adds): the triton tutorial's dK/dV tile (32 queries x 128 keys) with 8 warps and 2
+# stages spills nothing in the main configurations (sm_90a fp16 d 64, ReLUFormer + dropout: 236
+# registers); 3 stages spill 8 B there; 64 x 128 w8 s2 spills with dropout (rela_causal 40 B) and
+# with the eq. 7 statistics (40-132 B), 64 x 64 w4 too (24-308 B): not in the table, except
+# 64 x 128 w8 with 1 stage for plain ReLA (21.25 vs 28.06 PTX/score, fp16 d 64; _SPILL_WITH_*)
+_RECT_BWD = [(32, 128, 8, 2), (32, 64, 4, 2), (64, 128, 8, 1), (32, 32, 4, 1), (16, 32, 4, 1)]
 #: rectified tiles that spill with ReLUFormer's eq. 7 statistics (``STATS``: ``s log s`` per score;
 #: sm_90a d 64: rect_fwd 128x64 w4 s3 20-148 B, rect_bwd_kv 64x64 w4 s1 212 B with dropout);
 #: the autotuner does not try them there (``_tried``); none is in ``_RECT_BWD_Q``
-_SPILL_WITH_STATS = {(128, 64, 4, 3), (64, 64, 4, 1), (32, 128, 4, 3)}
+_SPILL_WITH_STATS = {(128, 64, 4, 3), (64, 64, 4, 1), (32, 128, 4, 3), (64, 128, 8, 1)}
 #: rectified tiles that spill with attention dropout (``DROPOUT``; sm_90a d 64: rect_bwd_kv
 #: 32x128 w4 s3 144-212 B); not tried there either
-_SPILL_WITH_DROPOUT = {(32, 128, 4, 3)}
+_SPILL_WITH_DROPOUT = {(32, 128, 4, 3), (64, 128, 8, 1)}
 # E-ATT's scores live in registers (CUDA cores), so its tiles hold at most 16-32 scores per thread:
 # 64x64 with 4 warps, 128x64 and 64x128 with 8 spilled (sm_90a, d 64: 12-1252 B, issue 28) and
 # are not tried; l1_bwd_kv (dK, dV and the sign sums of the transposed tile) starts at 32x64
@@ -519,8 +521,9 @@ def rect_bwd(Q, K, V, R, M, DO, GS, GL, DQ, DK, DV,
     """The fused backward (FlashAttention-2's, Dao 2023, Alg. 2): one program holds ``dK, dV``
     of ``BLOCK_N`` keys of one ``(b, h)`` in registers and loops over query tiles with five
     GEMMs per tile -- ``x^T = k (r q)^T``, ``dP^T = v dO^T``, ``dV += drop(s)^T dO``,
-    ``dK += (r dX)^T Q``, ``dQ_tile = (r dX) K`` -- adding ``dQ_tile`` into ``DQ`` (``(B, H, T, d)``
-    in the accumulator dtype, zeroed by the caller) with atomic adds (summation order over the
+    ``dK += (r dX)^T Q``, ``dQ_tile^T = K^T (r dX)^T`` (transposed: the ``d`` rows fill the 64-row
+    wgmma when ``BLOCK_M`` is 32) -- adding ``dQ_tile`` into ``DQ`` (``(B, H, T, d)`` in the
+    accumulator dtype, zeroed by the caller) with relaxed atomic adds (summation order over the
     key tiles varies run to run: not bitwise deterministic).  :func:`rect_bwd_kv` +
     :func:`rect_bwd_q` compute the same in seven GEMMs (``x`` and ``dP`` twice) without atomics.
     Same masks, causal skipping (query tiles before a key tile's first viewer), dropout mask
@@ -578,9 +581,9 @@ def rect_bwd(Q, K, V, R, M, DO, GS, GL, DQ, DK, DV,
             dpt += gs[None, :] + gl[None, :] * (tl.log(tl.maximum(st, TINY)) + 1.0)
         dxt = (tl.where(ok, dpt * _act_grad(xt, ACT), 0.0) * r[None, :]).to(k.dtype)  # (r dX)^T
         dk = _dot(dxt, tl.trans(qt), dk, PREC, UPCAST)  # GEMM 4
-        dq = _dot(tl.trans(dxt), k, tl.full([BLOCK_M, BLOCK_D], 0.0, ACC), PREC, UPCAST)  # GEMM 5
-        tl.atomic_add(dq_base + offs_m[:, None] * s_dqt + offs_d[None, :] * s_dqd, dq.to(DQ.dtype.element_ty),
-                      mask=q_mask, sem="relaxed")
+        dqt = _dot(tl.trans(k), dxt, tl.full([BLOCK_D, BLOCK_M], 0.0, ACC), PREC, UPCAST)  # GEMM 5
+        tl.atomic_add(dq_base + offs_m[None, :] * s_dqt + offs_d[:, None] * s_dqd, dqt.to(DQ.dtype.element_ty),
+                      mask=row_ok[None, :] & d_ok[:, None], sem="relaxed")
     if DROPOUT:
         dv = dv * inv_keep
     tl.store(DK + b * s_dkb + h * s_dkh + offs_n[:, None] * s_dks + offs_d[None, :] * s_dkd,
