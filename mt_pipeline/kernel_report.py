@@ -591,22 +591,26 @@ def _bwd_lines(rows: List[dict]) -> List[str]:
              "Fused: `rect_bwd`, one program per key tile, 5 GEMMs per (query tile, key tile), dQ by atomic "
              "adds into float32 (the default unless `torch.use_deterministic_algorithms(True)`). Split: "
              "`rect_bwd_kv` + `rect_bwd_q` (4 + 3 GEMMs: x and dP computed in both), deterministic. "
-             "GEMMs: `tl.dot` per main-loop iteration; wgmma: per iteration (kv + q: each kernel's own "
-             "tile); /score: PTX per score (split: the sum of both kernels').", "",
+             "GEMMs: `tl.dot` per main-loop iteration; wgmma: instructions per iteration (kv + q: each kernel's "
+             "own tile; + mma: GEMMs lowered to mma.sync, e.g. a 32-row one); /score: PTX per score (split: the "
+             "sum of both kernels').", "",
              "| arch | dtype | d | variant | p | fused tile w/s | regs | spill | smem KiB | GEMMs | wgmma "
              "| /score | split tiles w/s (kv; q) | regs | spill | smem KiB | GEMMs | wgmma | /score | fused / split |",
              "|---|---|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+    def mma(r):
+        return f"{r['loop_wgmma']}" + (f" (+{r['loop_mma']} mma)" if r["loop_mma"] else "")
+
     for c in comp:
         f, kv, q = c["fused"], c["kv"], c["q"]
         lines.append(
-            f"| sm_{c['arch']} | {c['dtype']} | {c['head_dim']} | {c['variant']} | {c['dropout']:g} "
+            f"| sm_{c['arch']}{'a' if c['arch'] == 90 else ''} | {c['dtype']} | {c['head_dim']} | {c['variant']} | {c['dropout']:g} "
             f"| {f['tile']} {f['warps']}/{f['stages']} | {f['registers']} | {f['spill_stores']}/{f['spill_loads']} "
-            f"| {f['shared'] / 1024:.1f} | {f.get('gemms', '?')} | {f['loop_wgmma']} | {f['ptx_per_score']} "
+            f"| {f['shared'] / 1024:.1f} | {f.get('gemms', '?')} | {mma(f)} | {f['ptx_per_score']} "
             f"| {kv['tile']} {kv['warps']}/{kv['stages']}; {q['tile']} {q['warps']}/{q['stages']} "
             f"| {kv['registers']}/{q['registers']} "
             f"| {kv['spill_stores'] + q['spill_stores']}/{kv['spill_loads'] + q['spill_loads']} "
             f"| {kv['shared'] / 1024:.1f}/{q['shared'] / 1024:.1f} | {kv.get('gemms', '?')}+{q.get('gemms', '?')} "
-            f"| {kv['loop_wgmma']}+{q['loop_wgmma']} | {c['split_per_score']} "
+            f"| {mma(kv)}+{mma(q)} | {c['split_per_score']} "
             f"| {c['ratio'] if c['ratio'] is not None else '-'} |")
     return lines
 

@@ -62,6 +62,26 @@ def test_parse_ptxas_log():
     assert kr.problems([dict(row, warnings=[], spill_stores=0, spill_loads=0)]) == []
 
 
+def test_bwd_comparison_pairs_the_fused_kernel_with_the_split_pair():
+    """One comparison per configuration with all three backward kernels; the split pair's PTX per
+    score is the sum of its two kernels'; rendered as a Markdown section (none without a pair)."""
+    base = dict(arch=90, dtype="fp16", head_dim=64, variant="rela_enc", dropout=0.1, error=None, warps=8,
+                stages=2, registers=200, spill_stores=0, spill_loads=0, shared=57344, loop_wgmma=20,
+                loop_mma=0, wgmma=20, mma=0)
+    rows = [dict(base, kernel="rect_bwd", tile="32x128", gemms=5, ptx_per_score=40.0),
+            dict(base, kernel="rect_bwd_kv", tile="64x64", gemms=4, ptx_per_score=30.0),
+            dict(base, kernel="rect_bwd_q", tile="64x64", gemms=3, ptx_per_score=20.0, loop_mma=8),
+            dict(base, kernel="rect_bwd_q", tile="32x64", gemms=3, ptx_per_score=99.0),  # a later tile
+            dict(base, kernel="rect_bwd", dropout=0.0, tile="32x128", gemms=5, ptx_per_score=30.0)]
+    (c,) = kr.bwd_comparison(rows)
+    assert (c["dropout"], c["split_per_score"], c["ratio"]) == (0.1, 50.0, 0.8)
+    lines = kr._bwd_lines(rows)
+    assert lines[1] == "## Rectified backward: fused vs split"
+    assert lines[-1].startswith("| sm_90a | fp16 | 64 | rela_enc | 0.1 | 32x128 8/2 |")
+    assert "| 4+3 | 20+20 (+8 mma) | 50.0 | 0.8 |" in lines[-1]
+    assert kr._bwd_lines(rows[:1]) == []
+
+
 @needs_nvidia
 def test_launches_are_those_of_the_real_entry_points():
     """Forward + backward of each family: the rectified one with the fused backward (two kernels)

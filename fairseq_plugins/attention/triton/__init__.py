@@ -612,7 +612,8 @@ def self_test(family: str, device, dtype: torch.dtype) -> Optional[str]:
     """Compile and run one family's kernels on a small input against the PyTorch reference.
 
     ``B 2, H 2, T 24, S 40, d 32``, key padding, forward + backward (the rectified family with a
-    row scale and the eq. 7 statistics).  Used by ``--attention-backend auto`` before the first
+    row scale and the eq. 7 statistics, on both backward paths, fused and split: either may run
+    later, see :func:`set_rect_backward`).  Used by ``--attention-backend auto`` before the first
     Triton call per (family, device, dtype), so that a kernel that does not compile or disagrees
     on an untested GPU/triton version falls back to the PyTorch path instead of failing training.
 
@@ -648,7 +649,24 @@ def self_test(family: str, device, dtype: torch.dtype) -> Optional[str]:
 
 
 def _self_test(family, device, dtype, tol, base, mask, r, go, d):
-    """:func:`self_test` after setup: run both implementations, compare."""
+    """:func:`self_test` after setup: run the Triton path (the rectified one with each backward)
+    and the reference, compare."""
+    if family == "rectified":
+        for bwd in ("fused", "split"):
+            saved = _RECT_BACKWARD
+            set_rect_backward(bwd)
+            try:
+                err = _self_test_one(family, device, dtype, tol, base, mask, r, go, d)
+            finally:
+                set_rect_backward(saved)
+            if err is not None:
+                return f"{bwd} backward: {err}"
+        return None
+    return _self_test_one(family, device, dtype, tol, base, mask, r, go, d)
+
+
+def _self_test_one(family, device, dtype, tol, base, mask, r, go, d):
+    """One comparison of :func:`_self_test`."""
     results = []
     for impl, dt, dev in (("triton", dtype, device), ("reference", torch.float64, "cpu")):
         # the reference sees the same (rounded) inputs, in float64
