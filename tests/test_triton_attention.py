@@ -280,6 +280,17 @@ def test_fused_and_split_backward_agree_under_dropout(interp, activation, monkey
     assert (g_f[0] != 0).any() and (g_f[1] != 0).any()
 
 
+@needs_triton
+@pytest.mark.parametrize("B,T,S", [(2, 0, 5), (2, 5, 0), (0, 5, 5)])
+def test_rectified_empty_shapes(interp, bwd, B, T, S):
+    """No queries, no keys or no batch: zero gradients of the right shapes on both paths."""
+    q, k, v = qkv(B, 2, T, S, 16, F32)
+    out, (rs, rl) = tk.relu_attention(q, k, v, 1.0, need_stats=True)
+    grads = torch.autograd.grad(out.sum() + rs.sum() + rl.sum(), (q, k, v))
+    for g, x in zip(grads, (q, k, v)):
+        assert g.shape == x.shape and g.dtype == x.dtype and not g.any()
+
+
 def test_rect_backward_selection(monkeypatch):
     """``auto`` is ``fused`` unless torch's deterministic algorithms are requested; the setting
     wins over ``MT_RECT_BACKWARD``; unknown names are refused with the valid ones."""

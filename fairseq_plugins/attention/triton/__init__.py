@@ -411,7 +411,7 @@ class _RectifiedAttention(torch.autograd.Function):
                        else g_slogs.to(acc_dt).expand(B, H, T).contiguous())
         else:
             g_sum = g_slogs = q.new_empty(1, dtype=acc_dt)
-        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        dk, dv = torch.empty_like(k), torch.empty_like(v)
         meta = _rect_meta(mod, q, interpret, act, mode, causal, stats, dropout_p > 0, r_t is not None)
         common = (*_strides(q), *_strides(k), *_strides(v), *r_str, *m_str, *_strides(g_out))
         tail = (H, T, S, d, float(r_c), float(dropout_p), seed, *_keys(T, S))
@@ -425,6 +425,7 @@ class _RectifiedAttention(torch.autograd.Function):
                 dk.zero_(), dv.zero_()
             dq = dq_acc if dq_acc.dtype == q.dtype else dq_acc.to(q.dtype)
             return dq, dk, dv, None, None, None, None, None, None, None, None, None
+        dq = torch.empty_like(q)
         if B * H * S > 0:
             if T == 0:
                 dk.zero_(), dv.zero_()
@@ -444,7 +445,9 @@ def relu_attention(q, k, v, row_scale, mask=None, dropout_p=0.0, need_stats=Fals
     """Fused rectified attention: ReLA eq. 3's core, ReLUFormer eq. 6 and eq. 7's row terms.
 
     ``s_ij = act(r_i q_i . k_j)`` (0 where blocked), ``out_i = sum_j dropout(s_ij) v_j``.
-    Same contract as :func:`fairseq_plugins.attention.kernels.relu_attention`:
+    Same contract as :func:`fairseq_plugins.attention.kernels.relu_attention`.  The backward takes
+    the path :func:`rect_backward` names at this call (``fused``: one 5-GEMM kernel, dQ summed by
+    atomic adds, reproducible to rounding; ``split``: two deterministic kernels, 7 GEMMs).
 
     Args:
         q: ``(B, H, T, d)`` queries, already scaled by ``d^-1/2``; k, v: ``(B, H, S, d)``; one
@@ -467,7 +470,8 @@ def relu_attention(q, k, v, row_scale, mask=None, dropout_p=0.0, need_stats=Fals
     Raises:
         ValueError: the checks of the PyTorch path (shapes, dtypes, mask, dropout_p, row_scale);
             an unknown ``activation``; ``need_stats`` with an activation other than ReLU (the
-            terms need ``s >= 0``); ``d > 256``; ``T * S >= 2**31``.
+            terms need ``s >= 0``); ``d > 256``; ``T * S >= 2**31``; ``MT_RECT_BACKWARD`` naming
+            no backward path.
         RuntimeError: triton missing, or a non-CUDA tensor without ``TRITON_INTERPRET=1``.
     """
     from ..kernels import _check
