@@ -291,6 +291,20 @@ def test_rectified_empty_shapes(interp, bwd, B, T, S):
         assert g.shape == x.shape and g.dtype == x.dtype and not g.any()
 
 
+@needs_triton
+def test_fused_backward_tiles_tried(monkeypatch):
+    """The fused backward's autotuning candidates: its 64x128 one-stage tile only without dropout
+    (it spills with it); decoding (T = 1) keeps the tiles of at most 32 queries."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    mod = tk._kernels(False)
+    table = mod._RECT_BWD
+    assert (64, 128, 8, 1) in mod._tried(table, {"STATS": True, "DROPOUT": False})
+    assert mod._tried(table, {"STATS": True, "DROPOUT": True}) == [t for t in table if t != (64, 128, 8, 1)]
+    configs = mod.rect_bwd.configs
+    kept = mod._prune(configs, {"T_KEY": 1, "S_KEY": 1024, "STATS": False, "DROPOUT": True})
+    assert kept and all(c.kwargs["BLOCK_M"] <= 32 for c in kept)
+
+
 def test_rect_backward_selection(monkeypatch):
     """``auto`` is ``fused`` unless torch's deterministic algorithms are requested; the setting
     wins over ``MT_RECT_BACKWARD``; unknown names are refused with the valid ones."""

@@ -58,15 +58,17 @@ _RECT_BWD_Q = [(64, 64, 4, 2), (64, 128, 8, 2), (128, 64, 8, 2), (32, 64, 4, 2),
 # dQ by atomic adds): the triton tutorial's dK/dV tile (32 queries x 128 keys) with 8 warps and 2
 # stages spills nothing in the main configurations (sm_90a fp16 d 64, ReLUFormer + dropout: 236
 # registers); 3 stages spill 8 B there; 64 x 128 w8 s2 spills with dropout (rela_causal 40 B) and
-# with the eq. 7 statistics (40-132 B), 64 x 64 w4 too (24-308 B): not in the table, except
-# 64 x 128 w8 with 1 stage for plain ReLA (21.25 vs 28.06 PTX/score, fp16 d 64; _SPILL_WITH_*)
+# with the eq. 7 statistics (40-132 B), 64 x 64 w4 too (24-308 B): not in the table; 64 x 128 w8
+# with 1 stage spills only with dropout (16-96 B): tried without it (ReLA 21.25 vs 28.06 PTX/score,
+# ReLUFormer 53.84 vs 60.0, fp16 d 64; _SPILL_WITH_DROPOUT).  At d 128 the 32-query tiles spill
+# with dropout (24-224 B; the split pair's first tiles too: 148-228 B)
 _RECT_BWD = [(32, 128, 8, 2), (32, 64, 4, 2), (64, 128, 8, 1), (32, 32, 4, 1), (16, 32, 4, 1)]
 #: rectified tiles that spill with ReLUFormer's eq. 7 statistics (``STATS``: ``s log s`` per score;
 #: sm_90a d 64: rect_fwd 128x64 w4 s3 20-148 B, rect_bwd_kv 64x64 w4 s1 212 B with dropout);
 #: the autotuner does not try them there (``_tried``); none is in ``_RECT_BWD_Q``
-_SPILL_WITH_STATS = {(128, 64, 4, 3), (64, 64, 4, 1), (32, 128, 4, 3), (64, 128, 8, 1)}
+_SPILL_WITH_STATS = {(128, 64, 4, 3), (64, 64, 4, 1), (32, 128, 4, 3)}
 #: rectified tiles that spill with attention dropout (``DROPOUT``; sm_90a d 64: rect_bwd_kv
-#: 32x128 w4 s3 144-212 B); not tried there either
+#: 32x128 w4 s3 144-212 B, rect_bwd 64x128 w8 s1 16-96 B); not tried there either
 _SPILL_WITH_DROPOUT = {(32, 128, 4, 3), (64, 128, 8, 1)}
 # E-ATT's scores live in registers (CUDA cores), so its tiles hold at most 16-32 scores per thread:
 # 64x64 with 4 warps, 128x64 and 64x128 with 8 spilled (sm_90a, d 64: 12-1252 B, issue 28) and
