@@ -1,6 +1,7 @@
 """What the fused Triton attention kernels compile to on the GPUs they target -- without a GPU.
 
-``mt-kernel-report`` compiles every kernel (``rect_fwd``, ``rect_bwd_kv``, ``rect_bwd_q``,
+``mt-kernel-report`` compiles every kernel (``rect_fwd``, the fused backward ``rect_bwd`` and the
+split pair ``rect_bwd_kv`` + ``rect_bwd_q`` side by side (``--bwd``),
 ``l1_fwd``, ``l1_bwd_kv``, ``l1_bwd_q`` of :mod:`fairseq_plugins.attention.triton`, and ReLA-g's
 fused gated RMSNorm ``norm_fwd``, ``norm_bwd`` of :mod:`fairseq_plugins.attention.triton.norm`) for every
 variant the model launches (ReLA encoder self-attention with key padding, decoder
@@ -13,11 +14,14 @@ head dimension (32, 64, 128), for ``sm_90a`` (H100) and ``sm_80`` (A100), and re
   own flags);
 * shared memory (bytes, triton's allocation: ``metadata.shared``);
 * ``wgmma.mma_async`` (sm_90a) and ``mma.sync`` (sm_80) instruction counts, in the kernel and in
-  its main loop;
+  its main loop; GEMMs: the kernel's ``tl.dot`` products (``tt.dot`` ops of its TTIR; in these
+  kernels all sit in the main loop: GEMMs per iteration -- fused backward 5, split pair 4 + 3);
 * PTX instructions of the main loop's body (one iteration over a key tile -- or query tile in the
   ``*_bwd_kv`` kernels) and that per score: ``loop instructions x threads / (BLOCK_M x BLOCK_N)``
   (each thread runs the body once per iteration; the tile has ``BLOCK_M x BLOCK_N`` scores).
   Loops nested in the main loop (E-ATT's loop over head dimensions) count ``d`` times.
+  Both backward paths visit every (query tile, key tile) pair once per kernel, so the split
+  pair's cost per score is the sum of its two kernels' (the report's "fused vs split" table).
 
 The compile is the one the JIT does at the first launch: the real entry points
 (:func:`~fairseq_plugins.attention.triton.relu_attention`,
@@ -38,7 +42,8 @@ Exit status 2 when triton or its NVIDIA backend is missing.
 Usage::
 
     mt-kernel-report [--arch 90,80] [--dtypes fp16,bf16,fp32] [--head-dims 32,64,128]
-                     [--variants rela_enc,...] [--tiles first|all] [--out FILE] [--json FILE]
+                     [--variants rela_enc,...] [--bwd fused,split] [--tiles first|all]
+                     [--out FILE] [--json FILE]
 """
 
 import argparse
@@ -55,13 +60,14 @@ from . import provenance
 from .atomic import write_json_atomic, write_text_atomic
 
 __all__ = ["main", "VARIANTS", "MAIN", "DTYPES", "HEAD_DIMS", "ARCHS", "KERNELS", "launches",
-           "compile_launch", "analyse_ptx", "parse_ptxas_log", "report", "render", "problems"]
+           "compile_launch", "analyse_ptx", "parse_ptxas_log", "report", "render", "problems", "BWDS",
+           "bwd_comparison"]
 
 DTYPES = ("fp16", "bf16", "fp32")
 HEAD_DIMS = (32, 64, 128)
 #: compute capabilities: 90 -> sm_90a (H100, wgmma), 80 -> sm_80 (A100, mma.sync)
 ARCHS = (90, 80)
-KERNELS = {"rectified": ("rect_fwd", "rect_bwd_kv", "rect_bwd_q"),
+KERNELS = {"rectified": ("rect_fwd", "rect_bwd", "rect_bwd_kv", "rect_bwd_q"),
            "l1softmax": ("l1_fwd", "l1_bwd_kv", "l1_bwd_q"),
            "norm": ("norm_fwd", "norm_bwd")}
 #: variant -> (family, mask, causal, row scale tensor + eq. 7 statistics (ReLUFormer)); masks as
@@ -85,6 +91,10 @@ VARIANTS = {
 }
 #: attention dropout of the variants: off and the papers' 0.1
 DROPOUTS = (0.0, 0.1)
+#: backward paths of the rectified family (:func:`fairseq_plugins.attention.triton.set_rect_backward`):
+#: "fused" (``rect_bwd``, 5 GEMMs, atomic dQ; the default without deterministic algorithms) and
+#: "split" (``rect_bwd_kv`` + ``rect_bwd_q``, 7 GEMMs), compiled side by side for comparison
+BWDS = ("fused", "split")
 #: the main configurations: no spills and no serialized wgmma allowed (tests/test_kernel_report.py)
 MAIN = dict(arch=90, dtypes=("fp16", "bf16"), head_dims=(64,), tiles="first",
             variants=("rela_enc", "rela_causal", "reluformer_enc", "eatt_enc", "eatt_causal"))
@@ -107,23 +117,25 @@ class _Recorder:
 
 
 @contextlib.contextmanager
-def _recording(sink: list):
+def _recording(sink: list, bwd: str = "fused"):
     """Patch :mod:`fairseq_plugins.attention.triton` so that its entry points take CPU tensors
-    as if they were CUDA tensors (compiled mode) and record their kernel launches in ``sink``."""
+    as if they were CUDA tensors (compiled mode), record their kernel launches in ``sink`` and
+    take the rectified backward path ``bwd``."""
     import types
 
     import fairseq_plugins.attention.triton as tk
 
     real = tk._kernels(False)
     proxy = types.SimpleNamespace(**{n: _Recorder(n, sink) for fam in KERNELS.values() for n in fam})
-    saved = (tk._kernels, tk._mode, tk._seed)
+    saved = (tk._kernels, tk._mode, tk._seed, tk._RECT_BACKWARD)
     tk._kernels = lambda interpret: proxy
     tk._mode = lambda x: False
     tk._seed = lambda p: _SEED if p > 0 else 0
+    tk.set_rect_backward(bwd)
     try:
         yield real
     finally:
-        tk._kernels, tk._mode, tk._seed = saved
+        tk._kernels, tk._mode, tk._seed, tk._RECT_BACKWARD = saved
 
 
 def _model_layout(B, H, L, d, dtype, gen):
@@ -147,12 +159,16 @@ def _mask(kind: str, B: int, T: int, S: int):
     return pad | torch.ones(T, S, dtype=torch.bool).triu(1).view(1, 1, T, S)
 
 
-def launches(variant: str, dropout_p: float, dtype: str, head_dim: int) -> List[Tuple[str, tuple, dict]]:
+def launches(variant: str, dropout_p: float, dtype: str, head_dim: int,
+             bwd: str = "fused") -> List[Tuple[str, tuple, dict]]:
     """The kernel launches (name, positional args, keyword meta) of one forward + backward of
-    ``variant`` (a key of :data:`VARIANTS`) as the real entry point makes them.
+    ``variant`` (a key of :data:`VARIANTS`) as the real entry point makes them; the rectified
+    family's backward takes the path ``bwd`` (:data:`BWDS`; ``"fused"``: ``rect_bwd``, what
+    training runs unless deterministic algorithms are requested; ``"split"``: ``rect_bwd_kv`` +
+    ``rect_bwd_q``).
 
     Raises:
-        ValueError: unknown ``variant`` or ``dtype``.
+        ValueError: unknown ``variant``, ``dtype`` or ``bwd``.
     """
     import torch
 
@@ -162,6 +178,8 @@ def launches(variant: str, dropout_p: float, dtype: str, head_dim: int) -> List[
         raise ValueError(f"unknown variant {variant!r}; valid choices: {', '.join(VARIANTS)}")
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; valid choices: {', '.join(DTYPES)}")
+    if bwd not in BWDS:
+        raise ValueError(f"unknown backward {bwd!r}; valid choices: {', '.join(BWDS)}")
     family, mask_kind, causal, reluformer = VARIANTS[variant]
     dt = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
     B, H, T, S = SHAPE["B"], SHAPE["H"], SHAPE["T"], SHAPE["S"]
@@ -171,7 +189,7 @@ def launches(variant: str, dropout_p: float, dtype: str, head_dim: int) -> List[
     q, k, v = (_model_layout(B, H, n, head_dim, dt, gen) for n in (T, S, S))
     mask = _mask(mask_kind, B, T, S)
     sink: list = []
-    with _recording(sink), torch.enable_grad():
+    with _recording(sink, bwd), torch.enable_grad():
         if family == "rectified" and reluformer:
             # ReLUFormer: row scale r (B, 1, T, 1) float32 expanded from (B, 1, T|1, 1); eq. 7 terms
             r = torch.rand(B, 1, T if mask_kind == "future" else 1, 1, generator=gen) + 0.5
@@ -248,7 +266,7 @@ def compile_launch(real_module, name: str, args: tuple, meta: dict, arch: int, t
     num_stages)``, specialised by triton's own binder as the first launch on a GPU would be.
 
     Returns:
-        ``{"ptx": str, "shared": bytes, "ptxas_log": str, "target": "sm_90a"}``.
+        ``{"ptx": str, "shared": bytes, "ptxas_log": str, "target": "sm_90a", "gemms": tl.dot count}``.
 
     Raises:
         triton's compilation errors (the kernel does not compile for that target).
@@ -279,12 +297,13 @@ def compile_launch(real_module, name: str, args: tuple, meta: dict, arch: int, t
             cmd.insert(2, "--fmad=false")
         res = subprocess.run(cmd, capture_output=True, text=True)
     return {"ptx": ptx, "shared": int(kernel.metadata.shared), "ptxas_log": res.stdout + res.stderr,
-            "target": gpu}
+            "target": gpu, "gemms": len(_DOT.findall(kernel.asm.get("ttir", "")))}
 
 
 # --------------------------------------------------------------------------------------------
 # reading PTX and the ptxas log
 # --------------------------------------------------------------------------------------------
+_DOT = re.compile(r"=\s*tt\.dot\s")  # a GEMM in the TTIR (tl.dot), before lowering to wgmma / mma / FMA
 _LABEL = re.compile(r"^\s*(\$?[A-Za-z_][\w$]*):\s*$")
 _BRANCH = re.compile(r"\bbra(?:\.uni)?\s+(\$?[A-Za-z_][\w$]*)\s*;")
 _NOT_INSTR = re.compile(r"^\s*(?:\.|//|\{|\}|@@|$)")
@@ -413,20 +432,21 @@ def parse_ptxas_log(log: str) -> dict:
 # the report
 # --------------------------------------------------------------------------------------------
 def _tables(real_module) -> Dict[str, list]:
-    return {"rect_fwd": real_module._RECT_FWD, "rect_bwd_kv": real_module._RECT_BWD_KV,
+    return {"rect_fwd": real_module._RECT_FWD, "rect_bwd": real_module._RECT_BWD, "rect_bwd_kv": real_module._RECT_BWD_KV,
             "rect_bwd_q": real_module._RECT_BWD_Q, "l1_fwd": real_module._L1_FWD,
             "l1_bwd_kv": real_module._L1_BWD_KV, "l1_bwd_q": real_module._L1_BWD_Q}
 
 
 def report(archs: Iterable[int] = ARCHS, dtypes: Iterable[str] = DTYPES, head_dims: Iterable[int] = HEAD_DIMS,
            variants: Iterable[str] = tuple(VARIANTS), dropouts: Iterable[float] = DROPOUTS,
-           tiles: str = "first", log=None) -> List[dict]:
+           tiles: str = "first", log=None, bwds: Iterable[str] = BWDS) -> List[dict]:
     """One row per (arch, dtype, head dim, variant, dropout, kernel, tile): the compile's
     resources and counts (see the module docstring); a kernel that does not compile is a row
-    with ``error`` set.
+    with ``error`` set.  The rectified variants' backward is compiled on each path of ``bwds``
+    (:data:`BWDS`; ``rect_fwd`` once).
 
     Raises:
-        ValueError: unknown variant/dtype, or ``tiles`` not ``first``/``all``.
+        ValueError: unknown variant/dtype/backward path, or ``tiles`` not ``first``/``all``.
     """
     import fairseq_plugins.attention.triton as tk
 
@@ -442,7 +462,12 @@ def report(archs: Iterable[int] = ARCHS, dtypes: Iterable[str] = DTYPES, head_di
                 for p in dropouts:
                     if VARIANTS[variant][0] == "norm" and p > 0:
                         continue  # no dropout in the norm
-                    recorded = launches(variant, p, dtype, d)
+                    recorded, seen = [], set()
+                    for bwd in (bwds if VARIANTS[variant][0] == "rectified" else BWDS[:1]):
+                        for launch in launches(variant, p, dtype, d, bwd):
+                            if launch[0] not in seen:
+                                seen.add(launch[0])
+                                recorded.append(launch)
                     for arch in archs:
                         for name, args, meta in recorded:
                             module = real
@@ -464,7 +489,8 @@ def report(archs: Iterable[int] = ARCHS, dtypes: Iterable[str] = DTYPES, head_di
                                 except Exception as e:  # noqa: BLE001 - reported, not hidden
                                     row["error"] = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200]}"
                                 else:
-                                    row.update(target=c["target"], shared=c["shared"], **parse_ptxas_log(c["ptxas_log"]))
+                                    row.update(target=c["target"], shared=c["shared"], gemms=c["gemms"],
+                                               **parse_ptxas_log(c["ptxas_log"]))
                                     inner = d if name.startswith("l1") else 1
                                     row.update(analyse_ptx(c["ptx"], inner_trips=inner))
                                     threads = 32 * tile[2]
@@ -484,7 +510,8 @@ def _row_line(r: dict) -> str:
     if r["error"]:
         return f"{head}: ERROR {r['error']}"
     return (f"{head}: regs {r['registers']} spill {r['spill_stores']}/{r['spill_loads']} smem {r['shared']} "
-            f"wgmma {r['loop_wgmma']}/{r['wgmma']} mma {r['loop_mma']}/{r['mma']} loop {r['loop_dynamic']} "
+            f"gemms {r.get('gemms', '?')} wgmma {r['loop_wgmma']}/{r['wgmma']} mma {r['loop_mma']}/{r['mma']} "
+            f"loop {r['loop_dynamic']} "
             f"({r['ptx_per_score']}/score) warn {len(r['warnings'])} [{r['compile_s']} s]")
 
 
@@ -531,6 +558,63 @@ def _dropout_overhead(rows: List[dict]) -> List[str]:
     return out
 
 
+#: the split backward's kernels (:data:`BWDS`), compared with the fused ``rect_bwd``
+_SPLIT = ("rect_bwd_kv", "rect_bwd_q")
+
+
+def bwd_comparison(rows: List[dict]) -> List[dict]:
+    """The rectified backward's two paths side by side: per (arch, dtype, head dim, variant,
+    dropout) with rows of ``rect_bwd`` and both split kernels (the first tile of each, without
+    errors), ``{"arch", "dtype", "head_dim", "variant", "dropout", "fused": row, "kv": row,
+    "q": row, "split_per_score": kv + q PTX per score, "ratio": fused / split per score}``."""
+    by: Dict[tuple, Dict[str, dict]] = {}
+    for r in rows:
+        if not r["error"] and r["kernel"] in ("rect_bwd",) + _SPLIT:
+            key = (r["arch"], r["dtype"], r["head_dim"], r["variant"], r["dropout"])
+            by.setdefault(key, {}).setdefault(r["kernel"], r)
+    out = []
+    for key, ks in by.items():
+        if "rect_bwd" in ks and all(n in ks for n in _SPLIT):
+            split = round(ks["rect_bwd_kv"]["ptx_per_score"] + ks["rect_bwd_q"]["ptx_per_score"], 2)
+            out.append(dict(zip(("arch", "dtype", "head_dim", "variant", "dropout"), key), fused=ks["rect_bwd"],
+                            kv=ks["rect_bwd_kv"], q=ks["rect_bwd_q"], split_per_score=split,
+                            ratio=round(ks["rect_bwd"]["ptx_per_score"] / split, 3) if split else None))
+    return out
+
+
+def _bwd_lines(rows: List[dict]) -> List[str]:
+    """Markdown section of :func:`bwd_comparison` (empty without both paths)."""
+    comp = bwd_comparison(rows)
+    if not comp:
+        return []
+    lines = ["", "## Rectified backward: fused vs split", "",
+             "Fused: `rect_bwd`, one program per key tile, 5 GEMMs per (query tile, key tile), dQ by atomic "
+             "adds into float32 (the default unless `torch.use_deterministic_algorithms(True)`). Split: "
+             "`rect_bwd_kv` + `rect_bwd_q` (4 + 3 GEMMs: x and dP computed in both), deterministic. "
+             "GEMMs: `tl.dot` per main-loop iteration; wgmma: instructions per iteration (kv + q: each kernel's "
+             "own tile; + mma: GEMMs lowered to mma.sync, e.g. a 32-row one); /score: PTX per score (split: the "
+             "sum of both kernels').", "",
+             "| arch | dtype | d | variant | p | fused tile w/s | regs | spill | smem KiB | GEMMs | wgmma "
+             "| /score | split tiles w/s (kv; q) | regs | spill | smem KiB | GEMMs | wgmma | /score | fused / split |",
+             "|---|---|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+    def mma(r):
+        return f"{r['loop_wgmma']}" + (f" (+{r['loop_mma']} mma)" if r["loop_mma"] else "")
+
+    for c in comp:
+        f, kv, q = c["fused"], c["kv"], c["q"]
+        lines.append(
+            f"| sm_{c['arch']}{'a' if c['arch'] == 90 else ''} | {c['dtype']} | {c['head_dim']} | {c['variant']} | {c['dropout']:g} "
+            f"| {f['tile']} {f['warps']}/{f['stages']} | {f['registers']} | {f['spill_stores']}/{f['spill_loads']} "
+            f"| {f['shared'] / 1024:.1f} | {f.get('gemms', '?')} | {mma(f)} | {f['ptx_per_score']} "
+            f"| {kv['tile']} {kv['warps']}/{kv['stages']}; {q['tile']} {q['warps']}/{q['stages']} "
+            f"| {kv['registers']}/{q['registers']} "
+            f"| {kv['spill_stores'] + q['spill_stores']}/{kv['spill_loads'] + q['spill_loads']} "
+            f"| {kv['shared'] / 1024:.1f}/{q['shared'] / 1024:.1f} | {kv.get('gemms', '?')}+{q.get('gemms', '?')} "
+            f"| {mma(kv)}+{mma(q)} | {c['split_per_score']} "
+            f"| {c['ratio'] if c['ratio'] is not None else '-'} |")
+    return lines
+
+
 def render(rows: List[dict], record: dict) -> str:
     """The Markdown report: the targets' verdict, the dropout overhead, one table per arch, and
     the provenance section."""
@@ -565,6 +649,7 @@ def render(rows: List[dict], record: dict) -> str:
         lines += ["", "## Dropout overhead (target: <= +25 % PTX per score)", "",
                   "| arch | dtype | d | variant | kernel | tile | /score p=0 | /score p=0.1 | extra |",
                   "|---|---|---|---|---|---|---:|---:|---:|", *over]
+    lines += _bwd_lines(rows)
     for arch in sorted({r["arch"] for r in rows}, reverse=True):
         lines += ["", f"## sm_{arch}{'a' if arch == 90 else ''}", "",
                   "| dtype | d | variant | p | kernel | tile w/s | regs | spill | smem KiB | wgmma | mma "
@@ -600,6 +685,8 @@ def main(argv=None) -> int:
     p.add_argument("--head-dims", default=",".join(map(str, HEAD_DIMS)), help="comma list of head dimensions")
     p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma list of {', '.join(VARIANTS)}")
     p.add_argument("--dropouts", default=",".join(map(str, DROPOUTS)), help="attention dropout values")
+    p.add_argument("--bwd", default=",".join(BWDS),
+                   help=f"rectified backward paths compiled (comma list of {', '.join(BWDS)}; default both)")
     p.add_argument("--tiles", default="first", choices=("first", "all"), help="autotuning tiles compiled")
     p.add_argument("--out", default=os.path.join(provenance.ROOT, "results", "gpu", "kernel_report.md"))
     p.add_argument("--json", default=None, help="also write the rows as JSON here")
@@ -607,14 +694,14 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     try:
         archs, dtypes, dims = _csv(a.arch, int), _csv(a.dtypes), _csv(a.head_dims, int)
-        variants, dropouts = _csv(a.variants), _csv(a.dropouts, float)
+        variants, dropouts, bwds = _csv(a.variants), _csv(a.dropouts, float), _csv(a.bwd)
     except ValueError as e:
         p.error(str(e))
     bad = ([x for x in dtypes if x not in DTYPES] + [x for x in variants if x not in VARIANTS]
-           + [x for x in archs if x not in ARCHS])
-    if bad:
+           + [x for x in archs if x not in ARCHS] + [x for x in bwds if x not in BWDS])
+    if bad or not bwds:
         p.error(f"unknown {bad}; valid dtypes {', '.join(DTYPES)}; variants {', '.join(VARIANTS)}; "
-                f"arch {', '.join(map(str, ARCHS))}")
+                f"arch {', '.join(map(str, ARCHS))}; bwd {', '.join(BWDS)}")
     try:
         import triton
         import triton.backends.nvidia.compiler  # noqa: F401
@@ -624,7 +711,7 @@ def main(argv=None) -> int:
     os.environ.pop("TRITON_INTERPRET", None)
     record = provenance.collect(provenance.command_line("mt-kernel-report", argv), triton=triton.__version__)
     t0 = time.time()
-    rows = report(archs, dtypes, dims, variants, dropouts, a.tiles, log=sys.stderr)
+    rows = report(archs, dtypes, dims, variants, dropouts, a.tiles, log=sys.stderr, bwds=bwds)
     record["wall_s"] = round(time.time() - t0, 1)
     text = render(rows, record)
     write_text_atomic(a.out, text)

@@ -4,6 +4,7 @@ compiled for sm_90a (H100) without a GPU, as the JIT specialises them: no spills
 wgmma.  The compile tests skip with a reason when triton or its NVIDIA backend is missing."""
 
 import pytest
+import torch
 
 import fairseq_plugins.attention.triton as tk
 from mt_pipeline import kernel_report as kr
@@ -61,12 +62,37 @@ def test_parse_ptxas_log():
     assert kr.problems([dict(row, warnings=[], spill_stores=0, spill_loads=0)]) == []
 
 
+def test_bwd_comparison_pairs_the_fused_kernel_with_the_split_pair():
+    """One comparison per configuration with all three backward kernels; the split pair's PTX per
+    score is the sum of its two kernels'; rendered as a Markdown section (none without a pair)."""
+    base = dict(arch=90, dtype="fp16", head_dim=64, variant="rela_enc", dropout=0.1, error=None, warps=8,
+                stages=2, registers=200, spill_stores=0, spill_loads=0, shared=57344, loop_wgmma=20,
+                loop_mma=0, wgmma=20, mma=0)
+    rows = [dict(base, kernel="rect_bwd", tile="32x128", gemms=5, ptx_per_score=40.0),
+            dict(base, kernel="rect_bwd_kv", tile="64x64", gemms=4, ptx_per_score=30.0),
+            dict(base, kernel="rect_bwd_q", tile="64x64", gemms=3, ptx_per_score=20.0, loop_mma=8),
+            dict(base, kernel="rect_bwd_q", tile="32x64", gemms=3, ptx_per_score=99.0),  # a later tile
+            dict(base, kernel="rect_bwd", dropout=0.0, tile="32x128", gemms=5, ptx_per_score=30.0)]
+    (c,) = kr.bwd_comparison(rows)
+    assert (c["dropout"], c["split_per_score"], c["ratio"]) == (0.1, 50.0, 0.8)
+    lines = kr._bwd_lines(rows)
+    assert lines[1] == "## Rectified backward: fused vs split"
+    assert lines[-1].startswith("| sm_90a | fp16 | 64 | rela_enc | 0.1 | 32x128 8/2 |")
+    assert "| 4+3 | 20+20 (+8 mma) | 50.0 | 0.8 |" in lines[-1]
+    assert kr._bwd_lines(rows[:1]) == []
+
+
 @needs_nvidia
 def test_launches_are_those_of_the_real_entry_points():
-    """Forward + backward of each family: three kernels, compiled-mode meta, model-layout strides
-    (unit stride on the head dimension, which the JIT turns into a constant)."""
+    """Forward + backward of each family: the rectified one with the fused backward (two kernels)
+    or the split one (three), E-ATT three kernels; compiled-mode meta, model-layout strides (unit
+    stride on the head dimension, which the JIT turns into a constant)."""
     rec = kr.launches("reluformer_enc", 0.1, "bf16", 64)
-    assert [n for n, _, _ in rec] == ["rect_fwd", "rect_bwd_kv", "rect_bwd_q"]
+    assert [n for n, _, _ in rec] == ["rect_fwd", "rect_bwd"]
+    assert rec[1][1][8].dtype == torch.float32  # DQ: the float32 buffer the atomic adds go into
+    assert [n for n, _, _ in kr.launches("rela_causal", 0.0, "fp16", 64, bwd="split")] == [
+        "rect_fwd", "rect_bwd_kv", "rect_bwd_q"]
+    assert tk.rect_backward() == "fused"  # the recording put the setting back
     name, args, meta = rec[0]
     assert meta["HAS_R"] and meta["STATS"] and meta["DROPOUT"] and meta["MASK_MODE"] == 1 and not meta["UPCAST"]
     assert "BLOCK_M" not in meta  # the autotuner's, set per tile by the report
@@ -76,6 +102,8 @@ def test_launches_are_those_of_the_real_entry_points():
     assert kr.launches("eatt_dec", 0.0, "fp16", 32)[0][2]["MASK_MODE"] == 2
     with pytest.raises(ValueError, match="valid choices"):
         kr.launches("nope", 0.0, "bf16", 64)
+    with pytest.raises(ValueError, match="valid choices: fused, split"):
+        kr.launches("rela_enc", 0.0, "bf16", 64, bwd="atomic")
 
 
 #: main configurations still over the targets, with the issue 28 item that removes them; strict:
@@ -98,15 +126,22 @@ def _main_cases():
 @pytest.mark.parametrize("variant,p,dtype", list(_main_cases()))
 def test_main_configurations_compile_for_sm90a_without_spills_or_serialized_wgmma(variant, p, dtype, monkeypatch):
     """Issue 28's targets on the main configurations (``kr.MAIN``: sm_90a, d 64, the first
-    autotuning tile, JIT specialisations): every kernel of forward + backward compiles, spills
-    nothing and gets no ``wgmma ... serialized`` warning from ptxas."""
+    autotuning tile, JIT specialisations): every kernel of forward + backward (the rectified one
+    on both backward paths) compiles, spills nothing and gets no ``wgmma ... serialized`` warning
+    from ptxas; the fused backward runs 5 GEMMs per iteration, the split pair 4 + 3."""
     pytest.importorskip("triton.backends.nvidia.compiler", reason="triton without its NVIDIA backend")
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     rows = kr.report(archs=(kr.MAIN["arch"],), dtypes=(dtype,), head_dims=kr.MAIN["head_dims"],
                      variants=(variant,), dropouts=(p,), tiles=kr.MAIN["tiles"])
-    assert len(rows) == 3 and all(r["target"] == "sm_90a" for r in rows if not r["error"])
+    rectified = kr.VARIANTS[variant][0] == "rectified"
+    assert len(rows) == (4 if rectified else 3) and all(r["target"] == "sm_90a" for r in rows if not r["error"])
     assert all(r["loop_wgmma"] > 0 for r in rows if not r["error"])  # tensor cores in the main loop
     assert kr.problems(rows) == []
+    if rectified:
+        assert {r["kernel"]: r["gemms"] for r in rows if r["kernel"] != "rect_fwd"} == {
+            "rect_bwd": 5, "rect_bwd_kv": 4, "rect_bwd_q": 3}
+        (comp,) = kr.bwd_comparison(rows)
+        assert comp["ratio"] < 1  # fewer PTX instructions per score than the split pair
 
 
 @needs_nvidia
@@ -121,5 +156,5 @@ def test_fused_norm_compiles_for_sm90a_without_spills(monkeypatch):
     assert rec[0][2]["GATE"] and rec[0][2]["BLOCK_G"] == kr.SHAPE["H"] and rec[0][2]["BLOCK_N"] == 64
     rows = kr.report(archs=(90,), dtypes=("fp16", "bf16"), head_dims=(64,),
                      variants=("rela_g_norm", "rela_g_norm_head"), dropouts=(0.0, 0.1))
-    assert len(rows) == 8 and kr.problems(rows) == []
+    assert len(rows) == 8 and kr.problems(rows) == [] and kr.bwd_comparison(rows) == []
     assert all(r["target"] == "sm_90a" and 0 < r["registers"] <= 128 for r in rows)

@@ -32,6 +32,15 @@ def interp(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
 
 
+@pytest.fixture(params=["fused", "split"])
+def bwd(request):
+    """The rectified backward path (``tk.set_rect_backward``): the fused 5-GEMM kernel with
+    atomic dQ, or the two deterministic kernels; reset to the default afterwards."""
+    tk.set_rect_backward(request.param)
+    yield request.param
+    tk.set_rect_backward(None)
+
+
 def qkv(B, H, T, S, d, dtype=F64, seed=0, device="cpu"):
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(B, H, T, d, generator=g, dtype=F64) * d ** -0.5
@@ -94,7 +103,7 @@ CASES = [  # (T, S, d, mask, causal, need_stats, row_scale, dtype)
 
 @needs_triton
 @pytest.mark.parametrize("T,S,d,mask_kind,causal,need_stats,rs,dtype", CASES)
-def test_rectified_parity_with_torch(interp, T, S, d, mask_kind, causal, need_stats, rs, dtype):
+def test_rectified_parity_with_torch(interp, bwd, T, S, d, mask_kind, causal, need_stats, rs, dtype):
     B, H = 2, 2
     q, k, v = qkv(B, H, T, S, d, dtype)
     mask = make_mask(mask_kind, B, H, T, S)
@@ -118,7 +127,7 @@ def test_rectified_parity_with_torch(interp, T, S, d, mask_kind, causal, need_st
 
 
 @needs_triton
-def test_rectified_null_rows_are_exact_zeros(interp):
+def test_rectified_null_rows_are_exact_zeros(interp, bwd):
     """ReLA's null attention: a query with no positive score gives exact zeros, gradients too."""
     B, H, T, S, d = 1, 2, 6, 20, 16
     q, k, v = qkv(B, H, T, S, d, F32)
@@ -136,7 +145,7 @@ def test_rectified_null_rows_are_exact_zeros(interp):
 @needs_triton
 @pytest.mark.parametrize("activation,act", [("gelu", F.gelu),
                                             ("leaky_relu", lambda x: F.leaky_relu(x, 0.01))])
-def test_rectified_activation_variants(interp, activation, act):
+def test_rectified_activation_variants(interp, bwd, activation, act):
     """ReLA Table 1 rows 9-10: GeLU / Leaky ReLU on scores with masked scores set to 0 first."""
     B, H, T, S, d = 2, 2, 9, 21, 16
     q, k, v = qkv(B, H, T, S, d, F64)
@@ -150,7 +159,7 @@ def test_rectified_activation_variants(interp, activation, act):
 
 
 @needs_triton
-def test_rectified_bfloat16_and_float16_close_to_float32(interp):
+def test_rectified_bfloat16_and_float16_close_to_float32(interp, bwd):
     B, H, T, S, d = 2, 2, 13, 29, 16
     mask = make_mask("left", B, H, T, S)
     ref_q, ref_k, ref_v = qkv(B, H, T, S, d, F64)
@@ -167,7 +176,7 @@ def test_rectified_bfloat16_and_float16_close_to_float32(interp):
 
 @needs_triton
 @pytest.mark.parametrize("T,S,d", [(20, 16, 16), (21, 37, 40)])
-def test_rectified_dropout_mask_is_regenerated_in_backward(interp, T, S, d):
+def test_rectified_dropout_mask_is_regenerated_in_backward(interp, bwd, T, S, d):
     """With ``v = I`` the output *is* the dropped, rescaled weights: the mask is visible, and
     the gradients must equal autograd's through that explicit mask (backward regenerates it,
     in transposed tiles too; several key tiles, S not a multiple of 16)."""
@@ -195,6 +204,134 @@ def test_rectified_dropout_mask_is_regenerated_in_backward(interp, T, S, d):
     torch.manual_seed(0)  # same seed, same mask
     again = tk.relu_attention(q, k, v, 1.0, dropout_p=0.3)
     assert torch.equal(again.detach(), out.detach())
+
+
+class _Spy:
+    """Stands in for a kernel of the interpreted module: records ``kernel[grid](...)`` calls."""
+
+    def __init__(self, name, kernel, calls):
+        self.name, self.kernel, self.calls = name, kernel, calls
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.calls.append(self.name)
+            return self.kernel[grid](*args, **kwargs)
+        return launch
+
+
+@needs_triton
+@pytest.mark.parametrize("T,S,d,causal,dtype", [
+    (9, 37, 32, True, F64), (37, 9, 64, True, F32), (21, 21, 128, True, F32), (13, 29, 40, False, F64),
+    (1, 23, 64, False, F64), (1, 23, 32, True, F32)])
+def test_rectified_fused_backward_head_dims(interp, T, S, d, causal, dtype, monkeypatch):
+    """The fused backward (one ``rect_bwd`` launch, no ``rect_bwd_kv``/``rect_bwd_q``) vs the
+    torch path: head dims 32/64/128 and 40 (not a power of two), T != S both ways, causal (T > S
+    leaves fully blocked rows), decoding (T = 1), key padding with a fully padded batch item,
+    row scale and the eq. 7 terms."""
+    B, H = 2, 2
+    mod = tk._kernels(True)
+    calls = []
+    for name in ("rect_bwd", "rect_bwd_kv", "rect_bwd_q"):
+        monkeypatch.setattr(mod, name, _Spy(name, getattr(mod, name), calls))
+    tk.set_rect_backward("fused")
+    try:
+        q, k, v = qkv(B, H, T, S, d, dtype)
+        mask = make_mask("dead", B, H, T, S)
+        r = (torch.rand(B, 1, T, 1, generator=torch.Generator().manual_seed(3), dtype=F64) * 2).to(dtype)
+        ups = upstream([(B, H, T, d), (B, H, T), (B, H, T)])
+        res = []
+        for fn in (tk.relu_attention, relu_attention_reference):
+            out, (rs, rl) = fn(q, k, v, r, mask=mask, need_stats=True, causal=causal)
+            res.append(grads_of([out, rs, rl], ups, (q, k, v)))
+    finally:
+        tk.set_rect_backward(None)
+    assert calls == ["rect_bwd"]
+    for a, b in zip(*res):
+        assert_close(a, b, dtype)
+    assert torch.equal(res[0][0][0], torch.zeros_like(res[0][0][0]))  # fully padded item: dQ exactly 0
+
+
+@needs_triton
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_fused_and_split_backward_agree_under_dropout(interp, activation, monkeypatch):
+    """Same seed, same dropout mask in both backward paths (``_keep`` regenerated per tile): the
+    fused and the split gradients agree to the last bits of summation order (float64), with the
+    general mask (mode 2), causal skipping and, for ReLU, the eq. 7 terms."""
+    B, H, T, S, d = 2, 2, 19, 35, 16
+    q, k, v = qkv(B, H, T, S, d, F64)
+    mask = make_mask("general", B, H, T, S)
+    stats = activation == "relu"
+    ups = upstream([(B, H, T, d), (B, H, T), (B, H, T)])
+    res = []
+    for mode in ("fused", "split"):
+        tk.set_rect_backward(mode)
+        try:
+            torch.manual_seed(5)
+            out = tk.relu_attention(q, k, v, 0.8, mask=mask, dropout_p=0.25, need_stats=stats, causal=True,
+                                    activation=activation)
+        finally:
+            tk.set_rect_backward(None)
+        outs = [out[0], *out[1]] if stats else [out]
+        res.append(([o.detach() for o in outs], grads_of(outs, ups[:len(outs)], (q, k, v))))
+    (o_f, g_f), (o_s, g_s) = res
+    assert all(torch.equal(a, b) for a, b in zip(o_f, o_s))  # same forward, same mask
+    for a, b in zip(g_f, g_s):
+        assert_close(a, b, F64)
+    assert (g_f[0] != 0).any() and (g_f[1] != 0).any()
+
+
+@needs_triton
+@pytest.mark.parametrize("B,T,S", [(2, 0, 5), (2, 5, 0), (0, 5, 5)])
+def test_rectified_empty_shapes(interp, bwd, B, T, S):
+    """No queries, no keys or no batch: zero gradients of the right shapes on both paths."""
+    q, k, v = qkv(B, 2, T, S, 16, F32)
+    out, (rs, rl) = tk.relu_attention(q, k, v, 1.0, need_stats=True)
+    grads = torch.autograd.grad(out.sum() + rs.sum() + rl.sum(), (q, k, v))
+    for g, x in zip(grads, (q, k, v)):
+        assert g.shape == x.shape and g.dtype == x.dtype and not g.any()
+
+
+@needs_triton
+def test_fused_backward_tiles_tried(monkeypatch):
+    """The fused backward's autotuning candidates: its 64x128 one-stage tile only without dropout
+    (it spills with it); decoding (T = 1) keeps the tiles of at most 32 queries."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    mod = tk._kernels(False)
+    table = mod._RECT_BWD
+    assert (64, 128, 8, 1) in mod._tried(table, {"STATS": True, "DROPOUT": False})
+    assert mod._tried(table, {"STATS": True, "DROPOUT": True}) == [t for t in table if t != (64, 128, 8, 1)]
+    configs = mod.rect_bwd.configs
+    kept = mod._prune(configs, {"T_KEY": 1, "S_KEY": 1024, "STATS": False, "DROPOUT": True})
+    assert kept and all(c.kwargs["BLOCK_M"] <= 32 for c in kept)
+
+
+def test_rect_backward_selection(monkeypatch):
+    """``auto`` is ``fused`` unless torch's deterministic algorithms are requested; the setting
+    wins over ``MT_RECT_BACKWARD``; unknown names are refused with the valid ones."""
+    monkeypatch.delenv("MT_RECT_BACKWARD", raising=False)
+    tk.set_rect_backward(None)
+    assert tk.rect_backward() == "fused"
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert tk.rect_backward() == "split"
+        tk.set_rect_backward("fused")
+        assert tk.rect_backward() == "fused"  # asked for explicitly
+    finally:
+        torch.use_deterministic_algorithms(was)
+        tk.set_rect_backward(None)
+    monkeypatch.setenv("MT_RECT_BACKWARD", "split")
+    assert tk.rect_backward() == "split"
+    tk.set_rect_backward("auto")
+    try:
+        assert tk.rect_backward() == "fused"
+    finally:
+        tk.set_rect_backward(None)
+    monkeypatch.setenv("MT_RECT_BACKWARD", "atomic")
+    with pytest.raises(ValueError, match="valid choices: auto, fused, split"):
+        tk.rect_backward()
+    with pytest.raises(ValueError, match="valid choices: auto, fused, split"):
+        tk.set_rect_backward("fast")
 
 
 @needs_triton
@@ -568,7 +705,7 @@ def test_kernels_compile_for_the_gpu_without_one(arch, monkeypatch):
     pytest.importorskip("triton.backends.nvidia", reason="triton without its NVIDIA backend")
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     shared = tk.compile_offline(arch, torch.bfloat16)
-    assert len(shared) == 6
+    assert len(shared) == 7 and any(n.startswith("rect_bwd ") for n in shared)
     assert all(0 < v <= 227 * 1024 for v in shared.values()), shared
 
 

@@ -1,5 +1,7 @@
 """The compiled Triton kernels on a CUDA GPU: every autotune tile, causal with T != S, dropout,
-head dims 32/64/128, decoding (T = 1) and the attention module's strided layout (issue 28).
+head dims 32/64/128, decoding (T = 1) and the attention module's strided layout (issue 28); the
+rectified backward on both paths (``tk.set_rect_backward``: the fused 5-GEMM ``rect_bwd`` with
+atomic dQ, and the split ``rect_bwd_kv`` + ``rect_bwd_q``).
 
 Each check is a function of the device and the run mode, so the same code runs:
 
@@ -28,8 +30,20 @@ needs_triton = pytest.mark.skipif(not tk.triton_available(),
                                   reason="triton is not installed (pip install -e .[gpu])")
 F64 = torch.float64
 TOL = {torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 2e-2, F64: 1e-9}
-RECT_KERNELS = ("rect_fwd", "rect_bwd_kv", "rect_bwd_q")
+RECT_KERNELS = ("rect_fwd", "rect_bwd", "rect_bwd_kv", "rect_bwd_q")
+#: the backward path that launches each rectified kernel (rect_fwd: either)
+RECT_PATH = {"rect_fwd": None, "rect_bwd": "fused", "rect_bwd_kv": "split", "rect_bwd_q": "split"}
 L1_KERNELS = ("l1_fwd", "l1_bwd_kv", "l1_bwd_q")
+
+
+@contextlib.contextmanager
+def backward(mode):
+    """``relu_attention``'s backward path inside the block (None: the default, ``auto``)."""
+    tk.set_rect_backward(mode)
+    try:
+        yield
+    finally:
+        tk.set_rect_backward(None)
 
 
 @pytest.fixture
@@ -99,14 +113,15 @@ def l1_reference(q, k, v, scale, mask=None, causal=False):
     return w @ v
 
 
-def check_rectified(device, dtype, B, H, T, S, d, causal, layout="contiguous", stats=True):
+def check_rectified(device, dtype, B, H, T, S, d, causal, layout="contiguous", stats=True, bwd=None):
     """Fused ReLU attention (row scale, key padding, ``causal``, eq. 7 statistics) and its gradients
-    vs the float64 reference."""
+    (backward path ``bwd``: ``"fused"``, ``"split"``, None = the default) vs the float64 reference."""
     q, k, v = inputs(B, H, T, S, d, dtype, device, layout)
     mask = key_padding(B, S, device)
     r = (torch.rand(B, 1, T, 1, generator=torch.Generator().manual_seed(3), dtype=F64) + 0.5).to(device)
     ups = upstream([(B, H, T, d), (B, H, T), (B, H, T)], device)
-    res = tk.relu_attention(q, k, v, r.float(), mask=mask, need_stats=stats, causal=causal)
+    with backward(bwd):
+        res = tk.relu_attention(q, k, v, r.float(), mask=mask, need_stats=stats, causal=causal)
     outs = [res[0], *res[1]] if stats else [res]
     g_t = grads(outs, ups, (q, k, v))
     q64, k64, v64 = (x.detach().double().requires_grad_() for x in (q, k, v))
@@ -116,7 +131,7 @@ def check_rectified(device, dtype, B, H, T, S, d, causal, layout="contiguous", s
     assert outs[0].stride() == q.stride(), "the output keeps q's layout"
     for name, a, b in zip(["out", "row_sum", "row_slogs"][:len(outs)] + ["dq", "dk", "dv"],
                           outs + list(g_t), refs + list(g_r)):
-        close(a, b, dtype, f"rectified {name} (T {T}, S {S}, d {d}, causal {causal}, {layout})")
+        close(a, b, dtype, f"rectified {name} (T {T}, S {S}, d {d}, causal {causal}, {layout}, bwd {bwd})")
 
 
 def check_l1(device, dtype, B, H, T, S, d, causal, layout="contiguous"):
@@ -133,16 +148,17 @@ def check_l1(device, dtype, B, H, T, S, d, causal, layout="contiguous"):
         close(a, b, dtype, f"l1 {name} (T {T}, S {S}, d {d}, causal {causal}, {layout})")
 
 
-def check_dropout(device, T, S, d, p=0.3):
+def check_dropout(device, T, S, d, p=0.3, bwd=None):
     """Attention dropout of the rectified kernel: with ``v = I`` the output *is* the dropped,
-    rescaled weights, so the mask is visible; the rate is about ``p``; the gradients equal
-    autograd's through that explicit mask (the backward regenerates it); the same seed gives the
-    same mask.  Needs ``S <= d``."""
+    rescaled weights, so the mask is visible; the rate is about ``p``; the gradients (backward
+    path ``bwd``) equal autograd's through that explicit mask (the backward regenerates it); the
+    same seed gives the same mask.  Needs ``S <= d``."""
     assert S <= d
     q, k, _ = inputs(1, 2, T, S, d, torch.float32, device)
     v = torch.eye(S, d, dtype=torch.float32, device=device).expand(1, 2, S, d).clone().requires_grad_()
     torch.manual_seed(0)
-    out = tk.relu_attention(q, k, v, 1.0, dropout_p=p)
+    with backward(bwd):
+        out = tk.relu_attention(q, k, v, 1.0, dropout_p=p)
     rate = tk._dropout_rate(p)
     s = torch.relu(q.double() @ k.double().transpose(-1, -2)).detach()
     kept = out.detach()[..., :S] != 0
@@ -155,10 +171,31 @@ def check_dropout(device, T, S, d, p=0.3):
     q64, k64, v64 = (x.detach().double().requires_grad_() for x in (q, k, v))
     ref = (torch.relu(q64 @ k64.transpose(-1, -2)) * kept / (1 - rate)) @ v64
     for name, a, b in zip(["dq", "dk", "dv"], g_t, grads([ref], ups, (q64, k64, v64))):
-        close(a, b, torch.float32, f"dropout {name}")
+        close(a, b, torch.float32, f"dropout {name} (bwd {bwd})")
     torch.manual_seed(0)
     assert torch.equal(tk.relu_attention(q, k, v, 1.0, dropout_p=p).detach(), out.detach()), "same seed, same mask"
     return out.detach()
+
+
+def check_fused_equals_split(device, dtype, T, S, d, p=0.1):
+    """Both backward paths from one forward's seed (dropout ``p``, key padding, causal, row scale,
+    eq. 7 terms): same forward, gradients equal up to summation order (the fused path's dQ is a
+    sum of atomic adds: ``tol`` relative to the largest entry)."""
+    q, k, v = inputs(2, 3, T, S, d, dtype, device)
+    mask = key_padding(2, S, device)
+    r = (torch.rand(2, 1, T, 1, generator=torch.Generator().manual_seed(3), dtype=F64) + 0.5).to(device)
+    ups = upstream([(2, 3, T, d), (2, 3, T), (2, 3, T)], device)
+    res = []
+    for bwd in ("fused", "split"):
+        torch.manual_seed(7)
+        with backward(bwd):
+            out, (rs, rl) = tk.relu_attention(q, k, v, r.float(), mask=mask, dropout_p=p, need_stats=True,
+                                              causal=True)
+        res.append((out.detach(), grads([out, rs, rl], ups, (q, k, v))))
+    (o_f, g_f), (o_s, g_s) = res
+    assert torch.equal(o_f, o_s), "one seed, one forward"
+    for name, a, b in zip(["dq", "dk", "dv"], g_f, g_s):
+        close(a, b, dtype, f"fused vs split {name} (T {T}, S {S}, d {d}, p {p})")
 
 
 @contextlib.contextmanager
@@ -188,11 +225,13 @@ def _tiles(names):
 @needs_triton
 def test_checks_hold_under_the_interpreter(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    check_rectified("cpu", torch.float32, 2, 2, 9, 21, 16, causal=True, layout="module")
-    check_rectified("cpu", torch.float32, 2, 2, 1, 21, 32, causal=False, stats=False)
+    for bwd in ("fused", "split"):
+        check_rectified("cpu", torch.float32, 2, 2, 9, 21, 16, causal=True, layout="module", bwd=bwd)
+        check_rectified("cpu", torch.float32, 2, 2, 1, 21, 32, causal=False, stats=False, bwd=bwd)
+        check_dropout("cpu", 20, 16, 16, bwd=bwd)
+    check_fused_equals_split("cpu", torch.float32, 9, 21, 16)
     check_l1("cpu", torch.float32, 2, 2, 9, 21, 16, causal=True, layout="module")
     check_l1("cpu", torch.float32, 2, 2, 1, 21, 16, causal=False)
-    check_dropout("cpu", 20, 16, 16)
 
 
 @needs_triton
@@ -225,10 +264,11 @@ def test_cuda_every_autotune_tile_matches_the_reference(compiled, family):
     check = check_rectified if family == "rectified" else check_l1
     failures = []
     for name, config in _tiles(names):
+        kw = {"bwd": RECT_PATH[name]} if family == "rectified" else {}  # the path that launches it
         for dtype in (torch.float32, torch.bfloat16):
             with forced_config(getattr(mod, name), config):
                 try:
-                    check("cuda", dtype, 2, 3, 300, 333, 64, causal=True)
+                    check("cuda", dtype, 2, 3, 300, 333, 64, causal=True, **kw)
                 except AssertionError as err:
                     failures.append(f"{name} {config} {dtype}: {err}")
     assert not failures, "\n".join(failures)
@@ -241,10 +281,12 @@ def test_cuda_every_autotune_tile_matches_the_reference(compiled, family):
 def test_cuda_causal_and_head_dims(compiled, d, T, S, dtype):
     """Causal masking with T != S (keys ``j > i + S - T`` blocked; T > S leaves fully blocked rows),
     decoding (T = 1), head dims 32 / 64 / 128, both kernel families."""
-    check_rectified("cuda", dtype, 2, 3, T, S, d, causal=True)
+    for bwd in ("fused", "split"):
+        check_rectified("cuda", dtype, 2, 3, T, S, d, causal=True, bwd=bwd)
+        if T == S:
+            check_rectified("cuda", dtype, 2, 3, T, S, d, causal=False, bwd=bwd)
     check_l1("cuda", dtype, 2, 3, T, S, d, causal=True)
     if T == S:
-        check_rectified("cuda", dtype, 2, 3, T, S, d, causal=False)
         check_l1("cuda", dtype, 2, 3, T, S, d, causal=False)
 
 
@@ -264,5 +306,18 @@ def test_cuda_dropout_is_regenerated_and_tile_independent(compiled):
     outs = []
     for config in (mod.rect_fwd.configs[0], mod.rect_fwd.configs[-1]):
         with forced_config(mod.rect_fwd, config):
-            outs.append(check_dropout("cuda", 200, 128, 128))
-    assert torch.equal(outs[0], outs[1])
+            for bwd in ("fused", "split"):
+                outs.append(check_dropout("cuda", 200, 128, 128, bwd=bwd))
+    assert all(torch.equal(outs[0], o) for o in outs[1:])
+
+
+@needs_cuda
+@pytest.mark.parametrize("d", [32, 64, 128])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_cuda_fused_backward_equals_split_and_survives_autotuning(compiled, d, dtype):
+    """The fused backward's first call tunes (its timed runs add into dQ: ``reset_to_zero``
+    must leave nothing behind), then matches the reference and the split path under dropout."""
+    mod = tk._kernels(False)
+    mod.rect_bwd.cache.clear()
+    check_rectified("cuda", dtype, 2, 3, 300, 333, d, causal=True, bwd="fused")
+    check_fused_equals_split("cuda", dtype, 257, 300, d)

@@ -36,14 +36,27 @@ cost ``3 d`` additions per pair on the CUDA cores (that is the paper's mechanism
 multiplication in ``f(Q, K)``); only ``p V`` runs on tensor cores.
 
 Backward recomputes the score tiles (memory ``O(T)``: only ``Q, K, V, O`` and, for E-ATT, the
-row log-sum-exp ``(B, H, T)`` are kept) in two kernels without atomics: one program per key tile
-accumulates ``dK, dV`` over query tiles, one per query tile accumulates ``dQ`` over key tiles::
+row log-sum-exp ``(B, H, T)`` are kept)::
 
     rectified: dS = drop(dO V^T) + g_sum + g_slogs (log s + 1);  dX = dS act'(x) valid
                dV = drop(s)^T dO;  dK = (r dX)^T Q;  dQ = r (dX K)
     L1:        dP = drop(dO V^T);  dS = P (dP - delta),  delta_i = dO_i . O_i
                dV = drop(P)^T dO;  dk_jd = scale sum_i dS_ij sgn(q_id - k_jd);
                dq_id = -scale sum_j dS_ij sgn(q_id - k_jd)   (sgn(0) = 0, as torch.cdist)
+
+The rectified backward has two paths (:func:`set_rect_backward`, ``MT_RECT_BACKWARD``):
+
+* ``fused`` (the default unless ``torch.use_deterministic_algorithms(True)``): FlashAttention-2's
+  one kernel ``rect_bwd``, one program per key tile holding ``dK, dV`` in registers, looping over
+  the query tiles with five GEMMs per tile pair (``x``, ``dP``, ``dV``, ``dK``, ``dQ``) and adding
+  each ``dQ`` tile into a float32 (float64) ``(B, H, T, d)`` buffer with relaxed atomic adds
+  (``red.global.add``), cast to the input dtype after the kernel.  The order of the atomic sums
+  varies from run to run: ``dQ`` is reproducible to rounding, not bitwise.
+* ``split``: two kernels without atomics, bitwise deterministic: ``rect_bwd_kv`` (one program per
+  key tile accumulates ``dK, dV`` over query tiles) and ``rect_bwd_q`` (one per query tile
+  accumulates ``dQ`` over key tiles): seven GEMMs per tile pair (``x`` and ``dP`` in both).
+
+E-ATT's backward is split the same way (``l1_bwd_kv``, ``l1_bwd_q``).
 
 Masks reach the kernels as bytes with their broadcast strides: a key-padding mask
 ``(B|1, 1, 1, S)`` is read as one row per tile (mask mode 1), a general mask ``(B|1, 1, T, S)``
@@ -87,7 +100,8 @@ from typing import Optional
 import torch
 
 __all__ = ["relu_attention", "l1_softmax_attention", "triton_available", "interpret_requested",
-           "self_test", "compile_offline", "ACTIVATIONS", "MAX_HEAD_DIM", "FAMILIES"]
+           "self_test", "compile_offline", "set_rect_backward", "rect_backward", "ACTIVATIONS",
+           "MAX_HEAD_DIM", "FAMILIES", "RECT_BACKWARDS"]
 
 #: activations of :func:`relu_attention` -> kernel code (0 ReLU, 1 GeLU, 2 Leaky ReLU 0.01)
 ACTIVATIONS = {"relu": 0, "gelu": 1, "leaky_relu": 2}
@@ -306,8 +320,57 @@ def _rect_inputs(q, k, v, r_t, mask):
     return (B, H, T, S, d), r_arg, r_str, m_arg, m_str, mode
 
 
+#: backward paths of :func:`relu_attention` (see :func:`set_rect_backward`)
+RECT_BACKWARDS = ("auto", "fused", "split")
+_RECT_BACKWARD: Optional[str] = None
+
+
+def set_rect_backward(mode: Optional[str]) -> None:
+    """Choose the backward of :func:`relu_attention` for the calls that follow.
+
+    * ``"fused"``: one kernel (``rect_bwd``), FlashAttention-2's five GEMMs per score tile
+      (``x = r Q K^T``, ``dP = dO V^T``, ``dV += drop(s)^T dO``, ``dK += (r dX)^T Q``,
+      ``dQ += r dX K``): one program per key tile loops over the query tiles and adds its
+      ``dQ`` tile into a float32 (float64) buffer with atomic adds.  The order of those sums varies
+      from run to run, so ``dQ`` is not bitwise reproducible (last bits).
+    * ``"split"``: two kernels without atomics (``rect_bwd_kv``: ``dK, dV`` per key tile;
+      ``rect_bwd_q``: ``dQ`` per query tile), seven GEMMs (``x`` and ``dP`` computed in both):
+      bitwise deterministic.
+    * ``"auto"`` (the default): ``"split"`` when ``torch.are_deterministic_algorithms_enabled()``
+      (``torch.use_deterministic_algorithms(True)``), else ``"fused"``.
+    * ``None``: the environment variable ``MT_RECT_BACKWARD`` (one of the above), else ``"auto"``.
+
+    The choice is read at each forward call (:func:`rect_backward`) and kept for its backward.
+
+    Raises:
+        ValueError: ``mode`` not in :data:`RECT_BACKWARDS` (nor None).
+    """
+    global _RECT_BACKWARD
+    if mode is not None and mode not in RECT_BACKWARDS:
+        raise ValueError(f"unknown rectified backward {mode!r}; valid choices: {', '.join(RECT_BACKWARDS)}")
+    _RECT_BACKWARD = mode
+
+
+def rect_backward() -> str:
+    """The backward path the next :func:`relu_attention` call takes: ``"fused"`` or ``"split"``
+    (the setting of :func:`set_rect_backward`, else ``$MT_RECT_BACKWARD``, else ``"auto"``, resolved).
+
+    Raises:
+        ValueError: ``MT_RECT_BACKWARD`` names no mode of :data:`RECT_BACKWARDS`.
+    """
+    mode = _RECT_BACKWARD
+    if mode is None:
+        mode = os.environ.get("MT_RECT_BACKWARD", "auto").strip().lower() or "auto"
+        if mode not in RECT_BACKWARDS:
+            raise ValueError(f"MT_RECT_BACKWARD={mode!r}: valid choices: {', '.join(RECT_BACKWARDS)}")
+    if mode == "auto":
+        return "split" if torch.are_deterministic_algorithms_enabled() else "fused"
+    return mode
+
+
 class _RectifiedAttention(torch.autograd.Function):
-    """Autograd function of :func:`relu_attention`; saves ``q, k, v, r, mask`` and the seed."""
+    """Autograd function of :func:`relu_attention`; saves ``q, k, v, r, mask`` and the seed;
+    the backward takes the path :func:`rect_backward` names at the forward."""
 
     @staticmethod
     def forward(ctx, q, k, v, r_t, mask, r_c, dropout_p, need_stats, causal, act, seed, interpret):
@@ -326,6 +389,7 @@ class _RectifiedAttention(torch.autograd.Function):
                                H, T, S, d, float(r_c), float(dropout_p), seed, *_keys(T, S), **meta)
         ctx.save_for_backward(q, k, v, r_t, mask)
         ctx.cfg = (r_c, dropout_p, causal, act, seed, interpret)
+        ctx.bwd = rect_backward()  # chosen at the forward: one call, one backward path
         if need_stats:
             return out, rs, rl
         return out
@@ -347,10 +411,21 @@ class _RectifiedAttention(torch.autograd.Function):
                        else g_slogs.to(acc_dt).expand(B, H, T).contiguous())
         else:
             g_sum = g_slogs = q.new_empty(1, dtype=acc_dt)
-        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        dk, dv = torch.empty_like(k), torch.empty_like(v)
         meta = _rect_meta(mod, q, interpret, act, mode, causal, stats, dropout_p > 0, r_t is not None)
         common = (*_strides(q), *_strides(k), *_strides(v), *r_str, *m_str, *_strides(g_out))
         tail = (H, T, S, d, float(r_c), float(dropout_p), seed, *_keys(T, S))
+        if ctx.bwd == "fused":  # one kernel, 5 GEMMs; dQ summed by atomic adds in acc_dt
+            dq_acc = torch.zeros_like(q, dtype=acc_dt)
+            if B * H * S > 0 and T > 0:
+                grid = _grid(S, B * H, interpret, meta, "BLOCK_N")
+                mod.rect_bwd[grid](q, k, v, r_arg, m_arg, g_out, g_sum, g_slogs, dq_acc, dk, dv, *common,
+                                   *_strides(dq_acc), *_strides(dk), *_strides(dv), *tail, **meta)
+            else:
+                dk.zero_(), dv.zero_()
+            dq = dq_acc if dq_acc.dtype == q.dtype else dq_acc.to(q.dtype)
+            return dq, dk, dv, None, None, None, None, None, None, None, None, None
+        dq = torch.empty_like(q)
         if B * H * S > 0:
             if T == 0:
                 dk.zero_(), dv.zero_()
@@ -370,7 +445,9 @@ def relu_attention(q, k, v, row_scale, mask=None, dropout_p=0.0, need_stats=Fals
     """Fused rectified attention: ReLA eq. 3's core, ReLUFormer eq. 6 and eq. 7's row terms.
 
     ``s_ij = act(r_i q_i . k_j)`` (0 where blocked), ``out_i = sum_j dropout(s_ij) v_j``.
-    Same contract as :func:`fairseq_plugins.attention.kernels.relu_attention`:
+    Same contract as :func:`fairseq_plugins.attention.kernels.relu_attention`.  The backward takes
+    the path :func:`rect_backward` names at this call (``fused``: one 5-GEMM kernel, dQ summed by
+    atomic adds, reproducible to rounding; ``split``: two deterministic kernels, 7 GEMMs).
 
     Args:
         q: ``(B, H, T, d)`` queries, already scaled by ``d^-1/2``; k, v: ``(B, H, S, d)``; one
@@ -393,7 +470,8 @@ def relu_attention(q, k, v, row_scale, mask=None, dropout_p=0.0, need_stats=Fals
     Raises:
         ValueError: the checks of the PyTorch path (shapes, dtypes, mask, dropout_p, row_scale);
             an unknown ``activation``; ``need_stats`` with an activation other than ReLU (the
-            terms need ``s >= 0``); ``d > 256``; ``T * S >= 2**31``.
+            terms need ``s >= 0``); ``d > 256``; ``T * S >= 2**31``; ``MT_RECT_BACKWARD`` naming
+            no backward path.
         RuntimeError: triton missing, or a non-CUDA tensor without ``TRITON_INTERPRET=1``.
     """
     from ..kernels import _check
@@ -538,7 +616,8 @@ def self_test(family: str, device, dtype: torch.dtype) -> Optional[str]:
     """Compile and run one family's kernels on a small input against the PyTorch reference.
 
     ``B 2, H 2, T 24, S 40, d 32``, key padding, forward + backward (the rectified family with a
-    row scale and the eq. 7 statistics).  Used by ``--attention-backend auto`` before the first
+    row scale and the eq. 7 statistics, on both backward paths, fused and split: either may run
+    later, see :func:`set_rect_backward`).  Used by ``--attention-backend auto`` before the first
     Triton call per (family, device, dtype), so that a kernel that does not compile or disagrees
     on an untested GPU/triton version falls back to the PyTorch path instead of failing training.
 
@@ -574,7 +653,24 @@ def self_test(family: str, device, dtype: torch.dtype) -> Optional[str]:
 
 
 def _self_test(family, device, dtype, tol, base, mask, r, go, d):
-    """:func:`self_test` after setup: run both implementations, compare."""
+    """:func:`self_test` after setup: run the Triton path (the rectified one with each backward)
+    and the reference, compare."""
+    if family == "rectified":
+        for bwd in ("fused", "split"):
+            saved = _RECT_BACKWARD
+            set_rect_backward(bwd)
+            try:
+                err = _self_test_one(family, device, dtype, tol, base, mask, r, go, d)
+            finally:
+                set_rect_backward(saved)
+            if err is not None:
+                return f"{bwd} backward: {err}"
+        return None
+    return _self_test_one(family, device, dtype, tol, base, mask, r, go, d)
+
+
+def _self_test_one(family, device, dtype, tol, base, mask, r, go, d):
+    """One comparison of :func:`_self_test`."""
     results = []
     for impl, dt, dev in (("triton", dtype, device), ("reference", torch.float64, "cpu")):
         # the reference sees the same (rounded) inputs, in float64
@@ -639,9 +735,11 @@ def compile_offline(arch: int = 90, dtype: torch.dtype = torch.bfloat16, tiles: 
     acc_ptr = _PTR_TYPES[_acc_dtype(dtype)]
     ptrs = {n: _PTR_TYPES[dtype] for n in ("Q", "K", "V", "O", "DO", "DK", "DV", "DQ")}
     ptrs.update({n: acc_ptr for n in ("R", "RS", "RL", "GS", "GL", "LSE", "DELTA", "SC")}, M="*u8")
+    fused_ptrs = dict(ptrs, DQ=acc_ptr)  # rect_bwd adds dQ into an accumulator-dtype buffer
     common = dict(MASK_MODE=2, CAUSAL=True, DROPOUT=True, ACC=acc, PREC=prec, UPCAST=False, BLOCK_D=64)
     rect = dict(common, HAS_R=True, ACT=1, STATS=True)
-    plan = [("rect_fwd", mod._RECT_FWD, rect), ("rect_bwd_kv", mod._RECT_BWD_KV, rect),
+    plan = [("rect_fwd", mod._RECT_FWD, rect), ("rect_bwd", mod._RECT_BWD, rect),
+            ("rect_bwd_kv", mod._RECT_BWD_KV, rect),
             ("rect_bwd_q", mod._RECT_BWD_Q, rect), ("l1_fwd", mod._L1_FWD, common),
             ("l1_bwd_kv", mod._L1_BWD_KV, common), ("l1_bwd_q", mod._L1_BWD_Q, common)]
     target = GPUTarget("cuda", int(arch), 32)
@@ -651,7 +749,8 @@ def compile_offline(arch: int = 90, dtype: torch.dtype = torch.bfloat16, tiles: 
         table = mod._tried(table, constexprs)
         for bm, bn, warps, stages in (table if tiles == "all" else table[:1]):
             cx = dict(constexprs, BLOCK_M=bm, BLOCK_N=bn)
-            sig = {a: ("constexpr" if a in cx else ptrs.get(a, "fp32" if a in ("r_const", "dropout_p") else "i32"))
+            types = fused_ptrs if name == "rect_bwd" else ptrs
+            sig = {a: ("constexpr" if a in cx else types.get(a, "fp32" if a in ("r_const", "dropout_p") else "i32"))
                    for a in fn.arg_names}
             kernel = triton.compile(ASTSource(fn, sig, cx), target=target,
                                     options={"num_warps": warps, "num_stages": stages})

@@ -54,13 +54,22 @@ _RECT_BWD_KV = [(64, 64, 4, 1), (32, 64, 4, 2), (64, 128, 8, 2), (128, 64, 8, 2)
 _RECT_BWD_Q = [(64, 64, 4, 2), (64, 128, 8, 2), (128, 64, 8, 2), (32, 64, 4, 2),
                (64, 32, 4, 2), (32, 32, 4, 1), (16, 32, 4, 1), (128, 32, 4, 3), (128, 32, 8, 3),
                (128, 128, 8, 2)]
+# rect_bwd (the fused backward: dK, dV of BLOCK_N keys and the transposed scores in registers,
+# dQ by atomic adds): the triton tutorial's dK/dV tile (32 queries x 128 keys) with 8 warps and 2
+# stages spills nothing in the main configurations (sm_90a fp16 d 64, ReLUFormer + dropout: 236
+# registers); 3 stages spill 8 B there; 64 x 128 w8 s2 spills with dropout (rela_causal 40 B) and
+# with the eq. 7 statistics (40-132 B), 64 x 64 w4 too (24-308 B): not in the table; 64 x 128 w8
+# with 1 stage spills only with dropout (16-96 B): tried without it (ReLA 21.25 vs 28.06 PTX/score,
+# ReLUFormer 53.84 vs 60.0, fp16 d 64; _SPILL_WITH_DROPOUT).  At d 128 the 32-query tiles spill
+# with dropout (24-224 B; the split pair's first tiles too: 148-228 B)
+_RECT_BWD = [(32, 128, 8, 2), (32, 64, 4, 2), (64, 128, 8, 1), (32, 32, 4, 1), (16, 32, 4, 1)]
 #: rectified tiles that spill with ReLUFormer's eq. 7 statistics (``STATS``: ``s log s`` per score;
 #: sm_90a d 64: rect_fwd 128x64 w4 s3 20-148 B, rect_bwd_kv 64x64 w4 s1 212 B with dropout);
 #: the autotuner does not try them there (``_tried``); none is in ``_RECT_BWD_Q``
 _SPILL_WITH_STATS = {(128, 64, 4, 3), (64, 64, 4, 1), (32, 128, 4, 3)}
 #: rectified tiles that spill with attention dropout (``DROPOUT``; sm_90a d 64: rect_bwd_kv
-#: 32x128 w4 s3 144-212 B); not tried there either
-_SPILL_WITH_DROPOUT = {(32, 128, 4, 3)}
+#: 32x128 w4 s3 144-212 B, rect_bwd 64x128 w8 s1 16-96 B); not tried there either
+_SPILL_WITH_DROPOUT = {(32, 128, 4, 3), (64, 128, 8, 1)}
 # E-ATT's scores live in registers (CUDA cores), so its tiles hold at most 16-32 scores per thread:
 # 64x64 with 4 warps, 128x64 and 64x128 with 8 spilled (sm_90a, d 64: 12-1252 B, issue 28) and
 # are not tried; l1_bwd_kv (dK, dV and the sign sums of the transposed tile) starts at 32x64
@@ -104,15 +113,17 @@ def _quick_bench(kernel_call, quantiles):
     return triton.testing.do_bench(kernel_call, warmup=5, rep=25, quantiles=quantiles)
 
 
-def _tuned(table, key):
+def _tuned(table, key, reset_to_zero=None):
     """``triton.autotune`` over ``table`` (keyed on the power-of-two buckets of T and S and the
-    variant) on a GPU; identity under the interpreter (fixed tiles)."""
+    variant) on a GPU; identity under the interpreter (fixed tiles).  ``reset_to_zero``: the
+    arguments a kernel accumulates into with atomics (zeroed before each timed run and after
+    tuning, so the tuning runs leave no sums behind)."""
     if INTERPRET:
         return lambda fn: fn
     configs = [triton.Config({"BLOCK_M": a, "BLOCK_N": b}, num_warps=w, num_stages=st)
                for a, b, w, st in table]
     return triton.autotune(configs=configs, key=key, prune_configs_by={"early_config_prune": _prune},
-                           do_bench=_quick_bench)
+                           do_bench=_quick_bench, reset_to_zero=reset_to_zero)
 
 
 # --------------------------------------------------------------------------------------------
@@ -498,6 +509,89 @@ def rect_bwd_q(Q, K, V, R, M, DO, GS, GL, DQ,
     dq = dq * r[:, None]
     tl.store(DQ + b * s_dqb + h * s_dqh + offs_m[:, None] * s_dqt + offs_d[None, :] * s_dqd,
              dq.to(DQ.dtype.element_ty), mask=q_mask)
+
+@_tuned(_RECT_BWD, _RECT_KEY, reset_to_zero=["DQ"])
+@triton.jit
+def rect_bwd(Q, K, V, R, M, DO, GS, GL, DQ, DK, DV,
+             s_qb, s_qh, s_qt, s_qd, s_kb, s_kh, s_ks, s_kd, s_vb, s_vh, s_vs, s_vd,
+             s_rb, s_rh, s_rt, s_mb, s_mh, s_mt, s_ms, s_ob, s_oh, s_ot, s_od,
+             s_dqb, s_dqh, s_dqt, s_dqd, s_dkb, s_dkh, s_dks, s_dkd, s_dvb, s_dvh, s_dvs, s_dvd,
+             H, T, S, D, r_const, dropout_p, seed, T_KEY, S_KEY,
+             HAS_R: tl.constexpr, MASK_MODE: tl.constexpr, CAUSAL: tl.constexpr, ACT: tl.constexpr,
+             STATS: tl.constexpr, DROPOUT: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr,
+             BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The fused backward (FlashAttention-2's, Dao 2023, Alg. 2): one program holds ``dK, dV``
+    of ``BLOCK_N`` keys of one ``(b, h)`` in registers and loops over query tiles with five
+    GEMMs per tile -- ``x^T = k (r q)^T``, ``dP^T = v dO^T``, ``dV += drop(s)^T dO``,
+    ``dK += (r dX)^T Q``, ``dQ_tile^T = K^T (r dX)^T`` (transposed: the ``d`` rows fill the 64-row
+    wgmma when ``BLOCK_M`` is 32) -- adding ``dQ_tile`` into ``DQ`` (``(B, H, T, d)`` in the
+    accumulator dtype, zeroed by the caller) with relaxed atomic adds (summation order over the
+    key tiles varies run to run: not bitwise deterministic).  :func:`rect_bwd_kv` +
+    :func:`rect_bwd_q` compute the same in seven GEMMs (``x`` and ``dP`` twice) without atomics.
+    Same masks, causal skipping (query tiles before a key tile's first viewer), dropout mask
+    (``_keep``) and eq. 7 terms (``GS, GL``) as those two."""
+    pid = tl.program_id(0)
+    num_n = (S + BLOCK_N - 1) // BLOCK_N
+    pid_n = pid % num_n  # CAUSAL: the earliest key tiles (most query tiles) already start first
+    bh = pid // num_n
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    col_ok = offs_n < S
+    d_ok = offs_d < D
+    kv_mask = col_ok[:, None] & d_ok[None, :]
+    k = tl.load(K + b * s_kb + h * s_kh + offs_n[:, None] * s_ks + offs_d[None, :] * s_kd,
+                mask=kv_mask, other=0.0)
+    v = tl.load(V + b * s_vb + h * s_vh + offs_n[:, None] * s_vs + offs_d[None, :] * s_vd,
+                mask=kv_mask, other=0.0)
+    dk = tl.full([BLOCK_N, BLOCK_D], 0.0, ACC)
+    dv = tl.full([BLOCK_N, BLOCK_D], 0.0, ACC)
+    q_base = Q + b * s_qb + h * s_qh
+    do_base = DO + b * s_ob + h * s_oh
+    dq_base = DQ + b * s_dqb + h * s_dqh
+    m_base = M + b * s_mb + h * s_mh
+    inv_keep = _inv_keep(dropout_p, ACC)  # dropout's rescaling (used if DROPOUT)
+    lo = 0
+    if CAUSAL:  # queries before the first one that sees key pid_n * BLOCK_N are skipped
+        lo = (tl.maximum(0, pid_n * BLOCK_N - (S - T)) // BLOCK_M) * BLOCK_M
+    for m0 in range(lo, T, BLOCK_M):
+        offs_m = m0 + tl.arange(0, BLOCK_M)
+        row_ok = offs_m < T
+        q_mask = row_ok[:, None] & d_ok[None, :]
+        qt = tl.load(q_base + offs_m[None, :] * s_qt + offs_d[:, None] * s_qd,
+                     mask=row_ok[None, :] & d_ok[:, None], other=0.0)
+        do = tl.load(do_base + offs_m[:, None] * s_ot + offs_d[None, :] * s_od, mask=q_mask, other=0.0)
+        if HAS_R:
+            r = tl.load(R + b * s_rb + h * s_rh + offs_m * s_rt, mask=row_ok, other=0.0).to(ACC)
+        else:
+            r = tl.full([BLOCK_M], 0.0, ACC) + r_const
+        xt = _dot(k, qt, tl.full([BLOCK_N, BLOCK_M], 0.0, ACC), PREC, UPCAST).to(ACC) * r[None, :]  # GEMM 1
+        ok = _valid_t(offs_n, offs_m, T, S, m_base, s_mt, s_ms, MASK_MODE, CAUSAL)
+        st = tl.where(ok, _act(xt, ACT), 0.0)
+        dpt = _dot(v, tl.trans(do), tl.full([BLOCK_N, BLOCK_M], 0.0, ACC), PREC, UPCAST).to(ACC)  # GEMM 2
+        if DROPOUT:  # dV's 1 / (1 - p) after the loop
+            keep = tl.trans(_keep(seed + bh, offs_m, pid_n * BLOCK_N, S, dropout_p, BLOCK_M, BLOCK_N))
+            pt = tl.where(keep, st, 0.0)
+            dpt = tl.where(keep, dpt * inv_keep, 0.0)
+        else:
+            pt = st
+        dv = _dot(pt.to(do.dtype), do, dv, PREC, UPCAST)  # GEMM 3
+        if STATS:
+            gs = tl.load(GS + bh * T + offs_m, mask=row_ok, other=0.0).to(ACC)
+            gl = tl.load(GL + bh * T + offs_m, mask=row_ok, other=0.0).to(ACC)
+            dpt += gs[None, :] + gl[None, :] * (tl.log(tl.maximum(st, TINY)) + 1.0)
+        dxt = (tl.where(ok, dpt * _act_grad(xt, ACT), 0.0) * r[None, :]).to(k.dtype)  # (r dX)^T
+        dk = _dot(dxt, tl.trans(qt), dk, PREC, UPCAST)  # GEMM 4
+        dqt = _dot(tl.trans(k), dxt, tl.full([BLOCK_D, BLOCK_M], 0.0, ACC), PREC, UPCAST)  # GEMM 5
+        tl.atomic_add(dq_base + offs_m[None, :] * s_dqt + offs_d[:, None] * s_dqd, dqt.to(DQ.dtype.element_ty),
+                      mask=row_ok[None, :] & d_ok[:, None], sem="relaxed")
+    if DROPOUT:
+        dv = dv * inv_keep
+    tl.store(DK + b * s_dkb + h * s_dkh + offs_n[:, None] * s_dks + offs_d[None, :] * s_dkd,
+             dk.to(DK.dtype.element_ty), mask=kv_mask)
+    tl.store(DV + b * s_dvb + h * s_dvh + offs_n[:, None] * s_dvs + offs_d[None, :] * s_dvd,
+             dv.to(DV.dtype.element_ty), mask=kv_mask)
 
 # --------------------------------------------------------------------------------------------
 # E-ATT: L1 scores + online softmax
