@@ -43,6 +43,10 @@ def test_analyse_ptx_finds_the_main_loop_and_counts_nested_loops_per_trip():
     assert a["loop_instructions"] == 7 and a["loop_wgmma"] == 2 and a["inner_loops"] == [3]
     assert a["loop_dynamic"] == 7 + 3 * 9
     assert kr.analyse_ptx("\tret;\n")["loop_instructions"] == 0
+    # one trip count per nested loop (E-ATT: d / CHUNK chunk steps, then d sign-sum steps)
+    assert kr.analyse_ptx(PTX, inner_trips=[4, 10])["loop_dynamic"] == 7 + 3 * 3
+    assert kr._inner_trips("l1_bwd_q", {"BLOCK_D": 64, "CHUNK": 2}, 64) == [32, 64]
+    assert kr._inner_trips("rect_fwd", {"BLOCK_D": 64}, 64) == 1
 
 
 def test_parse_ptxas_log():
@@ -76,6 +80,35 @@ def test_launches_are_those_of_the_real_entry_points():
     assert kr.launches("eatt_dec", 0.0, "fp16", 32)[0][2]["MASK_MODE"] == 2
     with pytest.raises(ValueError, match="valid choices"):
         kr.launches("nope", 0.0, "bf16", 64)
+
+
+@needs_nvidia
+def test_tried_tiles_depend_on_the_head_dimension():
+    """Issue 28: at d 128 (``BLOCK_D >= 128``) the autotuner does not try the tiles that spill there
+    (``_SPILL_AT_D128``), keeps at least one, and the report's "first tile" is the first tried one;
+    below 128 the tables are unchanged."""
+    import triton
+
+    mod = tk._kernels(False)
+    for table, spill in mod._SPILL_AT_D128:
+        assert spill <= set(table)  # only tiles of that table
+        d64 = mod._tried(table, {"BLOCK_D": 64})
+        d128 = mod._tried(table, {"BLOCK_D": 128})
+        assert d64 == list(table) and d128 and not set(d128) & spill
+        assert mod._tried(table, {"BLOCK_D": 256}) == d128
+    assert mod._tried(mod._RECT_BWD_KV, {"BLOCK_D": 128})[0] == (32, 32, 4, 1)
+    assert mod._tried(mod._RECT_FWD, {"BLOCK_D": 128, "STATS": True})[0] == (128, 64, 8, 3)
+    # the autotuner's pruning (bound to the table by _tuned) agrees, and never returns nothing
+    configs = [triton.Config({"BLOCK_M": a, "BLOCK_N": b}, num_warps=w, num_stages=st)
+               for a, b, w, st in mod._RECT_BWD_Q]
+    kept = mod._prune(configs, {"T_KEY": 1024, "S_KEY": 1024, "BLOCK_D": 128}, table=mod._RECT_BWD_Q)
+    assert [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) for c in kept] == \
+        mod._tried(mod._RECT_BWD_Q, {"BLOCK_D": 128})
+    tiny = mod._prune(configs, {"T_KEY": 1, "S_KEY": 1, "BLOCK_D": 128}, table=mod._RECT_BWD_Q)
+    assert [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) for c in tiny] == [(16, 32, 4, 1)]
+    name, args, meta = kr.launches("rela_enc", 0.0, "fp16", 128)[1]
+    assert name == "rect_bwd_kv" and meta["BLOCK_D"] == 128
+    assert mod._tried(kr._tables(mod)[name], meta)[0] == (32, 32, 4, 1)
 
 
 #: main configurations still over the targets, with the issue 28 item that removes them; strict:
