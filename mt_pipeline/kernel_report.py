@@ -86,8 +86,9 @@ VARIANTS = {
 }
 #: attention dropout of the variants: off and the papers' 0.1
 DROPOUTS = (0.0, 0.1)
-#: the main configurations: no spills and no serialized wgmma allowed (tests/test_kernel_report.py)
-MAIN = dict(arch=90, dtypes=("fp16", "bf16"), head_dims=(64,), tiles="first",
+#: the main configurations: no spills and no serialized wgmma allowed (tests/test_kernel_report.py);
+#: d 32 and 128 since the head-dimension-aware tile pruning and E-ATT's chunked distance (issue 28)
+MAIN = dict(arch=90, dtypes=("fp16", "bf16"), head_dims=(32, 64, 128), tiles="first",
             variants=("rela_enc", "rela_causal", "reluformer_enc", "eatt_enc", "eatt_causal"))
 #: shape of the recorded launches: lengths not multiples of 16 (fairseq batches have any length)
 SHAPE = dict(B=4, H=8, T=1000, S=1000)

@@ -18,9 +18,11 @@ one ``(b, h)``; ``x_ij = r_i (q_i . k_j)``, ``s_ij = act(x_ij)`` (0 where blocke
 normaliser, so every key tile is independent and the loop carries only the output accumulator
 (and, with ``STATS``, ``sum_j s_ij`` and ``sum_j s_ij log s_ij``).
 
-L1 softmax: ``x_ij = -scale * sum_d |q_id - k_jd|`` built in registers one head dimension at a
-time (subtraction, absolute value, addition: no tensor cores -- the point of E-ATT); the softmax
-is the online (FlashAttention) one; ``p @ v`` and ``dO @ v^T`` use ``tl.dot``.
+L1 softmax: ``x_ij = -scale * sum_d |q_id - k_jd|`` built in registers ``CHUNK`` head dimensions
+per step over the constexpr ``BLOCK_D`` (subtraction, absolute value, addition: no tensor cores --
+the point of E-ATT; see :func:`_l1`); the backward kernels' sign sums
+``sum_j dS_ij sgn(q_id - k_jd)`` go one head dimension per step; the softmax is the online
+(FlashAttention) one; ``p @ v`` and ``dO @ v^T`` use ``tl.dot``.
 """
 
 import functools
@@ -334,7 +336,19 @@ def _l1_chunk(base, rows5, LIM, s_t, s_d, dims5, D, ACC: tl.constexpr):
 def _l1(a_base, b_base, a0, b0, A_LIM, B_LIM, s_at, s_ad, s_bt, s_bd, D,
         ACC: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_D: tl.constexpr,
         CHUNK: tl.constexpr):
-    """``dist_ij = sum_d |a_id - b_jd|`` ``(BLOCK_A, BLOCK_B)``."""
+    """``dist_ij = sum_d |a_id - b_jd|`` ``(BLOCK_A, BLOCK_B)`` of rows ``a0 + i < A_LIM`` of ``a``
+    and ``b0 + j < B_LIM`` of ``b`` (E-ATT eq. 13 before ``-scale``; ``a, b`` = ``q, k``, or
+    ``k, q`` for the transposed tile of ``l1_bwd_kv``).  ``CHUNK`` head dimensions per step,
+    ``BLOCK_D // CHUNK`` steps (a loop, not unrolled: unrolled, the compiler kept every query chunk
+    in registers across the key loop and spilled; issue 28); dimensions ``>= D`` load as 0 on both
+    sides and add nothing.
+
+    Computed on 5-d tiles ``(CHUNK, R, C, TA, TB)`` (``i = r TA + ta``, ``j = c TB + tb``;
+    ``TA = 16``, ``TB = 8``; ``BLOCK_A >= 16`` and ``BLOCK_B >= 8`` multiples of them): triton's
+    default layout spreads the threads over ``(TA, TB)`` and keeps the chunk and ``R x C`` scores
+    in each thread, so the sum over the chunk needs no shuffle, a thread loads ``R + C`` values per
+    dimension for ``R x C`` scores, and nothing ``(A, B, d)``-sized exists.  Returned as
+    ``(BLOCK_A, BLOCK_B)`` (a permute and reshape: one layout conversion per tile)."""
     TB: tl.constexpr = 8
     TA: tl.constexpr = 16 if BLOCK_A >= 16 else BLOCK_A
     d5 = tl.arange(0, CHUNK)[:, None, None, None, None]
