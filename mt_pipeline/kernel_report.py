@@ -32,7 +32,8 @@ launches recorded instead of run; every recorded launch is then specialised by t
 binder (``tt.divisibility = 16`` of pointers, strides and sizes divisible by 16, integer
 arguments equal to 1 -- the unit strides -- as constants) and compiled for the target with each
 autotuning tile asked for (``--tiles first``: the first of the kernel's table that the autotuner
-tries for that launch -- ``_tried``: tiles known to spill with ReLUFormer's statistics are not
+tries for that launch -- ``_tried``: tiles known to spill with ReLUFormer's statistics, with
+dropout or at head dimension 128 (``_SPILL_AT_D128``, keyed on the launch's ``BLOCK_D``) are not
 tried there).  Which tile the autotuner picks on a GPU is not known here.
 
 Writes ``results/gpu/kernel_report.md`` (``--out``; ``--json`` also a JSON list of the rows) with
@@ -95,8 +96,9 @@ DROPOUTS = (0.0, 0.1)
 #: "fused" (``rect_bwd``, 5 GEMMs, atomic dQ; the default without deterministic algorithms) and
 #: "split" (``rect_bwd_kv`` + ``rect_bwd_q``, 7 GEMMs), compiled side by side for comparison
 BWDS = ("fused", "split")
-#: the main configurations: no spills and no serialized wgmma allowed (tests/test_kernel_report.py)
-MAIN = dict(arch=90, dtypes=("fp16", "bf16"), head_dims=(64,), tiles="first",
+#: the main configurations: no spills and no serialized wgmma allowed (tests/test_kernel_report.py);
+#: d 32 and 128 since the head-dimension-aware tile pruning and E-ATT's chunked distance (issue 28)
+MAIN = dict(arch=90, dtypes=("fp16", "bf16"), head_dims=(32, 64, 128), tiles="first",
             variants=("rela_enc", "rela_causal", "reluformer_enc", "eatt_enc", "eatt_causal"))
 #: shape of the recorded launches: lengths not multiples of 16 (fairseq batches have any length)
 SHAPE = dict(B=4, H=8, T=1000, S=1000)
@@ -359,13 +361,14 @@ def _blocks(lines: List[str]) -> List[dict]:
     return blocks
 
 
-def analyse_ptx(ptx: str, inner_trips: int = 1) -> dict:
+def analyse_ptx(ptx: str, inner_trips=1) -> dict:
     """Static counts of one kernel's PTX.
 
     The main loop is the outermost loop (LLVM's loop annotations of the basic blocks) holding the
     most ``wgmma``/``mma`` instructions (ties: the most instructions).  Instructions of loops
     nested in it are counted ``inner_trips`` times in ``loop_dynamic`` (their trip count, e.g. the
-    head dimension of E-ATT's per-dimension loop).
+    head dimension of E-ATT's per-dimension loop): one int for every nested loop, or a list, one
+    per nested loop in the order they appear in the PTX (its last entry for any further loop).
 
     Returns:
         ``{"instructions", "wgmma", "mma", "loop_instructions" (static, nested loops included),
@@ -400,9 +403,11 @@ def analyse_ptx(ptx: str, inner_trips: int = 1) -> dict:
             nested.setdefault(b["chain"][1], []).append(b)
     sizes = [count(span(bs)) for bs in nested.values()]
     static = count(span(main))
+    trips = list(inner_trips) if isinstance(inner_trips, (list, tuple)) else [inner_trips]
+    trips = [max(int(t), 1) for t in trips] or [1]
+    extra = sum(n * (trips[min(i, len(trips) - 1)] - 1) for i, n in enumerate(sizes))
     res.update(loop_instructions=static, loop_wgmma=count(span(main), "wgmma.mma_async"),
-               loop_mma=count(span(main), "mma.sync"), inner_loops=sizes,
-               loop_dynamic=static + sum(sizes) * (max(int(inner_trips), 1) - 1))
+               loop_mma=count(span(main), "mma.sync"), inner_loops=sizes, loop_dynamic=static + extra)
     return res
 
 
@@ -491,8 +496,8 @@ def report(archs: Iterable[int] = ARCHS, dtypes: Iterable[str] = DTYPES, head_di
                                 else:
                                     row.update(target=c["target"], shared=c["shared"], gemms=c["gemms"],
                                                **parse_ptxas_log(c["ptxas_log"]))
-                                    inner = d if name.startswith("l1") else 1
-                                    row.update(analyse_ptx(c["ptx"], inner_trips=inner))
+                                    trips = _inner_trips(name, meta, d)
+                                    row.update(analyse_ptx(c["ptx"], inner_trips=trips), inner_trips=trips)
                                     threads = 32 * tile[2]
                                     # per score; the norm: per element of its (BLOCK_M, BLOCK_G, BLOCK_N) tile
                                     per = tile[0] * tile[1] * meta.get("BLOCK_G", 1)
@@ -502,6 +507,15 @@ def report(archs: Iterable[int] = ARCHS, dtypes: Iterable[str] = DTYPES, head_di
                                 if log is not None:
                                     print(_row_line(row), file=log, flush=True)
     return rows
+
+
+def _inner_trips(name: str, meta: dict, d: int):
+    """Trip counts of the loops nested in a kernel's main loop, in PTX order: E-ATT's L1
+    distance runs ``BLOCK_D / CHUNK`` chunk steps (``_kernels._l1``), the backward kernels' sign
+    sums then ``d`` steps of one head dimension; the other kernels have no nested loop."""
+    if not name.startswith("l1"):
+        return 1
+    return [meta["BLOCK_D"] // meta.get("CHUNK", 1), d]
 
 
 def _row_line(r: dict) -> str:
@@ -627,7 +641,8 @@ def render(rows: List[dict], record: dict) -> str:
              f"Launch shape B {SHAPE['B']}, H {SHAPE['H']}, T = S = {SHAPE['T']}, q/k/v in the model's layout. "
              "regs: registers per thread; spill: bytes stored/loaded; smem: shared memory (KiB); "
              "wgmma/mma: in the main loop / in the kernel; loop PTX: instructions of one main-loop "
-             "iteration (nested per-dimension loops x d); /score: that x threads / (BLOCK_M x BLOCK_N). "
+             "iteration (nested loops x their trip counts: E-ATT's L1 distance x d/CHUNK chunks, its backward "
+             "sign sums x d); /score: that x threads / (BLOCK_M x BLOCK_N). "
              "Variants: `*_enc` key padding mask (B,1,1,S); `*_dec` padding | future mask (B,1,T,S) as "
              "decoder self-attention passed it before the seam change (issue 28); `*_causal` key padding + "
              "`causal=True`, as decoder self-attention passes it since; "
@@ -663,7 +678,10 @@ def render(rows: List[dict], record: dict) -> str:
             if r["error"]:
                 lines.append(head + f"| error: {r['error']} | | | | | | | | |")
                 continue
-            inner = f" (+{'+'.join(map(str, r['inner_loops']))} x d)" if r["inner_loops"] else ""
+            trips = r.get("inner_trips", 1)
+            trips = list(trips) if isinstance(trips, (list, tuple)) else [trips]
+            inner = (" (" + ", ".join(f"+{n} x {trips[min(i, len(trips) - 1)]}" for i, n in enumerate(r["inner_loops"]))
+                     + ")") if r["inner_loops"] else ""
             lines.append(head + f"| {r['registers']} | {r['spill_stores']}/{r['spill_loads']} "
                          f"| {r['shared'] / 1024:.1f} | {r['loop_wgmma']}/{r['wgmma']} | {r['loop_mma']}/{r['mma']} "
                          f"| {r['loop_instructions']}{inner} | {r['ptx_per_score']} | {_warn_codes(r['warnings'])} |")

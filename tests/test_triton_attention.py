@@ -426,6 +426,38 @@ def test_eatt_dropout_mask_is_regenerated_in_backward(interp):
         assert_close(a, b, F64)
 
 
+@needs_triton
+@pytest.mark.parametrize("d", [20, 32, 64, 128])
+@pytest.mark.parametrize("case", ["causal", "causal_t_gt_s", "decode", "dropout"])
+def test_eatt_head_dims_chunked_distance(interp, d, case):
+    """The L1 distance runs over ``BLOCK_D // CHUNK`` chunks of the head dimension on 5-d tiles
+    (issue 28): output, row log-sum-exp and gradients vs cdist at d 20 (padded to BLOCK_D 32: the
+    dimensions >= d must add nothing), 32, 64, 128; causal with T < S and T > S (fully blocked
+    rows) under key padding, decoding (T = 1), attention dropout (the mask is read off the output
+    with ``v = I``, S <= d)."""
+    B, H, p, keep = 2, 2, 0.0, None
+    T, S, mask_kind, causal = {"causal": (9, 21, "left", True), "causal_t_gt_s": (21, 9, "right", True),
+                               "decode": (1, 21, "right", False), "dropout": (18, 16, "none", False)}[case]
+    q, k, v = qkv(B, H, T, S, d, F64, seed=d)
+    with torch.no_grad():
+        q.mul_(d ** 0.5)
+    mask = make_mask(mask_kind, B, H, T, S)
+    if case == "dropout":
+        p = 0.25
+        v = torch.eye(S, d, dtype=F64).expand(B, H, S, d).clone().requires_grad_()
+        torch.manual_seed(d)
+    out, lse = tk.l1_softmax_attention(q, k, v, d ** -0.5, mask=mask, dropout_p=p, causal=causal, return_lse=True)
+    if case == "dropout":
+        keep = (out.detach()[..., :S] != 0).double()
+        assert 0.1 < 1 - keep.mean() < 0.4
+    ref, lse_ref = l1_reference(q, k, v, d ** -0.5, mask, causal, keep=keep, p=p)
+    assert_close(out, ref, F64)
+    assert_close(lse, lse_ref, F64)
+    ups = upstream([(B, H, T, d)])
+    for a, b in zip(grads_of([out], ups, (q, k, v)), grads_of([ref], ups, (q, k, v))):
+        assert_close(a, b, F64)
+
+
 def test_eatt_torch_path_in_half_precision_on_cpu():
     """cdist has no bfloat16/float16 kernel: the scores are computed in float32 (pure bf16 model,
     no autocast), close to the float32 result, finite gradients."""

@@ -255,20 +255,26 @@ def test_forced_config_sets_and_restores_the_autotuner(monkeypatch):
 # CUDA
 # ---------------------------------------------------------------------------------------------
 @needs_cuda
+@pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("family", ["rectified", "l1"])
-def test_cuda_every_autotune_tile_matches_the_reference(compiled, family):
+def test_cuda_every_autotune_tile_matches_the_reference(compiled, family, d):
     """Each tile of each kernel's table, alone (the others autotuned), on a shape with partial
-    tiles (T 300, S 333), key padding and causal masking, float32 and bf16."""
+    tiles (T 300, S 333), key padding and causal masking, float32 and bf16; at d 128 the tiles
+    the autotuner tries there (``_tried``: the ``_SPILL_AT_D128`` tiles are not)."""
     mod = tk._kernels(False)
     names = RECT_KERNELS if family == "rectified" else L1_KERNELS
     check = check_rectified if family == "rectified" else check_l1
+    tables = {n: getattr(mod, "_" + n.upper()) for n in names}
     failures = []
     for name, config in _tiles(names):
         kw = {"bwd": RECT_PATH[name]} if family == "rectified" else {}  # the path that launches it
+        tile = (config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"], config.num_warps, config.num_stages)
+        if tile not in mod._tried(tables[name], {"BLOCK_D": d}):
+            continue
         for dtype in (torch.float32, torch.bfloat16):
             with forced_config(getattr(mod, name), config):
                 try:
-                    check("cuda", dtype, 2, 3, 300, 333, 64, causal=True, **kw)
+                    check("cuda", dtype, 2, 3, 300, 333, d, causal=True, **kw)
                 except AssertionError as err:
                     failures.append(f"{name} {config} {dtype}: {err}")
     assert not failures, "\n".join(failures)

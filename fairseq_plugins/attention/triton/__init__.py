@@ -507,10 +507,19 @@ def relu_attention(q, k, v, row_scale, mask=None, dropout_p=0.0, need_stats=Fals
 # --------------------------------------------------------------------------------------------
 # E-ATT: L1-distance scores + softmax
 # --------------------------------------------------------------------------------------------
+#: head dimensions per step of E-ATT's L1 distance (``_kernels._l1``: 5-d tiles
+#: ``(CHUNK, R, C, TA, TB)``, ``BLOCK_D // CHUNK`` steps).  2 is the chunk without spills in the
+#: first tiles of all three kernels (sm_90a, fp16, d 32/64/128, eatt_enc/eatt_causal, dropout 0
+#: and 0.1; issue 28); 4 and 8 spilled 28-1436 B in 64x64 w8 (8: fewer PTX per score in 16x64 /
+#: 32x64 w4 tiles, 365-390 vs 449-463 forward at d 64)
+L1_CHUNK = 2
+
+
 def _l1_meta(mod, q, interpret, mask_mode, causal, dropout):
     acc, prec = _dtypes(q.dtype, interpret)
     meta = dict(MASK_MODE=mask_mode, CAUSAL=bool(causal), DROPOUT=bool(dropout), ACC=acc, PREC=prec,
                 UPCAST=_upcast(q.dtype, interpret), BLOCK_D=_block_d(q.shape[-1]))
+    meta["CHUNK"] = min(L1_CHUNK, meta["BLOCK_D"])
     if interpret:
         meta.update(mod.INTERPRET_BLOCKS)
     return meta
@@ -738,10 +747,11 @@ def compile_offline(arch: int = 90, dtype: torch.dtype = torch.bfloat16, tiles: 
     fused_ptrs = dict(ptrs, DQ=acc_ptr)  # rect_bwd adds dQ into an accumulator-dtype buffer
     common = dict(MASK_MODE=2, CAUSAL=True, DROPOUT=True, ACC=acc, PREC=prec, UPCAST=False, BLOCK_D=64)
     rect = dict(common, HAS_R=True, ACT=1, STATS=True)
+    l1 = dict(common, CHUNK=L1_CHUNK)
     plan = [("rect_fwd", mod._RECT_FWD, rect), ("rect_bwd", mod._RECT_BWD, rect),
             ("rect_bwd_kv", mod._RECT_BWD_KV, rect),
-            ("rect_bwd_q", mod._RECT_BWD_Q, rect), ("l1_fwd", mod._L1_FWD, common),
-            ("l1_bwd_kv", mod._L1_BWD_KV, common), ("l1_bwd_q", mod._L1_BWD_Q, common)]
+            ("rect_bwd_q", mod._RECT_BWD_Q, rect), ("l1_fwd", mod._L1_FWD, l1),
+            ("l1_bwd_kv", mod._L1_BWD_KV, l1), ("l1_bwd_q", mod._L1_BWD_Q, l1)]
     target = GPUTarget("cuda", int(arch), 32)
     shared = {}
     for name, table, constexprs in plan:

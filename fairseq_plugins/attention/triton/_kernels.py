@@ -18,10 +18,14 @@ one ``(b, h)``; ``x_ij = r_i (q_i . k_j)``, ``s_ij = act(x_ij)`` (0 where blocke
 normaliser, so every key tile is independent and the loop carries only the output accumulator
 (and, with ``STATS``, ``sum_j s_ij`` and ``sum_j s_ij log s_ij``).
 
-L1 softmax: ``x_ij = -scale * sum_d |q_id - k_jd|`` built in registers one head dimension at a
-time (subtraction, absolute value, addition: no tensor cores -- the point of E-ATT); the softmax
-is the online (FlashAttention) one; ``p @ v`` and ``dO @ v^T`` use ``tl.dot``.
+L1 softmax: ``x_ij = -scale * sum_d |q_id - k_jd|`` built in registers ``CHUNK`` head dimensions
+per step over the constexpr ``BLOCK_D`` (subtraction, absolute value, addition: no tensor cores --
+the point of E-ATT; see :func:`_l1`); the backward kernels' sign sums
+``sum_j dS_ij sgn(q_id - k_jd)`` go one head dimension per step; the softmax is the online
+(FlashAttention) one; ``p @ v`` and ``dO @ v^T`` use ``tl.dot``.
 """
+
+import functools
 
 import triton
 import triton.language as tl
@@ -70,13 +74,35 @@ _SPILL_WITH_STATS = {(128, 64, 4, 3), (64, 64, 4, 1), (32, 128, 4, 3)}
 #: rectified tiles that spill with attention dropout (``DROPOUT``; sm_90a d 64: rect_bwd_kv
 #: 32x128 w4 s3 144-212 B, rect_bwd 64x128 w8 s1 16-96 B); not tried there either
 _SPILL_WITH_DROPOUT = {(32, 128, 4, 3), (64, 128, 8, 1)}
-# E-ATT's scores live in registers (CUDA cores), so its tiles hold at most 16-32 scores per thread:
-# 64x64 with 4 warps, 128x64 and 64x128 with 8 spilled (sm_90a, d 64: 12-1252 B, issue 28) and
-# are not tried; l1_bwd_kv (dK, dV and the sign sums of the transposed tile) starts at 32x64
-# (64x64 w8 spills 112 B with causal + dropout only; the autotuner may still take it)
-_L1_FWD = [(64, 64, 8, 2), (64, 32, 4, 2), (32, 64, 4, 2), (32, 32, 4, 1), (16, 32, 4, 1)]
+# E-ATT's scores live in registers (CUDA cores), the L1 distance in chunks of CHUNK = 2 head
+# dimensions (``_l1``; L1_CHUNK in the package).  Measured sm_90a fp16, d 32/64/128, eatt_enc /
+# eatt_causal, dropout 0 and 0.1 (issue 28): the first tiles spill nothing (l1_fwd 64x64 w8,
+# l1_bwd_kv 32x64 w8, l1_bwd_q 64x64 w8); 32x64 w4 spilled in l1_fwd (164-576 B) and l1_bwd_q
+# (108-460 B) at every d and is not in the tables; the spills at d 128 are in _SPILL_AT_D128;
+# l1_bwd_kv 64x64 w8 also spills 32 B at d 32 with causal + dropout (the autotuner may take it)
+_L1_FWD = [(64, 64, 8, 2), (64, 32, 4, 2), (32, 32, 4, 1), (16, 32, 4, 1)]
 _L1_BWD_KV = [(32, 64, 8, 1), (64, 64, 8, 1), (16, 64, 4, 1), (32, 32, 4, 1), (16, 32, 4, 1)]
-_L1_BWD_Q = [(64, 64, 8, 1), (32, 64, 4, 1), (64, 32, 4, 1), (32, 32, 4, 1), (16, 32, 4, 1)]
+_L1_BWD_Q = [(64, 64, 8, 1), (64, 32, 4, 1), (32, 32, 4, 1), (16, 32, 4, 1)]
+#: tiles that spill at head dimension 128 (``BLOCK_D >= 128``), per table; the autotuner does not
+#: try them there (``_tried``).  Measured with ``mt-kernel-report --arch 90 --dtypes fp16
+#: --head-dims 128 --variants rela_enc,rela_causal,reluformer_enc --tiles all`` (sm_90a, dropout 0
+#: and 0.1; bf16 compiles alike), spill stores in bytes, worst variant:
+#: rect_fwd 128x64 w4 s3 272, 128x128 w8 132, 64x128 w4 136, 128x32 w4 s4 92 (clean: 128x64 w8,
+#: 64x64 w4, 64x32, 32x32, 16x32); rect_bwd_kv every tile with more than 32x32 scores
+#: (64x64 w4 s1 212, 32x64 16-104, 64x128 444, 128x64 876, 64x32 60, 32x128 w4 1516, 32x128 w8 140,
+#: 128x128 1764; clean: 32x32, 16x32); rect_bwd_q 64x64 w4 44, 64x128 312, 128x64 8, 32x64 28,
+#: 32x32 96, 128x32 w4 392, 128x128 428 (clean: 64x32, 16x32, 128x32 w8)
+_SPILL_AT_D128 = [
+    (_RECT_FWD, {(128, 64, 4, 3), (128, 128, 8, 3), (64, 128, 4, 3), (128, 32, 4, 4)}),
+    (_RECT_BWD_KV, {(64, 64, 4, 1), (32, 64, 4, 2), (64, 128, 8, 2), (128, 64, 8, 2), (64, 32, 4, 2),
+                    (32, 128, 4, 3), (32, 128, 8, 3), (128, 128, 8, 2)}),
+    (_RECT_BWD_Q, {(64, 64, 4, 2), (64, 128, 8, 2), (128, 64, 8, 2), (32, 64, 4, 2), (32, 32, 4, 1),
+                   (128, 32, 4, 3), (128, 128, 8, 2)}),
+    # E-ATT (chunk 2; worst of eatt_enc / eatt_causal): l1_bwd_kv 64x64 w8 248 B, 16x64 w4 320 B,
+    # 32x32 w4 20 B; l1_bwd_q 64x32 w4 208 B (l1_fwd: none)
+    (_L1_BWD_KV, {(64, 64, 8, 1), (16, 64, 4, 1), (32, 32, 4, 1)}),
+    (_L1_BWD_Q, {(64, 32, 4, 1)}),
+]
 _RECT_KEY = ["T_KEY", "S_KEY", "BLOCK_D", "ACT", "MASK_MODE", "CAUSAL", "STATS", "DROPOUT", "PREC"]
 _L1_KEY = ["T_KEY", "S_KEY", "BLOCK_D", "MASK_MODE", "CAUSAL", "DROPOUT", "PREC"]
 
@@ -84,25 +110,31 @@ _L1_KEY = ["T_KEY", "S_KEY", "BLOCK_D", "MASK_MODE", "CAUSAL", "DROPOUT", "PREC"
 def _tried(table, meta):
     """The tiles of ``table`` the autotuner tries for a launch with constexprs ``meta`` before
     the size pruning of :func:`_prune` (no ``_SPILL_WITH_STATS`` tile with ``STATS``, no
-    ``_SPILL_WITH_DROPOUT`` tile with ``DROPOUT``)."""
+    ``_SPILL_WITH_DROPOUT`` tile with ``DROPOUT``, none of the table's ``_SPILL_AT_D128`` tiles
+    when ``BLOCK_D >= 128``); never empty: the table's last tile stays when all would go."""
     out = list(table)
     if meta.get("STATS"):
         out = [t for t in out if tuple(t) not in _SPILL_WITH_STATS]
     if meta.get("DROPOUT"):
         out = [t for t in out if tuple(t) not in _SPILL_WITH_DROPOUT]
-    return out
+    if (meta.get("BLOCK_D") or 0) >= 128:
+        spill = next((sp for tb, sp in _SPILL_AT_D128 if tb is table), ())
+        out = [t for t in out if tuple(t) not in spill]
+    return out or list(table)[-1:]
 
 
-def _prune(configs, named_args, **kwargs):
-    """Drop tiles far larger than the problem (decoding: T = 1) and those of ``_tried``;
-    always keeps one config."""
+def _prune(configs, named_args, table=None, **kwargs):
+    """Drop tiles far larger than the problem (decoding: T = 1) and those :func:`_tried` leaves
+    out for this launch (``table``: the kernel's tile table, bound by :func:`_tuned`, which the
+    head-dimension pruning looks up); keeps at least one tried config."""
     t = max(16, named_args.get("T_KEY", kwargs.get("T_KEY", 16)))
     s = max(16, named_args.get("S_KEY", kwargs.get("S_KEY", 16)))
-    tried = _tried([(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) for c in configs],
-                   {k: kwargs.get(k, named_args.get(k)) for k in ("STATS", "DROPOUT")})
-    kept = [c for c in configs if c.kwargs["BLOCK_M"] <= 2 * t and c.kwargs["BLOCK_N"] <= 2 * s
-            and (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) in tried]
-    return kept or configs[-1:]
+    key = lambda c: (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages)  # noqa: E731
+    table = table if table is not None else [key(c) for c in configs]
+    tried = set(_tried(table, {k: kwargs.get(k, named_args.get(k)) for k in ("STATS", "DROPOUT", "BLOCK_D")}))
+    ok = [c for c in configs if key(c) in tried]
+    kept = [c for c in ok if c.kwargs["BLOCK_M"] <= 2 * t and c.kwargs["BLOCK_N"] <= 2 * s]
+    return kept or ok[-1:] or configs[-1:]
 
 
 def _quick_bench(kernel_call, quantiles):
@@ -122,7 +154,8 @@ def _tuned(table, key, reset_to_zero=None):
         return lambda fn: fn
     configs = [triton.Config({"BLOCK_M": a, "BLOCK_N": b}, num_warps=w, num_stages=st)
                for a, b, w, st in table]
-    return triton.autotune(configs=configs, key=key, prune_configs_by={"early_config_prune": _prune},
+    return triton.autotune(configs=configs, key=key,
+                           prune_configs_by={"early_config_prune": functools.partial(_prune, table=table)},
                            do_bench=_quick_bench, reset_to_zero=reset_to_zero)
 
 
@@ -298,16 +331,47 @@ def _valid_t(offs_n, offs_m, T, S, m_base, s_mt, s_ms, MASK_MODE: tl.constexpr, 
     return ok
 
 @triton.jit
-def _l1(q_base, k_base, offs_m, offs_n, row_ok, col_ok, s_qt, s_qd, s_ks, s_kd, D,
-        ACC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """``sum_d |q_id - k_jd|`` ``(BLOCK_M, BLOCK_N)``, one head dimension per step (columns of
-    ``q`` and ``k`` come from L1/L2; nothing ``(M, N, d)``-sized is ever formed)."""
-    dist = tl.full([BLOCK_M, BLOCK_N], 0.0, ACC)
-    for dd in range(0, D):
-        qc = tl.load(q_base + offs_m * s_qt + dd * s_qd, mask=row_ok, other=0.0).to(ACC)
-        kc = tl.load(k_base + offs_n * s_ks + dd * s_kd, mask=col_ok, other=0.0).to(ACC)
-        dist += tl.abs(qc[:, None] - kc[None, :])
-    return dist
+def _l1_rows(a0, BLOCK_A: tl.constexpr, T_A: tl.constexpr):
+    """Row indices ``a0 + r T_A + t`` of a tile as ``(BLOCK_A // T_A, T_A)``."""
+    return a0 + (tl.arange(0, BLOCK_A // T_A)[:, None] * T_A + tl.arange(0, T_A)[None, :])
+
+
+@triton.jit
+def _l1_chunk(base, rows5, LIM, s_t, s_d, dims5, D, ACC: tl.constexpr):
+    """``x[row, dim]`` (float ``ACC``) for 5-d index tiles ``rows5``/``dims5``; 0 outside
+    ``row < LIM``, ``dim < D``."""
+    return tl.load(base + rows5 * s_t + dims5 * s_d, mask=(rows5 < LIM) & (dims5 < D), other=0.0).to(ACC)
+
+
+@triton.jit
+def _l1(a_base, b_base, a0, b0, A_LIM, B_LIM, s_at, s_ad, s_bt, s_bd, D,
+        ACC: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_D: tl.constexpr,
+        CHUNK: tl.constexpr):
+    """``dist_ij = sum_d |a_id - b_jd|`` ``(BLOCK_A, BLOCK_B)`` of rows ``a0 + i < A_LIM`` of ``a``
+    and ``b0 + j < B_LIM`` of ``b`` (E-ATT eq. 13 before ``-scale``; ``a, b`` = ``q, k``, or
+    ``k, q`` for the transposed tile of ``l1_bwd_kv``).  ``CHUNK`` head dimensions per step,
+    ``BLOCK_D // CHUNK`` steps (a loop, not unrolled: unrolled, the compiler kept every query chunk
+    in registers across the key loop and spilled; issue 28); dimensions ``>= D`` load as 0 on both
+    sides and add nothing.
+
+    Computed on 5-d tiles ``(CHUNK, R, C, TA, TB)`` (``i = r TA + ta``, ``j = c TB + tb``;
+    ``TA = 16``, ``TB = 8``; ``BLOCK_A >= 16`` and ``BLOCK_B >= 8`` multiples of them): triton's
+    default layout spreads the threads over ``(TA, TB)`` and keeps the chunk and ``R x C`` scores
+    in each thread, so the sum over the chunk needs no shuffle, a thread loads ``R + C`` values per
+    dimension for ``R x C`` scores, and nothing ``(A, B, d)``-sized exists.  Returned as
+    ``(BLOCK_A, BLOCK_B)`` (a permute and reshape: one layout conversion per tile)."""
+    TB: tl.constexpr = 8
+    TA: tl.constexpr = 16 if BLOCK_A >= 16 else BLOCK_A
+    d5 = tl.arange(0, CHUNK)[:, None, None, None, None]
+    ra = _l1_rows(a0, BLOCK_A, TA)[None, :, None, :, None]
+    rb = _l1_rows(b0, BLOCK_B, TB)[None, None, :, None, :]
+    dist = tl.full([BLOCK_A // TA, BLOCK_B // TB, TA, TB], 0.0, ACC)
+    for c0 in range(0, BLOCK_D, CHUNK):
+        xa = _l1_chunk(a_base, ra, A_LIM, s_at, s_ad, c0 + d5, D, ACC)
+        xb = _l1_chunk(b_base, rb, B_LIM, s_bt, s_bd, c0 + d5, D, ACC)
+        dist += _rowsum(tl.abs(xa - xb), 0)
+    return tl.reshape(tl.permute(dist, (0, 2, 1, 3)), [BLOCK_A, BLOCK_B])
+
 
 # --------------------------------------------------------------------------------------------
 # rectified attention
@@ -604,7 +668,7 @@ def l1_fwd(Q, K, V, M, O, LSE,
            H, T, S, D, SC, dropout_p, seed, T_KEY, S_KEY,
            MASK_MODE: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr,
            ACC: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr,
-           BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+           BLOCK_D: tl.constexpr, CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """One program: ``BLOCK_M`` queries of one ``(b, h)``; online softmax over key tiles.
     Writes ``O`` and the row log-sum-exp ``LSE`` ``(B*H, T)`` (natural log; 0 on fully masked
     rows).  The loop works in base 2: ``x`` is the score times ``log2 e`` (folded into the scale),
@@ -635,8 +699,8 @@ def l1_fwd(Q, K, V, M, O, LSE,
     for n0 in range(0, hi, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         col_ok = offs_n < S
-        x = -scale2 * _l1(q_base, k_base, offs_m, offs_n, row_ok, col_ok, s_qt, s_qd, s_ks, s_kd, D,
-                          ACC, BLOCK_M, BLOCK_N)
+        x = -scale2 * _l1(q_base, k_base, pid_m * BLOCK_M, n0, T, S, s_qt, s_qd, s_ks, s_kd, D,
+                          ACC, BLOCK_M, BLOCK_N, BLOCK_D, CHUNK)
         ok = _valid(offs_m, offs_n, T, S, m_base, s_mt, s_ms, MASK_MODE, CAUSAL)
         x = tl.where(ok, x, float("-inf"))
         m_new = tl.maximum(m_i, _rowmax(x, 1))
@@ -669,7 +733,7 @@ def l1_bwd_kv(Q, K, V, M, DO, LSE, DELTA, DK, DV,
               H, T, S, D, SC, dropout_p, seed, T_KEY, S_KEY,
               MASK_MODE: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr,
               ACC: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr,
-              BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+              BLOCK_D: tl.constexpr, CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """One program: ``dK, dV`` of ``BLOCK_N`` keys; loops over query tiles.  With
     ``dS = P (dP - delta)`` (``delta_i = dO_i . O_i``): ``dV = P_drop^T dO`` and
     ``dk_jd = scale * sum_i dS_ij sign(q_id - k_jd)``."""
@@ -702,8 +766,8 @@ def l1_bwd_kv(Q, K, V, M, DO, LSE, DELTA, DK, DV,
         offs_m = m0 + tl.arange(0, BLOCK_M)
         row_ok = offs_m < T
         # transposed tile (keys x queries): P^T = exp(x^T - lse)
-        dist = _l1(k_base, q_base, offs_n, offs_m, col_ok, row_ok, s_ks, s_kd, s_qt, s_qd, D,
-                   ACC, BLOCK_N, BLOCK_M)
+        dist = _l1(k_base, q_base, pid_n * BLOCK_N, m0, S, T, s_ks, s_kd, s_qt, s_qd, D,
+                   ACC, BLOCK_N, BLOCK_M, BLOCK_D, CHUNK)
         ok = _valid_t(offs_n, offs_m, T, S, m_base, s_mt, s_ms, MASK_MODE, CAUSAL)
         lse2 = tl.load(LSE + bh * T + offs_m, mask=row_ok, other=0.0).to(ACC) * _log2e(ACC)
         delta = tl.load(DELTA + bh * T + offs_m, mask=row_ok, other=0.0).to(ACC)
@@ -740,7 +804,7 @@ def l1_bwd_q(Q, K, V, M, DO, LSE, DELTA, DQ,
              H, T, S, D, SC, dropout_p, seed, T_KEY, S_KEY,
              MASK_MODE: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr,
              ACC: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr,
-             BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+             BLOCK_D: tl.constexpr, CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """One program: ``dQ`` of ``BLOCK_M`` queries; ``dq_id = -scale sum_j dS_ij sign(q_id - k_jd)``."""
     pid = tl.program_id(0)
     num_m = (T + BLOCK_M - 1) // BLOCK_M
@@ -773,8 +837,8 @@ def l1_bwd_q(Q, K, V, M, DO, LSE, DELTA, DQ,
     for n0 in range(0, hi, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         col_ok = offs_n < S
-        dist = _l1(q_base, k_base, offs_m, offs_n, row_ok, col_ok, s_qt, s_qd, s_ks, s_kd, D,
-                   ACC, BLOCK_M, BLOCK_N)
+        dist = _l1(q_base, k_base, pid_m * BLOCK_M, n0, T, S, s_qt, s_qd, s_ks, s_kd, D,
+                   ACC, BLOCK_M, BLOCK_N, BLOCK_D, CHUNK)
         ok = _valid(offs_m, offs_n, T, S, m_base, s_mt, s_ms, MASK_MODE, CAUSAL)
         p = tl.where(ok, tl.exp2(-scale2 * dist - lse2[:, None]), 0.0)
         vt = tl.load(v_base + offs_n[None, :] * s_vs + offs_d[:, None] * s_vd,
