@@ -278,7 +278,8 @@ def compile_launch(real_module, name: str, args: tuple, meta: dict, arch: int, t
     from triton.compiler import ASTSource, make_backend
     from triton.runtime.jit import create_function_from_signature
 
-    fn = getattr(real_module, name).fn  # the JITFunction under the autotuner
+    fn = getattr(real_module, name).fn  # the JITFunction under the autotuner (rect_bwd, rect_bwd_kv: one, the
+    # recorded DQ_ATOMIC tells them apart)
     bm, bn, warps, stages = tile
     kwargs = dict(meta, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages)
     target = GPUTarget("cuda", int(arch), 32)

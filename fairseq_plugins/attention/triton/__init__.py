@@ -56,6 +56,9 @@ The rectified backward has two paths (:func:`set_rect_backward`, ``MT_RECT_BACKW
   key tile accumulates ``dK, dV`` over query tiles) and ``rect_bwd_q`` (one per query tile
   accumulates ``dQ`` over key tiles): seven GEMMs per tile pair (``x`` and ``dP`` in both).
 
+``rect_bwd`` and ``rect_bwd_kv`` are one kernel body (``_kernels._rect_bwd``) under two autotuners
+(own tile tables); the constexpr ``DQ_ATOMIC`` adds the fifth GEMM and the atomic ``dQ``.
+
 E-ATT's backward is split the same way (``l1_bwd_kv``, ``l1_bwd_q``).
 
 Masks reach the kernels as bytes with their broadcast strides: a key-padding mask
@@ -415,29 +418,21 @@ class _RectifiedAttention(torch.autograd.Function):
         meta = _rect_meta(mod, q, interpret, act, mode, causal, stats, dropout_p > 0, r_t is not None)
         common = (*_strides(q), *_strides(k), *_strides(v), *r_str, *m_str, *_strides(g_out))
         tail = (H, T, S, d, float(r_c), float(dropout_p), seed, *_keys(T, S))
-        if ctx.bwd == "fused":  # one kernel, 5 GEMMs; dQ summed by atomic adds in acc_dt
-            dq_acc = torch.zeros_like(q, dtype=acc_dt)
-            if B * H * S > 0 and T > 0:
-                grid = _grid(S, B * H, interpret, meta, "BLOCK_N")
-                mod.rect_bwd[grid](q, k, v, r_arg, m_arg, g_out, g_sum, g_slogs, dq_acc, dk, dv, *common,
-                                   *_strides(dq_acc), *_strides(dk), *_strides(dv), *tail, **meta)
-            else:
-                dk.zero_(), dv.zero_()
-            dq = dq_acc if dq_acc.dtype == q.dtype else dq_acc.to(q.dtype)
-            return dq, dk, dv, None, None, None, None, None, None, None, None, None
-        dq = torch.empty_like(q)
+        fused = ctx.bwd == "fused"  # one kernel, 5 GEMMs; dQ summed by atomic adds in acc_dt
+        dq = torch.zeros_like(q, dtype=acc_dt) if fused else torch.empty_like(q)
         if B * H * S > 0:
             if T == 0:
                 dk.zero_(), dv.zero_()
-            else:
+            else:  # the same kernel body; split: DQ unused, dQ by rect_bwd_q below
                 grid = _grid(S, B * H, interpret, meta, "BLOCK_N")
-                mod.rect_bwd_kv[grid](q, k, v, r_arg, m_arg, g_out, g_sum, g_slogs, dk, dv, *common,
-                                      *_strides(dk), *_strides(dv), *tail, **meta)
-        if B * H * T > 0:
+                kernel = mod.rect_bwd if fused else mod.rect_bwd_kv
+                kernel[grid](q, k, v, r_arg, m_arg, g_out, g_sum, g_slogs, dq, dk, dv, *common, *_strides(dq),
+                             *_strides(dk), *_strides(dv), *tail, DQ_ATOMIC=fused, **meta)
+        if not fused and B * H * T > 0:
             grid = _grid(T, B * H, interpret, meta, "BLOCK_M")
             mod.rect_bwd_q[grid](q, k, v, r_arg, m_arg, g_out, g_sum, g_slogs, dq, *common,
                                  *_strides(dq), *tail, **meta)
-        return dq, dk, dv, None, None, None, None, None, None, None, None, None
+        return dq.to(q.dtype), dk, dv, None, None, None, None, None, None, None, None, None
 
 
 def relu_attention(q, k, v, row_scale, mask=None, dropout_p=0.0, need_stats=False, chunk_size=None,
@@ -748,8 +743,8 @@ def compile_offline(arch: int = 90, dtype: torch.dtype = torch.bfloat16, tiles: 
     common = dict(MASK_MODE=2, CAUSAL=True, DROPOUT=True, ACC=acc, PREC=prec, UPCAST=False, BLOCK_D=64)
     rect = dict(common, HAS_R=True, ACT=1, STATS=True)
     l1 = dict(common, CHUNK=L1_CHUNK)
-    plan = [("rect_fwd", mod._RECT_FWD, rect), ("rect_bwd", mod._RECT_BWD, rect),
-            ("rect_bwd_kv", mod._RECT_BWD_KV, rect),
+    plan = [("rect_fwd", mod._RECT_FWD, rect), ("rect_bwd", mod._RECT_BWD, dict(rect, DQ_ATOMIC=True)),
+            ("rect_bwd_kv", mod._RECT_BWD_KV, dict(rect, DQ_ATOMIC=False)),
             ("rect_bwd_q", mod._RECT_BWD_Q, rect), ("l1_fwd", mod._L1_FWD, l1),
             ("l1_bwd_kv", mod._L1_BWD_KV, l1), ("l1_bwd_q", mod._L1_BWD_Q, l1)]
     target = GPUTarget("cuda", int(arch), 32)

@@ -437,19 +437,28 @@ def rect_fwd(Q, K, V, R, M, O, RS, RL,
         tl.store(RS + bh * T + offs_m, rsum.to(RS.dtype.element_ty), mask=row_ok)
         tl.store(RL + bh * T + offs_m, rlog.to(RL.dtype.element_ty), mask=row_ok)
 
-@_tuned(_RECT_BWD_KV, _RECT_KEY)
 @triton.jit
-def rect_bwd_kv(Q, K, V, R, M, DO, GS, GL, DK, DV,
-                s_qb, s_qh, s_qt, s_qd, s_kb, s_kh, s_ks, s_kd, s_vb, s_vh, s_vs, s_vd,
-                s_rb, s_rh, s_rt, s_mb, s_mh, s_mt, s_ms, s_ob, s_oh, s_ot, s_od,
-                s_dkb, s_dkh, s_dks, s_dkd, s_dvb, s_dvh, s_dvs, s_dvd,
-                H, T, S, D, r_const, dropout_p, seed, T_KEY, S_KEY,
-                HAS_R: tl.constexpr, MASK_MODE: tl.constexpr, CAUSAL: tl.constexpr, ACT: tl.constexpr,
-                STATS: tl.constexpr, DROPOUT: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr,
-                BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """One program: ``dK, dV`` of ``BLOCK_N`` keys of one ``(b, h)``; loops over query tiles,
-    recomputing the transposed scores ``x^T = k (r q)^T``.  ``STATS``: the eq. 7 row sums have
-    gradients ``GS, GL`` ``(B*H, T)`` (``d/ds_ij = g_sum_i + g_slogs_i (log s_ij + 1)``)."""
+def _rect_bwd(Q, K, V, R, M, DO, GS, GL, DQ, DK, DV,
+              s_qb, s_qh, s_qt, s_qd, s_kb, s_kh, s_ks, s_kd, s_vb, s_vh, s_vs, s_vd,
+              s_rb, s_rh, s_rt, s_mb, s_mh, s_mt, s_ms, s_ob, s_oh, s_ot, s_od,
+              s_dqb, s_dqh, s_dqt, s_dqd, s_dkb, s_dkh, s_dks, s_dkd, s_dvb, s_dvh, s_dvs, s_dvd,
+              H, T, S, D, r_const, dropout_p, seed, T_KEY, S_KEY,
+              HAS_R: tl.constexpr, MASK_MODE: tl.constexpr, CAUSAL: tl.constexpr, ACT: tl.constexpr,
+              STATS: tl.constexpr, DROPOUT: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr,
+              DQ_ATOMIC: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The body of both key-tile backwards (:data:`rect_bwd`, :data:`rect_bwd_kv`).  One program:
+    ``dK, dV`` of ``BLOCK_N`` keys of one ``(b, h)`` in registers, looping over query tiles
+    (causal: skipping those before the key tile's first viewer) with four GEMMs per tile --
+    ``x^T = k (r q)^T``, ``dP^T = v dO^T``, ``dV += drop(s)^T dO``, ``dK += (r dX)^T Q`` -- the
+    masks, the dropout mask (``_keep``) and, with ``STATS``, the gradients ``GS, GL`` ``(B*H, T)``
+    of the eq. 7 row sums (``d/ds_ij = g_sum_i + g_slogs_i (log s_ij + 1)``).
+
+    ``DQ_ATOMIC`` (FlashAttention-2's fused backward, Dao 2023, Alg. 2): a fifth GEMM,
+    ``dQ_tile^T = K^T (r dX)^T`` (transposed: the ``d`` rows fill the 64-row wgmma when
+    ``BLOCK_M`` is 32), added into ``DQ`` (``(B, H, T, d)`` in the accumulator dtype, zeroed by
+    the caller) with relaxed atomic adds (summation order over the key tiles varies run to run:
+    not bitwise deterministic).  Without it ``DQ`` and its strides are unused and
+    :func:`rect_bwd_q` computes ``dQ`` (seven GEMMs in all: ``x`` and ``dP`` twice, no atomics)."""
     pid = tl.program_id(0)
     num_n = (S + BLOCK_N - 1) // BLOCK_N
     pid_n = pid % num_n  # CAUSAL: the earliest key tiles (most query tiles) already start first
@@ -469,6 +478,8 @@ def rect_bwd_kv(Q, K, V, R, M, DO, GS, GL, DK, DV,
     dv = tl.full([BLOCK_N, BLOCK_D], 0.0, ACC)
     q_base = Q + b * s_qb + h * s_qh
     do_base = DO + b * s_ob + h * s_oh
+    if DQ_ATOMIC:
+        dq_base = DQ + b * s_dqb + h * s_dqh
     m_base = M + b * s_mb + h * s_mh
     inv_keep = _inv_keep(dropout_p, ACC)  # dropout's rescaling (used if DROPOUT)
     lo = 0
@@ -485,29 +496,42 @@ def rect_bwd_kv(Q, K, V, R, M, DO, GS, GL, DK, DV,
             r = tl.load(R + b * s_rb + h * s_rh + offs_m * s_rt, mask=row_ok, other=0.0).to(ACC)
         else:
             r = tl.full([BLOCK_M], 0.0, ACC) + r_const
-        xt = _dot(k, qt, tl.full([BLOCK_N, BLOCK_M], 0.0, ACC), PREC, UPCAST).to(ACC) * r[None, :]
+        xt = _dot(k, qt, tl.full([BLOCK_N, BLOCK_M], 0.0, ACC), PREC, UPCAST).to(ACC) * r[None, :]  # GEMM 1
         ok = _valid_t(offs_n, offs_m, T, S, m_base, s_mt, s_ms, MASK_MODE, CAUSAL)
         st = tl.where(ok, _act(xt, ACT), 0.0)
-        dpt = _dot(v, tl.trans(do), tl.full([BLOCK_N, BLOCK_M], 0.0, ACC), PREC, UPCAST).to(ACC)
+        dpt = _dot(v, tl.trans(do), tl.full([BLOCK_N, BLOCK_M], 0.0, ACC), PREC, UPCAST).to(ACC)  # GEMM 2
         if DROPOUT:  # dV's 1 / (1 - p) after the loop
             keep = tl.trans(_keep(seed + bh, offs_m, pid_n * BLOCK_N, S, dropout_p, BLOCK_M, BLOCK_N))
             pt = tl.where(keep, st, 0.0)
             dpt = tl.where(keep, dpt * inv_keep, 0.0)
         else:
             pt = st
-        dv = _dot(pt.to(do.dtype), do, dv, PREC, UPCAST)
+        dv = _dot(pt.to(do.dtype), do, dv, PREC, UPCAST)  # GEMM 3
         if STATS:
             gs = tl.load(GS + bh * T + offs_m, mask=row_ok, other=0.0).to(ACC)
             gl = tl.load(GL + bh * T + offs_m, mask=row_ok, other=0.0).to(ACC)
             dpt += gs[None, :] + gl[None, :] * (tl.log(tl.maximum(st, TINY)) + 1.0)
-        dxt = tl.where(ok, dpt * _act_grad(xt, ACT), 0.0) * r[None, :]
-        dk = _dot(dxt.to(qt.dtype), tl.trans(qt), dk, PREC, UPCAST)
+        dxt = (tl.where(ok, dpt * _act_grad(xt, ACT), 0.0) * r[None, :]).to(k.dtype)  # (r dX)^T
+        dk = _dot(dxt, tl.trans(qt), dk, PREC, UPCAST)  # GEMM 4
+        if DQ_ATOMIC:
+            dqt = _dot(tl.trans(k), dxt, tl.full([BLOCK_D, BLOCK_M], 0.0, ACC), PREC, UPCAST)  # GEMM 5
+            tl.atomic_add(dq_base + offs_m[None, :] * s_dqt + offs_d[:, None] * s_dqd, dqt.to(DQ.dtype.element_ty),
+                          mask=row_ok[None, :] & d_ok[:, None], sem="relaxed")
     if DROPOUT:
         dv = dv * inv_keep
     tl.store(DK + b * s_dkb + h * s_dkh + offs_n[:, None] * s_dks + offs_d[None, :] * s_dkd,
              dk.to(DK.dtype.element_ty), mask=kv_mask)
     tl.store(DV + b * s_dvb + h * s_dvh + offs_n[:, None] * s_dvs + offs_d[None, :] * s_dvd,
              dv.to(DV.dtype.element_ty), mask=kv_mask)
+
+
+#: the fused backward: :func:`_rect_bwd` launched with ``DQ_ATOMIC=True`` (5 GEMMs per score tile,
+#: ``DQ`` zeroed before each autotuning run); the same JITFunction as :data:`rect_bwd_kv` under
+#: its own autotuner (tiles, cache)
+rect_bwd = _tuned(_RECT_BWD, _RECT_KEY, reset_to_zero=["DQ"])(_rect_bwd)
+#: the split path's ``dK, dV``: :func:`_rect_bwd` launched with ``DQ_ATOMIC=False`` (4 GEMMs;
+#: ``DQ`` unused), paired with :func:`rect_bwd_q`
+rect_bwd_kv = _tuned(_RECT_BWD_KV, _RECT_KEY)(_rect_bwd)
 
 @_tuned(_RECT_BWD_Q, _RECT_KEY)
 @triton.jit
@@ -573,89 +597,6 @@ def rect_bwd_q(Q, K, V, R, M, DO, GS, GL, DQ,
     dq = dq * r[:, None]
     tl.store(DQ + b * s_dqb + h * s_dqh + offs_m[:, None] * s_dqt + offs_d[None, :] * s_dqd,
              dq.to(DQ.dtype.element_ty), mask=q_mask)
-
-@_tuned(_RECT_BWD, _RECT_KEY, reset_to_zero=["DQ"])
-@triton.jit
-def rect_bwd(Q, K, V, R, M, DO, GS, GL, DQ, DK, DV,
-             s_qb, s_qh, s_qt, s_qd, s_kb, s_kh, s_ks, s_kd, s_vb, s_vh, s_vs, s_vd,
-             s_rb, s_rh, s_rt, s_mb, s_mh, s_mt, s_ms, s_ob, s_oh, s_ot, s_od,
-             s_dqb, s_dqh, s_dqt, s_dqd, s_dkb, s_dkh, s_dks, s_dkd, s_dvb, s_dvh, s_dvs, s_dvd,
-             H, T, S, D, r_const, dropout_p, seed, T_KEY, S_KEY,
-             HAS_R: tl.constexpr, MASK_MODE: tl.constexpr, CAUSAL: tl.constexpr, ACT: tl.constexpr,
-             STATS: tl.constexpr, DROPOUT: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr,
-             BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """The fused backward (FlashAttention-2's, Dao 2023, Alg. 2): one program holds ``dK, dV``
-    of ``BLOCK_N`` keys of one ``(b, h)`` in registers and loops over query tiles with five
-    GEMMs per tile -- ``x^T = k (r q)^T``, ``dP^T = v dO^T``, ``dV += drop(s)^T dO``,
-    ``dK += (r dX)^T Q``, ``dQ_tile^T = K^T (r dX)^T`` (transposed: the ``d`` rows fill the 64-row
-    wgmma when ``BLOCK_M`` is 32) -- adding ``dQ_tile`` into ``DQ`` (``(B, H, T, d)`` in the
-    accumulator dtype, zeroed by the caller) with relaxed atomic adds (summation order over the
-    key tiles varies run to run: not bitwise deterministic).  :func:`rect_bwd_kv` +
-    :func:`rect_bwd_q` compute the same in seven GEMMs (``x`` and ``dP`` twice) without atomics.
-    Same masks, causal skipping (query tiles before a key tile's first viewer), dropout mask
-    (``_keep``) and eq. 7 terms (``GS, GL``) as those two."""
-    pid = tl.program_id(0)
-    num_n = (S + BLOCK_N - 1) // BLOCK_N
-    pid_n = pid % num_n  # CAUSAL: the earliest key tiles (most query tiles) already start first
-    bh = pid // num_n
-    b = (bh // H).to(tl.int64)
-    h = (bh % H).to(tl.int64)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
-    col_ok = offs_n < S
-    d_ok = offs_d < D
-    kv_mask = col_ok[:, None] & d_ok[None, :]
-    k = tl.load(K + b * s_kb + h * s_kh + offs_n[:, None] * s_ks + offs_d[None, :] * s_kd,
-                mask=kv_mask, other=0.0)
-    v = tl.load(V + b * s_vb + h * s_vh + offs_n[:, None] * s_vs + offs_d[None, :] * s_vd,
-                mask=kv_mask, other=0.0)
-    dk = tl.full([BLOCK_N, BLOCK_D], 0.0, ACC)
-    dv = tl.full([BLOCK_N, BLOCK_D], 0.0, ACC)
-    q_base = Q + b * s_qb + h * s_qh
-    do_base = DO + b * s_ob + h * s_oh
-    dq_base = DQ + b * s_dqb + h * s_dqh
-    m_base = M + b * s_mb + h * s_mh
-    inv_keep = _inv_keep(dropout_p, ACC)  # dropout's rescaling (used if DROPOUT)
-    lo = 0
-    if CAUSAL:  # queries before the first one that sees key pid_n * BLOCK_N are skipped
-        lo = (tl.maximum(0, pid_n * BLOCK_N - (S - T)) // BLOCK_M) * BLOCK_M
-    for m0 in range(lo, T, BLOCK_M):
-        offs_m = m0 + tl.arange(0, BLOCK_M)
-        row_ok = offs_m < T
-        q_mask = row_ok[:, None] & d_ok[None, :]
-        qt = tl.load(q_base + offs_m[None, :] * s_qt + offs_d[:, None] * s_qd,
-                     mask=row_ok[None, :] & d_ok[:, None], other=0.0)
-        do = tl.load(do_base + offs_m[:, None] * s_ot + offs_d[None, :] * s_od, mask=q_mask, other=0.0)
-        if HAS_R:
-            r = tl.load(R + b * s_rb + h * s_rh + offs_m * s_rt, mask=row_ok, other=0.0).to(ACC)
-        else:
-            r = tl.full([BLOCK_M], 0.0, ACC) + r_const
-        xt = _dot(k, qt, tl.full([BLOCK_N, BLOCK_M], 0.0, ACC), PREC, UPCAST).to(ACC) * r[None, :]  # GEMM 1
-        ok = _valid_t(offs_n, offs_m, T, S, m_base, s_mt, s_ms, MASK_MODE, CAUSAL)
-        st = tl.where(ok, _act(xt, ACT), 0.0)
-        dpt = _dot(v, tl.trans(do), tl.full([BLOCK_N, BLOCK_M], 0.0, ACC), PREC, UPCAST).to(ACC)  # GEMM 2
-        if DROPOUT:  # dV's 1 / (1 - p) after the loop
-            keep = tl.trans(_keep(seed + bh, offs_m, pid_n * BLOCK_N, S, dropout_p, BLOCK_M, BLOCK_N))
-            pt = tl.where(keep, st, 0.0)
-            dpt = tl.where(keep, dpt * inv_keep, 0.0)
-        else:
-            pt = st
-        dv = _dot(pt.to(do.dtype), do, dv, PREC, UPCAST)  # GEMM 3
-        if STATS:
-            gs = tl.load(GS + bh * T + offs_m, mask=row_ok, other=0.0).to(ACC)
-            gl = tl.load(GL + bh * T + offs_m, mask=row_ok, other=0.0).to(ACC)
-            dpt += gs[None, :] + gl[None, :] * (tl.log(tl.maximum(st, TINY)) + 1.0)
-        dxt = (tl.where(ok, dpt * _act_grad(xt, ACT), 0.0) * r[None, :]).to(k.dtype)  # (r dX)^T
-        dk = _dot(dxt, tl.trans(qt), dk, PREC, UPCAST)  # GEMM 4
-        dqt = _dot(tl.trans(k), dxt, tl.full([BLOCK_D, BLOCK_M], 0.0, ACC), PREC, UPCAST)  # GEMM 5
-        tl.atomic_add(dq_base + offs_m[None, :] * s_dqt + offs_d[:, None] * s_dqd, dqt.to(DQ.dtype.element_ty),
-                      mask=row_ok[None, :] & d_ok[:, None], sem="relaxed")
-    if DROPOUT:
-        dv = dv * inv_keep
-    tl.store(DK + b * s_dkb + h * s_dkh + offs_n[:, None] * s_dks + offs_d[None, :] * s_dkd,
-             dk.to(DK.dtype.element_ty), mask=kv_mask)
-    tl.store(DV + b * s_dvb + h * s_dvh + offs_n[:, None] * s_dvs + offs_d[None, :] * s_dvd,
-             dv.to(DV.dtype.element_ty), mask=kv_mask)
 
 # --------------------------------------------------------------------------------------------
 # E-ATT: L1 scores + online softmax
