@@ -221,6 +221,15 @@ def train_seconds(res: Dict, rdir: str) -> float:
     return res["wall_s"].get("train", 0.0)
 
 
+def _wall_cell(results: List[Dict]) -> str:
+    """The ``train wall`` cell of a row: fairseq's cumulative training time in minutes, the mean per
+    run when the row has several seeds (each seed's time is in its provenance section)."""
+    mins = [train_seconds(x, x["_dir"]) / 60 for x in results]
+    if len(mins) == 1:
+        return f"{mins[0]:.1f} min"
+    return f"{sum(mins) / len(mins):.1f} min (mean of {len(mins)})"
+
+
 def resumes(rdir: str):
     """How often the row's training restarted from a checkpoint (from its train.log, or the
     committed ``train.log.gz`` of its evidence)."""
@@ -395,7 +404,7 @@ def render(spec: Dict, seeds: Optional[List[int]] = None) -> None:
              f"Regenerate: `mt-table --table {table_path}{override}` (= `python scripts/run_table.py ...`; runs "
              "missing rows, resumes unfinished ones, re-renders this file; `--seeds 1,2,3` adds seeds). Budget: "
              f"`{spec['budget']}` unless a row names its own, direction {spec['src']}→{spec['tgt']}. Train wall = "
-             "fairseq's cumulative training time; rows that shared the machine with other jobs, or were killed and "
+             "fairseq's cumulative training time (with several seeds: the mean per run); rows that shared the machine with other jobs, or were killed and "
              "resumed, ran slower than alone.", ""]
     head = (["ID", "Model", spec["paper_label"]] + [f"ours {lab}" for lab in subsets.values()]
             + [f"chrF {subsets[first]}", f"vs row {ref_id} ({subsets[first]})"]
@@ -425,8 +434,7 @@ def render(spec: Dict, seeds: Optional[List[int]] = None) -> None:
         status = "done" if len(ok) == len(res) else (
             ("failed: " if not ok else f"{len(res) - len(ok)} seed(s) failed: ") + "; ".join(reasons))
         lines.append("| " + " | ".join([str(r["id"]), r["name"], paper] + cells + mcells + _analysis_cells(spec, r) + [
-            str(len(res)), str(res[0].get("updates", 0)), f"{train_seconds(res[0], res[0]['_dir']) / 60:.1f} min",
-            status]) + " |")
+            str(len(res)), str(res[0].get("updates", 0)), _wall_cell(res), status]) + " |")
     lines += ["", "SacreBLEU (detokenised) with tokenized BLEU in brackets"
               + ("; RIBES (Isozaki et al. 2010, nltk, tokenized text) after the slash" if spec.get("ribes") else "")
               + "; with several seeds, mean ± sample sd of SacreBLEU. chrF: sacreBLEU's chrF (character 6-grams, "
