@@ -175,34 +175,45 @@ def test_rectified_bfloat16_and_float16_close_to_float32(interp, bwd):
 
 
 @needs_triton
+@pytest.mark.parametrize("stats", [True, False], ids=["stats", "plain"])
 @pytest.mark.parametrize("T,S,d", [(20, 16, 16), (21, 37, 40)])
-def test_rectified_dropout_mask_is_regenerated_in_backward(interp, bwd, T, S, d):
+def test_rectified_dropout_mask_is_regenerated_in_backward(interp, bwd, T, S, d, stats):
     """With ``v = I`` the output *is* the dropped, rescaled weights: the mask is visible, and
     the gradients must equal autograd's through that explicit mask (backward regenerates it,
-    in transposed tiles too; several key tiles, S not a multiple of 16)."""
+    in transposed tiles too; several key tiles, S not a multiple of 16).  With and without the
+    eq. 7 statistics: the kernels apply dropout's ``1 / (1 - p)`` per score with them and once
+    per query row (hoisted, on the row scale ``r``) without them."""
     B, H, p = 1, 2, 0.3
     q, k, _ = qkv(B, H, T, S, d, F64)
     v = torch.eye(S, d, dtype=F64).expand(B, H, S, d).clone().requires_grad_()
     torch.manual_seed(0)
-    out, (rs, rl) = tk.relu_attention(q, k, v, 1.0, dropout_p=p, need_stats=True)
+    if stats:
+        out, (rs, rl) = tk.relu_attention(q, k, v, 0.7, dropout_p=p, need_stats=True)
+    else:
+        out = tk.relu_attention(q, k, v, 0.7, dropout_p=p)
     p = 77 / 256  # the rate applied: 0.3 rounded to a multiple of 1/256 (one random byte per score)
-    s = torch.relu(q @ k.transpose(-1, -2)).detach()
+    s = torch.relu(0.7 * q @ k.transpose(-1, -2)).detach()
     kept = out.detach()[..., :S] != 0
     live = s > 0
     torch.testing.assert_close(out.detach()[..., :S][kept], (s / (1 - p))[kept])  # survivors rescaled
     rate = 1 - kept[live].double().mean()
     assert 0.2 < rate < 0.4  # ~p of the positive weights dropped
-    torch.testing.assert_close(rs.detach(), s.sum(-1))  # statistics before dropout
-    ups = upstream([(B, H, T, d), (B, H, T), (B, H, T)])
-    g_t = grads_of([out, rs, rl], ups, (q, k, v))
-    s_ref = torch.relu(q @ k.transpose(-1, -2))
-    rs_ref, rl_ref = s_ref.sum(-1), torch.xlogy(s_ref, s_ref).sum(-1)
+    s_ref = torch.relu(0.7 * q @ k.transpose(-1, -2))
     out_ref = (s_ref * kept / (1 - p)) @ v
-    g_r = grads_of([out_ref, rs_ref, rl_ref], ups, (q, k, v))
+    if stats:
+        torch.testing.assert_close(rs.detach(), s.sum(-1))  # statistics before dropout
+        ups = upstream([(B, H, T, d), (B, H, T), (B, H, T)])
+        g_t = grads_of([out, rs, rl], ups, (q, k, v))
+        rs_ref, rl_ref = s_ref.sum(-1), torch.xlogy(s_ref, s_ref).sum(-1)
+        g_r = grads_of([out_ref, rs_ref, rl_ref], ups, (q, k, v))
+    else:
+        ups = upstream([(B, H, T, d)])
+        g_t = grads_of([out], ups, (q, k, v))
+        g_r = grads_of([out_ref], ups, (q, k, v))
     for a, b in zip(g_t, g_r):
         assert_close(a, b, F64)
     torch.manual_seed(0)  # same seed, same mask
-    again = tk.relu_attention(q, k, v, 1.0, dropout_p=0.3)
+    again = tk.relu_attention(q, k, v, 0.7, dropout_p=0.3)
     assert torch.equal(again.detach(), out.detach())
 
 

@@ -481,7 +481,10 @@ def _rect_bwd(Q, K, V, R, M, DO, GS, GL, DQ, DK, DV,
     if DQ_ATOMIC:
         dq_base = DQ + b * s_dqb + h * s_dqh
     m_base = M + b * s_mb + h * s_mh
-    inv_keep = _inv_keep(dropout_p, ACC)  # dropout's rescaling (used if DROPOUT)
+    # dropout's 1 / (1 - p): without STATS hoisted out of the score tiles -- dP^T = keep dO V^T / (1 - p)
+    # enters dK (and dQ) only through (r dX)^T, so it rides on the per-query r (one multiply per
+    # score less; with STATS it fuses into the eq. 7 terms' FMA instead)
+    inv_keep = _inv_keep(dropout_p, ACC)
     lo = 0
     if CAUSAL:  # queries before the first one that sees key pid_n * BLOCK_N are skipped
         lo = (tl.maximum(0, pid_n * BLOCK_N - (S - T)) // BLOCK_M) * BLOCK_M
@@ -496,14 +499,21 @@ def _rect_bwd(Q, K, V, R, M, DO, GS, GL, DQ, DK, DV,
             r = tl.load(R + b * s_rb + h * s_rh + offs_m * s_rt, mask=row_ok, other=0.0).to(ACC)
         else:
             r = tl.full([BLOCK_M], 0.0, ACC) + r_const
+        rd = r
+        if DROPOUT:
+            if not STATS:  # r / (1 - p): scales dX (see inv_keep)
+                rd = r * inv_keep
         xt = _dot(k, qt, tl.full([BLOCK_N, BLOCK_M], 0.0, ACC), PREC, UPCAST).to(ACC) * r[None, :]  # GEMM 1
         ok = _valid_t(offs_n, offs_m, T, S, m_base, s_mt, s_ms, MASK_MODE, CAUSAL)
         st = tl.where(ok, _act(xt, ACT), 0.0)
         dpt = _dot(v, tl.trans(do), tl.full([BLOCK_N, BLOCK_M], 0.0, ACC), PREC, UPCAST).to(ACC)  # GEMM 2
-        if DROPOUT:  # dV's 1 / (1 - p) after the loop
+        if DROPOUT:  # 1 / (1 - p): dV's after the loop, dX's in rd (STATS: here)
             keep = tl.trans(_keep(seed + bh, offs_m, pid_n * BLOCK_N, S, dropout_p, BLOCK_M, BLOCK_N))
             pt = tl.where(keep, st, 0.0)
-            dpt = tl.where(keep, dpt * inv_keep, 0.0)
+            if STATS:
+                dpt = tl.where(keep, dpt * inv_keep, 0.0)
+            else:
+                dpt = tl.where(keep, dpt, 0.0)
         else:
             pt = st
         dv = _dot(pt.to(do.dtype), do, dv, PREC, UPCAST)  # GEMM 3
@@ -511,7 +521,7 @@ def _rect_bwd(Q, K, V, R, M, DO, GS, GL, DQ, DK, DV,
             gs = tl.load(GS + bh * T + offs_m, mask=row_ok, other=0.0).to(ACC)
             gl = tl.load(GL + bh * T + offs_m, mask=row_ok, other=0.0).to(ACC)
             dpt += gs[None, :] + gl[None, :] * (tl.log(tl.maximum(st, TINY)) + 1.0)
-        dxt = (tl.where(ok, dpt * _act_grad(xt, ACT), 0.0) * r[None, :]).to(k.dtype)  # (r dX)^T
+        dxt = (tl.where(ok, dpt * _act_grad(xt, ACT), 0.0) * rd[None, :]).to(k.dtype)  # (r dX)^T
         dk = _dot(dxt, tl.trans(qt), dk, PREC, UPCAST)  # GEMM 4
         if DQ_ATOMIC:
             dqt = _dot(tl.trans(k), dxt, tl.full([BLOCK_D, BLOCK_M], 0.0, ACC), PREC, UPCAST)  # GEMM 5
@@ -565,6 +575,8 @@ def rect_bwd_q(Q, K, V, R, M, DO, GS, GL, DQ,
         r = tl.load(R + b * s_rb + h * s_rh + offs_m * s_rt, mask=row_ok, other=0.0).to(ACC)
     else:
         r = tl.full([BLOCK_M], 0.0, ACC) + r_const
+    # dropout's 1 / (1 - p): without STATS applied to dQ after the loop (as in _rect_bwd)
+    inv_keep = _inv_keep(dropout_p, ACC)
     if STATS:
         gs = tl.load(GS + bh * T + offs_m, mask=row_ok, other=0.0).to(ACC)
         gl = tl.load(GL + bh * T + offs_m, mask=row_ok, other=0.0).to(ACC)
@@ -572,7 +584,6 @@ def rect_bwd_q(Q, K, V, R, M, DO, GS, GL, DQ,
     k_base = K + b * s_kb + h * s_kh
     v_base = V + b * s_vb + h * s_vh
     m_base = M + b * s_mb + h * s_mh
-    inv_keep = _inv_keep(dropout_p, ACC)  # dropout's rescaling (used if DROPOUT)
     hi = S
     if CAUSAL:
         hi = tl.minimum(S, (pid_m + 1) * BLOCK_M + S - T)
@@ -588,12 +599,18 @@ def rect_bwd_q(Q, K, V, R, M, DO, GS, GL, DQ,
         dp = _dot(do, vt, tl.full([BLOCK_M, BLOCK_N], 0.0, ACC), PREC, UPCAST).to(ACC)
         if DROPOUT:
             keep = _keep(seed + bh, offs_m, n0, S, dropout_p, BLOCK_M, BLOCK_N)
-            dp = tl.where(keep, dp * inv_keep, 0.0)
+            if STATS:
+                dp = tl.where(keep, dp * inv_keep, 0.0)
+            else:
+                dp = tl.where(keep, dp, 0.0)
         if STATS:
             s = tl.where(ok, _act(x, ACT), 0.0)
             dp += gs[:, None] + gl[:, None] * (tl.log(tl.maximum(s, TINY)) + 1.0)
         dx = tl.where(ok, dp * _act_grad(x, ACT), 0.0)
         dq = _dot(dx.to(kt.dtype), tl.trans(kt), dq, PREC, UPCAST)
+    if DROPOUT:
+        if not STATS:
+            r = r * inv_keep
     dq = dq * r[:, None]
     tl.store(DQ + b * s_dqb + h * s_dqh + offs_m[:, None] * s_dqt + offs_d[None, :] * s_dqd,
              dq.to(DQ.dtype.element_ty), mask=q_mask)
