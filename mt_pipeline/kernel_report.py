@@ -100,9 +100,9 @@ BWDS = ("fused", "split")
 #: d 32 and 128 since the head-dimension-aware tile pruning and E-ATT's chunked distance (issue 28)
 MAIN = dict(arch=90, dtypes=("fp16", "bf16"), head_dims=(32, 64, 128), tiles="first",
             variants=("rela_enc", "rela_causal", "reluformer_enc", "eatt_enc", "eatt_causal"))
-_D128_FUSED = ("rect_bwd", "the fused backward spills at d 128 with dropout in every tile of _RECT_BWD "
-               "(sm_90a: rela 24-56 B, ReLUFormer 184 B); the split pair would not, at 1.4-2x its PTX per score: "
-               "which is faster waits for a GPU (issue 28; MT_RECT_BACKWARD=split selects the split pair)")
+_D128_FUSED = ("rect_bwd", "the fused backward spills at d 128 with dropout in every tile of _RECT_BWD; the "
+               "split pair does not, at 1.4-2x its PTX per score: which is faster waits for a GPU (issue 28; "
+               "MT_RECT_BACKWARD=split selects the split pair)")
 #: main configurations known to break the targets, ``(variant, head_dim, dropout) -> (kernel, why)``
 #: (sm_90a, :data:`MAIN`'s dtypes): only that kernel may break them there.  The report lists them as
 #: known, ``--check`` passes them, and tests/test_kernel_report.py fails when one of them meets the
@@ -547,7 +547,7 @@ def problems(rows: List[dict]) -> List[str]:
         if r["error"]:
             bad.append(f"{_row_line(r)}")
         elif r["spill_stores"] or r["spill_loads"] or any("serializ" in w for w in r["warnings"]):
-            bad.append(_row_line(r) + "; " + "; ".join(r["warnings"]))
+            bad.append("; ".join([_row_line(r)] + r["warnings"]))
     return bad
 
 
@@ -565,17 +565,17 @@ def known_exception(r: dict) -> Optional[str]:
     return None
 
 
-def main_problems(rows: List[dict]) -> Tuple[List[str], List[str]]:
-    """:func:`problems` of the main-configuration rows, split into ``(new, known)``: ``known``
-    are the :data:`KNOWN` exceptions (each line ending ``-- known: <why>``)."""
-    new, known = [], []
+def main_problems(rows: List[dict]) -> Tuple[List[str], Dict[str, List[str]]]:
+    """:func:`problems` of the main-configuration rows, split into ``(new, known)``: ``new`` the
+    lines of rows that are no :data:`KNOWN` exception, ``known`` ``{why: [lines]}`` of those that are."""
+    new, known = [], {}
     for r in rows:
         if not _is_main(r):
             continue
         for line in problems([r]):
             why = known_exception(r)
             if why:
-                known.append(f"{line} -- known: {why}")
+                known.setdefault(why, []).append(line)
             else:
                 new.append(line)
     return new, known
@@ -700,11 +700,20 @@ def render(rows: List[dict], record: dict) -> str:
     else:
         lines += [f"- FAIL: {b}" for b in bad]
         if known:
-            lines.append(f"- {'the rest met' if bad else 'met'}, except {len(known)} known exception(s) "
+            n = sum(map(len, known.values()))
+            lines.append(f"- {'the rest met' if bad else 'met'}, except {n} known exception(s) "
                          "(`KNOWN` in `mt_pipeline/kernel_report.py`; `--check` passes them):")
-            lines += [f"  - {k}" for k in known]
+            for why, rs in known.items():
+                lines.append(f"  - known: {why}:")
+                lines += [f"    - {k}" for k in rs]
         elif not bad:
             lines.append("- met")
+    for arch in sorted({r["arch"] for r in rows} - {MAIN["arch"]}, reverse=True):
+        of = [r for r in rows if r["arch"] == arch]
+        spill = sum(1 for r in of if not r["error"] and (r["spill_stores"] or r["spill_loads"]))
+        err = sum(1 for r in of if r["error"])
+        lines.append(f"- sm_{arch} (no target: the autotuner times every tried tile there): {spill} of {len(of)} "
+                     f"compiles spill, {err} fail to compile")
     over = _dropout_overhead(rows)
     if over:
         lines += ["", "## Dropout overhead (target: <= +25 % PTX per score)", "",
@@ -784,8 +793,9 @@ def main(argv=None) -> int:
         write_json_atomic(a.json, [{k: v for k, v in r.items()} for r in rows])
     print(f"wrote {provenance.repo_relative(a.out)} ({len(rows)} compiles)", file=sys.stderr)
     main_bad, known = main_problems(rows)
-    for line in known:
-        print(f"target broken (known exception): {line}", file=sys.stderr)
+    for why, lines in known.items():
+        for line in lines:
+            print(f"target broken (known exception: {why}): {line}", file=sys.stderr)
     for line in main_bad:
         print(f"target broken: {line}", file=sys.stderr)
     return 1 if (a.check and main_bad) else 0
