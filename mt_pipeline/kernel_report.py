@@ -593,23 +593,76 @@ def _warn_codes(ws: List[str]) -> str:
     return ", ".join(codes)
 
 
+def _tile_key(r: dict) -> tuple:
+    """A compile's configuration without its dropout: arch, dtype, head dim, variant, kernel and
+    the whole tile (``BLOCK_M x BLOCK_N``, warps, stages)."""
+    return r["arch"], r["dtype"], r["head_dim"], r["variant"], r["kernel"], r["tile"], r["warps"], r["stages"]
+
+
 def _dropout_overhead(rows: List[dict]) -> List[str]:
-    """Markdown rows: PTX per score of each kernel with dropout 0.1 vs 0 (same everything else)."""
-    base = {}
-    for r in rows:
-        if not r["error"] and r["dropout"] == 0:
-            base[(r["arch"], r["dtype"], r["head_dim"], r["variant"], r["kernel"], r["tile"])] = r
+    """Markdown rows: PTX per score of each kernel with dropout > 0 vs 0 in the same tile (warps and
+    stages included; a tile tried only with one of them has no row)."""
+    base = {_tile_key(r): r for r in rows if not r["error"] and r["dropout"] == 0}
     out = []
     for r in rows:
         if r["error"] or r["dropout"] == 0:
             continue
-        b = base.get((r["arch"], r["dtype"], r["head_dim"], r["variant"], r["kernel"], r["tile"]))
+        b = base.get(_tile_key(r))
         if b is None or not b["ptx_per_score"]:
             continue
         extra = 100.0 * (r["ptx_per_score"] / b["ptx_per_score"] - 1.0)
-        out.append(f"| sm_{r['arch']} | {r['dtype']} | {r['head_dim']} | {r['variant']} | {r['kernel']} | {r['tile']} "
-                   f"| {b['ptx_per_score']} | {r['ptx_per_score']} | {extra:+.0f} % |")
+        out.append(f"| sm_{r['arch']} | {r['dtype']} | {r['head_dim']} | {r['variant']} | {r['kernel']} "
+                   f"| {r['tile']} {r['warps']}/{r['stages']} | {b['ptx_per_score']} | {r['ptx_per_score']} "
+                   f"| {extra:+.0f} % |")
     return out
+
+
+def tile_choices(rows: List[dict]) -> List[dict]:
+    """Per launch compiled in several tiles (``--tiles all``): the first tile the autotuner tries
+    and the spill-free one with the fewest PTX instructions per score, ``{"first": row, "best":
+    row or None, "clean": spill-free count, "tiles": compiled count}`` (first-seen order)."""
+    groups: Dict[tuple, List[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["arch"], r["dtype"], r["head_dim"], r["variant"], r["dropout"], r["kernel"]), []).append(r)
+    out = []
+    for rs in groups.values():
+        if len(rs) < 2:
+            continue
+        clean = [r for r in rs if not r["error"] and not (r["spill_stores"] or r["spill_loads"])]
+        best = min(clean, key=lambda r: r["ptx_per_score"]) if clean else None
+        out.append(dict(first=rs[0], best=best, clean=len(clean), tiles=len(rs)))
+    return out
+
+
+def _tile_lines(rows: List[dict]) -> List[str]:
+    """Markdown section of :func:`tile_choices` (empty when every launch has one tile)."""
+    choices = tile_choices(rows)
+    if not choices:
+        return []
+    lines = ["", "## Tiles: the first tried vs the best spill-free one", "",
+             "Per launch, all the tiles the autotuner tries (`--tiles all`): the first one (what the targets "
+             "check) and the spill-free tile with the fewest PTX instructions per score. On a GPU the autotuner "
+             "times every tried tile and keeps the fastest, so a spilling first tile costs only if nothing "
+             "faster is tried.", "",
+             "| arch | dtype | d | variant | p | kernel | first tile w/s | spill | /score | spill-free tiles "
+             "| best spill-free w/s | /score | best / first |",
+             "|---|---|---:|---|---:|---|---|---:|---:|---:|---|---:|---:|"]
+    for c in choices:
+        f, b = c["first"], c["best"]
+        head = (f"| sm_{f['arch']} | {f['dtype']} | {f['head_dim']} | {f['variant']} | {f['dropout']:g} | {f['kernel']} "
+                f"| {f['tile']} {f['warps']}/{f['stages']} ")
+        if f["error"]:
+            head += "| error | - "
+        else:
+            head += f"| {f['spill_stores']}/{f['spill_loads']} | {f['ptx_per_score']} "
+        head += f"| {c['clean']} of {c['tiles']} "
+        if b is None:
+            lines.append(head + "| none | - | - |")
+        else:
+            ratio = (f"{b['ptx_per_score'] / f['ptx_per_score']:.2f}" if not f["error"] and f["ptx_per_score"]
+                     else "-")
+            lines.append(head + f"| {b['tile']} {b['warps']}/{b['stages']} | {b['ptx_per_score']} | {ratio} |")
+    return lines
 
 
 #: the split backward's kernels (:data:`BWDS`), compared with the fused ``rect_bwd``
@@ -717,9 +770,10 @@ def render(rows: List[dict], record: dict) -> str:
     over = _dropout_overhead(rows)
     if over:
         lines += ["", "## Dropout overhead (target: <= +25 % PTX per score)", "",
-                  "| arch | dtype | d | variant | kernel | tile | /score p=0 | /score p=0.1 | extra |",
+                  "| arch | dtype | d | variant | kernel | tile w/s | /score p=0 | /score p=0.1 | extra |",
                   "|---|---|---|---|---|---|---:|---:|---:|", *over]
     lines += _bwd_lines(rows)
+    lines += _tile_lines(rows)
     for arch in sorted({r["arch"] for r in rows}, reverse=True):
         lines += ["", f"## sm_{arch}{'a' if arch == 90 else ''}", "",
                   "| dtype | d | variant | p | kernel | tile w/s | regs | spill | smem KiB | wgmma | mma "

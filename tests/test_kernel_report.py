@@ -97,6 +97,27 @@ def test_known_exceptions_are_reported_as_known_and_pass_check_others_fail():
         "# Fused attention kernels compiled for H100 (sm_90a) and A100 (sm_80)\n")
 
 
+def test_dropout_overhead_and_tile_choices_with_several_tiles_per_launch():
+    """``--tiles all``: dropout rows pair with the p = 0 row of the *same* tile (warps and stages
+    included), and each launch's best spill-free tile is the one with the fewest PTX per score."""
+    base = dict(arch=80, dtype="fp16", head_dim=64, variant="rela_enc", kernel="rect_fwd", tile="128x64",
+                error=None, spill_loads=0, warnings=[])
+    rows = [dict(base, dropout=0.0, warps=4, stages=3, spill_stores=20, ptx_per_score=14.0),
+            dict(base, dropout=0.0, warps=8, stages=3, spill_stores=0, ptx_per_score=17.0),
+            dict(base, dropout=0.0, tile="128x32", warps=4, stages=4, spill_stores=0, ptx_per_score=15.5),
+            dict(base, dropout=0.1, warps=4, stages=3, spill_stores=136, ptx_per_score=28.0),
+            dict(base, dropout=0.1, warps=8, stages=3, spill_stores=0, ptx_per_score=25.5)]
+    over = kr._dropout_overhead(rows)
+    assert over == ["| sm_80 | fp16 | 64 | rela_enc | rect_fwd | 128x64 4/3 | 14.0 | 28.0 | +100 % |",
+                    "| sm_80 | fp16 | 64 | rela_enc | rect_fwd | 128x64 8/3 | 17.0 | 25.5 | +50 % |"]
+    p0, p1 = kr.tile_choices(rows)
+    assert (p0["first"], p0["best"], p0["clean"], p0["tiles"]) == (rows[0], rows[2], 2, 3)
+    assert (p1["first"], p1["best"], p1["clean"], p1["tiles"]) == (rows[3], rows[4], 1, 2)
+    assert kr.tile_choices(rows[:1]) == [] and kr._tile_lines(rows[:1]) == []
+    assert kr.tile_choices([dict(r, spill_stores=8) for r in rows[:2]])[0]["best"] is None
+    assert "| 128x32 4/4 | 15.5 | 1.11 |" in "\n".join(kr._tile_lines(rows))
+
+
 def test_bwd_comparison_pairs_the_fused_kernel_with_the_split_pair():
     """One comparison per configuration with all three backward kernels; the split pair's PTX per
     score is the sum of its two kernels'; rendered as a Markdown section (none without a pair)."""
