@@ -52,9 +52,11 @@ converged budget and at least 3 seed-matched runs of both rows; "beyond seed noi
 paired bootstrap p < 0.05).  ``expect: better|worse``: reproduced when the difference is beyond
 seed noise in that direction, not reproduced when beyond it the other way, else inconclusive.
 ``expect: equal`` (a "comparable quality" claim) is an equivalence test with the claim's
-``margin`` (BLEU, default 1.0): reproduced when Δ ± 2 standard errors lies inside ± margin, not
-reproduced when the difference is beyond seed noise and |Δ| > margin, else inconclusive -- no
-difference found is not by itself equivalence.  Fewer seeds or another regime: "not tested yet"
+``margin`` (BLEU, default 1.0), decided by the interval Δ ± 2 standard errors both ways:
+reproduced when it lies inside ± margin, not reproduced when it lies wholly outside (and the
+difference is beyond seed noise), else inconclusive -- no difference found is not by itself
+equivalence, and a difference beyond seed noise whose interval reaches inside the margin is not
+by itself non-equivalence (the verdict then says which way it goes).  Fewer seeds or another regime: "not tested yet"
 with the direction so far.
 
 Errors: a plan with unknown keys, missing tables or rows, or bad seeds is refused before anything
@@ -430,8 +432,12 @@ def claim_verdict(plan: Dict, claim: Dict) -> Dict:
         m = float(claim.get("margin", 1.0))
         if abs(delta) + two_se <= m:
             v = f"reproduced: equivalent within ±{m:g} BLEU"
-        elif beyond and abs(delta) > m:
+        elif beyond and abs(delta) - two_se > m:
             v = f"not reproduced: differs by more than {m:g} BLEU, beyond seed noise"
+        elif beyond:
+            way = "better" if delta > 0 else "worse"
+            v = (f"inconclusive: {way} beyond seed noise, but Δ ± 2 standard errors reaches inside "
+                 f"±{m:g} BLEU (neither equivalent nor different by more than {m:g})")
         else:
             v = f"inconclusive: neither equivalent within ±{m:g} BLEU nor different beyond it"
     elif beyond and (delta > 0) == (claim["expect"] == "better"):
@@ -455,7 +461,8 @@ def render_verdicts(plan: Dict, page: Optional[str] = None) -> Optional[str]:
              f"Rule (this page's): a verdict needs the converged budget and ≥ {MIN_SEEDS} seed-matched runs of both "
              "rows; first test subset, SacreBLEU mean over seeds; \"beyond seed noise\" = |Δ mean| > 2 standard "
              "errors and every seed-matched paired bootstrap p < 0.05; within it: inconclusive. A \"matches\" claim "
-             "is an equivalence test: reproduced when Δ ± 2 standard errors lies inside ± the claim's margin. "
+             "is an equivalence test on Δ ± 2 standard errors: reproduced when it lies inside ± the claim's margin, "
+             "not reproduced when it lies wholly outside it (beyond seed noise), else inconclusive. "
              "Evidence of every run: `results/runs/`.", "",
              "| claim | paper | ours | seeds | verdict |", "|---|---|---|---|---|"]
     for claim in claims:

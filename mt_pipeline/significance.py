@@ -70,8 +70,9 @@ def verdict(base: Sequence[float], system: Sequence[float], p_values: Sequence[f
     """Words for a table cell: does ``system`` differ from ``base`` (per-seed scores, same seeds
     order) beyond noise?  ``p_values``: the seed-matched paired-bootstrap p-values.
 
-    Returns one of ``"exceeds seed noise (+d)"``, ``"within seed noise (+d)"``,
-    ``"1 seed: p = x, seed noise unknown"``.
+    Returns one of ``"exceeds seed noise (Δ +d ± 2se, p ≤ x in each of n seeds)"``,
+    ``"within seed noise (...)"`` (``x``: the largest seed-matched p-value; the ``p`` part only when
+    there are p-values), ``"1 seed: Δ +d, p = x, seed noise unknown"``.
     """
     b, s = seed_summary(base), seed_summary(system)
     delta = s["mean"] - b["mean"]
@@ -80,4 +81,5 @@ def verdict(base: Sequence[float], system: Sequence[float], p_values: Sequence[f
         return f"1 seed: Δ {delta:+.2f}, p = {p:.3f}, seed noise unknown"
     se = math.sqrt(s["sd"] ** 2 / s["n"] + b["sd"] ** 2 / b["n"])
     beyond = abs(delta) > 2 * se and p_values and max(p_values) < ALPHA
-    return f"{'exceeds' if beyond else 'within'} seed noise (Δ {delta:+.2f} ± {2 * se:.2f})"
+    ps = f", bootstrap p ≤ {max(p_values):.3f} in each of {len(p_values)} seeds" if p_values else ""
+    return f"{'exceeds' if beyond else 'within'} seed noise (Δ {delta:+.2f} ± {2 * se:.2f}{ps})"

@@ -302,7 +302,16 @@ def test_claim_verdicts_follow_the_rule_of_the_results_page(tmp_path):
     tight = dict(claims[0], margin=0.01)
     assert campaign.claim_verdict(plan, tight)["verdict"].startswith("inconclusive: neither equivalent"), tight
     far = dict(claims[1], expect="equal")
-    assert campaign.claim_verdict(plan, far)["verdict"].startswith("not reproduced: differs by more than 1 BLEU")
+    v_far = campaign.claim_verdict(plan, far)["verdict"]
+    assert v_far.startswith("not reproduced: differs by more than 1 BLEU"), v_far
+    # a difference beyond seed noise whose Δ ± 2 SE straddles the margin is not non-equivalence
+    import re
+    delta, two_se = map(float, re.search(r"Δ ([-+][\d.]+) ± ([\d.]+)", v_far).groups())
+    straddle = dict(far, margin=abs(delta) - two_se / 2)  # |Δ| - 2 SE < margin < |Δ|
+    v_st = campaign.claim_verdict(plan, straddle)["verdict"]
+    assert v_st.startswith("inconclusive: worse beyond seed noise, but Δ ± 2 standard errors reaches inside"), v_st
+    assert campaign.claim_verdict(plan, dict(far, margin=abs(delta) - 1.5 * two_se))["verdict"].startswith(
+        "not reproduced: differs by more than")
     assert v_worse["seeds"] == 3
     # the verdicts land between the page's markers, and a second render replaces them
     page = tmp_path / "README.md"

@@ -142,6 +142,10 @@ def test_verdict_uses_seed_noise():
     # a large difference whose bootstrap is not significant in one seed
     assert significance.verdict([30.0, 30.1], [32.0, 32.1], [0.01, 0.2]).startswith("within")
     assert "seed noise unknown" in significance.verdict([30.0], [31.0], [0.03])
+    # the words carry the largest seed-matched p-value (the test behind "exceeds")
+    assert significance.verdict([30.0, 30.2, 29.9], [31.5, 31.7, 31.4], [0.01, 0.02, 0.001]) == \
+        "exceeds seed noise (Δ +1.50 ± 0.25, bootstrap p ≤ 0.020 in each of 3 seeds)"
+    assert significance.verdict([30.0, 30.1], [32.0, 32.1], []) == "within seed noise (Δ +2.00 ± 0.14)"
 
 
 def _result(tmp_path, rdir, seed, bleu, hyp_lines):
