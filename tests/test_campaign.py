@@ -313,6 +313,8 @@ def test_claim_verdicts_follow_the_rule_of_the_results_page(tmp_path):
     assert campaign.claim_verdict(plan, dict(far, margin=abs(delta) - 1.5 * two_se))["verdict"].startswith(
         "not reproduced: differs by more than")
     assert v_worse["seeds"] == 3
+    assert re.fullmatch(r"\d+\.\d\d ± \d+\.\d\d vs \d+\.\d\d ± \d+\.\d\d \(Δ [-+]\d+\.\d\d, 3 seeds, converged\)",
+                        v_worse["ours"]), v_worse  # mean ± sd over seeds, both rows
     # the verdicts land between the page's markers, and a second render replaces them
     page = tmp_path / "README.md"
     page.write_text(f"# Results\n\nintro\n\n{campaign.BEGIN}\nold\n{campaign.END}\n\nafter\n")
