@@ -413,10 +413,7 @@ def claim_verdict(plan: Dict, claim: Dict) -> Dict:
     sys_s = [sys_by[s]["scores"][first]["bleu"] for s in common]
     ref_s = [ref_by[s]["scores"][first]["bleu"] for s in common]
     delta = statistics.fmean(sys_s) - statistics.fmean(ref_s)
-    def _mean_sd(xs):  # "mean ± sample sd" over seeds (the mean alone for one seed)
-        return f"{statistics.fmean(xs):.2f}" + (f" ± {statistics.stdev(xs):.2f}" if len(xs) > 1 else "")
-
-    ours = (f"{_mean_sd(sys_s)} vs {_mean_sd(ref_s)} "
+    ours = (f"{tables._mean_cell(sys_s)} vs {tables._mean_cell(ref_s)} "  # mean ± sd over seeds
             f"(Δ {delta:+.2f}, {len(common)} seed{'s' if len(common) > 1 else ''}, {reg})")
     tests = [tables._significance(ref_by[s], sys_by[s], first) for s in common]
     if any(t is None for t in tests):

@@ -70,7 +70,7 @@ def verdict(base: Sequence[float], system: Sequence[float], p_values: Sequence[f
     """Words for a table cell: does ``system`` differ from ``base`` (per-seed scores, same seeds
     order) beyond noise?  ``p_values``: the seed-matched paired-bootstrap p-values.
 
-    Returns one of ``"exceeds seed noise (Δ +d ± 2se, p ≤ x in each of n seeds)"``,
+    Returns one of ``"exceeds seed noise (Δ +d ± 2se, bootstrap p ≤ x in each of n seeds)"``,
     ``"within seed noise (...)"`` (``x``: the largest seed-matched p-value; the ``p`` part only when
     there are p-values), ``"1 seed: Δ +d, p = x, seed noise unknown"``.
     """
