@@ -89,7 +89,7 @@ class OwnedFiles:
     """The files one tool wrote in one directory, recorded in its manifest ``<dir>/.<tool>.owned``.
 
     The rule of every tool: it deletes or overwrites only files it wrote itself.  A tool
-    :meth:`claim`\ s a name *before* it creates the file (so a kill between the two leaves at
+    :meth:`claim` claims a name *before* it creates the file (so a kill between the two leaves at
     worst a claimed name without a file, never an unrecorded file of its own), and :meth:`remove`
     deletes only claimed names.  Anything else in the directory (a user's ``notes.json``, another
     tool's ``config.json``) is never touched.

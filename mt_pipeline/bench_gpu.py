@@ -163,7 +163,7 @@ def core_cases(T: int, dtype: torch.dtype, device, rows: int = 2**20, heads: int
     def eatt_torch(qq):
         from fairseq_plugins.attention.l1 import l1_scores
 
-        w = torch.softmax(l1_scores(qq, k, scale, impl="cdist").float(), -1).to(dtype)
+        w = torch.softmax(l1_scores(qq, k, scale, impl="auto").float(), -1).to(dtype)
         return w @ v
 
     r_cast = r.to(dtype)  # outside the timed step (the Triton case takes r as it is)
@@ -418,6 +418,9 @@ def render(results: Dict, meta: Dict) -> str:
              "speed relative to the row's baseline measured in the same run (> 1 is faster); then the summed "
              "time of the step's GPU kernels (torch.profiler) and its ratio; then the peak extra memory of the "
              "step.  float32: TF32 matmuls " + ("on" if meta.get("tf32", True) else "off") + ".", ""]
+    if not meta.get("complete", True):
+        lines += ["**Incomplete: the run stopped before the end of its grid** (this file is rewritten after "
+                  "every length; the provenance's wall time is the time when it was last written).", ""]
     titles = {"core": "Attention core, forward + backward (B*H*T = %s, d_h %s)" % (meta.get("core_rows"), 64),
               "layer": "One attention layer, forward + backward (C 512, H 8, %s tokens per batch)"
                        % meta.get("tokens"),
@@ -529,6 +532,17 @@ def main(argv=None) -> int:
     names = a.functions.split(",") if a.functions else None
     t0 = time.time()
     results: Dict = {}
+    out = a.out or os.path.join(provenance.ROOT, "results", "gpu", f"attention_speed_{_slug(gpu)}.md")
+    import triton
+
+    def write(complete: bool) -> None:
+        meta = {"gpu": gpu, "core_rows": a.core_rows, "tokens": a.tokens, "tf32": a.tf32, "complete": complete,
+                "provenance": provenance.collect(provenance.command_line("mt-bench-gpu", argv),
+                                                 regime="benchmark", triton=triton.__version__,
+                                                 cuda=torch.version.cuda, tf32=a.tf32,
+                                                 wall_s=round(time.time() - t0, 1))}
+        write_text_atomic(out, render(results, meta))
+
     for section in sections:
         if section == "train":
             results["train"] = train_runs(a.train_data, a.src, a.tgt, a.train_updates, a.train_max_tokens)
@@ -552,14 +566,11 @@ def main(argv=None) -> int:
                         per_len[t][label] = res = measure(run, a.warmup, a.rep)
                         print(f"[{section} {variant} {t}] {label}: {res}", flush=True)
                     del cases
-    import triton
-
-    meta = {"gpu": gpu, "core_rows": a.core_rows, "tokens": a.tokens, "tf32": a.tf32,
-            "provenance": provenance.collect(provenance.command_line("mt-bench-gpu", argv),
-                                             regime="benchmark", triton=triton.__version__,
-                                             cuda=torch.version.cuda, tf32=a.tf32,
-                                             wall_s=round(time.time() - t0, 1))}
-    out = a.out or os.path.join(provenance.ROOT, "results", "gpu", f"attention_speed_{_slug(gpu)}.md")
-    write_text_atomic(out, render(results, meta))
+                    write(complete=False)  # a window cut short still leaves every finished length
+    write(complete=True)
     print(f"wrote {out}")
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

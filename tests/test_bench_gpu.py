@@ -122,3 +122,17 @@ def test_render_reports_ratios_against_the_baseline_of_the_same_run():
     assert "| eatt torch | OOM |" in md
     assert "| rela_g auto | 900 | 0.90x | 11 |" in md
     assert "regime: benchmark" in md and "## Provenance" in md
+    assert "Incomplete" not in md  # complete unless the run says otherwise
+    assert "**Incomplete: the run stopped" in bench_gpu.render(res, dict(meta, complete=False))
+
+
+def test_module_runs_as_a_script():
+    """docs/gpu.md starts it as ``python3 -m mt_pipeline.bench_gpu`` in a GPU window: the module must
+    call main() (it once did nothing and exited 0); here it exits 2 with its no-CUDA message."""
+    import subprocess
+    import sys
+
+    if torch.cuda.is_available():
+        pytest.skip("checks the message of a machine without CUDA")
+    r = subprocess.run([sys.executable, "-m", "mt_pipeline.bench_gpu", "--T", "64"], capture_output=True, text=True)
+    assert r.returncode == 2 and "no CUDA device" in r.stderr

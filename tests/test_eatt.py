@@ -75,9 +75,66 @@ def test_l1_scores_equal_cdist(max_elems):
     torch.testing.assert_close(k.grad, k2.grad)
     assert torch.autograd.gradcheck(lambda a, b: l1_scores(a, b, 0.4, max_elems), (q2.detach().requires_grad_(),
                                                                                    k2.detach().requires_grad_()))
-    torch.testing.assert_close(l1_scores(q, k, 0.4, impl="cdist"), s)  # the path the model takes
-    with pytest.raises(ValueError, match="chunked, cdist"):
+    torch.testing.assert_close(l1_scores(q, k, 0.4, impl="cdist"), s)
+    torch.testing.assert_close(l1_scores(q, k, 0.4, impl="auto"), s)  # the path the model takes
+    with pytest.raises(ValueError, match="auto, chunked, cdist"):
         l1_scores(q, k, 0.4, impl="naive")
+
+
+def test_l1_impl_auto_avoids_cdist_backward_on_cuda():
+    """impl="auto" is cdist on CPU only: cdist's CUDA backward materialises (B*H, S, T, d) and
+    indexes it with 32-bit ints (an illegal memory access on an H200 at 2**34 elements); an explicit
+    "cdist" that would cross 2**31 with a backward is refused before any launch."""
+    from fairseq_plugins.attention.l1 import resolve_impl
+
+    assert resolve_impl("auto", "cpu") == "cdist"
+    assert resolve_impl("auto", "cuda", 2 ** 34, True) == "chunked"
+    assert resolve_impl("auto", "meta") == "chunked"
+    assert resolve_impl("cdist", "cuda", 2 ** 31 - 1, True) == "cdist"
+    assert resolve_impl("cdist", "cuda", 2 ** 34, False) == "cdist"  # forward only: no buffer
+    assert resolve_impl("cdist", "cpu", 2 ** 34, True) == "cdist"
+    with pytest.raises(ValueError, match="out of bounds.*'auto' or 'chunked'"):
+        resolve_impl("cdist", "cuda", 2 ** 31, True)
+    with pytest.raises(ValueError, match="valid choices: auto, chunked, cdist"):
+        resolve_impl("naive", "cpu")
+
+
+@pytest.mark.parametrize("impl", ["chunked", "cdist", "auto"])
+def test_l1_scores_half_precision_is_computed_in_float32(impl):
+    """bfloat16 inputs: the scores of every impl are the float32 scores rounded once, and the
+    gradients are the float32 gradients rounded (no bf16 differences summed over d)."""
+    torch.manual_seed(3)
+    q = torch.randn(2, 2, 5, 64).bfloat16().requires_grad_()
+    k = torch.randn(2, 2, 6, 64).bfloat16().requires_grad_()
+    s = l1_scores(q, k, 0.125, impl=impl)
+    q32, k32 = (t.detach().float().requires_grad_() for t in (q, k))
+    ref = -0.125 * torch.cdist(q32, k32, p=1)
+    assert s.dtype == torch.bfloat16
+    assert torch.equal(s, ref.bfloat16())
+    g = torch.randn_like(ref)
+    s.backward(g.bfloat16())
+    ref.backward(g.bfloat16().float())
+    torch.testing.assert_close(q.grad, q32.grad.bfloat16())
+    torch.testing.assert_close(k.grad, k32.grad.bfloat16())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_l1_auto_backward_past_cdist_int32_limit():
+    """The size that crashed cdist's CUDA backward in mt-bench-gpu (B*H*T*S*d = 2**34 there; 2**31
+    here, the first size past its 32-bit indexing): impl="auto" runs, and a slice of the batch
+    matches cdist on that slice alone (small enough for cdist's buffer)."""
+    torch.manual_seed(4)
+    q = torch.randn(64, 8, 256, 64, device="cuda", requires_grad=True)  # 64*8*256*256*64 = 2**31
+    k = torch.randn(64, 8, 256, 64, device="cuda", requires_grad=True)
+    g = torch.randn(64, 8, 256, 256, device="cuda")
+    s = l1_scores(q, k, 0.125, impl="auto")
+    s.backward(g)
+    q1, k1 = (t.detach()[:1].clone().requires_grad_() for t in (q, k))
+    ref = -0.125 * torch.cdist(q1, k1, p=1)
+    ref.backward(g[:1])
+    torch.testing.assert_close(s[:1], ref)
+    torch.testing.assert_close(q.grad[:1], q1.grad)
+    torch.testing.assert_close(k.grad[:1], k1.grad)
 
 
 def test_eatt_module_equals_equations():

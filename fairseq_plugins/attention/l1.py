@@ -9,20 +9,61 @@ blocks of queries so that a block's differences hold at most ``max_elems`` eleme
 backward recomputes the signs block by block (nothing but ``q`` and ``k`` is saved), so the peak
 extra memory is ``O(max_elems)`` whatever T and S are.
 
-``torch.cdist(p=1)`` also avoids the 5-D tensor (a dedicated kernel, forward and backward).
+``torch.cdist(p=1)`` avoids the 5-D tensor on CPU (a dedicated kernel, forward and backward).
 ``scripts/bench_eatt_l1.py`` measured on CPU (H 8, d 64, forward + backward, extra peak memory
 relative to broadcasting): L=1024: broadcast 6246 MiB / 29.3 s, cdist 202 MiB / 2.1 s, chunked
-301 MiB / 4.0 s.  So the attention functions call :func:`l1_scores` with ``impl="cdist"``; the
-chunked kernel (the default of :func:`l1_scores`, checked against ``cdist`` in the tests)
-bounds memory by ``max_elems`` explicitly on any backend.
+301 MiB / 4.0 s.  Its CUDA backward does not: it writes every ``sign(q_i - k_j) g_ij`` into a
+``(B*H, S, T, d)`` buffer -- the 5-D tensor -- and sums it (ATen ``DistanceKernel.cu``,
+``cdist_backward_kernel_impl``), indexing that buffer with 32-bit ints, so past ``2**31``
+elements it writes out of bounds.  Seen on an H200 (torch 2.11, 2026-11-26): the core section of
+``mt-bench-gpu`` (B*H 4096, T = S = 256, d 64: a 2**34-element buffer) died with "an illegal
+memory access", which poisons the process's CUDA context.  So the attention functions call
+:func:`l1_scores` with ``impl="auto"``: ``cdist`` on CPU, the chunked kernel elsewhere, with
+blocks of :data:`DEFAULT_MAX_ELEMS_CUDA` elements on a GPU.  The chunked kernel (the default of
+:func:`l1_scores`, checked against ``cdist`` in the tests) bounds memory by ``max_elems``
+explicitly on any backend.
 """
+
+from typing import Optional
 
 import torch
 
-__all__ = ["l1_scores", "DEFAULT_MAX_ELEMS"]
+__all__ = ["l1_scores", "resolve_impl", "DEFAULT_MAX_ELEMS", "DEFAULT_MAX_ELEMS_CUDA", "IMPLS"]
 
 #: elements of one block's (B, H, Tc, S, d) difference tensor (16 MiB in float32)
 DEFAULT_MAX_ELEMS = 1 << 22
+#: the block size ``impl="auto"`` uses on a GPU (256 MiB of float32 differences: 16x fewer blocks)
+DEFAULT_MAX_ELEMS_CUDA = 1 << 26
+#: the values of ``l1_scores(impl=...)``
+IMPLS = ("auto", "chunked", "cdist")
+#: ``torch.cdist``'s CUDA backward indexes its ``(B*H, S, T, d)`` buffer with 32-bit ints
+_CDIST_CUDA_BACKWARD_LIMIT = 2 ** 31
+
+
+def resolve_impl(impl: str, device_type: str, buffer_elems: int = 0, needs_grad: bool = False) -> str:
+    """The implementation :func:`l1_scores` runs: ``"auto"`` is ``"cdist"`` on CPU and
+    ``"chunked"`` on any other device (see the module docstring for why not ``cdist`` on CUDA).
+
+    Args:
+        impl: one of :data:`IMPLS`.
+        device_type: ``q.device.type`` (``"cpu"``, ``"cuda"``, ...).
+        buffer_elems: ``B*H*T*S*d``, the elements of cdist's CUDA backward buffer.
+        needs_grad: whether a backward will run.
+
+    Raises:
+        ValueError: unknown ``impl`` (the message lists :data:`IMPLS`), or ``impl="cdist"`` on
+            CUDA with a backward whose buffer would exceed ``2**31`` elements (it would write out of
+            bounds; the message names ``auto`` / ``chunked``).
+    """
+    if impl not in IMPLS:
+        raise ValueError(f"unknown impl {impl!r}; valid choices: {', '.join(IMPLS)}")
+    if impl == "auto":
+        return "cdist" if device_type == "cpu" else "chunked"
+    if impl == "cdist" and device_type == "cuda" and needs_grad and buffer_elems >= _CDIST_CUDA_BACKWARD_LIMIT:
+        raise ValueError(f"impl='cdist' on CUDA: torch.cdist's backward would index a {buffer_elems}-element "
+                         f"(B*H, S, T, d) buffer with 32-bit ints (>= 2**31: out of bounds); "
+                         f"use impl='auto' or 'chunked'")
+    return impl
 
 
 def _block(B, H, T, S, d, max_elems):
@@ -63,31 +104,42 @@ class _L1Scores(torch.autograd.Function):
         return gq, gk, None, None
 
 
-def l1_scores(q: torch.Tensor, k: torch.Tensor, scale: float, max_elems: int = DEFAULT_MAX_ELEMS,
+def l1_scores(q: torch.Tensor, k: torch.Tensor, scale: float, max_elems: Optional[int] = None,
               impl: str = "chunked") -> torch.Tensor:
     """``-scale * ||q_i - k_j||_1`` for all pairs (E-ATT eq. 13 with ``scale = k_h^-1/2``).
 
     Args:
         q: ``(B, H, T, d)``; k: ``(B, H, S, d)`` (same B, H, d, dtype, device).
         scale: positive float.
-        max_elems: cap on the elements of one block of differences (memory knob).
-        impl: ``"chunked"`` (this module's kernel) or ``"cdist"`` (``torch.cdist(p=1)``).
+        max_elems: cap on the elements of one block of differences (memory knob; default
+            :data:`DEFAULT_MAX_ELEMS`, or :data:`DEFAULT_MAX_ELEMS_CUDA` with ``impl="auto"`` off CPU).
+        impl: ``"chunked"`` (this module's kernel), ``"cdist"`` (``torch.cdist(p=1)``) or ``"auto"``
+            (``cdist`` on CPU, ``chunked`` elsewhere: :func:`resolve_impl`).
 
     Returns:
         ``(B, H, T, S)`` scores in q's dtype.  The gradient uses ``sign(0) = 0`` (as
-        ``torch.cdist`` does).  ``cdist`` has no half-precision kernel: float16/bfloat16 inputs
-        are computed in float32 and the scores rounded back to q's dtype.
+        ``torch.cdist`` does).  float16/bfloat16 inputs are computed in float32 (``cdist`` has
+        no half-precision kernel; the chunked kernel follows it) and the scores rounded back to
+        q's dtype.
 
     Raises:
-        ValueError: shapes do not match, or unknown ``impl`` (the message lists the choices).
+        ValueError: shapes do not match, unknown ``impl`` (the message lists the choices), or
+            ``impl="cdist"`` on CUDA past its backward's 32-bit indexing (:func:`resolve_impl`).
     """
-    if impl not in ("chunked", "cdist"):
-        raise ValueError(f"unknown impl {impl!r}; valid choices: chunked, cdist")
+    if impl not in IMPLS:
+        raise ValueError(f"unknown impl {impl!r}; valid choices: {', '.join(IMPLS)}")
     if q.dim() != 4 or k.dim() != 4 or q.shape[:2] != k.shape[:2] or q.size(-1) != k.size(-1):
         raise ValueError(f"l1_scores needs q (B, H, T, d) and k (B, H, S, d); got {tuple(q.shape)}, "
                          f"{tuple(k.shape)}")
-    if impl == "cdist":
-        if q.dtype in (torch.float16, torch.bfloat16):
-            return (torch.cdist(q.float(), k.float(), p=1) * (-float(scale))).to(q.dtype)
-        return torch.cdist(q, k, p=1) * (-float(scale))
-    return _L1Scores.apply(q, k, float(scale), int(max_elems))
+    B, H, T, d = q.shape
+    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)
+    chosen = resolve_impl(impl, q.device.type, B * H * T * k.size(2) * d, needs_grad)
+    half = q.dtype in (torch.float16, torch.bfloat16)
+    qf, kf = (q.float(), k.float()) if half else (q, k)
+    if chosen == "cdist":
+        out = torch.cdist(qf, kf, p=1) * (-float(scale))
+    else:
+        if max_elems is None:
+            max_elems = DEFAULT_MAX_ELEMS_CUDA if impl == "auto" and q.device.type != "cpu" else DEFAULT_MAX_ELEMS
+        out = _L1Scores.apply(qf, kf, float(scale), int(max_elems))
+    return out.to(q.dtype) if half else out

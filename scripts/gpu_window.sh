@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# The kernel work of one short lent-GPU window (docs/gpu.md, issue 28) in one command, most decisive first:
+#   1. alone on the GPU, the decisive mt-bench-gpu subset (bf16, T 256/1024/4096; softmax, rela_g,
+#      reluformer, eatt; core, layer, decode): every ratio against the baseline of the same run;
+#      the result file is rewritten after every length, so a cut-off run still leaves a table;
+#   2. (SPLIT_S > 0) the layer section again with MT_RECT_BACKWARD=split (vs the default fused);
+#   3. (TEST_S > 0) the CUDA tests under pytest-xdist (every compiled kernel against the float64
+#      reference), stopped by SIGINT at TEST_S so pytest still prints its summary.
+# MODE=isolate replaces all three: each CUDA test in its own process under CUDA_LAUNCH_BLOCKING=1
+# (an illegal address poisons the CUDA context of its process, and every later test there fails),
+# and compute-sanitizer memcheck on the test id ISOLATE_SANITIZE beside them.
+#
+# Needs no network and no fairseq build: the kit's wheels (`mt-campaign gpu-kit`) go to /tmp/site
+# and fairseq-fixed's sdist is imported unbuilt (training needs the build: scripts/device_setup.sh).
+# JIT compilation dominates a first window (12-150 s per CUDA test on the H200 of 2026-11-26), so
+# Triton's kernel cache travels: KIT_DIR/triton_cache.tgz, if present, seeds TRITON_CACHE_DIR, and
+# the cache is returned as OUT_DIR/triton_cache.tgz (copy it to .device/ for the next window; it is
+# valid for the same triton version, GPU architecture and kernel source).
+# Every step has its own time limit and writes to OUT_DIR as it goes.
+# Usage (checkout root, on the GPU machine):
+#   bash scripts/gpu_window.sh KIT_DIR OUT_DIR [BENCH_S=270] [SPLIT_S=60] [TEST_S=180]
+set -uo pipefail
+USAGE="usage: bash scripts/gpu_window.sh KIT_DIR OUT_DIR [BENCH_S] [SPLIT_S] [TEST_S]"
+KIT=$(cd "${1:?$USAGE}" && pwd)
+OUT=${2:?$USAGE}
+BENCH_S=${3:-270}; SPLIT_S=${4:-60}; TEST_S=${5:-180}
+[ -f "$KIT/KIT.json" ] || { echo "$KIT is not a GPU kit (no KIT.json): run mt-campaign gpu-kit first" >&2; exit 2; }
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$KIT"/whl/*.whl 2>&1 | grep -v WARNING
+tar xzf "$KIT"/whl/fairseq_fixed-0.12.3.1.tar.gz -C /tmp
+export PYTHONPATH="$PWD:/tmp/fairseq_fixed-0.12.3.1:/tmp/site"
+export TRITON_CACHE_DIR=/tmp/triton_cache
+mkdir -p "$TRITON_CACHE_DIR"
+[ -f "$KIT/triton_cache.tgz" ] && tar xzf "$KIT/triton_cache.tgz" -C "$TRITON_CACHE_DIR"
+save_cache() {  # at most 16 MiB comes back per file
+  tar czf /tmp/triton_cache.tgz -C "$TRITON_CACHE_DIR" . && [ "$(stat -c %s /tmp/triton_cache.tgz)" -lt 16000000 ] \
+    && cp /tmp/triton_cache.tgz "$OUT/" || echo "triton cache not returned (over 16 MB or unreadable)"
+}
+trap save_cache EXIT
+GPU=$(python3 -c 'import torch; print(torch.cuda.get_device_name(0))' | tr 'A-Z ' 'a-z_' | tr -cd 'a-z0-9_')
+{ date -u; nvidia-smi -L; git rev-parse HEAD 2>/dev/null; git status --short 2>/dev/null | head;
+  python3 -c 'import sys, torch, triton; print(sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda, "triton", triton.__version__)'
+  echo "triton cache entries at start: $(ls "$TRITON_CACHE_DIR" | wc -l)"
+} > "$OUT/env.txt" 2>&1
+cat "$OUT/env.txt"
+
+if [ "${MODE:-}" = isolate ]; then
+  echo "== isolate: every CUDA test alone (limit ${TEST_S} s)"; t=$SECONDS
+  python3 -m pytest -q --collect-only -p no:cacheprovider tests/test_triton_cuda.py tests/test_norm_fused.py \
+    tests/test_triton_attention.py tests/test_eatt.py 2>/dev/null | grep '::' \
+    | grep -E 'cuda|test_norm_fused.py::test_triton' > "$OUT/ids.txt"
+  if [ -n "${ISOLATE_SANITIZE:-}" ]; then
+    ( CUDA_LAUNCH_BLOCKING=1 timeout -s INT $((TEST_S - 10)) compute-sanitizer --tool memcheck --print-limit 5 \
+        python3 -m pytest -q -x -p no:cacheprovider --tb=short "$ISOLATE_SANITIZE" > "$OUT/sanitizer.log" 2>&1 ) &
+  fi
+  export OUT
+  timeout -s INT "$TEST_S" xargs -P 12 -I{} sh -c 'r=$(CUDA_LAUNCH_BLOCKING=1 timeout 150 python3 -m pytest -q \
+      -p no:cacheprovider --tb=line "$1" 2>&1 | grep -E "^/.*(Error|error)|passed|failed|skipped" | tail -2 | tr "\n" " ");
+      echo "$1 :: $r" >> "$OUT/isolated.txt"' _ {} < "$OUT/ids.txt"
+  wait; echo "done after $((SECONDS - t)) s: $(wc -l < "$OUT/isolated.txt") of $(wc -l < "$OUT/ids.txt") tests"
+  grep -c " failed" "$OUT/isolated.txt"; exit 0
+fi
+
+echo "== 1. mt-bench-gpu (limit ${BENCH_S} s)"; t=$SECONDS
+timeout -s INT "$BENCH_S" python3 -m mt_pipeline.bench_gpu --T 256,1024,4096 --dtypes bf16 \
+  --functions softmax,rela_g,reluformer,eatt --rep 50 --out "$OUT/attention_speed_$GPU.md" \
+  > "$OUT/bench.log" 2>&1
+echo "rc $? after $((SECONDS - t)) s"; tail -5 "$OUT/bench.log"
+
+if [ "$SPLIT_S" -gt 0 ]; then
+  echo "== 2. layer section, MT_RECT_BACKWARD=split (limit ${SPLIT_S} s)"; t=$SECONDS
+  MT_RECT_BACKWARD=split timeout -s INT "$SPLIT_S" python3 -m mt_pipeline.bench_gpu --sections layer --T 1024,4096 \
+    --dtypes bf16 --functions softmax,rela_g,reluformer --rep 50 --out "$OUT/attention_speed_${GPU}_split.md" \
+    > "$OUT/bench_split.log" 2>&1
+  echo "rc $? after $((SECONDS - t)) s"; tail -3 "$OUT/bench_split.log"
+fi
+
+if [ "$TEST_S" -gt 0 ]; then
+  echo "== 3. CUDA tests (limit ${TEST_S} s)"; t=$SECONDS
+  timeout -s INT "$TEST_S" python3 -m pytest -q -n 14 -p no:cacheprovider --tb=line -rfEs \
+    --junitxml="$OUT/cuda_tests.xml" \
+    tests/test_triton_cuda.py tests/test_norm_fused.py tests/test_triton_attention.py tests/test_eatt.py \
+    tests/test_bench_gpu.py > "$OUT/cuda_tests.log" 2>&1
+  echo "rc $? after $((SECONDS - t)) s"; tail -4 "$OUT/cuda_tests.log"
+fi
