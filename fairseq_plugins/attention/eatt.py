@@ -181,9 +181,13 @@ class _Synthesizer(SoftmaxAttention):
         self.max_len = int(self.options.max_len)
 
     def _check(self, *positions, src_len=None):
-        """Raise when a position is >= ``max_len``.  Key positions count non-padding keys, so they
-        are < ``src_len`` (``S``) by construction: with ``src_len <= max_len`` the check (a host
-        sync: it reads the maximum back) is skipped."""
+        """Raise when a position is >= ``max_len``.  ``src_len``: a static bound of the positions
+        (key positions count non-padding keys, so they are < ``S`` by construction; query
+        positions: the caller's ``q_bound``); with ``src_len <= max_len`` the check (a host sync:
+        it reads the maximum back) is skipped.
+
+        Raises:
+            ValueError: a position ``>= max_len`` (the message names ``--synth-max-len``)."""
         if src_len is not None and src_len <= self.max_len:
             return
         for p in positions:
@@ -195,7 +199,7 @@ class _Synthesizer(SoftmaxAttention):
     def score(self, q, k):
         S, T = k.size(2), q.size(2)
         dev = q.device
-        return self.score_at(q, k, torch.arange(T, device=dev)[None], torch.arange(S, device=dev)[None])
+        return self.score_at(q, k, torch.arange(T, device=dev)[None], torch.arange(S, device=dev)[None], q_bound=T)
 
     def fused(self, q, k, v, mask, dropout_p, causal=False):
         return None
@@ -214,7 +218,7 @@ class SynthDenseAttention(_Synthesizer):
         self.w2 = nn.Parameter(torch.empty(num_heads, self.head_dim, self.max_len).uniform_(-bound, bound))
         self.b2 = nn.Parameter(torch.zeros(num_heads, self.max_len))
 
-    def score_at(self, q, k, q_pos, k_pos):
+    def score_at(self, q, k, q_pos, k_pos, q_bound=None):
         self._check(k_pos, src_len=k.size(2))
         B, H, T, _ = q.shape
         S = k.size(2)
@@ -234,8 +238,9 @@ class SynthRandomAttention(_Synthesizer):
         fixed = bool(self.options.random_fixed)
         self.r = nn.Parameter(torch.randn(num_heads, self.max_len, self.max_len), requires_grad=not fixed)
 
-    def score_at(self, q, k, q_pos, k_pos):
-        self._check(q_pos)  # query positions: a host sync per call (no static bound in cross-attention)
+    def score_at(self, q, k, q_pos, k_pos, q_bound=None):
+        # query positions: a host sync only without a static bound (cross-attention decoding)
+        self._check(q_pos, src_len=q_bound)
         self._check(k_pos, src_len=k.size(2))
         B, T, S = q.size(0), q.size(2), k.size(2)
         qi = q_pos.view(q_pos.size(0), T, 1).expand(B, T, S)

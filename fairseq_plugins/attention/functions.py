@@ -257,13 +257,17 @@ class AttentionFunction(nn.Module):
         return x
 
     def score_at(self, q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor,
-                 k_pos: torch.Tensor) -> torch.Tensor:
+                 k_pos: torch.Tensor, q_bound: Optional[int] = None) -> torch.Tensor:
         """Scores from queries/keys and their positions (only called when :attr:`uses_positions`).
 
         Args:
             q ``(B, H, T, d)``, k ``(B, H, S, d)``; q_pos ``(B|1, T)`` and k_pos ``(B|1, S)``
             long, 0-based token positions (left padding not counted; the step index when
             decoding incrementally).
+            q_bound: a number every entry of ``q_pos`` is known to be below (the caller's
+                static bound: ``S`` in self-attention, ``T`` in cross-attention without a cache),
+                or None when only reading ``q_pos`` back would tell (cross-attention decoding).
+                Lets a function that must check positions skip the host sync.
         """
         return self.score(q, k)
 

@@ -249,10 +249,12 @@ class FunctionalMultiheadAttention(MultiheadAttention):
         assert k is not None and v is not None
         kv_bsz, src_len = k.size(0), k.size(2)
         beam = bsz // kv_bsz
-        q_pos = k_pos = None
+        q_pos = k_pos = q_bound = None
         if fn.uses_positions:
             q_pos, k_pos = self._positions(key_padding_mask, incremental_state, saved_state,
                                            kv_bsz, tgt_len, src_len, q.device)
+            # a static bound of the query positions (None: only the offset in the cache knows)
+            q_bound = src_len if self.self_attention else (tgt_len if saved_state is None else None)
         if beam > 1:
             # beams of one sentence share keys: treat them as extra queries,
             # (B, H, T, d) -> (Bk, beam, H, T, d) -> (Bk, H, beam*T, d)
@@ -280,7 +282,7 @@ class FunctionalMultiheadAttention(MultiheadAttention):
         out = fn.fused(q, k, v, mask, dropout_p, causal=causal) if use_fused else None
         weights = None
         if out is None:
-            scores = fn.score(q, k) if q_pos is None else fn.score_at(q, k, q_pos, k_pos)  # (Bk, H, T', S)
+            scores = fn.score(q, k) if q_pos is None else fn.score_at(q, k, q_pos, k_pos, q_bound)  # (Bk, H, T', S)
             mask = combined_mask(mask, causal, tgt_len, src_len, q.device)  # (Bk|1, 1, T|1, S)
             if beam > 1 and mask is not None and mask.size(2) > 1:
                 mask = mask.repeat(1, 1, beam, 1)
