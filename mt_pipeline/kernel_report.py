@@ -333,6 +333,20 @@ def _instructions(lines: List[str]) -> List[Tuple[int, str]]:
     return out
 
 
+#: modifiers kept in an opcode's name (:func:`_opcode`): they change what the instruction costs
+_KEPT_MODIFIERS = {"hi", "lo", "wide", "shared", "global", "local", "param", "const", "async", "mma_async"}
+_PREDICATE = re.compile(r"^@!?%\w+\s+")
+
+
+def _opcode(instruction: str) -> str:
+    """The opcode of a PTX instruction without its guard predicate and its type/rounding
+    modifiers, keeping those of :data:`_KEPT_MODIFIERS`: ``@%p1 mul.hi.u32 %r1, ...`` ->
+    ``mul.hi``; ``ld.shared.v4.b32`` -> ``ld.shared``; ``selp.b32`` -> ``selp``."""
+    op = _PREDICATE.sub("", instruction).split(None, 1)[0].rstrip(";")
+    parts = op.split(".")
+    return ".".join([parts[0]] + [m for m in parts[1:] if m in _KEPT_MODIFIERS])
+
+
 _BLOCK = re.compile(r"^\s*(?:(\$L__BB\d+_\d+):|// (%bb\.\d+):)")
 _HEADER = re.compile(r"=>\s*This (?:Inner )?Loop Header: Depth=(\d+)")
 _IN_LOOP = re.compile(r"in Loop: Header=(\w+) Depth=(\d+)")
@@ -383,7 +397,8 @@ def analyse_ptx(ptx: str, inner_trips=1) -> dict:
     Returns:
         ``{"instructions", "wgmma", "mma", "loop_instructions" (static, nested loops included),
         "loop_wgmma", "loop_mma", "inner_loops": [static sizes of the nested loops],
-        "loop_dynamic"}``; the loop fields are 0 / [] without a loop.
+        "loop_dynamic", "loop_opcodes": {opcode (:func:`_opcode`): its count in one iteration,
+        nested loops x their trips, as loop_dynamic}}``; the loop fields are 0 / [] / {} without a loop.
     """
     lines = ptx.splitlines()
     instr = _instructions(lines)
@@ -394,7 +409,7 @@ def analyse_ptx(ptx: str, inner_trips=1) -> dict:
 
     res = {"instructions": len(instr), "wgmma": count([(0, len(lines))], "wgmma.mma_async"),
            "mma": count([(0, len(lines))], "mma.sync"), "loop_instructions": 0, "loop_wgmma": 0, "loop_mma": 0,
-           "inner_loops": [], "loop_dynamic": 0}
+           "inner_loops": [], "loop_dynamic": 0, "loop_opcodes": {}}
     tops = {}
     for b in blocks:
         if b["chain"]:
@@ -416,8 +431,22 @@ def analyse_ptx(ptx: str, inner_trips=1) -> dict:
     trips = list(inner_trips) if isinstance(inner_trips, (list, tuple)) else [inner_trips]
     trips = [max(int(t), 1) for t in trips] or [1]
     extra = sum(n * (trips[min(i, len(trips) - 1)] - 1) for i, n in enumerate(sizes))
+    weight = {}  # PTX line -> how often it runs per main-loop iteration
+    for b in main:
+        if len(b["chain"]) == 1:
+            weight.update((i, 1) for i in range(b["start"], b["end"] + 1))
+    for n, bs in enumerate(nested.values()):
+        w = trips[min(n, len(trips) - 1)]
+        for b in bs:
+            weight.update((i, w) for i in range(b["start"], b["end"] + 1))
+    opcodes: Dict[str, int] = {}
+    for i, s in instr:
+        if i in weight:
+            op = _opcode(s)
+            opcodes[op] = opcodes.get(op, 0) + weight[i]
     res.update(loop_instructions=static, loop_wgmma=count(span(main), "wgmma.mma_async"),
-               loop_mma=count(span(main), "mma.sync"), inner_loops=sizes, loop_dynamic=static + extra)
+               loop_mma=count(span(main), "mma.sync"), inner_loops=sizes, loop_dynamic=static + extra,
+               loop_opcodes=opcodes)
     return res
 
 
@@ -511,6 +540,7 @@ def report(archs: Iterable[int] = ARCHS, dtypes: Iterable[str] = DTYPES, head_di
                                     threads = 32 * tile[2]
                                     # per score; the norm: per element of its (BLOCK_M, BLOCK_G, BLOCK_N) tile
                                     per = tile[0] * tile[1] * meta.get("BLOCK_G", 1)
+                                    row["per_score"] = threads / per  # loop counts -> per score
                                     row["ptx_per_score"] = round(row["loop_dynamic"] * threads / per, 2)
                                 row["compile_s"] = round(time.time() - t0, 1)
                                 rows.append(row)
@@ -613,8 +643,24 @@ def _dropout_overhead(rows: List[dict]) -> List[str]:
         extra = 100.0 * (r["ptx_per_score"] / b["ptx_per_score"] - 1.0)
         out.append(f"| sm_{r['arch']} | {r['dtype']} | {r['head_dim']} | {r['variant']} | {r['kernel']} "
                    f"| {r['tile']} {r['warps']}/{r['stages']} | {b['ptx_per_score']} | {r['ptx_per_score']} "
-                   f"| {extra:+.0f} % |")
+                   f"| {extra:+.0f} % | {_opcode_delta(b, r)} |")
     return out
+
+
+def opcode_delta(base: dict, row: dict, top: int = 6) -> List[Tuple[str, float]]:
+    """The ``top`` opcodes whose main-loop count per score changes most from ``base`` to ``row``
+    (two rows of :func:`report`, e.g. dropout 0 and 0.1 in the same tile): ``[(opcode, change per
+    score)]``, largest absolute change first; [] when either row has no opcode counts."""
+    a, b = base.get("loop_opcodes") or {}, row.get("loop_opcodes") or {}
+    if not a or not b:
+        return []
+    delta = {op: b.get(op, 0) * row["per_score"] - a.get(op, 0) * base["per_score"] for op in set(a) | set(b)}
+    ranked = sorted(delta.items(), key=lambda kv: (-abs(kv[1]), kv[0]))
+    return [(op, round(v, 2)) for op, v in ranked[:top] if round(v, 2)]
+
+
+def _opcode_delta(base: dict, row: dict) -> str:
+    return ", ".join(f"{op} {v:+g}" for op, v in opcode_delta(base, row))
 
 
 def tile_choices(rows: List[dict]) -> List[dict]:
@@ -770,8 +816,13 @@ def render(rows: List[dict], record: dict) -> str:
     over = _dropout_overhead(rows)
     if over:
         lines += ["", "## Dropout overhead (target: <= +25 % PTX per score)", "",
-                  "| arch | dtype | d | variant | kernel | tile w/s | /score p=0 | /score p=0.1 | extra |",
-                  "|---|---|---|---|---|---|---:|---:|---:|", *over]
+                  "Largest changes: the main-loop opcodes (type and rounding suffixes dropped) whose count per "
+                  "score changes most with dropout -- where the overhead goes (Philox-4x32-7: `mul.hi`, `xor`; "
+                  "the keep mask: `setp`, `selp`, `and`; a mask moved between register layouts through shared "
+                  "memory: `st.shared`, `ld.shared`, `bar`).", "",
+                  "| arch | dtype | d | variant | kernel | tile w/s | /score p=0 | /score p=0.1 | extra "
+                  "| largest changes /score |",
+                  "|---|---|---|---|---|---|---:|---:|---:|---|", *over]
     lines += _bwd_lines(rows)
     lines += _tile_lines(rows)
     for arch in sorted({r["arch"] for r in rows}, reverse=True):

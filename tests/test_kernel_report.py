@@ -50,6 +50,28 @@ def test_analyse_ptx_finds_the_main_loop_and_counts_nested_loops_per_trip():
     assert kr._inner_trips("rect_fwd", {"BLOCK_D": 64}, 64) == 1
 
 
+def test_loop_opcodes_count_the_main_loop_per_iteration():
+    """The opcode histogram of the main loop: guard predicates and type suffixes dropped, the
+    nested loop's opcodes x its trips, nothing outside the loop (mov, ret); it sums to loop_dynamic."""
+    assert kr._opcode("@%p1 mul.hi.u32 \t%r1, %r2, -766435501;") == "mul.hi"
+    assert kr._opcode("@!%p7 ld.shared.v4.b32 {%r1, %r2, %r3, %r4}, [%r5];") == "ld.shared"
+    assert kr._opcode("selp.b32 %r1, 1, 0, %p1;") == "selp"
+    assert kr._opcode("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%r1}, %rd1;") == "wgmma.mma_async"
+    a = kr.analyse_ptx(PTX, inner_trips=10)
+    assert a["loop_opcodes"] == {"wgmma.mma_async": 2, "add": 1, "sub": 10, "abs": 10, "bra": 11}
+    assert sum(a["loop_opcodes"].values()) == a["loop_dynamic"]
+    assert kr.analyse_ptx("\tret;\n")["loop_opcodes"] == {}
+
+
+def test_opcode_delta_ranks_the_changes_per_score():
+    """Where a variant's extra instructions go: counts x threads / tile (per score), the largest
+    absolute change first, unchanged opcodes left out."""
+    base = dict(per_score=0.5, loop_opcodes={"fma": 20, "selp": 2, "xor": 0})
+    row = dict(per_score=0.25, loop_opcodes={"fma": 40, "selp": 10, "mul.hi": 4})
+    assert kr.opcode_delta(base, row) == [("selp", 1.5), ("mul.hi", 1.0)]  # fma: 20 x 0.5 = 40 x 0.25
+    assert kr.opcode_delta(base, dict(row, loop_opcodes={})) == []
+
+
 def test_parse_ptxas_log():
     log = ("ptxas info    : Compiling entry function 'k' for 'sm_90a'\n"
            "ptxas /tmp/x.ptx, line 7; warning : Potential Performance Loss: wgmma.mma_async instructions are "
@@ -108,8 +130,8 @@ def test_dropout_overhead_and_tile_choices_with_several_tiles_per_launch():
             dict(base, dropout=0.1, warps=4, stages=3, spill_stores=136, ptx_per_score=28.0),
             dict(base, dropout=0.1, warps=8, stages=3, spill_stores=0, ptx_per_score=25.5)]
     over = kr._dropout_overhead(rows)
-    assert over == ["| sm_80 | fp16 | 64 | rela_enc | rect_fwd | 128x64 4/3 | 14.0 | 28.0 | +100 % |",
-                    "| sm_80 | fp16 | 64 | rela_enc | rect_fwd | 128x64 8/3 | 17.0 | 25.5 | +50 % |"]
+    assert over == ["| sm_80 | fp16 | 64 | rela_enc | rect_fwd | 128x64 4/3 | 14.0 | 28.0 | +100 % |  |",
+                    "| sm_80 | fp16 | 64 | rela_enc | rect_fwd | 128x64 8/3 | 17.0 | 25.5 | +50 % |  |"]
     p0, p1 = kr.tile_choices(rows)
     assert (p0["first"], p0["best"], p0["clean"], p0["tiles"]) == (rows[0], rows[2], 2, 3)
     assert (p1["first"], p1["best"], p1["clean"], p1["tiles"]) == (rows[3], rows[4], 1, 2)
