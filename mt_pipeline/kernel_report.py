@@ -44,7 +44,7 @@ Usage::
 
     mt-kernel-report [--arch 90,80] [--dtypes fp16,bf16,fp32] [--head-dims 32,64,128]
                      [--variants rela_enc,...] [--bwd fused,split] [--tiles first|all]
-                     [--out FILE] [--json FILE]
+                     [--jobs N] [--out FILE] [--json FILE]
 """
 
 import argparse
@@ -483,23 +483,26 @@ def _tables(real_module) -> Dict[str, list]:
 
 def report(archs: Iterable[int] = ARCHS, dtypes: Iterable[str] = DTYPES, head_dims: Iterable[int] = HEAD_DIMS,
            variants: Iterable[str] = tuple(VARIANTS), dropouts: Iterable[float] = DROPOUTS,
-           tiles: str = "first", log=None, bwds: Iterable[str] = BWDS) -> List[dict]:
+           tiles: str = "first", log=None, bwds: Iterable[str] = BWDS, jobs: int = 1) -> List[dict]:
     """One row per (arch, dtype, head dim, variant, dropout, kernel, tile): the compile's
     resources and counts (see the module docstring); a kernel that does not compile is a row
     with ``error`` set.  The rectified variants' backward is compiled on each path of ``bwds``
-    (:data:`BWDS`; ``rect_fwd`` once).
+    (:data:`BWDS`; ``rect_fwd`` once).  ``jobs > 1`` compiles in that many processes (the rows
+    come back in the same order; each compile also lands in triton's cache, ``TRITON_CACHE_DIR``,
+    under the key the JIT looks up at the same launch on a GPU of that arch with this triton).
 
     Raises:
-        ValueError: unknown variant/dtype/backward path, or ``tiles`` not ``first``/``all``.
+        ValueError: unknown variant/dtype/backward path, ``tiles`` not ``first``/``all``, or ``jobs < 1``.
     """
     import fairseq_plugins.attention.triton as tk
 
     if tiles not in ("first", "all"):
         raise ValueError(f"tiles must be 'first' or 'all', got {tiles!r}")
+    if jobs < 1:
+        raise ValueError(f"jobs must be >= 1, got {jobs}")
     real = tk._kernels(False)
     table = _tables(real)
-    norm_real = None
-    rows = []
+    tasks = []
     for dtype in dtypes:
         for d in head_dims:
             for variant in variants:
@@ -514,10 +517,9 @@ def report(archs: Iterable[int] = ARCHS, dtypes: Iterable[str] = DTYPES, head_di
                                 recorded.append(launch)
                     for arch in archs:
                         for name, args, meta in recorded:
-                            module = real
+                            kind = "kernels"
                             if name in KERNELS["norm"]:  # fixed tiles: the launch's own
-                                norm_real = norm_real or _norm_real()
-                                module, meta = norm_real, dict(meta)
+                                kind, meta = "norm", dict(meta)
                                 tile_list = [(meta.pop("BLOCK_M"), meta.pop("BLOCK_N"), meta.pop("num_warps", 4), 1)]
                             else:
                                 tried = real._tried(table[name], meta)  # the autotuner's candidates
@@ -527,26 +529,59 @@ def report(archs: Iterable[int] = ARCHS, dtypes: Iterable[str] = DTYPES, head_di
                                 row = dict(arch=arch, dtype=dtype, head_dim=d, variant=variant, dropout=p,
                                            kernel=name, tile="x".join(map(str, shown)), warps=tile[2],
                                            stages=tile[3], error=None)
-                                t0 = time.time()
-                                try:
-                                    c = compile_launch(module, name, args, meta, arch, tile)
-                                except Exception as e:  # noqa: BLE001 - reported, not hidden
-                                    row["error"] = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200]}"
-                                else:
-                                    row.update(target=c["target"], shared=c["shared"], gemms=c["gemms"],
-                                               **parse_ptxas_log(c["ptxas_log"]))
-                                    trips = _inner_trips(name, meta, d)
-                                    row.update(analyse_ptx(c["ptx"], inner_trips=trips), inner_trips=trips)
-                                    threads = 32 * tile[2]
-                                    # per score; the norm: per element of its (BLOCK_M, BLOCK_G, BLOCK_N) tile
-                                    per = tile[0] * tile[1] * meta.get("BLOCK_G", 1)
-                                    row["per_score"] = threads / per  # loop counts -> per score
-                                    row["ptx_per_score"] = round(row["loop_dynamic"] * threads / per, 2)
-                                row["compile_s"] = round(time.time() - t0, 1)
-                                rows.append(row)
-                                if log is not None:
-                                    print(_row_line(row), file=log, flush=True)
+                                # detached: the same storage, offsets and strides (the binder's
+                                # specialisation), and picklable for the worker processes
+                                plain = tuple(x.detach() if hasattr(x, "detach") else x for x in args)
+                                tasks.append((row, kind, name, plain, meta, arch, tuple(tile), d))
+    rows = []
+    if jobs == 1:
+        results = map(_compile_row, tasks)
+    else:
+        import concurrent.futures
+        import multiprocessing
+
+        pool = concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"))
+        results = pool.map(_compile_row, tasks, chunksize=1)
+    try:
+        for row in results:
+            rows.append(row)
+            if log is not None:
+                print(_row_line(row), file=log, flush=True)
+    finally:
+        if jobs > 1:
+            pool.shutdown(cancel_futures=True)
     return rows
+
+
+_MODULES: Dict[str, object] = {}
+
+
+def _compile_row(task) -> dict:
+    """One task of :func:`report` (``(row, module kind, kernel, args, meta, arch, tile, head dim)``):
+    the row with the compile's resources and counts, or with ``error`` set.  Runs in a worker
+    process with ``jobs > 1`` (the compiled modules are built once per process)."""
+    row, kind, name, args, meta, arch, tile, d = task
+    row = dict(row)
+    if kind not in _MODULES:
+        import fairseq_plugins.attention.triton as tk
+
+        _MODULES[kind] = tk._kernels(False) if kind == "kernels" else _norm_real()
+    t0 = time.time()
+    try:
+        c = compile_launch(_MODULES[kind], name, args, meta, arch, tile)
+    except Exception as e:  # noqa: BLE001 - reported, not hidden
+        row["error"] = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200]}"
+    else:
+        row.update(target=c["target"], shared=c["shared"], gemms=c["gemms"], **parse_ptxas_log(c["ptxas_log"]))
+        trips = _inner_trips(name, meta, d)
+        row.update(analyse_ptx(c["ptx"], inner_trips=trips), inner_trips=trips)
+        threads = 32 * tile[2]
+        # per score; the norm: per element of its (BLOCK_M, BLOCK_G, BLOCK_N) tile
+        per = tile[0] * tile[1] * meta.get("BLOCK_G", 1)
+        row["per_score"] = threads / per  # loop counts -> per score
+        row["ptx_per_score"] = round(row["loop_dynamic"] * threads / per, 2)
+    row["compile_s"] = round(time.time() - t0, 1)
+    return row
 
 
 def _inner_trips(name: str, meta: dict, d: int):
@@ -868,6 +903,8 @@ def main(argv=None) -> int:
     p.add_argument("--tiles", default="first", choices=("first", "all"), help="autotuning tiles compiled")
     p.add_argument("--out", default=os.path.join(provenance.ROOT, "results", "gpu", "kernel_report.md"))
     p.add_argument("--json", default=None, help="also write the rows as JSON here")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="compile in this many processes (the report is the same; default 1)")
     p.add_argument("--check", action="store_true",
                    help="exit 1 when a main configuration breaks the targets (other than the KNOWN exceptions)")
     a = p.parse_args(argv)
@@ -890,7 +927,9 @@ def main(argv=None) -> int:
     os.environ.pop("TRITON_INTERPRET", None)
     record = provenance.collect(provenance.command_line("mt-kernel-report", argv), triton=triton.__version__)
     t0 = time.time()
-    rows = report(archs, dtypes, dims, variants, dropouts, a.tiles, log=sys.stderr, bwds=bwds)
+    if a.jobs < 1:
+        p.error(f"--jobs {a.jobs}: give a number of processes >= 1")
+    rows = report(archs, dtypes, dims, variants, dropouts, a.tiles, log=sys.stderr, bwds=bwds, jobs=a.jobs)
     record["wall_s"] = round(time.time() - t0, 1)
     text = render(rows, record)
     write_text_atomic(a.out, text)

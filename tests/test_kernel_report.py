@@ -268,3 +268,18 @@ def test_fused_norm_compiles_for_sm90a_without_spills(monkeypatch):
                      variants=("rela_g_norm", "rela_g_norm_head"), dropouts=(0.0, 0.1))
     assert len(rows) == 8 and kr.problems(rows) == [] and kr.bwd_comparison(rows) == []
     assert all(r["target"] == "sm_90a" and 0 < r["registers"] <= 128 for r in rows)
+
+
+@needs_nvidia
+def test_parallel_compiles_give_the_same_report(monkeypatch):
+    """``--jobs``: the rows compiled in worker processes (recorded launches detached and pickled)
+    equal those compiled here, in the same order; ``jobs < 1`` is refused before any compile."""
+    pytest.importorskip("triton.backends.nvidia.compiler", reason="triton without its NVIDIA backend")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    kw = dict(archs=(90,), dtypes=("fp16",), head_dims=(32,), variants=("rela_g_norm", "eatt_enc"), dropouts=(0.0,))
+    one, two = kr.report(**kw), kr.report(**kw, jobs=2)
+    assert len(one) == 5 and not any(r["error"] for r in one)
+    strip = lambda rows: [{k: v for k, v in r.items() if k != "compile_s"} for r in rows]  # noqa: E731
+    assert strip(two) == strip(one)
+    with pytest.raises(ValueError, match="jobs must be >= 1"):
+        kr.report(**kw, jobs=0)
