@@ -370,16 +370,22 @@ def collect(plan: Dict, runs: Optional[List[Run]] = None) -> List[str]:
 
 
 def render_tables(plan: Dict, table_paths: Optional[List[str]] = None) -> None:
-    """Re-render the plan's tables (or only ``table_paths``) that have a finished run, then every
-    index file (``results/<paper>/<table>.md``, :func:`mt_pipeline.reproduce.render_indexes`) with a
+    """Re-render the plan's tables (or only ``table_paths``) that have a finished run -- a page whose
+    numbers predate committed evidence (:func:`mt_pipeline.evidence.predates_evidence`) only once all
+    its rows have one -- then every index file (``results/<paper>/<table>.md``, :func:`mt_pipeline.reproduce.render_indexes`) with a
     part among them: the index rows quote the full tables, so none keeps a stale row."""
     from .reproduce import render_indexes  # reproduce imports the table machinery: import late
 
     rendered = []
     for table in table_paths or list(plan["_specs"]):
         spec = plan["_specs"][table]
-        if not any(tables.row_results(spec, r) for r in spec["rows"]):
+        done = [bool(tables.row_results(spec, r)) for r in spec["rows"]]
+        if not any(done):
             continue  # nothing finished yet: no table of pending rows
+        if not all(done) and evidence.predates_evidence(os.path.join(ROOT, spec["out"])):
+            log(f"kept {spec['out']}: its numbers predate committed evidence; it is re-rendered once all "
+                f"its rows have re-run ({sum(done)} of {len(done)} so far)")
+            continue
         try:
             tables.render(spec)
             rendered.append(spec["out"])

@@ -35,9 +35,24 @@ from typing import Dict, List, Optional
 from .atomic import atomic_path, write_json_atomic
 from .provenance import ROOT, file_sha256, git_commit, repo_relative
 
-__all__ = ["evidence_root", "evidence_dir", "export", "locate", "resolve", "rescore", "RescoreError"]
+__all__ = ["evidence_root", "evidence_dir", "export", "locate", "resolve", "rescore", "RescoreError",
+           "NO_EVIDENCE", "predates_evidence"]
 
 MANIFEST = "MANIFEST.json"
+#: the line a full table carries when its numbers predate committed evidence (issue 27): they can be
+#: re-run (``mt-campaign run --plan configs/campaign/smoke.yaml``) but not re-scored from the repository
+NO_EVIDENCE = "**Evidence: none committed.**"
+
+
+def predates_evidence(page: str) -> bool:
+    """Whether the full table ``page`` (a path) exists and carries :data:`NO_EVIDENCE`.  Such a page
+    is replaced as a whole, once every row of its table has re-run with evidence -- never row by row,
+    which would turn the rows not re-run yet into "not run yet" and orphan what other pages quote
+    from them (:func:`mt_pipeline.campaign.render_tables`, :func:`mt_pipeline.reproduce.write_index`)."""
+    if not os.path.exists(page):
+        return False
+    with open(page, encoding="utf-8") as f:
+        return NO_EVIDENCE in f.read()
 
 
 class RescoreError(RuntimeError):

@@ -43,6 +43,7 @@ from . import experiment
 from . import tables as run_table
 from .atomic import atomic_path
 from .budget import REGIMES, regime
+from .evidence import predates_evidence
 from .provenance import ROOT, git_commit
 
 # paper -> table -> {"small": [spec...], "paper": [spec...]} (a missing scale = not configured;
@@ -483,11 +484,14 @@ def write_index(paper, table, entry, results_dir=None):
             written = os.path.exists(os.path.join(ROOT, out))
             statuses = {r["id"]: _row_status(spec, r) for r in spec["rows"]}
             committed = None
-            if not any(statuses.values()):
+            # the committed full table where no run is here, or where that table predates evidence and
+            # not every row has re-run yet (it is replaced as a whole: evidence.predates_evidence)
+            if not any(statuses.values()) or (not all(statuses.values())
+                                              and predates_evidence(os.path.join(ROOT, out))):
                 committed = committed_table(os.path.join(ROOT, out))
             rows, sigs, seen_seeds = [], set(), set()
             for r in spec["rows"]:
-                st = statuses[r["id"]]
+                st = None if committed else statuses[r["id"]]
                 if st is not None:
                     ours, status, commit, seeds, sig = st
                     if sig:

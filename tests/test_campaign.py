@@ -340,3 +340,31 @@ def test_every_committed_run_rescores_from_its_hypotheses(path, tmp_path):
         subprocess.run(prep_cmd(res["config"]["budget"]), cwd=th.ROOT, env=th.env(), check=True, capture_output=True)
     rows = evidence.rescore(path)
     assert rows and all(r["bleu"] == pytest.approx(r["recorded_bleu"], abs=0.005) for r in rows)
+
+
+def test_a_page_that_predates_evidence_is_replaced_only_as_a_whole(tmp_path, monkeypatch):
+    """Issue 27: a full table carrying "Evidence: none committed." is not re-rendered while only some
+    of its rows have re-run (that would turn the others into "not run yet" and orphan the numbers the
+    claims page quotes from them); once every row has, it is; a page without the line is re-rendered
+    at the first finished row, as before."""
+    import mt_pipeline.reproduce as rp
+
+    page = tmp_path / "t.md"
+    spec = {"rows": [{"id": 1}, {"id": 2}], "out": str(page)}
+    plan = {"_specs": {"t.yaml": spec}}
+    done, rendered = {1}, []
+    monkeypatch.setattr(run_table, "row_results", lambda s, r: [{}] if r["id"] in done else [])
+    monkeypatch.setattr(run_table, "render", lambda s: rendered.append(s["out"]))
+    monkeypatch.setattr(rp, "render_indexes", lambda outs: None)
+    page.write_text(f"# T\n\n{evidence.NO_EVIDENCE}\n")
+    assert evidence.predates_evidence(str(page)) and not evidence.predates_evidence(str(tmp_path / "none.md"))
+    campaign.render_tables(plan)
+    assert rendered == []
+    done.add(2)
+    campaign.render_tables(plan)
+    assert rendered == [str(page)]
+    rendered.clear()
+    done.discard(2)
+    page.write_text("# T\n")
+    campaign.render_tables(plan)
+    assert rendered == [str(page)]

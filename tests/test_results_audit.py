@@ -21,12 +21,10 @@ import statistics
 import pytest
 
 from mt_pipeline import reproduce
-from mt_pipeline.evidence import resolve
+from mt_pipeline.evidence import NO_EVIDENCE, resolve
 from mt_pipeline.provenance import ROOT
 
 RESULTS = os.path.join(ROOT, "results")
-#: the line a full table carries when its numbers have no committed evidence
-NO_EVIDENCE = "**Evidence: none committed.**"
 NUMBER = re.compile(r"^-?\d+\.\d+")
 
 
