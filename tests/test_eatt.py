@@ -82,14 +82,17 @@ def test_l1_scores_equal_cdist(max_elems):
 
 
 def test_l1_impl_auto_avoids_cdist_backward_on_cuda():
-    """impl="auto" is cdist on CPU only: cdist's CUDA backward materialises (B*H, S, T, d) and
-    indexes it with 32-bit ints (an illegal memory access on an H200 at 2**34 elements); an explicit
-    "cdist" that would cross 2**31 with a backward is refused before any launch."""
+    """impl="auto" avoids cdist only where its CUDA backward runs: that backward materialises
+    (B*H, S, T, d) and indexes it with 32-bit ints (an illegal memory access on an H200 at 2**34
+    elements); the forward alone (beam search) keeps cdist.  An explicit "cdist" that would cross
+    2**31 with a backward is refused before any launch."""
     from fairseq_plugins.attention.l1 import resolve_impl
 
     assert resolve_impl("auto", "cpu") == "cdist"
+    assert resolve_impl("auto", "cpu", 2 ** 34, True) == "cdist"
     assert resolve_impl("auto", "cuda", 2 ** 34, True) == "chunked"
-    assert resolve_impl("auto", "meta") == "chunked"
+    assert resolve_impl("auto", "cuda", 2 ** 34, False) == "cdist"  # forward only: no buffer
+    assert resolve_impl("auto", "meta", 2 ** 34, True) == "cdist"
     assert resolve_impl("cdist", "cuda", 2 ** 31 - 1, True) == "cdist"
     assert resolve_impl("cdist", "cuda", 2 ** 34, False) == "cdist"  # forward only: no buffer
     assert resolve_impl("cdist", "cpu", 2 ** 34, True) == "cdist"

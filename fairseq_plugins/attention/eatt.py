@@ -121,9 +121,10 @@ class _BinarizedInput:
 
 class _L1Score:
     """Mixin: E-ATT eq. 13 scores ``-||q_i - k_j||_1 / sqrt(d)`` via :func:`l1_scores` with
-    ``impl="auto"``: ``torch.cdist(p=1)`` on CPU, the chunked kernel on a GPU (bounded memory; cdist's
-    CUDA backward materialises the ``(B, H, T, S, d)`` tensor and overflows 32-bit indices: see
-    :mod:`~fairseq_plugins.attention.l1`; half precision through cdist is computed in float32).  The fused path is the Triton kernel
+    ``impl="auto"``: the chunked kernel where a CUDA backward will run (bounded memory; cdist's CUDA
+    backward materialises the ``(B, H, T, S, d)`` tensor and overflows 32-bit indices: see
+    :mod:`~fairseq_plugins.attention.l1`), ``torch.cdist(p=1)`` otherwise; half precision is
+    computed in float32.  The fused path is the Triton kernel
     :func:`fairseq_plugins.attention.triton.l1_softmax_attention` (scores and softmax tile by tile,
     ``O(T)`` memory) when the backend is Triton; with the torch backend ``None`` (the
     score/normalize path: the softmax fused kernel would compute dot products)."""

@@ -18,8 +18,9 @@ relative to broadcasting): L=1024: broadcast 6246 MiB / 29.3 s, cdist 202 MiB / 
 elements it writes out of bounds.  Seen on an H200 (torch 2.11, 2026-11-26): the core section of
 ``mt-bench-gpu`` (B*H 4096, T = S = 256, d 64: a 2**34-element buffer) died with "an illegal
 memory access", which poisons the process's CUDA context.  So the attention functions call
-:func:`l1_scores` with ``impl="auto"``: ``cdist`` on CPU, the chunked kernel elsewhere, with
-blocks of :data:`DEFAULT_MAX_ELEMS_CUDA` elements on a GPU.  The chunked kernel (the default of
+:func:`l1_scores` with ``impl="auto"``: the chunked kernel, in blocks of
+:data:`DEFAULT_MAX_ELEMS_CUDA` elements, where a CUDA backward will run; ``cdist`` everywhere else
+(CPU, and the forward alone on a GPU -- every step of beam search -- where it writes only the scores).  The chunked kernel (the default of
 :func:`l1_scores`, checked against ``cdist`` in the tests) bounds memory by ``max_elems``
 explicitly on any backend.
 """
@@ -41,8 +42,9 @@ _CDIST_CUDA_BACKWARD_LIMIT = 2 ** 31
 
 
 def resolve_impl(impl: str, device_type: str, buffer_elems: int = 0, needs_grad: bool = False) -> str:
-    """The implementation :func:`l1_scores` runs: ``"auto"`` is ``"cdist"`` on CPU and
-    ``"chunked"`` on any other device (see the module docstring for why not ``cdist`` on CUDA).
+    """The implementation :func:`l1_scores` runs: ``"auto"`` is ``"chunked"`` on CUDA when a backward
+    will run (cdist's CUDA backward: see the module docstring) and ``"cdist"`` otherwise -- on CPU,
+    and for the forward alone (decoding, evaluation), where cdist writes only the scores.
 
     Args:
         impl: one of :data:`IMPLS`.
@@ -58,7 +60,7 @@ def resolve_impl(impl: str, device_type: str, buffer_elems: int = 0, needs_grad:
     if impl not in IMPLS:
         raise ValueError(f"unknown impl {impl!r}; valid choices: {', '.join(IMPLS)}")
     if impl == "auto":
-        return "cdist" if device_type == "cpu" else "chunked"
+        return "chunked" if device_type == "cuda" and needs_grad else "cdist"
     if impl == "cdist" and device_type == "cuda" and needs_grad and buffer_elems >= _CDIST_CUDA_BACKWARD_LIMIT:
         raise ValueError(f"impl='cdist' on CUDA: torch.cdist's backward would index a {buffer_elems}-element "
                          f"(B*H, S, T, d) buffer with 32-bit ints (>= 2**31: out of bounds); "
@@ -112,9 +114,9 @@ def l1_scores(q: torch.Tensor, k: torch.Tensor, scale: float, max_elems: Optiona
         q: ``(B, H, T, d)``; k: ``(B, H, S, d)`` (same B, H, d, dtype, device).
         scale: positive float.
         max_elems: cap on the elements of one block of differences (memory knob; default
-            :data:`DEFAULT_MAX_ELEMS`, or :data:`DEFAULT_MAX_ELEMS_CUDA` with ``impl="auto"`` off CPU).
+            :data:`DEFAULT_MAX_ELEMS`, or :data:`DEFAULT_MAX_ELEMS_CUDA` when ``impl="auto"`` chose it).
         impl: ``"chunked"`` (this module's kernel), ``"cdist"`` (``torch.cdist(p=1)``) or ``"auto"``
-            (``cdist`` on CPU, ``chunked`` elsewhere: :func:`resolve_impl`).
+            (``chunked`` on CUDA with a backward, else ``cdist``: :func:`resolve_impl`).
 
     Returns:
         ``(B, H, T, S)`` scores in q's dtype.  The gradient uses ``sign(0) = 0`` (as
@@ -126,8 +128,6 @@ def l1_scores(q: torch.Tensor, k: torch.Tensor, scale: float, max_elems: Optiona
         ValueError: shapes do not match, unknown ``impl`` (the message lists the choices), or
             ``impl="cdist"`` on CUDA past its backward's 32-bit indexing (:func:`resolve_impl`).
     """
-    if impl not in IMPLS:
-        raise ValueError(f"unknown impl {impl!r}; valid choices: {', '.join(IMPLS)}")
     if q.dim() != 4 or k.dim() != 4 or q.shape[:2] != k.shape[:2] or q.size(-1) != k.size(-1):
         raise ValueError(f"l1_scores needs q (B, H, T, d) and k (B, H, S, d); got {tuple(q.shape)}, "
                          f"{tuple(k.shape)}")
@@ -140,6 +140,6 @@ def l1_scores(q: torch.Tensor, k: torch.Tensor, scale: float, max_elems: Optiona
         out = torch.cdist(qf, kf, p=1) * (-float(scale))
     else:
         if max_elems is None:
-            max_elems = DEFAULT_MAX_ELEMS_CUDA if impl == "auto" and q.device.type != "cpu" else DEFAULT_MAX_ELEMS
+            max_elems = DEFAULT_MAX_ELEMS_CUDA if impl == "auto" else DEFAULT_MAX_ELEMS  # auto: CUDA only
         out = _L1Scores.apply(qf, kf, float(scale), int(max_elems))
     return out.to(q.dtype) if half else out
