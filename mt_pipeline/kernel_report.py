@@ -22,6 +22,9 @@ head dimension (32, 64, 128), for ``sm_90a`` (H100) and ``sm_80`` (A100), and re
   Loops nested in the main loop (E-ATT's loop over head dimensions) count ``d`` times.
   Both backward paths visit every (query tile, key tile) pair once per kernel, so the split
   pair's cost per score is the sum of its two kernels' (the report's "fused vs split" table).
+* the same main loop in SASS, the machine code ptxas makes of the PTX (``nvdisasm -c``, shipped
+  with triton): instructions per score as the GPU issues them (ptxas fuses ``xor`` pairs into
+  ``LOP3``, multiplies into ``IMAD``, drops moves); shown where its loop nest matches the PTX's.
 
 The compile is the one the JIT does at the first launch: the real entry points
 (:func:`~fairseq_plugins.attention.triton.relu_attention`,
@@ -277,7 +280,8 @@ def compile_launch(real_module, name: str, args: tuple, meta: dict, arch: int, t
     num_stages)``, specialised by triton's own binder as the first launch on a GPU would be.
 
     Returns:
-        ``{"ptx": str, "shared": bytes, "ptxas_log": str, "target": "sm_90a", "gemms": tl.dot count}``.
+        ``{"ptx": str, "shared": bytes, "ptxas_log": str, "target": "sm_90a", "gemms": tl.dot count,
+        "sass": the machine code as ``nvdisasm -c`` prints it ("" when triton ships no nvdisasm)}``.
 
     Raises:
         triton's compilation errors (the kernel does not compile for that target).
@@ -308,8 +312,13 @@ def compile_launch(real_module, name: str, args: tuple, meta: dict, arch: int, t
         if not options.enable_fp_fusion:
             cmd.insert(2, "--fmad=false")
         res = subprocess.run(cmd, capture_output=True, text=True)
+        sass = ""
+        nvdisasm = os.path.join(os.path.dirname(cmd[0]), "nvdisasm")
+        if res.returncode == 0 and os.path.exists(nvdisasm):
+            dis = subprocess.run([nvdisasm, "-c", os.path.join(tmp, "k.o")], capture_output=True, text=True)
+            sass = dis.stdout if dis.returncode == 0 else ""
     return {"ptx": ptx, "shared": int(kernel.metadata.shared), "ptxas_log": res.stdout + res.stderr,
-            "target": gpu, "gemms": len(_DOT.findall(kernel.asm.get("ttir", "")))}
+            "target": gpu, "gemms": len(_DOT.findall(kernel.asm.get("ttir", ""))), "sass": sass}
 
 
 # --------------------------------------------------------------------------------------------
@@ -450,6 +459,66 @@ def analyse_ptx(ptx: str, inner_trips=1) -> dict:
     return res
 
 
+_SASS_INSTR = re.compile(r"^\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)")
+_SASS_LABEL = re.compile(r"^(\.L_x_\d+):")
+_SASS_BRANCH = re.compile(r"\bBRA\s+`\((\.L_x_\d+)\)")
+
+
+def analyse_sass(sass: str, inner_trips=1) -> dict:
+    """Static counts of one kernel's machine code (``nvdisasm -c``): what the GPU executes after
+    ptxas (which fuses e.g. ``xor``/``xor`` into one ``LOP3`` and ``mul.lo``/``mul.hi`` into
+    one ``IMAD.WIDE``, and drops moves), the PTX counts' check.
+
+    Loops are the backward branches (``BRA`` to an earlier label); the main loop is the outermost
+    holding the most ``HGMMA``/``HMMA`` (ties: the most instructions); loops inside it count
+    ``inner_trips`` times, as :func:`analyse_ptx` (``NOP`` padding is not counted).
+
+    Returns:
+        ``{"sass_loop": instructions of one main-loop iteration (nested loops x trips; 0 without a
+        loop or code), "sass_loops_nested": nested loops found, "sass_opcodes": {opcode (the part
+        before the first dot): count per iteration}}``.
+    """
+    instr, labels, branches = [], {}, []
+    for line in sass.splitlines():
+        lm = _SASS_LABEL.match(line)
+        if lm:
+            labels[lm.group(1)] = len(instr)
+            continue
+        im = _SASS_INSTR.match(line)
+        if not im:
+            continue
+        bm = _SASS_BRANCH.search(line)
+        if bm:
+            branches.append((len(instr), bm.group(1)))
+        instr.append(im.group(1))
+    loops = sorted({(labels[t], b) for b, t in branches if t in labels and labels[t] <= b})
+    out = {"sass_loop": 0, "sass_loops_nested": 0, "sass_opcodes": {}}
+    outer = [lp for lp in loops if not any(o != lp and o[0] <= lp[0] and lp[1] <= o[1] for o in loops)]
+    if not outer:
+        return out
+
+    def mma(lp):
+        return sum(1 for op in instr[lp[0]:lp[1] + 1] if op.split(".")[0] in ("HGMMA", "HMMA"))
+
+    main = max(outer, key=lambda lp: (mma(lp), lp[1] - lp[0]))
+    nested = [lp for lp in loops if lp != main and main[0] <= lp[0] and lp[1] <= main[1]]
+    nested = [lp for lp in nested if not any(o != lp and o in nested and o[0] <= lp[0] and lp[1] <= o[1]
+                                             for o in nested)]  # the outermost ones inside main
+    trips = list(inner_trips) if isinstance(inner_trips, (list, tuple)) else [inner_trips]
+    trips = [max(int(t), 1) for t in trips] or [1]
+    weight = [1] * (main[1] - main[0] + 1)
+    for n, (a, b) in enumerate(nested):
+        for i in range(a, b + 1):
+            weight[i - main[0]] = trips[min(n, len(trips) - 1)]
+    ops: Dict[str, int] = {}
+    for w, op in zip(weight, instr[main[0]:main[1] + 1]):
+        base = op.split(".")[0]
+        if base != "NOP":
+            ops[base] = ops.get(base, 0) + w
+    out.update(sass_loop=sum(ops.values()), sass_loops_nested=len(nested), sass_opcodes=ops)
+    return out
+
+
 _REGS = re.compile(r"Used (\d+) registers")
 _SPILL = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
 _STACK = re.compile(r"(\d+) bytes stack frame")
@@ -580,6 +649,10 @@ def _compile_row(task) -> dict:
         per = tile[0] * tile[1] * meta.get("BLOCK_G", 1)
         row["per_score"] = threads / per  # loop counts -> per score
         row["ptx_per_score"] = round(row["loop_dynamic"] * threads / per, 2)
+        row.update(analyse_sass(c["sass"], inner_trips=trips))
+        # SASS per score only where its loop nest matches the PTX's (ptxas may unroll a loop)
+        same_nest = row["sass_loops_nested"] == len(row["inner_loops"])
+        row["sass_per_score"] = round(row["sass_loop"] * threads / per, 2) if row["sass_loop"] and same_nest else None
     row["compile_s"] = round(time.time() - t0, 1)
     return row
 
@@ -665,8 +738,9 @@ def _tile_key(r: dict) -> tuple:
 
 
 def _dropout_overhead(rows: List[dict]) -> List[str]:
-    """Markdown rows: PTX per score of each kernel with dropout > 0 vs 0 in the same tile (warps and
-    stages included; a tile tried only with one of them has no row)."""
+    """Markdown rows: PTX (and SASS, where :func:`analyse_sass` counted it) per score of each kernel
+    with dropout > 0 vs 0 in the same tile (warps and stages included; a tile tried only with one
+    of them has no row)."""
     base = {_tile_key(r): r for r in rows if not r["error"] and r["dropout"] == 0}
     out = []
     for r in rows:
@@ -676,9 +750,11 @@ def _dropout_overhead(rows: List[dict]) -> List[str]:
         if b is None or not b["ptx_per_score"]:
             continue
         extra = 100.0 * (r["ptx_per_score"] / b["ptx_per_score"] - 1.0)
+        sa, sb = b.get("sass_per_score"), r.get("sass_per_score")
+        sass = f"{sa} | {sb} | {100.0 * (sb / sa - 1.0):+.0f} %" if sa and sb else "n/a | n/a | n/a"
         out.append(f"| sm_{r['arch']} | {r['dtype']} | {r['head_dim']} | {r['variant']} | {r['kernel']} "
                    f"| {r['tile']} {r['warps']}/{r['stages']} | {b['ptx_per_score']} | {r['ptx_per_score']} "
-                   f"| {extra:+.0f} % | {_opcode_delta(b, r)} |")
+                   f"| {extra:+.0f} % | {sass} | {_opcode_delta(b, r)} |")
     return out
 
 
@@ -854,24 +930,27 @@ def render(rows: List[dict], record: dict) -> str:
                   "Largest changes: the main-loop opcodes (type and rounding suffixes dropped) whose count per "
                   "score changes most with dropout -- where the overhead goes (Philox-4x32-7: `mul.hi`, `xor`; "
                   "the keep mask: `setp`, `selp`, `and`; a mask moved between register layouts through shared "
-                  "memory: `st.shared`, `ld.shared`, `bar`).", "",
+                  "memory: `st.shared`, `ld.shared`, `bar`).  SASS: the same loop in the machine code ptxas "
+                  "makes of it (`nvdisasm`; ptxas fuses `xor` pairs into `LOP3` and multiplies into `IMAD`): "
+                  "what the GPU issues; the target is stated in PTX.  n/a: ptxas changed the loop nest "
+                  "(unrolled a nested loop), so the counts would not compare.", "",
                   "| arch | dtype | d | variant | kernel | tile w/s | /score p=0 | /score p=0.1 | extra "
-                  "| largest changes /score |",
-                  "|---|---|---|---|---|---|---:|---:|---:|---|", *over]
+                  "| SASS /score p=0 | SASS p=0.1 | SASS extra | largest changes /score (PTX) |",
+                  "|---|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---|", *over]
     lines += _bwd_lines(rows)
     lines += _tile_lines(rows)
     for arch in sorted({r["arch"] for r in rows}, reverse=True):
         lines += ["", f"## sm_{arch}{'a' if arch == 90 else ''}", "",
                   "| dtype | d | variant | p | kernel | tile w/s | regs | spill | smem KiB | wgmma | mma "
-                  "| loop PTX | /score | ptxas warnings |",
-                  "|---|---:|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+                  "| loop PTX | /score | SASS /score | ptxas warnings |",
+                  "|---|---:|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
         for r in rows:
             if r["arch"] != arch:
                 continue
             head = (f"| {r['dtype']} | {r['head_dim']} | {r['variant']} | {r['dropout']:g} | {r['kernel']} "
                     f"| {r['tile']} {r['warps']}/{r['stages']} ")
             if r["error"]:
-                lines.append(head + f"| error: {r['error']} | | | | | | | | |")
+                lines.append(head + f"| error: {r['error']} | | | | | | | | | |")
                 continue
             trips = r.get("inner_trips", 1)
             trips = list(trips) if isinstance(trips, (list, tuple)) else [trips]
@@ -879,7 +958,8 @@ def render(rows: List[dict], record: dict) -> str:
                      + ")") if r["inner_loops"] else ""
             lines.append(head + f"| {r['registers']} | {r['spill_stores']}/{r['spill_loads']} "
                          f"| {r['shared'] / 1024:.1f} | {r['loop_wgmma']}/{r['wgmma']} | {r['loop_mma']}/{r['mma']} "
-                         f"| {r['loop_instructions']}{inner} | {r['ptx_per_score']} | {_warn_codes(r['warnings'])} |")
+                         f"| {r['loop_instructions']}{inner} | {r['ptx_per_score']} "
+                         f"| {r.get('sass_per_score') or 'n/a'} | {_warn_codes(r['warnings'])} |")
     lines += ["", provenance.markdown(record)]
     return "\n".join(lines)
 

@@ -50,6 +50,39 @@ def test_analyse_ptx_finds_the_main_loop_and_counts_nested_loops_per_trip():
     assert kr._inner_trips("rect_fwd", {"BLOCK_D": 64}, 64) == 1
 
 
+SASS = """
+	.target	sm_90a
+        .global         k
+k:
+        /*0000*/                   LDC R1, c[0x0][0x28] ;
+        /*0010*/               @P0 BRA `(.L_x_0) ;
+.L_x_1:
+        /*0020*/                   HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], RZ ;
+        /*0030*/                   LOP3.LUT R2, R3, R4, R5, 0x96, !PT ;
+.L_x_2:
+        /*0040*/                   FADD R6, R7, -R8 ;
+        /*0050*/              @!P2 BRA `(.L_x_2) ;
+        /*0060*/                   IMAD.WIDE.U32 R10, R11, 0x3, RZ ;
+        /*0070*/                   NOP ;
+        /*0080*/               @P3 BRA `(.L_x_1) ;
+.L_x_0:
+        /*0090*/                   EXIT ;
+.L_x_3:
+        /*00a0*/                   BRA `(.L_x_3);
+"""
+
+
+def test_analyse_sass_finds_the_main_loop_in_the_machine_code():
+    """Backward branches are loops; the main loop (with the HGMMA) counts its nested loop x its
+    trips; NOP padding, code outside the loop and the trailing self-branch are not counted."""
+    a = kr.analyse_sass(SASS, inner_trips=10)
+    # .L_x_1 .. the BRA to it: HGMMA, LOP3, (FADD, BRA) x 10, IMAD, BRA (NOP dropped)
+    assert a["sass_loops_nested"] == 1
+    assert a["sass_opcodes"] == {"HGMMA": 1, "LOP3": 1, "FADD": 10, "BRA": 11, "IMAD": 1}
+    assert a["sass_loop"] == 24
+    assert kr.analyse_sass("")["sass_loop"] == 0
+
+
 def test_loop_opcodes_count_the_main_loop_per_iteration():
     """The opcode histogram of the main loop: guard predicates and type suffixes dropped, the
     nested loop's opcodes x its trips, nothing outside the loop (mov, ret); it sums to loop_dynamic."""
@@ -129,9 +162,10 @@ def test_dropout_overhead_and_tile_choices_with_several_tiles_per_launch():
             dict(base, dropout=0.0, tile="128x32", warps=4, stages=4, spill_stores=0, ptx_per_score=15.5),
             dict(base, dropout=0.1, warps=4, stages=3, spill_stores=136, ptx_per_score=28.0),
             dict(base, dropout=0.1, warps=8, stages=3, spill_stores=0, ptx_per_score=25.5)]
+    rows[1]["sass_per_score"], rows[4]["sass_per_score"] = 16.0, 20.0  # SASS counted for that pair only
     over = kr._dropout_overhead(rows)
-    assert over == ["| sm_80 | fp16 | 64 | rela_enc | rect_fwd | 128x64 4/3 | 14.0 | 28.0 | +100 % |  |",
-                    "| sm_80 | fp16 | 64 | rela_enc | rect_fwd | 128x64 8/3 | 17.0 | 25.5 | +50 % |  |"]
+    assert over == ["| sm_80 | fp16 | 64 | rela_enc | rect_fwd | 128x64 4/3 | 14.0 | 28.0 | +100 % | n/a | n/a | n/a |  |",
+                    "| sm_80 | fp16 | 64 | rela_enc | rect_fwd | 128x64 8/3 | 17.0 | 25.5 | +50 % | 16.0 | 20.0 | +25 % |  |"]
     p0, p1 = kr.tile_choices(rows)
     assert (p0["first"], p0["best"], p0["clean"], p0["tiles"]) == (rows[0], rows[2], 2, 3)
     assert (p1["first"], p1["best"], p1["clean"], p1["tiles"]) == (rows[3], rows[4], 1, 2)

@@ -10,6 +10,7 @@ is not installed (``pip install -e .[gpu]``); the backend-selection errors are t
 import argparse
 import logging
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -343,6 +344,95 @@ def test_rect_backward_selection(monkeypatch):
         tk.rect_backward()
     with pytest.raises(ValueError, match="valid choices: auto, fused, split"):
         tk.set_rect_backward("fast")
+
+
+def _philox7(seed, c0):
+    """Philox-4x32-7 (Salmon et al. 2011) in numpy, written from the paper -- the kernels' is
+    checked against it: key ``(seed, 0)``, counters ``(c0, 0, 0, 0)``."""
+    m32 = np.uint64(0xFFFFFFFF)
+    c0 = c0.astype(np.uint64)
+    c1, c2, c3 = (np.zeros_like(c0) for _ in range(3))
+    k0, k1 = np.uint64(seed & 0xFFFFFFFF), np.uint64(seed >> 32)
+    for _ in range(7):
+        p0, p1 = np.uint64(0xCD9E8D57) * c2, np.uint64(0xD2511F53) * c0  # < 2**64: exact
+        c0, c1, c2, c3 = ((p0 >> np.uint64(32)) ^ c1 ^ k0) & m32, p0 & m32, ((p1 >> np.uint64(32)) ^ c3 ^ k1) & m32, p1 & m32
+        k0, k1 = (k0 + np.uint64(0x9E3779B9)) & m32, (k1 + np.uint64(0xBB67AE85)) & m32
+    return c0, c1, c2, c3
+
+
+def reference_keep(BH, T, S, p, seed):
+    """The dropout mask as the package docstring defines it, ``(BH, T, S)`` bool (True = kept):
+    key ``j = 64 g + 8 k + 2 c + e`` of query ``i`` takes byte ``2 (k % 2) + e`` of word ``k // 2``
+    of the Philox call with counter ``(i * ceil(S / 64) + g) * 4 + c`` and key ``seed + bh``."""
+    i, j = np.arange(T)[:, None], np.arange(S)[None, :]
+    g, k, c, e = j // 64, (j % 64) // 8, (j % 8) // 2, j % 2
+    cnt = (i * ((S + 63) // 64) + g) * 4 + c
+    byte_shift = (8 * (2 * (k % 2) + e)).astype(np.uint64)
+    out = []
+    for bh in range(BH):
+        word = np.choose(np.broadcast_to(k // 2, cnt.shape), _philox7(seed + bh, cnt))
+        out.append(((word >> byte_shift) & np.uint64(255)) >= round(p * 256))
+    return torch.from_numpy(np.stack(out))
+
+
+@needs_triton
+@pytest.mark.parametrize("how", tk.KEEP_GENERATORS)
+@pytest.mark.parametrize("blocks", [(16, 16), (16, 32), (32, 64), (16, 128)])
+def test_dropout_mask_matches_its_definition(interp, how, blocks):
+    """Each of the kernels' three mask generators (per score for the tensor-core layout; packed
+    with reordered keys for the transposed backward; compact for E-ATT), at every key-tile width
+    they support, writes exactly the mask the docstring defines (numpy Philox); S = 150 is not a
+    multiple of 64, T = 37 not of the query tile."""
+    BH, T, S, p, seed = 3, 37, 150, 0.3, 12345
+    mask = tk.dropout_keep_mask(BH, T, S, p, seed, blocks=blocks, how=how)
+    ref = reference_keep(BH, T, S, tk._dropout_rate(p), seed)
+    assert torch.equal(mask, ref)
+    assert 0.27 < 1 - ref.double().mean() < 0.33  # 77/256 = 0.301 dropped
+
+
+def test_dropout_keep_mask_bad_arguments(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    with pytest.raises(ValueError, match="how must be one of mma, packed, compact"):
+        tk.dropout_keep_mask(1, 4, 4, 0.1, 1, how="transposed")
+    with pytest.raises(ValueError, match="BLOCK_N 16, 32 or a power of two >= 64"):
+        tk.dropout_keep_mask(1, 4, 4, 0.1, 1, blocks=(16, 48))
+    with pytest.raises(ValueError, match=r"dropout_p must be in \[0, 1\)"):
+        tk.dropout_keep_mask(1, 4, 4, 1.0, 1)
+    with pytest.raises(ValueError, match=r"seed must be in \[0, 2\*\*30\)"):
+        tk.dropout_keep_mask(1, 4, 4, 0.1, -1)
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [F64, torch.float16], ids=["f64", "f16"])
+@pytest.mark.parametrize("stats", [True, False], ids=["stats", "plain"])
+def test_rectified_dropout_against_its_mask_with_wide_key_tiles(interp, bwd, monkeypatch, stats, dtype):
+    """Output and gradients against autograd through the mask :func:`dropout_keep_mask` writes,
+    with 64-wide key tiles: the transposed backward kernels then load each key tile in the
+    reordered (packed) order -- K, V, dK, dV, the key padding and the causal test all follow it;
+    the forward and dQ kernels generate the mask per score (float16: the tensor-core path) or
+    compactly (float64: IEEE products).  Causal + left padding, S = 100 (a partial second
+    tile), T = 40 (T != S)."""
+    monkeypatch.setattr(tk._kernels(True), "INTERPRET_BLOCKS", {"BLOCK_M": 32, "BLOCK_N": 64})
+    B, H, T, S, d, p = 2, 2, 40, 100, 16, 0.25
+    tol = {} if dtype == F64 else dict(rtol=2e-2, atol=2e-2)
+    q, k, v = qkv(B, H, T, S, d, dtype, seed=4)
+    mask = make_mask("left", B, H, T, S)  # (B, 1, 1, S): the key-padding mode, with causal=True
+    torch.manual_seed(11)
+    seed = int(torch.randint(0, 2**30, (1,)).item())  # the draw relu_attention makes (_seed)
+    torch.manual_seed(11)
+    res = tk.relu_attention(q, k, v, 0.7, mask=mask, dropout_p=p, need_stats=stats, causal=True)
+    out = res[0] if stats else res
+    keep = tk.dropout_keep_mask(B * H, T, S, p, seed).view(B, H, T, S)
+    blocked = mask | torch.ones(T, S, dtype=torch.bool).triu(S - T + 1)
+    q64, k64, v64 = (x.detach().double().requires_grad_() for x in (q, k, v))
+    s = torch.relu(0.7 * q64 @ k64.transpose(-1, -2)).masked_fill(blocked, 0.0)
+    ref = (s * keep / (1 - tk._dropout_rate(p))) @ v64
+    torch.testing.assert_close(out.double(), ref, **tol)
+    up = ref.detach().cos()
+    loss_ref = (ref * up).sum() + (s.sum(-1).sum() if stats else 0)
+    loss = (out.double() * up).sum() + (res[1][0].double().sum() if stats else 0)
+    for g, g_ref in zip(torch.autograd.grad(loss, (q, k, v)), torch.autograd.grad(loss_ref, (q64, k64, v64))):
+        torch.testing.assert_close(g.double(), g_ref, **tol)
 
 
 @needs_triton

@@ -157,12 +157,16 @@ def check_dropout(device, T, S, d, p=0.3, bwd=None):
     q, k, _ = inputs(1, 2, T, S, d, torch.float32, device)
     v = torch.eye(S, d, dtype=torch.float32, device=device).expand(1, 2, S, d).clone().requires_grad_()
     torch.manual_seed(0)
+    seed = int(torch.randint(0, 2**30, (1,)).item())  # the draw relu_attention makes
+    torch.manual_seed(0)
     with backward(bwd):
         out = tk.relu_attention(q, k, v, 1.0, dropout_p=p)
     rate = tk._dropout_rate(p)
     s = torch.relu(q.double() @ k.double().transpose(-1, -2)).detach()
     kept = out.detach()[..., :S] != 0
     live = s > 0
+    # the mask the kernel applied is the one dropout_keep_mask defines (tested against numpy on CPU)
+    assert torch.equal(kept[live], tk.dropout_keep_mask(2, T, S, p, seed, device=device).view(1, 2, T, S)[live])
     close(out.detach()[..., :S] * kept, (s / (1 - rate)) * kept, torch.float32, "survivors rescaled")
     dropped = 1 - kept[live].double().mean()
     assert abs(float(dropped) - rate) < 0.1, f"dropped {float(dropped):.3f} of the positive weights, rate {rate}"
@@ -315,6 +319,20 @@ def test_cuda_dropout_is_regenerated_and_tile_independent(compiled):
             for bwd in ("fused", "split"):
                 outs.append(check_dropout("cuda", 200, 128, 128, bwd=bwd))
     assert all(torch.equal(outs[0], o) for o in outs[1:])
+
+
+@needs_cuda
+def test_cuda_dropout_mask_generators_agree(compiled, monkeypatch):
+    """The three compiled mask generators (per score, packed, compact; inline-assembly barrier
+    included) at every key-tile width give one mask, the interpreter's (which
+    test_triton_attention holds to a numpy Philox)."""
+    BH, T, S, p, seed = 3, 300, 333, 0.3, 4321
+    masks = {(how, blocks): tk.dropout_keep_mask(BH, T, S, p, seed, device="cuda", blocks=blocks, how=how).cpu()
+             for how in tk.KEEP_GENERATORS for blocks in ((16, 16), (32, 32), (64, 64), (128, 128))}
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    ref = tk.dropout_keep_mask(BH, T, S, p, seed, blocks=(64, 64))
+    for key, m in masks.items():
+        assert torch.equal(m, ref), key
 
 
 @needs_cuda

@@ -71,10 +71,16 @@ tail, as FlashAttention schedules causal tiles).  The attention module passes th
 decoder's future mask this way (``causal=True`` with the key padding, mode 1), not as a general
 mask (:mod:`fairseq_plugins.attention.masks`).  Fully masked rows give exact zeros (output, statistics,
 gradients), as do rows without a positive score (null attention).  Attention dropout draws
-one Philox-4x32-7 call (7 rounds, as FlashAttention-2) (key ``seed + b*H + h``, counter ``i * ceil(S/16) + j // 16``) per 16
-scores of a row and drops score ``(i, j)`` when its random byte is below ``256 p`` (FlashAttention-2's
-scheme; ``p`` is rounded to a multiple of 1/256, see ``_dropout_rate``): the backward regenerates
-the forward's mask without storing it; ``seed`` comes from torch's default generator (``torch.manual_seed`` makes a
+one Philox-4x32-7 call (7 rounds, as FlashAttention-2; key ``seed + b*H + h``) per 16 scores of a
+row, one byte per score, and drops score ``(i, j)`` when its byte is below ``256 p``
+(FlashAttention-2's scheme; ``p`` is rounded to a multiple of 1/256, see ``_dropout_rate``).  The
+16 keys of a call are ``j = 64 g + 8 k + 2 c + e`` for fixed ``(i, g, c)`` -- the columns one thread
+holds of a row in the tensor-core accumulator layout, so the forward and ``dQ`` kernels share
+each call among a thread's scores with no data movement; the backward kernels that hold the
+scores transposed load their key tiles in an order where a call's bytes are adjacent
+(``_keep_packed``), E-ATT's permute them once (``_kernels.py``: ``_keep``;
+:func:`dropout_keep_mask` writes the mask out).  The backward regenerates the forward's mask
+without storing it; ``seed`` comes from torch's default generator (``torch.manual_seed`` makes a
 call reproducible).  Requires ``T * S < 2**31``.
 
 Precision: tiles are loaded in the input dtype (bf16/fp16/fp32/fp64); scores, statistics and
@@ -104,7 +110,7 @@ import torch
 
 __all__ = ["relu_attention", "l1_softmax_attention", "triton_available", "interpret_requested",
            "self_test", "compile_offline", "set_rect_backward", "rect_backward", "ACTIVATIONS",
-           "MAX_HEAD_DIM", "FAMILIES", "RECT_BACKWARDS"]
+           "MAX_HEAD_DIM", "FAMILIES", "RECT_BACKWARDS", "dropout_keep_mask", "KEEP_GENERATORS"]
 
 #: activations of :func:`relu_attention` -> kernel code (0 ReLU, 1 GeLU, 2 Leaky ReLU 0.01)
 ACTIVATIONS = {"relu": 0, "gelu": 1, "leaky_relu": 2}
@@ -296,6 +302,48 @@ def _dropout_rate(dropout_p: float) -> float:
 def _seed(dropout_p: float) -> int:
     # < 2**30: seed + b*H + h stays inside int32 in the kernels
     return int(torch.randint(0, 2**30, (1,)).item()) if dropout_p > 0 else 0
+
+
+#: the dropout-mask generators of the kernels (:func:`dropout_keep_mask`)
+KEEP_GENERATORS = ("mma", "packed", "compact")
+
+
+def dropout_keep_mask(BH: int, T: int, S: int, dropout_p: float, seed: int, device="cpu",
+                      blocks=(16, 16), how: str = "mma") -> torch.Tensor:
+    """The attention-dropout mask the fused kernels apply for ``seed``, as a ``(BH, T, S)`` bool
+    tensor (True = kept; ``BH`` = batch x heads).  It depends on ``(seed, b*H + h, i, j)`` and
+    ``dropout_p`` only -- not on the tiles, their orientation or the kernel (forward, backward):
+    ``blocks = (BLOCK_M, BLOCK_N)`` (``BLOCK_N`` 16, 32 or a multiple of 64) and ``how`` select
+    how it is generated, for tests of exactly that: one of :data:`KEEP_GENERATORS` (``mma``:
+    per score, for the tensor-core accumulator layout; ``packed``: one Philox call per compact
+    tile entry, keys reordered, as the transposed backward kernels load them; ``compact``: the
+    same put back in key order, as E-ATT's kernels use it).  ``dropout_p`` is applied as
+    :func:`_dropout_rate` rounds it.  Compiled on CUDA, interpreted elsewhere (``TRITON_INTERPRET=1``).
+
+    Raises:
+        ValueError: ``dropout_p`` outside ``[0, 1)``, ``T * S >= 2**31``, ``seed`` outside
+            ``[0, 2**30)``, ``blocks`` not one of the shapes above or ``how`` not one of
+            :data:`KEEP_GENERATORS`.
+        RuntimeError: as :func:`relu_attention` (no triton; not CUDA and no ``TRITON_INTERPRET=1``).
+    """
+    if not 0.0 <= float(dropout_p) < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    if T * S >= 2**31:
+        raise ValueError(f"T * S must be < 2**31 (dropout offsets), got T {T}, S {S}")
+    if not 0 <= int(seed) < 2**30:
+        raise ValueError(f"seed must be in [0, 2**30), got {seed}")
+    bm, bn = (int(b) for b in blocks)
+    if bm < 16 or bm & (bm - 1) or not (bn in (16, 32) or (bn >= 64 and bn & (bn - 1) == 0)):
+        raise ValueError(f"blocks must be (BLOCK_M, BLOCK_N) with BLOCK_M a power of two >= 16 and "
+                         f"BLOCK_N 16, 32 or a power of two >= 64, got {blocks}")
+    if how not in KEEP_GENERATORS:
+        raise ValueError(f"how must be one of {', '.join(KEEP_GENERATORS)}, got {how!r}")
+    out = torch.zeros(BH, T, S, dtype=torch.uint8, device=device)
+    interpret = _mode(out)
+    grid = (BH, -(-T // bm), -(-S // bn))
+    _kernels(interpret).keep_mask[grid](out, T, S, _dropout_rate(dropout_p), int(seed), HOW=KEEP_GENERATORS.index(how),
+                                        BLOCK_M=bm, BLOCK_N=bn)
+    return out.bool()
 
 
 # --------------------------------------------------------------------------------------------

@@ -41,6 +41,8 @@ except AttributeError:  # pragma: no cover - older triton reads the variable dir
 INTERPRET_BLOCKS = {"BLOCK_M": 16, "BLOCK_N": 16}
 #: rounds of the dropout's Philox-4x32 (FlashAttention-2: 7; curand / ``tl.randint4x``: 10)
 PHILOX_ROUNDS = tl.constexpr(7)
+#: compiled (not interpreted): inline assembly is available (see ``_opaque``)
+COMPILED = tl.constexpr(not INTERPRET)
 #: smallest positive float32 normal: ``log(max(s, TINY))`` is finite, and exact where it matters
 TINY = tl.constexpr(1.1754943508222875e-38)
 
@@ -220,25 +222,152 @@ def _philox(seed, c0):
     return c0, c1, c2, c3
 
 
+# Attention dropout (issue 28).  The mask is one function of (seed, i, j) -- below -- generated
+# three ways, each for the register layout of the kernels that use it, so that no kernel runs
+# more than one Philox call per 16 scores or moves more than one byte per score:
+#   _keep          per score, in the tensor-core accumulator layout (rect_fwd, rect_bwd_q)
+#   _keep_packed   one call per compact tile entry, keys reordered (_key_order: rect_bwd(_kv),
+#                  whose scores are transposed, load their key tiles in that order)
+#   _keep_compact  _keep_packed put back in natural key order (E-ATT: scores on CUDA cores)
+# dropout_keep_mask (the package) writes the mask out with each; tests hold them to a reference.
+
+
+@triton.jit
+def _opaque(x):
+    """``x`` (a uint32 tile) unchanged.  Compiled, through an empty ``mov``: LLVM cannot narrow
+    the Philox words to the bits each score's byte needs (it re-ran the last rounds' ``mul.lo`` /
+    ``xor`` chains once per byte instead of sharing them: +2.3 PTX per score in ``rect_fwd``,
+    sm_90a d 64); ptxas drops the ``mov``.  Interpreted (no inline assembly there): ``x`` itself."""
+    if COMPILED:
+        x = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=tl.uint32, is_pure=True, pack=1)
+    return x
+
+
+@triton.jit
+def _threshold(dropout_p):
+    """``256 p`` as uint32, shape ``[1]``: a score is dropped when its random byte is below it
+    (exact: ``p`` is a multiple of 1/256, see ``_dropout_rate``)."""
+    return (tl.full([1], 0.0, tl.float32) + dropout_p * 256.0).to(tl.int32).to(tl.uint32)
+
+
+@triton.jit
+def _counter(seed, offs_m, g, c, S):
+    """The four Philox words of dropout group ``(i, g, c)`` (query ``offs_m``, 64-key block ``g``,
+    column class ``c``; tiles that broadcast): counter ``(i * ceil(S / 64) + g) * 4 + c``, key
+    ``seed``.  See :func:`_keep` for which score takes which byte."""
+    cnt = (offs_m * ((S + 63) // 64) + g) * 4 + c
+    r0, r1, r2, r3 = _philox(seed, cnt.to(tl.uint32))
+    return _opaque(r0), _opaque(r1), _opaque(r2), _opaque(r3)
+
+
 @triton.jit
 def _keep(seed, offs_m, n0, S, dropout_p, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """``(BLOCK_M, BLOCK_N)`` bool: score ``(i, j)`` (query ``offs_m[i]``, key ``n0 + j``) survives
-    dropout.  One Philox call per 16 scores of a row (FlashAttention-2's scheme): counter
-    ``i * ceil(S / 16) + j // 16``, its 4 words hold the 16 scores' random bytes (score ``j`` byte
-    ``j % 4`` of word ``(j // 4) % 4``); a score is dropped when its byte is ``< 256 p`` (``p`` a
-    multiple of 1/256, see ``_dropout_rate``).  A function of ``(seed, i, j)`` only: every tile
-    shape and orientation regenerates the same mask.  ``n0`` and ``BLOCK_N`` are multiples of 16."""
-    G: tl.constexpr = BLOCK_N // 16
-    cnt = offs_m[:, None] * ((S + 15) // 16) + (n0 // 16 + tl.arange(0, G))[None, :]
-    r0, r1, r2, r3 = _philox(seed, cnt.to(tl.uint32))
-    w = tl.reshape(tl.join(tl.join(r0, r1), tl.join(r2, r3)), [BLOCK_M, BLOCK_N // 4])  # word 4g+k: r_k
-    t = (tl.full([1], 0.0, tl.float32) + dropout_p * 256.0).to(tl.int32).to(tl.uint32)  # exact: p = t / 256
-    # byte b of w >= t  <=>  (w & (255 << 8b)) >= t << 8b: no shifts of w
-    k0 = (w & 0xFF) >= t
-    k1 = (w & 0xFF00) >= (t << 8)
-    k2 = (w & 0xFF0000) >= (t << 16)
-    k3 = w >= (t << 24)
-    return tl.reshape(tl.join(tl.join(k0, k1), tl.join(k2, k3)), [BLOCK_M, BLOCK_N])
+    """``(BLOCK_M, BLOCK_N)`` bool: score ``(i, j)`` (query ``offs_m[i]``, key ``j = n0 + jj``)
+    survives dropout -- *the* definition of the mask.  One Philox-4x32-7 call per 16 scores of
+    a row, one byte per score (FlashAttention-2's scheme): key ``j = 64 g + 8 k + 2 c + e``
+    (``k < 8``, ``c < 4``, ``e < 2``) draws byte ``2 (k % 2) + e`` of word ``k // 2`` of group
+    ``(i, g, c)`` (:func:`_counter`) and is dropped when that byte is ``< 256 p`` (``p`` a
+    multiple of 1/256, see ``_dropout_rate``).  A group's keys ``8k + 2c + e`` are the columns
+    one thread holds of a row in the ``wgmma`` / ``mma`` accumulator layout, so compiled here,
+    per score, each call is shared by the thread's 16 scores and no data moves.  Depends on
+    ``(seed, i, j)`` only.  ``n0`` is a multiple of ``BLOCK_N``, which is 16, 32 or a multiple
+    of 64."""
+    jj = tl.arange(0, BLOCK_N)[None, :]
+    offs_m = offs_m[:, None]
+    c = (jj % 8) // 2
+    if BLOCK_N >= 64:  # n0 % 64 == 0
+        r0, r1, r2, r3 = _counter(seed, offs_m, n0 // 64 + jj // 64, c, S)
+        k = (jj % 64) // 8
+        w = tl.where(k < 4, tl.where(k < 2, r0, r1), tl.where(k < 6, r2, r3))
+    elif BLOCK_N == 32:  # words 0, 1 (n0 % 64 = 0) or 2, 3
+        r0, r1, r2, r3 = _counter(seed, offs_m, n0 // 64, c, S)
+        lo = (n0 % 64) == 0
+        w = tl.where(jj < 16, tl.where(lo, r0, r2), tl.where(lo, r1, r3))
+    else:  # BLOCK_N == 16: word (n0 % 64) // 16
+        r0, r1, r2, r3 = _counter(seed, offs_m, n0 // 64, c, S)
+        q = (n0 % 64) // 16
+        w = tl.where(q < 2, tl.where(q == 0, r0, r1), tl.where(q == 2, r2, r3))
+    byte = (w >> ((((jj // 8) % 2) * 2 + jj % 2) * 8).to(tl.uint32)) & 0xFF
+    return byte >= _threshold(dropout_p)
+
+
+@triton.jit
+def _kb(w, b: tl.constexpr, t):
+    """Byte ``b`` of the uint32 tile ``w`` is ``>= t``: the score it draws for survives."""
+    return (w & (0xFF << (8 * b))) >= (t << (8 * b))  # no shift of w
+
+
+@triton.jit
+def _key_order(BLOCK_N: tl.constexpr):
+    """``(BLOCK_N,)`` int32: the key order of :func:`_keep_packed` -- position ``rho`` of a key tile
+    holds its key ``64 g + 8 k + 2 c + e`` for ``rho = (g, c, k, e)`` (``g`` the 64-key block,
+    ``c < 4``, ``k < min(BLOCK_N, 64) / 8``, ``e < 2``; ``e`` fastest)."""
+    KL: tl.constexpr = (BLOCK_N if BLOCK_N < 64 else 64) // 8
+    rho = tl.arange(0, BLOCK_N)
+    r = rho % (8 * KL)
+    return (rho // (8 * KL)) * 64 + ((r % (2 * KL)) // 2) * 8 + (r // (2 * KL)) * 2 + rho % 2
+
+
+@triton.jit
+def _keep_packed(seed, offs_m, n0, S, dropout_p, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """:func:`_keep` with its key columns in :func:`_key_order`: ``(BLOCK_M, BLOCK_N)``, column
+    ``rho`` = key ``n0 + _key_order(BLOCK_N)[rho]``.  In that order a group's 16 bytes are
+    adjacent: the Philox calls run on a compact ``(BLOCK_M, BLOCK_N / 16)`` tile, one per call,
+    and joins lay out the words and then their bytes (``tl.join`` appends its axis, so the inner
+    joins make the outer axis: ``join(join(a, c), join(b, d))`` is ``a, b, c, d``)."""
+    offs_m = offs_m[:, None]
+    if BLOCK_N >= 64:
+        gc = tl.arange(0, (BLOCK_N // 64) * 4)[None, :]  # (64-key block, column class)
+        r0, r1, r2, r3 = _counter(seed, offs_m, n0 // 64 + gc // 4, gc % 4, S)
+        w = tl.join(tl.join(r0, r2), tl.join(r1, r3))
+    elif BLOCK_N == 32:  # words 0, 1 (n0 % 64 = 0) or 2, 3
+        c = tl.arange(0, 4)[None, :]
+        r0, r1, r2, r3 = _counter(seed, offs_m, n0 // 64, c, S)
+        lo = (n0 % 64) == 0
+        w = tl.join(tl.where(lo, r0, r2), tl.where(lo, r1, r3))
+    else:  # BLOCK_N == 16: word (n0 % 64) // 16
+        c = tl.arange(0, 4)[None, :]
+        r0, r1, r2, r3 = _counter(seed, offs_m, n0 // 64, c, S)
+        q = (n0 % 64) // 16
+        w = tl.where(q < 2, tl.where(q == 0, r0, r1), tl.where(q == 2, r2, r3))
+    w = tl.reshape(w, [BLOCK_M, BLOCK_N // 4])
+    t = _threshold(dropout_p)
+    return tl.reshape(tl.join(tl.join(_kb(w, 0, t), _kb(w, 2, t)), tl.join(_kb(w, 1, t), _kb(w, 3, t))),
+                      [BLOCK_M, BLOCK_N])
+
+
+@triton.jit
+def _keep_compact(seed, offs_m, n0, S, dropout_p, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """:func:`_keep` (natural key order) from :func:`_keep_packed`'s compact calls, its columns
+    put back in place by a permutation (the bytes move once): for kernels whose scores are in
+    neither layout (E-ATT's, on CUDA cores), where per-score generation would repeat each call."""
+    G: tl.constexpr = BLOCK_N // 64 if BLOCK_N >= 64 else 1
+    KL: tl.constexpr = (BLOCK_N if BLOCK_N < 64 else 64) // 8
+    v = tl.reshape(_keep_packed(seed, offs_m, n0, S, dropout_p, BLOCK_M, BLOCK_N), [BLOCK_M, G, 4, KL, 2])
+    return tl.reshape(tl.permute(v, (0, 1, 3, 2, 4)), [BLOCK_M, BLOCK_N])
+
+
+@triton.jit
+def keep_mask(OUT, T, S, dropout_p, seed, HOW: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The dropout mask the attention kernels apply, written out: ``OUT (B*H, T, S)`` uint8,
+    1 = kept.  One program per ``(b*H + h, query tile, key tile)``; ``HOW`` the generator:
+    0 :func:`_keep`, 1 :func:`_keep_packed` (keys in :func:`_key_order`), 2 :func:`_keep_compact`
+    -- the same mask, or a kernel's backward would not match its forward."""
+    bh = tl.program_id(0)
+    offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    n0 = tl.program_id(2) * BLOCK_N
+    if HOW == 1:
+        offs_n = n0 + _key_order(BLOCK_N)
+        k = _keep_packed(seed + bh, offs_m, n0, S, dropout_p, BLOCK_M, BLOCK_N)
+    elif HOW == 2:
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        k = _keep_compact(seed + bh, offs_m, n0, S, dropout_p, BLOCK_M, BLOCK_N)
+    else:
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        k = _keep(seed + bh, offs_m, n0, S, dropout_p, BLOCK_M, BLOCK_N)
+    tl.store(OUT + bh.to(tl.int64) * T * S + offs_m[:, None] * S + offs_n[None, :], k.to(tl.uint8),
+             mask=(offs_m[:, None] < T) & (offs_n[None, :] < S))
 
 
 @triton.jit
@@ -427,7 +556,10 @@ def rect_fwd(Q, K, V, R, M, O, RS, RL,
             rsum += _rowsum(s, 1)
             rlog += _rowsum(s * tl.log(tl.maximum(s, TINY)), 1)
         if DROPOUT:  # 1 / (1 - p) applied to acc after the loop
-            s = tl.where(_keep(seed + bh, offs_m, n0, S, dropout_p, BLOCK_M, BLOCK_N), s, 0.0)
+            if PREC == "ieee":  # IEEE float32/64 products run on CUDA cores: not the mma layout
+                s = tl.where(_keep_compact(seed + bh, offs_m, n0, S, dropout_p, BLOCK_M, BLOCK_N), s, 0.0)
+            else:
+                s = tl.where(_keep(seed + bh, offs_m, n0, S, dropout_p, BLOCK_M, BLOCK_N), s, 0.0)
         acc = _dot(s.to(v.dtype), v, acc, PREC, UPCAST)
     if DROPOUT:
         acc = acc * _inv_keep(dropout_p, ACC)
@@ -465,7 +597,10 @@ def _rect_bwd(Q, K, V, R, M, DO, GS, GL, DQ, DK, DV,
     bh = pid // num_n
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    if DROPOUT:  # the tile's keys in _keep_packed's order: its mask needs no reordering
+        offs_n = pid_n * BLOCK_N + _key_order(BLOCK_N)
+    else:
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     col_ok = offs_n < S
     d_ok = offs_d < D
@@ -508,7 +643,7 @@ def _rect_bwd(Q, K, V, R, M, DO, GS, GL, DQ, DK, DV,
         st = tl.where(ok, _act(xt, ACT), 0.0)
         dpt = _dot(v, tl.trans(do), tl.full([BLOCK_N, BLOCK_M], 0.0, ACC), PREC, UPCAST).to(ACC)  # GEMM 2
         if DROPOUT:  # 1 / (1 - p): dV's after the loop, dX's in rd (STATS: here)
-            keep = tl.trans(_keep(seed + bh, offs_m, pid_n * BLOCK_N, S, dropout_p, BLOCK_M, BLOCK_N))
+            keep = tl.trans(_keep_packed(seed + bh, offs_m, pid_n * BLOCK_N, S, dropout_p, BLOCK_M, BLOCK_N))
             pt = tl.where(keep, st, 0.0)
             if STATS:
                 dpt = tl.where(keep, dpt * inv_keep, 0.0)
@@ -598,7 +733,10 @@ def rect_bwd_q(Q, K, V, R, M, DO, GS, GL, DQ,
         ok = _valid(offs_m, offs_n, T, S, m_base, s_mt, s_ms, MASK_MODE, CAUSAL)
         dp = _dot(do, vt, tl.full([BLOCK_M, BLOCK_N], 0.0, ACC), PREC, UPCAST).to(ACC)
         if DROPOUT:
-            keep = _keep(seed + bh, offs_m, n0, S, dropout_p, BLOCK_M, BLOCK_N)
+            if PREC == "ieee":  # CUDA-core products (see rect_fwd)
+                keep = _keep_compact(seed + bh, offs_m, n0, S, dropout_p, BLOCK_M, BLOCK_N)
+            else:
+                keep = _keep(seed + bh, offs_m, n0, S, dropout_p, BLOCK_M, BLOCK_N)
             if STATS:
                 dp = tl.where(keep, dp * inv_keep, 0.0)
             else:
@@ -667,7 +805,7 @@ def l1_fwd(Q, K, V, M, O, LSE,
         alpha = tl.exp2(m_i - m_safe)
         l_i = l_i * alpha + _rowsum(p, 1)
         if DROPOUT:  # 1 / (1 - p) applied to acc after the loop
-            p = tl.where(_keep(seed + bh, offs_m, n0, S, dropout_p, BLOCK_M, BLOCK_N), p, 0.0)
+            p = tl.where(_keep_compact(seed + bh, offs_m, n0, S, dropout_p, BLOCK_M, BLOCK_N), p, 0.0)
         v = tl.load(v_base + offs_n[:, None] * s_vs + offs_d[None, :] * s_vd,
                     mask=col_ok[:, None] & d_ok[None, :], other=0.0)
         acc = acc * alpha[:, None]
@@ -734,7 +872,7 @@ def l1_bwd_kv(Q, K, V, M, DO, LSE, DELTA, DK, DV,
                      mask=row_ok[:, None] & d_ok[None, :], other=0.0)
         dpt = _dot(v, tl.trans(do), tl.full([BLOCK_N, BLOCK_M], 0.0, ACC), PREC, UPCAST).to(ACC)
         if DROPOUT:  # dV's 1 / (1 - p) after the loop
-            keep = tl.trans(_keep(seed + bh, offs_m, pid_n * BLOCK_N, S, dropout_p, BLOCK_M, BLOCK_N))
+            keep = tl.trans(_keep_compact(seed + bh, offs_m, pid_n * BLOCK_N, S, dropout_p, BLOCK_M, BLOCK_N))
             dv = _dot(tl.where(keep, pt, 0.0).to(do.dtype), do, dv, PREC, UPCAST)
             dpt = tl.where(keep, dpt * inv_keep, 0.0)
         else:
@@ -803,7 +941,7 @@ def l1_bwd_q(Q, K, V, M, DO, LSE, DELTA, DQ,
                      mask=col_ok[None, :] & d_ok[:, None], other=0.0)
         dp = _dot(do, vt, tl.full([BLOCK_M, BLOCK_N], 0.0, ACC), PREC, UPCAST).to(ACC)
         if DROPOUT:
-            keep = _keep(seed + bh, offs_m, n0, S, dropout_p, BLOCK_M, BLOCK_N)
+            keep = _keep_compact(seed + bh, offs_m, n0, S, dropout_p, BLOCK_M, BLOCK_N)
             dp = tl.where(keep, dp * inv_keep, 0.0)
         ds = p * (dp - delta[:, None])
         for dd in range(0, D):  # dq[:, dd] += sum_j dS_ij sign(q_id - k_jd)
