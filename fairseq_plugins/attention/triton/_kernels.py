@@ -312,8 +312,9 @@ def _key_order(BLOCK_N: tl.constexpr):
 def _keep_packed(seed, offs_m, n0, S, dropout_p, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """:func:`_keep` with its key columns in :func:`_key_order`: ``(BLOCK_M, BLOCK_N)``, column
     ``rho`` = key ``n0 + _key_order(BLOCK_N)[rho]``.  In that order a group's 16 bytes are
-    adjacent: the Philox calls run on a compact ``(BLOCK_M, BLOCK_N / 16)`` tile, one per call,
-    and joins lay out the words and then their bytes (``tl.join`` appends its axis, so the inner
+    adjacent: the Philox calls run on a compact ``(BLOCK_M, max(BLOCK_N / 16, 4))`` tile, one per
+    call (tiles of 32 or 16 keys use 2 or 1 of each call's 4 words: a call spans 64 keys), and
+    joins lay out the words and then their bytes (``tl.join`` appends its axis, so the inner
     joins make the outer axis: ``join(join(a, c), join(b, d))`` is ``a, b, c, d``)."""
     offs_m = offs_m[:, None]
     if BLOCK_N >= 64:
