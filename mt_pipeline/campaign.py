@@ -41,8 +41,9 @@ Commands (``mt-campaign``)::
 * ``run --launcher slurm``: one job per run through submitit (``submitit.AutoExecutor``;
   ``--partition``, ``--gpus-per-node``, ``--cpus-per-task``, ``--timeout-min``); ``--cluster local``
   uses submitit's local executor (what the tests run).  Needs the ``[cluster]`` extra.
-* After every finished run its evidence is committed-ready under ``results/runs/``
-  (:mod:`mt_pipeline.evidence`) and its tables are re-rendered; ``render`` does the same for every
+* After every finished run the ``analyses`` of every table showing it are run (:func:`analyse`:
+  E-ATT Table 4's energy of ReLA Table 1's softmax run too), its evidence is committed-ready under
+  ``results/runs/`` (:mod:`mt_pipeline.evidence`) and its tables are re-rendered; ``render`` does the same for every
   finished run and writes the claims' verdicts between ``<!-- mt-campaign:begin -->`` and
   ``<!-- mt-campaign:end -->`` in ``results/README.md``.
 
@@ -351,16 +352,42 @@ def estimate_minutes(run: Run, records: List[Dict], device: str, jobs: int,
 # ---------------------------------------------------------------------------------------------
 # after a run: evidence and tables
 
+def analyse(plan: Dict, run: Run) -> List[str]:
+    """Run the ``analyses`` of every plan table that shows ``run`` (its own table's and, for a run
+    another table reuses through a row's ``run:``, that table's: E-ATT Table 4's energy of
+    ReLA Table 1's softmax run) on the finished run, those not done yet
+    (:func:`mt_pipeline.tables.run_analyses`); returns the files written.  A failing analysis
+    is logged, never raised: it must not stop the campaign, and the table shows "n/a" for it."""
+    written = []
+    for table in run.tables:
+        spec = plan["_specs"][table]
+        for row in spec["rows"]:
+            if not spec.get("analyses") or tables.run_dir(spec, row, run.seed) != run.dir:
+                continue
+            try:
+                written += tables.run_analyses(spec, row, run.seed)
+            except Exception as err:  # noqa: BLE001 - never stop the campaign
+                log(f"analyses of {table} row {row['id']} on {run.key} failed: {type(err).__name__}: {err}")
+    return written
+
+
 def collect(plan: Dict, runs: Optional[List[Run]] = None) -> List[str]:
-    """Export the evidence of every finished run (of ``runs``, default the whole plan) whose run
-    directory is here; returns the evidence directories written."""
+    """Run the missing analyses (:func:`analyse`) of every finished run (of ``runs``, default the
+    whole plan) whose run directory is here and export its evidence, unless the committed
+    evidence is newer than the run's ``result.json`` and every ``analysis_*.json`` beside it;
+    returns the evidence directories written."""
     out = []
     for run in runs or plan["_runs"]:
         res = _read_json(os.path.join(run.dir, "result.json"))
         if res is None:
             continue
+        if res.get("status") == "done":
+            for path in analyse(plan, run):
+                log(f"analysis of {run.key}: {repo_relative(path)}")
         ev = os.path.join(evidence.evidence_dir(run.dir, run.regime), "result.json")
-        if os.path.exists(ev) and os.path.getmtime(ev) >= os.path.getmtime(os.path.join(run.dir, "result.json")):
+        newest = max(os.path.getmtime(os.path.join(run.dir, n)) for n in os.listdir(run.dir)
+                     if n == "result.json" or (n.startswith("analysis_") and n.endswith(".json")))
+        if os.path.exists(ev) and os.path.getmtime(ev) >= newest:
             continue
         d = evidence.export(run.dir, run.regime)
         if d:

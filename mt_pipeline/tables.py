@@ -254,24 +254,34 @@ def _vocab(spec: Dict, row: Dict) -> Optional[int]:
         return sum(1 for _ in f) + 4
 
 
-def run_analyses(spec: Dict, row: Dict) -> None:
-    """Run the table's analyses on a finished row (skipping those already done)."""
-    rdir = run_dir(spec, row)
+def run_analyses(spec: Dict, row: Dict, seed: Optional[int] = None) -> List[str]:
+    """Run the table's ``analyses`` on a finished run of ``row`` (``seed``: as in :func:`run_dir`),
+    skipping those whose ``analysis_<name>.json`` is newer than the decoded checkpoint; returns
+    the analysis files written.  A run that has not finished (no ``result.json`` with status
+    ``done``) or whose run directory is gone gets none.
+
+    Raises:
+        subprocess.CalledProcessError: an analysis script failed (its output file is not written).
+    """
+    rdir = run_dir(spec, row, seed)
     res_path = os.path.join(rdir, "result.json")
-    if not os.path.exists(res_path):
-        return
+    if not spec.get("analyses") or not os.path.exists(res_path):
+        return []
     with open(res_path) as f:
         res = json.load(f)
     if res.get("status") != "done":
-        return
+        return []
     ckpt, _ = experiment.decode_checkpoint(row["_budget"], rdir)
-    for an in spec.get("analyses") or []:
+    written = []
+    for an in spec["analyses"]:
         out = os.path.join(rdir, f"analysis_{an['name']}.json")
         if os.path.exists(out) and os.path.getmtime(out) >= os.path.getmtime(ckpt):
             continue
         experiment.run([sys.executable, os.path.join(ROOT, an["script"]), "--checkpoint", ckpt,
                         "--data-bin", os.path.join(ROOT, res["data"]["prep_dir"], "bin"),
                         "--src", spec["src"], "--tgt", spec["tgt"], "--json", out])
+        written.append(out)
+    return written
 
 
 def _analysis_cells(spec: Dict, row: Dict) -> List[str]:

@@ -368,3 +368,69 @@ def test_a_page_that_predates_evidence_is_replaced_only_as_a_whole(tmp_path, mon
     page.write_text("# T\n")
     campaign.render_tables(plan)
     assert rendered == [str(page)]
+
+
+def test_a_finished_run_gets_the_analyses_of_every_table_that_shows_it(tmp_path, monkeypatch):
+    """Issue 27: E-ATT Table 4's energy column is an analysis of runs that other tables train
+    (ReLA T1's softmax run, E-ATT T3's E-ATT run).  ``collect`` (after every run and at start-up)
+    runs the analyses of each plan table showing a finished run, once, and exports their JSON with
+    the evidence; a newer analysis re-exports it; a failing analysis is logged, not raised."""
+    import pathlib
+
+    monkeypatch.setenv("MT_EVIDENCE_ROOT", str(tmp_path / "evidence"))
+    calls = tmp_path / "calls.txt"
+    script = tmp_path / "fake_analysis.py"
+    script.write_text(
+        "import argparse, json\n"
+        "p = argparse.ArgumentParser()\n"
+        "for k in ('--checkpoint', '--data-bin', '--src', '--tgt', '--json'):\n"
+        "    p.add_argument(k)\n"
+        "a = p.parse_args()\n"
+        f"open({str(calls)!r}, 'a').write(a.checkpoint + '\\n')\n"
+        "json.dump({'e': [42.0]}, open(a.json, 'w'))\n")
+    budget = "configs/multi30k/small_cpu.yaml"
+    base = {"src": "en", "tgt": "de", "subsets": {"test": "test2016", "test1": "test2017"}, "paper_label": "paper",
+            "budget": budget}
+    t_spec = dict(base, title="t", out=str(tmp_path / "t.md"), runs=str(tmp_path / "runs" / "t"),
+                  rows=[{"id": 1, "name": "base", "arch": "a"}, {"id": 2, "name": "other", "arch": "a"}])
+    a_spec = dict(base, title="a", out=str(tmp_path / "a.md"), runs=str(tmp_path / "runs" / "a"),
+                  rows=[{"id": 7, "name": "base", "arch": "a", "run": t_spec["runs"] + "/row1"}],
+                  analyses=[{"name": "energy", "script": str(script), "key": "e"}])
+    for name, spec in (("t", t_spec), ("a", a_spec)):
+        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(spec))
+    plan_path = tmp_path / "plan.yaml"
+    plan_path.write_text(yaml.safe_dump({"runs": [{"table": str(tmp_path / "t.yaml"), "rows": [1, 2]},
+                                                  {"table": str(tmp_path / "a.yaml"), "rows": [7]}]}))
+    plan = campaign.load_plan(str(plan_path))
+    run1, run2 = plan["_runs"]
+    assert len(plan["_runs"]) == 2 and str(tmp_path / "a.yaml") in run1.tables  # the shared run is one run
+    ref = tmp_path / "ref.txt"
+    ref.write_text("a man rides a bike\ntwo dogs play in the snow\n")
+    for run in (run1, run2):
+        d = pathlib.Path(run.dir)
+        d.mkdir(parents=True)
+        _fake_run(d, ["a man rides a bike", "two dogs play"], ref, 1, tmp_path)
+        res = json.loads((d / "result.json").read_text())
+        res["data"] = {"prep_dir": "data-bin/x"}
+        (d / "result.json").write_text(json.dumps(res))
+    ckpt, _ = run_table.experiment.decode_checkpoint(run1.row["_budget"], run1.dir)
+    os.makedirs(os.path.dirname(ckpt), exist_ok=True)
+    pathlib.Path(ckpt).write_bytes(b"model")
+    os.utime(ckpt, (time.time() - 60,) * 2)
+
+    written = campaign.collect(plan)
+    assert len(written) == 2
+    assert calls.read_text().splitlines() == [ckpt]  # run 2 is shown by no table with analyses
+    ev1 = pathlib.Path(evidence.evidence_dir(run1.dir, run1.regime))
+    assert json.loads((ev1 / "analysis_energy.json").read_text()) == {"e": [42.0]}
+    assert not (pathlib.Path(evidence.evidence_dir(run2.dir, run2.regime)) / "analysis_energy.json").exists()
+    assert campaign.collect(plan) == [] and len(calls.read_text().splitlines()) == 1  # nothing new: nothing re-run
+    # a newer checkpoint makes the analysis stale: it re-runs and the evidence is re-exported
+    later = time.time() + 5
+    os.utime(ckpt, (later, later))
+    assert campaign.collect(plan) == [str(ev1)] and len(calls.read_text().splitlines()) == 2
+    # an analysis that fails leaves no file and does not raise
+    os.unlink(pathlib.Path(run1.dir) / "analysis_energy.json")
+    script.write_text("raise SystemExit(3)\n")
+    assert campaign.analyse(plan, run1) == []
+    assert not (pathlib.Path(run1.dir) / "analysis_energy.json").exists()
