@@ -15,10 +15,12 @@ import shlex
 import subprocess
 import sys
 import time
-from typing import Dict, Iterable, Optional
+import json
+from typing import Dict, Iterable, Optional, Tuple
 
 __all__ = ["ROOT", "CODE_DIRS", "git_commit", "hardware", "command_line", "repo_relative", "collect",
-           "markdown", "file_sha256"]
+           "markdown", "file_sha256", "REGIMES", "NO_EVIDENCE", "evidence_root", "evidence_dir",
+           "trained_model", "models_markdown"]
 
 #: the repository root (the directory holding ``mt_pipeline/`` and ``fairseq_plugins/``)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -115,3 +117,124 @@ def markdown(record: Dict[str, object], title: str = "Provenance", level: int = 
         else:
             lines.append(f"- {label}: {_fmt(value)}")
     return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# the trained models an analysis measured, traced to their training runs and committed evidence
+# (issue 27: every number traceable).  The pipeline (mt_pipeline.budget, mt_pipeline.evidence)
+# re-exports these; they live here because the plugin's analysis CLIs write such pages too.
+
+#: what a run's numbers can claim, by the regime of the budget it trained with (shown on every
+#: rendered table and analysis page)
+REGIMES = {
+    "smoke": "early-training smoke test (a few hundred updates): shows the pipeline runs, never a replication",
+    "diagnostic": "early training (the first updates of the converged budget): compares rows of one study, "
+                  "not a paper's claim",
+    "converged": "trained to convergence at reduced scale (small model, Multi30k): tests a claim's direction",
+    "paper": "the paper's data, model size and budget",
+}
+#: the line a page carries when its numbers predate committed evidence (issue 27): they can be
+#: re-run (``mt-campaign run --plan configs/campaign/smoke.yaml``) but not traced in the repository
+NO_EVIDENCE = "**Evidence: none committed.**"
+
+
+def evidence_root() -> str:
+    """``$MT_EVIDENCE_ROOT`` or ``<repo>/results/runs``."""
+    return os.environ.get("MT_EVIDENCE_ROOT") or os.path.join(ROOT, "results", "runs")
+
+
+def evidence_dir(run_dir: str, regime: str) -> str:
+    """Where a run's evidence goes: its path below ``runs/`` (else its last three components),
+    led by the regime, under the evidence root -- e.g. ``results/runs/converged/rela_table1/row7-seed2``
+    for ``runs/converged/rela_table1/row7-seed2`` and ``results/runs/smoke/rela_table1/row1`` for the
+    smoke run ``runs/rela_table1/row1``."""
+    run_dir = os.path.abspath(run_dir)
+    runs = os.path.join(ROOT, "runs")
+    if os.path.commonpath([run_dir, runs]) == runs:
+        parts = os.path.relpath(run_dir, runs).split(os.sep)
+    else:
+        parts = run_dir.split(os.sep)[-3:]
+    if parts[0] != regime:
+        parts = [regime] + parts
+    return os.path.join(evidence_root(), *parts)
+
+
+def trained_model(checkpoint: str) -> Dict[str, object]:
+    """The training run behind ``checkpoint`` and its committed evidence.
+
+    The run directory is the checkpoint's folder (``<run>/average_last3.pt``) or, for a file in a
+    ``checkpoints/`` folder, the one above; its ``result.json`` (written by ``mt-experiment``)
+    gives the regime, seed, updates and commit.  Returns a JSON-serialisable dict:
+    ``checkpoint`` (repo-relative), ``sha256`` of the checkpoint, ``run_dir`` (None when no
+    ``result.json`` is found: a checkpoint trained outside the pipeline), ``regime``, ``seed``,
+    ``updates``, ``git_commit``, ``decoded`` (the checkpoint is the one the run was scored
+    with: its SHA-256 equals ``decoded_checkpoint_sha256``) and ``evidence`` (the repo-relative
+    evidence directory, :func:`evidence_dir`, when its ``result.json`` records this very
+    checkpoint; else None).
+
+    Raises:
+        FileNotFoundError: ``checkpoint`` does not exist.
+    """
+    path = os.path.abspath(checkpoint)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"checkpoint not found: {checkpoint}")
+    rec: Dict[str, object] = {"checkpoint": repo_relative(path), "sha256": file_sha256(path), "run_dir": None,
+                              "regime": "unstated", "seed": None, "updates": None, "git_commit": None,
+                              "decoded": False, "evidence": None}
+    run = os.path.dirname(path)
+    if os.path.basename(run) == "checkpoints":
+        run = os.path.dirname(run)
+    if not os.path.exists(os.path.join(run, "result.json")):
+        return rec
+    with open(os.path.join(run, "result.json")) as f:
+        res = json.load(f)
+    rec.update(run_dir=repo_relative(run), regime=res.get("regime") or "unstated", seed=res.get("seed"),
+               updates=res.get("updates"), git_commit=res.get("git_commit"),
+               decoded=res.get("decoded_checkpoint_sha256") == rec["sha256"])
+    ev = evidence_dir(run, rec["regime"])
+    if os.path.exists(os.path.join(ev, "result.json")):
+        with open(os.path.join(ev, "result.json")) as f:
+            if json.load(f).get("decoded_checkpoint_sha256") == rec["sha256"]:
+                rec["evidence"] = repo_relative(ev)
+    return rec
+
+
+def models_markdown(models: Dict[str, Dict[str, object]]) -> Tuple[str, str]:
+    """Markdown for a page that measured trained ``models`` (label -> :func:`trained_model`):
+    ``(head, section)``.  ``head`` is the regime line (``**Regime: smoke** -- ...``, the weakest
+    regime of the models when they differ) and, when any model's training run has no committed
+    evidence for this checkpoint, :data:`NO_EVIDENCE` with the command that re-trains them;
+    ``section`` is ``## Trained models`` with a ``### Model <label>:`` entry per model naming its
+    run, regime, seed, updates, checkpoint SHA-256 and committed evidence (the format the results
+    audit, ``tests/test_results_audit.py``, reads)."""
+    order = ["unstated", "smoke", "diagnostic", "converged", "paper"]
+    regimes = [str(m["regime"]) for m in models.values()]
+    weakest = min(regimes, key=lambda r: order.index(r) if r in order else 0)
+    seeds = sorted({m["seed"] for m in models.values() if m["seed"] is not None})
+    head = [f"**Regime: {weakest}** -- measured on the trained models below "
+            f"({', '.join(f'{k}: {m}' for k, m in zip(models, regimes))}): "
+            f"{REGIMES.get(weakest, 'their training runs state no regime')}. "
+            f"Seeds: {', '.join(map(str, seeds)) or 'not recorded'} (one model per label: differences between "
+            "models are not tested against seed noise).", ""]
+    missing = [k for k, m in models.items() if not m["evidence"]]
+    if missing:
+        head += [f"{NO_EVIDENCE} The training runs of {', '.join(missing)} have no committed evidence "
+                 "(result.json, hypotheses, training log) for the checkpoint measured here, so the models cannot be "
+                 "traced in the repository, only re-trained: `mt-campaign run --plan configs/campaign/smoke.yaml` "
+                 "(smoke and diagnostic runs; `configs/campaign/converged.yaml` for converged ones) re-trains them "
+                 "with evidence, then this page's command re-measures them.", ""]
+    section = ["## Trained models", ""]
+    for label, m in models.items():
+        section.append(f"### Model {label}: `{m['checkpoint']}`")
+        section.append("")
+        if m["run_dir"]:
+            section.append(f"- training run `{m['run_dir']}`: regime {m['regime']}, seed {m['seed']}, "
+                           f"{m['updates']} updates, git commit `{m['git_commit']}`"
+                           + ("" if m["decoded"] else "; **not** the checkpoint the run was scored with"))
+        else:
+            section.append("- training run: none found (no result.json beside the checkpoint)")
+        section.append(f"- checkpoint sha256: `{m['sha256']}`")
+        if m["evidence"]:
+            section.append(f"- committed evidence (result.json, hypotheses, training log): `{m['evidence']}`")
+        section.append("")
+    return "\n".join(head), "\n".join(section)

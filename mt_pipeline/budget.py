@@ -26,19 +26,11 @@ from typing import Dict, List, Optional, Tuple
 
 import yaml
 
-from .provenance import ROOT
+from .provenance import REGIMES, ROOT  # REGIMES: what a budget's numbers can claim
 
 __all__ = ["REGIMES", "SCHEMA", "flags", "merge", "load_budget", "check_budget", "nearest", "regime", "train_flags", "prep_dir", "prep_cmd",
            "build_train_cmd", "average_cmd", "decode_checkpoint", "eval_cmd"]
 
-#: what a budget's numbers can claim (shown in every rendered table)
-REGIMES = {
-    "smoke": "early-training smoke test (a few hundred updates): shows the pipeline runs, never a replication",
-    "diagnostic": "early training (the first updates of the converged budget): compares rows of one study, "
-                  "not a paper's claim",
-    "converged": "trained to convergence at reduced scale (small model, Multi30k): tests a claim's direction",
-    "paper": "the paper's data, model size and budget",
-}
 BIN = os.path.dirname(sys.executable)
 
 

@@ -23,7 +23,9 @@ evidence directory, so tables re-render from committed evidence in a fresh check
 BLEU and chrF (``mt-campaign rescore``; a test runs it on every committed run).
 
 The evidence root is ``results/runs`` of this checkout, or ``$MT_EVIDENCE_ROOT`` when set (the
-tests point it at a temporary folder so they never write into ``results/``).
+tests point it at a temporary folder so they never write into ``results/``).  :func:`evidence_root`,
+:func:`evidence_dir` and :data:`NO_EVIDENCE` live in :mod:`fairseq_plugins.provenance` (the
+analysis CLIs trace their models to evidence too) and are re-exported here.
 """
 
 import gzip
@@ -33,15 +35,12 @@ import shutil
 from typing import Dict, List, Optional
 
 from .atomic import atomic_path, write_json_atomic
-from .provenance import ROOT, file_sha256, git_commit, repo_relative
+from .provenance import NO_EVIDENCE, ROOT, evidence_dir, evidence_root, file_sha256, git_commit, repo_relative
 
 __all__ = ["evidence_root", "evidence_dir", "export", "locate", "resolve", "rescore", "RescoreError",
            "NO_EVIDENCE", "predates_evidence"]
 
 MANIFEST = "MANIFEST.json"
-#: the line a full table carries when its numbers predate committed evidence (issue 27): they can be
-#: re-run (``mt-campaign run --plan configs/campaign/smoke.yaml``) but not re-scored from the repository
-NO_EVIDENCE = "**Evidence: none committed.**"
 
 
 def predates_evidence(page: str) -> bool:
@@ -57,27 +56,6 @@ def predates_evidence(page: str) -> bool:
 
 class RescoreError(RuntimeError):
     """A committed run does not re-score to its recorded numbers (the message lists which)."""
-
-
-def evidence_root() -> str:
-    """``$MT_EVIDENCE_ROOT`` or ``<repo>/results/runs``."""
-    return os.environ.get("MT_EVIDENCE_ROOT") or os.path.join(ROOT, "results", "runs")
-
-
-def evidence_dir(run_dir: str, regime: str) -> str:
-    """Where a run's evidence goes: its path below ``runs/`` (else its last three components),
-    led by the regime, under the evidence root -- e.g. ``results/runs/converged/rela_table1/row7-seed2``
-    for ``runs/converged/rela_table1/row7-seed2`` and ``results/runs/smoke/rela_table1/row1`` for the
-    smoke run ``runs/rela_table1/row1``."""
-    run_dir = os.path.abspath(run_dir)
-    runs = os.path.join(ROOT, "runs")
-    if os.path.commonpath([run_dir, runs]) == runs:
-        parts = os.path.relpath(run_dir, runs).split(os.sep)
-    else:
-        parts = run_dir.split(os.sep)[-3:]
-    if parts[0] != regime:
-        parts = [regime] + parts
-    return os.path.join(evidence_root(), *parts)
 
 
 def resolve(path: str) -> str:

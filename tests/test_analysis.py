@@ -322,6 +322,10 @@ def test_cli_end_to_end(deen, tmp_path):
         assert (out / "figures" / f"{fig}.png").stat().st_size > 1000, fig
     md = (out / "analysis.md").read_text()
     assert "## AER" in md and "| tiny |" in md
+    # the models' training runs: a checkpoint trained outside mt-experiment has none, and the page says so
+    assert m["training"]["run_dir"] is None and m["training"]["sha256"] == m["sha256"]
+    assert "**Regime: unstated**" in md and "**Evidence: none committed.**" in md
+    assert "### Model tiny: `" in md and "### Model aer:tiny: `" in md and "## Trained models" in md
     assert not [p for p in os.listdir(out) if p.endswith(".tmp")]  # no temp files left
 
 

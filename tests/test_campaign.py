@@ -434,3 +434,49 @@ def test_a_finished_run_gets_the_analyses_of_every_table_that_shows_it(tmp_path,
     script.write_text("raise SystemExit(3)\n")
     assert campaign.analyse(plan, run1) == []
     assert not (pathlib.Path(run1.dir) / "analysis_energy.json").exists()
+
+
+def test_an_analysed_checkpoint_is_traced_to_its_run_and_committed_evidence(tmp_path, monkeypatch):
+    """Issue 27: an analysis page (E-ATT Figure 2, the attention analysis) names the training run of
+    each model it measured and that run's committed evidence -- only when the evidence records this
+    very checkpoint (its SHA-256 is the run's decoded checkpoint); otherwise it says there is none."""
+    from mt_pipeline import provenance
+
+    monkeypatch.setenv("MT_EVIDENCE_ROOT", str(tmp_path / "evidence"))
+    run = tmp_path / "runs" / "t" / "row1"
+    (run / "checkpoints").mkdir(parents=True)
+    ckpt, last = run / "average_last3.pt", run / "checkpoints" / "checkpoint_last.pt"
+    ckpt.write_bytes(b"averaged")
+    last.write_bytes(b"last")
+    sha = provenance.file_sha256(str(ckpt))
+    res = {"regime": "smoke", "seed": 2, "updates": 400, "git_commit": "abc", "decoded_checkpoint_sha256": sha}
+    (run / "result.json").write_text(json.dumps(res))
+
+    m = provenance.trained_model(str(ckpt))
+    assert (m["run_dir"], m["regime"], m["seed"], m["updates"], m["decoded"], m["evidence"]) == (
+        str(run), "smoke", 2, 400, True, None)  # outside the repository: paths stay absolute
+    head, section = provenance.models_markdown({"softmax": m})
+    assert head.startswith("**Regime: smoke** -- ") and provenance.NO_EVIDENCE in head and "Seeds: 2" in head
+    assert "mt-campaign run --plan configs/campaign/" in head and "softmax" in head
+    ev = provenance.evidence_dir(str(run), "smoke")
+    os.makedirs(ev)
+    with open(os.path.join(ev, "result.json"), "w") as f:
+        json.dump(dict(res, decoded_checkpoint_sha256="0" * 64), f)  # evidence of another checkpoint
+    assert provenance.trained_model(str(ckpt))["evidence"] is None
+    with open(os.path.join(ev, "result.json"), "w") as f:
+        json.dump(res, f)
+    m = provenance.trained_model(str(ckpt))
+    assert m["evidence"] == ev
+    head, section = provenance.models_markdown({"softmax": m})
+    assert provenance.NO_EVIDENCE not in head
+    assert f"### Model softmax: `{ckpt}`" in section and f"- checkpoint sha256: `{sha}`" in section
+    assert f"- committed evidence (result.json, hypotheses, training log): `{ev}`" in section
+    # a checkpoint in checkpoints/ belongs to the run above it, but is not the one it was scored with
+    other = provenance.trained_model(str(last))
+    assert other["run_dir"] == str(run) and not other["decoded"] and other["evidence"] is None
+    head, section = provenance.models_markdown({"softmax": m, "last": other})
+    assert "**not** the checkpoint the run was scored with" in section and "last have no committed" in head
+    # the weakest regime leads: a converged model beside a smoke one is a smoke page
+    assert provenance.models_markdown({"a": dict(m, regime="converged"), "b": m})[0].startswith("**Regime: smoke**")
+    with pytest.raises(FileNotFoundError, match="checkpoint not found"):
+        provenance.trained_model(str(tmp_path / "missing.pt"))

@@ -323,3 +323,7 @@ def test_end_to_end_train_generate_energy(tmp_path):
     assert os.path.getsize(tmp_path / "rho.png") > 0
     md = (tmp_path / "energy.md").read_text()  # the Markdown names how to regenerate it
     assert "## Provenance" in md and "--max-sentences 50" in md and "- git commit: `" in md
+    # a checkpoint trained outside mt-experiment has no training record: the page says so
+    assert res["model"]["run_dir"] is None and res["model"]["evidence"] is None
+    assert "**Regime: unstated**" in md and "**Evidence: none committed.**" in md
+    assert "### Model model: `" in md and "- training run: none found" in md

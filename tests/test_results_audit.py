@@ -75,7 +75,7 @@ def _evidence_by_row(text):
     """``{row id: [evidence dirs]}`` from the per-row provenance sections of a rendered table."""
     out, row = {}, None
     for line in text.splitlines():
-        m = re.match(r"### Row (\S+?):", line)
+        m = re.match(r"### (?:Row|Model) (\S+?):", line)
         if m:
             row = m.group(1)
         m = re.match(r"- committed evidence \(result\.json, hypotheses, training log\): `([^`]+)`", line)
@@ -123,6 +123,45 @@ def test_every_score_names_its_committed_evidence_or_the_page_says_there_is_none
             bleus.append(res["scores"][first]["bleu"])
         want = f"{statistics.mean(bleus):.2f}"
         assert NUMBER.match(cell).group(0) == want, f"{page}: row {row} shows {cell}, its evidence says {want}"
+
+
+def _models(text):
+    """``{label: {"sha256": ..., "evidence": ...}}`` of an analysis page's ``### Model`` entries
+    (:func:`fairseq_plugins.provenance.models_markdown`)."""
+    out, label = {}, None
+    for line in text.splitlines():
+        m = re.match(r"### Model (\S+?):", line)
+        if m:
+            label = m.group(1)
+            out[label] = {}
+        elif line.startswith("#"):
+            label = None
+        elif label is not None:
+            m = re.match(r"- checkpoint sha256: `([0-9a-f]{64})`", line)
+            if m:
+                out[label]["sha256"] = m.group(1)
+            m = re.match(r"- committed evidence \(result\.json, hypotheses, training log\): `([^`]+)`", line)
+            if m:
+                out[label]["evidence"] = m.group(1)
+    return out
+
+
+@pytest.mark.parametrize("page", [p for p in TRAINED_PAGES if _models(open(p).read())] or [pytest.param(
+    None, marks=pytest.mark.skip(reason="no analysis page names its trained models yet"))],
+    ids=lambda p: p and os.path.relpath(p, RESULTS))
+def test_every_analysed_model_is_the_checkpoint_its_committed_evidence_scored(page):
+    """An analysis page that names a model's committed evidence measured that run's scored model:
+    the checkpoint SHA-256 the page records is the evidence's ``decoded_checkpoint_sha256``; a page
+    with a model without evidence says the page has none."""
+    text = open(page).read()
+    for label, m in _models(text).items():
+        assert "sha256" in m, f"{page}: model {label} records no checkpoint sha256"
+        if "evidence" not in m:
+            assert NO_EVIDENCE in text, f"{page}: model {label} names no committed evidence and the page does not say so"
+            continue
+        res = json.load(open(os.path.join(ROOT, m["evidence"], "result.json")))
+        assert res.get("decoded_checkpoint_sha256") == m["sha256"], (
+            f"{page}: model {label}'s checkpoint is not the one {m['evidence']} scored")
 
 
 def test_index_files_are_what_the_current_code_renders(tmp_path):

@@ -160,10 +160,24 @@ def _md_layer_table(results, kind, metric, pct) -> List[str]:
     return out
 
 
+def _trained(report: dict) -> dict:
+    """``{label: training record}`` of every model of the report (AER models as ``aer:<label>``)
+    that has one (:func:`fairseq_plugins.provenance.trained_model`; reports written before it
+    have none)."""
+    out = {l: r["training"] for l, r in report["models"].items() if "training" in r}
+    out.update({f"aer:{l}": r["training"] for l, r in (report.get("aer") or {}).items() if "training" in r})
+    return out
+
+
 def render_markdown(report: dict) -> str:
-    """The Markdown tables of a report (see :func:`main`)."""
+    """The Markdown tables of a report (see :func:`main`), led by the regime of the models'
+    training runs and ended by their runs and committed evidence (``## Trained models``)."""
+    from .. import provenance
+
     res = report["models"]
-    md = [f"# Attention analysis: {report['data']['split']} split", "",
+    trained = _trained(report)
+    head, section = provenance.models_markdown(trained) if trained else ("", "")
+    md = [f"# Attention analysis: {report['data']['split']} split", ""] + ([head] if head else []) + [
           f"Data: `{report['data']['dir']}` ({report['data']['direction']}, {report['data']['n_pairs']} pairs); "
           f"commit `{report['provenance']['git_commit']}`; command: `{report['provenance']['command']}`.", "",
           "Models: " + ", ".join(f"**{l}** = `{r['checkpoint']}` ({r['info']['arch']}, "
@@ -249,6 +263,8 @@ def render_markdown(report: dict) -> str:
         md += ["## Corpus ranking by cross-attention null rate (ReLA Sec. 5.2)", "",
                f"{rk['n_pairs']} pairs of {rk['corpus']} ranked by `{rk['model']}` -> `{rk['file']}`; "
                f"mean null rate {_fmt(rk['mean'], True)}%, best {_fmt(rk['min'], True)}%, worst {_fmt(rk['max'], True)}%.", ""]
+    if section:
+        md.append(section)
     return "\n".join(md) + "\n"
 
 
@@ -347,8 +363,9 @@ def main(argv=None):
         dataset = _subset(task, task.dataset(args.split), args.limit)
         report["data"].update(direction=f"{task.cfg.source_lang}-{task.cfg.target_lang}", n_pairs=len(dataset))
         summary, heat = analyze_dataset(model, task, dataset, args.max_tokens, args.heatmap_ids, args.taus, args.top_p)
-        entry = {"checkpoint": os.path.abspath(path), "sha256": provenance.file_sha256(path), "info": info, "metrics": summary,
-                 "ffn_anisotropy": ffn_anisotropy(model)}
+        training = provenance.trained_model(path)
+        entry = {"checkpoint": os.path.abspath(path), "sha256": training["sha256"], "training": training, "info": info,
+                 "metrics": summary, "ffn_anisotropy": ffn_anisotropy(model)}
         if args.hallucination:
             entry["hallucination"] = hallucination_test(model, task, dataset, args.seed, args.max_tokens)
         if args.on_hypotheses:
@@ -404,7 +421,8 @@ def main(argv=None):
         model, task, info = _load_or_exit(load_model_for_analysis, path, args.aer_data or args.data, "de", "en")
         res = alignment_aer(model, task, args.aer_gold, args.bpe_codes, "de", "en", cased=not args.aer_lowercase,
                             max_tokens=args.max_tokens, limit=args.aer_limit)
-        res.update(checkpoint=os.path.abspath(path), sha256=provenance.file_sha256(path), info=info)
+        training = provenance.trained_model(path)
+        res.update(checkpoint=os.path.abspath(path), sha256=training["sha256"], training=training, info=info)
         report["aer"][label] = res
         del model
     if not args.no_figures:

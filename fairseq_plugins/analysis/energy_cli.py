@@ -15,7 +15,9 @@ Usage (``fairseq-attention-energy``; also ``python scripts/eatt_energy.py``):
 Counting conventions and assumptions: :mod:`fairseq_plugins.analysis.energy`.  The JSON holds
 ``energy_scores_asic_pct``, ``energy_scores_fpga_pct``, ``energy_block_asic_pct``,
 ``energy_block_fpga_pct`` (each ``[value]``, the form ``mt-table`` analyses read),
-``rho`` (``"type/layer/role" -> value``), ``l_src``, ``l_tgt``, the model's attention functions.
+``rho`` (``"type/layer/role" -> value``), ``l_src``, ``l_tgt``, the model's attention functions
+and ``model``: the checkpoint's training run, regime and committed evidence
+(:func:`fairseq_plugins.provenance.trained_model`), which the page states with its regime.
 Outputs are written atomically.
 """
 
@@ -84,7 +86,10 @@ def measure(a):
     d, h = model.encoder.layers[0].self_attn.embed_dim, model.encoder.layers[0].self_attn.num_heads
     layers = {"encoder": len(model.encoder.layers), "decoder": len(model.decoder.layers)}
     vanilla = {k: "softmax" for k in fns}
-    res = {"checkpoint": os.path.abspath(a.checkpoint), "subset": a.subset, "sentences": n,
+    from .. import provenance
+
+    res = {"checkpoint": provenance.repo_relative(os.path.abspath(a.checkpoint)),
+           "model": provenance.trained_model(a.checkpoint), "subset": a.subset, "sentences": n,
            "attention_fns": fns, "l_src": l_src, "l_tgt": l_tgt, "d": d, "h": h, "layers": layers,
            "tau": getattr(margs, "eatt_tau", None), "l1_adds_per_element": a.l1_adds,
            "rho": {f"{t}/{i}/{r}": v for (t, i, r), v in sorted(rho.items())}}
@@ -100,7 +105,12 @@ def measure(a):
 
 
 def model_markdown(res):
-    lines = [f"## Attention energy of `{res['checkpoint']}`", "",
+    """The measured model's part of the page: heading, regime (and, without committed evidence of
+    the model's training run, :data:`fairseq_plugins.provenance.NO_EVIDENCE`), energy and ρ tables."""
+    from .. import provenance
+
+    head, _ = provenance.models_markdown({"model": res["model"]})
+    lines = [f"## Attention energy of `{res['checkpoint']}`", "", head,
              f"Attention functions {res['attention_fns']}; d = {res['d']}, h = {res['h']}, layers {res['layers']}; "
              f"mean lengths on `{res['subset']}` ({res['sentences']} sentences): source {res['l_src']:.2f}, "
              f"target {res['l_tgt']:.2f} tokens; τ = {res['tau']}.", "",
@@ -167,13 +177,14 @@ def main(argv=None):
         for path in (a.checkpoint, a.data_bin):
             if not os.path.exists(path):
                 p.error(f"not found: {path}")
+        from fairseq_plugins import provenance
         from fairseq_plugins.checkpoint import CheckpointError
 
         try:
             res = measure(a)
         except CheckpointError as e:  # names the file: empty, cut short, unsafe, not a Transformer
             p.error(str(e))
-        md = model_markdown(res) + "\n" + md
+        md = model_markdown(res) + "\n" + md + "\n" + provenance.models_markdown({"model": res["model"]})[1]
         print(json.dumps({k: v for k, v in res.items() if k != "rho"}, indent=1))
         if a.json:
             with atomic_path(a.json) as tmp, open(tmp, "w") as f:
