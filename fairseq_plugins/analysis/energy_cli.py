@@ -104,12 +104,20 @@ def measure(a):
     return res
 
 
+def _labelled(res):
+    """``{label: training record}`` of the measured model, labelled by its run directory below
+    ``runs/`` (``eatt_table3/row4``), or ``model`` when it has none."""
+    run = res["model"]["run_dir"]
+    label = run[len("runs/"):] if run and run.startswith("runs/") else (os.path.basename(run) if run else "model")
+    return {label: res["model"]}
+
+
 def model_markdown(res):
     """The measured model's part of the page: heading, regime (and, without committed evidence of
     the model's training run, :data:`fairseq_plugins.provenance.NO_EVIDENCE`), energy and ρ tables."""
     from .. import provenance
 
-    head, _ = provenance.models_markdown({"model": res["model"]})
+    head, _ = provenance.models_markdown(_labelled(res))
     lines = [f"## Attention energy of `{res['checkpoint']}`", "", head,
              f"Attention functions {res['attention_fns']}; d = {res['d']}, h = {res['h']}, layers {res['layers']}; "
              f"mean lengths on `{res['subset']}` ({res['sentences']} sentences): source {res['l_src']:.2f}, "
@@ -184,7 +192,7 @@ def main(argv=None):
             res = measure(a)
         except CheckpointError as e:  # names the file: empty, cut short, unsafe, not a Transformer
             p.error(str(e))
-        md = model_markdown(res) + "\n" + md + "\n" + provenance.models_markdown({"model": res["model"]})[1]
+        md = model_markdown(res) + "\n" + md + "\n" + provenance.models_markdown(_labelled(res))[1]
         print(json.dumps({k: v for k, v in res.items() if k != "rho"}, indent=1))
         if a.json:
             with atomic_path(a.json) as tmp, open(tmp, "w") as f:
