@@ -247,6 +247,22 @@ def test_tried_tiles_depend_on_the_head_dimension():
     assert mod._tried(kr._tables(mod)[name], meta)[0] == (32, 32, 4, 1)
 
 
+@needs_nvidia
+def test_tiles_that_spill_with_dropout_are_left_out_per_table():
+    """Issue 28: with attention dropout the autotuner leaves out the tiles that spill *in that
+    kernel* (``_SPILL_WITH_DROPOUT`` is per table: 128x64 w8 s2 spills in rect_bwd_kv but not in
+    rect_bwd_q, which keeps it); the first tile, what the report checks, is never left out."""
+    mod = tk._kernels(False)
+    assert {id(tb) for tb, _ in mod._SPILL_WITH_DROPOUT} <= {id(tb) for tb in kr._tables(mod).values()}
+    for table, spill in mod._SPILL_WITH_DROPOUT:
+        assert spill <= set(table) and tuple(table[0]) not in spill
+        tried = mod._tried(table, {"DROPOUT": True, "BLOCK_D": 64})
+        assert tried == [t for t in table if tuple(t) not in spill]
+        assert mod._tried(table, {"DROPOUT": False, "BLOCK_D": 64}) == list(table)
+    assert (128, 64, 8, 2) not in mod._tried(mod._RECT_BWD_KV, {"DROPOUT": True})
+    assert (128, 64, 8, 2) in mod._tried(mod._RECT_BWD_Q, {"DROPOUT": True})
+
+
 def _main_cases():
     for variant in kr.MAIN["variants"]:
         for d in kr.MAIN["head_dims"]:

@@ -73,9 +73,25 @@ _RECT_BWD = [(32, 128, 8, 2), (32, 64, 4, 2), (64, 128, 8, 1), (32, 32, 4, 1), (
 #: sm_90a d 64: rect_fwd 128x64 w4 s3 20-148 B, rect_bwd_kv 64x64 w4 s1 212 B with dropout);
 #: the autotuner does not try them there (``_tried``); none is in ``_RECT_BWD_Q``
 _SPILL_WITH_STATS = {(128, 64, 4, 3), (64, 64, 4, 1), (32, 128, 4, 3)}
-#: rectified tiles that spill with attention dropout (``DROPOUT``; sm_90a d 64: rect_bwd_kv
-#: 32x128 w4 s3 144-212 B, rect_bwd 64x128 w8 s1 16-96 B); not tried there either
-_SPILL_WITH_DROPOUT = {(32, 128, 4, 3), (64, 128, 8, 1)}
+#: rectified tiles that spill with attention dropout (``DROPOUT``), per table; the autotuner does
+#: not try them there (``_tried``).  Measured with ``mt-kernel-report --arch 90 --dtypes fp16
+#: --head-dims 64 --variants rela_enc,rela_causal,reluformer_enc --dropouts 0.1 --tiles all``
+#: (results/gpu/kernel_report_sm90_dropout_tiles.md; spill stores, worst variant) after the
+#: tensor-core-layout dropout (issue 28): rect_fwd 16x32 w4 s2 16 B (rela_causal); rect_bwd_kv
+#: 128x64 w8 s2 84-664 B, 128x128 w8 s2 208-796 B, 64x128 w8 s2 24-68 B, 16x32 w4 s1 4 B
+#: (rela_causal); rect_bwd_q 64x128 w8 s2 32-124 B, 128x128 w8 s2 48 B (reluformer_enc); from
+#: the earlier measurement, not re-compiled since: rect_bwd_kv 32x128 w4 s3 144-212 B, rect_bwd
+#: 64x128 w8 s1 16-96 B.  The first tiles (the main configurations) spill nothing.  The earlier
+#: list had only those two: the same tiles spilled with the dropout before the layout change too
+#: (c38de16^, rela_enc / reluformer_enc: rect_bwd_kv 128x128 w8 s2 328 / 776 B, rect_bwd_q
+#: 128x128 w8 s2 104 / 212 B, reluformer rect_fwd 128x128 w8 s3 64 B and 64x128 w4 s3 68 B, which
+#: no longer spill); the layout change moved rect_bwd_q 64x128 w8 s2 from 16 / 80 to 32 / 124 B.
+_SPILL_WITH_DROPOUT = [
+    (_RECT_FWD, {(16, 32, 4, 2)}),
+    (_RECT_BWD_KV, {(32, 128, 4, 3), (128, 64, 8, 2), (128, 128, 8, 2), (64, 128, 8, 2), (16, 32, 4, 1)}),
+    (_RECT_BWD_Q, {(64, 128, 8, 2), (128, 128, 8, 2)}),
+    (_RECT_BWD, {(64, 128, 8, 1)}),
+]
 # E-ATT's scores live in registers (CUDA cores), the L1 distance in chunks of CHUNK = 2 head
 # dimensions (``_l1``; L1_CHUNK in the package).  Measured sm_90a fp16, d 32/64/128, eatt_enc /
 # eatt_causal, dropout 0 and 0.1 (issue 28): the first tiles spill nothing (l1_fwd 64x64 w8,
@@ -111,17 +127,19 @@ _L1_KEY = ["T_KEY", "S_KEY", "BLOCK_D", "MASK_MODE", "CAUSAL", "DROPOUT", "PREC"
 
 def _tried(table, meta):
     """The tiles of ``table`` the autotuner tries for a launch with constexprs ``meta`` before
-    the size pruning of :func:`_prune` (no ``_SPILL_WITH_STATS`` tile with ``STATS``, no
-    ``_SPILL_WITH_DROPOUT`` tile with ``DROPOUT``, none of the table's ``_SPILL_AT_D128`` tiles
+    the size pruning of :func:`_prune` (no ``_SPILL_WITH_STATS`` tile with ``STATS``, none of the
+    table's ``_SPILL_WITH_DROPOUT`` tiles with ``DROPOUT``, none of its ``_SPILL_AT_D128`` tiles
     when ``BLOCK_D >= 128``); never empty: the table's last tile stays when all would go."""
+    def of(per_table):
+        return next((sp for tb, sp in per_table if tb is table), ())
+
     out = list(table)
     if meta.get("STATS"):
         out = [t for t in out if tuple(t) not in _SPILL_WITH_STATS]
     if meta.get("DROPOUT"):
-        out = [t for t in out if tuple(t) not in _SPILL_WITH_DROPOUT]
+        out = [t for t in out if tuple(t) not in of(_SPILL_WITH_DROPOUT)]
     if (meta.get("BLOCK_D") or 0) >= 128:
-        spill = next((sp for tb, sp in _SPILL_AT_D128 if tb is table), ())
-        out = [t for t in out if tuple(t) not in spill]
+        out = [t for t in out if tuple(t) not in of(_SPILL_AT_D128)]
     return out or list(table)[-1:]
 
 
