@@ -183,6 +183,9 @@ def test_source_reliance_still_measures_an_rnnsearch_checkpoint(files):
     th.run(cmd, timeout=300)
     res = json.load(open(out))
     assert all(torch.isfinite(torch.tensor(res[k])).all() for k in ("nll_true", "nll_shuffled"))
+    # the record says how to regenerate it and which model it measured
+    assert res["provenance"]["git_commit"] and res["provenance"]["command"].startswith("fairseq-attention-source-reliance")
+    assert res["model"]["sha256"] and res["model"]["run_dir"] is None
 
 
 def test_library_functions_refuse_a_model_without_transformer_layers(files):

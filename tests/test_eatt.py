@@ -325,5 +325,6 @@ def test_end_to_end_train_generate_energy(tmp_path):
     assert "## Provenance" in md and "--max-sentences 50" in md and "- git commit: `" in md
     # a checkpoint trained outside mt-experiment has no training record: the page says so
     assert res["model"]["run_dir"] is None and res["model"]["evidence"] is None
+    assert res["provenance"]["git_commit"] and "--max-sentences 50" in res["provenance"]["command"]
     assert "**Regime: unstated**" in md and "**Evidence: none committed.**" in md
     assert "### Model model: `" in md and "- training run: none found" in md

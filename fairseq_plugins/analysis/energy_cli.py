@@ -195,6 +195,7 @@ def main(argv=None):
         md = model_markdown(res) + "\n" + md + "\n" + provenance.models_markdown(_labelled(res))[1]
         print(json.dumps({k: v for k, v in res.items() if k != "rho"}, indent=1))
         if a.json:
+            res["provenance"] = provenance.collect(provenance.command_line("fairseq-attention-energy", argv))
             with atomic_path(a.json) as tmp, open(tmp, "w") as f:
                 json.dump(res, f, indent=1)
         if a.plot and res["rho"]:

@@ -99,7 +99,7 @@ def main(argv=None):
     except (FileNotFoundError, CheckpointError) as e:  # names the file: empty, cut short, unsafe, wrong model
         p.error(str(e))
     res = ffn_variance_ratios(model, itr, task.target_dictionary.pad())
-    emit_result(res, a.checkpoint, a.subset, a.json)
+    emit_result(res, a.checkpoint, a.subset, a.json, prog="fairseq-attention-ffn-variance", argv=argv)
 
 
 if __name__ == "__main__":

@@ -48,15 +48,20 @@ def analysis_parser(description: str, prog: str = None):
     return p
 
 
-def emit_result(res: dict, checkpoint: str, subset: str, json_path=None) -> dict:
-    """Add ``checkpoint`` (absolute path) and ``subset`` to ``res``, print it as JSON and, with
-    ``json_path``, write it there atomically (never a half-written file).  Returns ``res``."""
+def emit_result(res: dict, checkpoint: str, subset: str, json_path=None, prog: str = "", argv=None) -> dict:
+    """Add ``checkpoint`` (repo-relative), ``subset``, ``model`` (the checkpoint's training run
+    and committed evidence, :func:`fairseq_plugins.provenance.trained_model`) and ``provenance``
+    (command ``prog`` + ``argv``, git commit, hardware, time) to ``res``, print it as JSON and,
+    with ``json_path``, write it there atomically (never a half-written file).  Returns ``res``."""
     import json
     import os
 
+    from .. import provenance
     from ..atomic import atomic_path
 
-    res.update(checkpoint=os.path.abspath(checkpoint), subset=subset)
+    res.update(checkpoint=provenance.repo_relative(os.path.abspath(checkpoint)), subset=subset,
+               model=provenance.trained_model(checkpoint),
+               provenance=provenance.collect(provenance.command_line(prog, argv)))
     text = json.dumps(res, indent=1)
     print(text)
     if json_path:

@@ -120,7 +120,7 @@ def main(argv=None):
     except (FileNotFoundError, CheckpointError) as e:  # names the file: empty, cut short, unsafe, wrong model
         p.error(str(e))
     res = source_reliance(model, itr, task.target_dictionary.pad(), seed=a.seed)
-    emit_result(res, a.checkpoint, a.subset, a.json)
+    emit_result(res, a.checkpoint, a.subset, a.json, prog="fairseq-attention-source-reliance", argv=argv)
 
 
 if __name__ == "__main__":
