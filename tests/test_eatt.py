@@ -102,6 +102,42 @@ def test_l1_impl_auto_avoids_cdist_backward_on_cuda():
         resolve_impl("naive", "cpu")
 
 
+def test_cdist_split_over_queries_below_the_cuda_grid_limit():
+    """cdist's CUDA forward launches one thread block per score, at most 2**31 - 1 of them (a decode
+    prefill of 320 x 8 x 1023 x 1023 failed with "invalid argument" on an H100): past the limit the
+    queries are split into blocks.  Here a limit of 50 scores forces 3 blocks of 2 queries: values
+    and gradients equal one cdist call, and a limit below one query row is refused."""
+    from fairseq_plugins.attention.l1 import _cdist_l1
+
+    torch.manual_seed(5)
+    q = torch.randn(2, 2, 5, 8, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(2, 2, 6, 8, dtype=torch.float64, requires_grad=True)
+    out = _cdist_l1(q, k, grid_limit=50)  # B*H*S = 24 scores per query row -> 2 rows per block
+    ref = torch.cdist(q, k, p=1)
+    assert torch.equal(out, ref)
+    g = torch.randn_like(ref)
+    gq, gk = torch.autograd.grad(out, (q, k), g)
+    rq, rk = torch.autograd.grad(ref, (q, k), g)
+    torch.testing.assert_close(gq, rq, rtol=0, atol=1e-12)
+    torch.testing.assert_close(gk, rk, rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match="impl='chunked'"):
+        _cdist_l1(q, k, grid_limit=23)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_l1_forward_past_the_cdist_grid_limit():
+    """A forward of 2 x 32768 x 32769 > 2**31 - 1 scores (cdist alone: "invalid argument"): the
+    query-blocked cdist runs, and its last rows match cdist on those rows alone."""
+    torch.manual_seed(6)
+    q = torch.randn(1, 2, 32768, 4, device="cuda")
+    k = torch.randn(1, 2, 32769, 4, device="cuda")
+    with torch.no_grad():
+        s = l1_scores(q, k, 0.5, impl="auto")
+        ref = -0.5 * torch.cdist(q[:, :, -8:], k, p=1)
+    assert s.shape == (1, 2, 32768, 32769)
+    torch.testing.assert_close(s[:, :, -8:], ref)
+
+
 @pytest.mark.parametrize("impl", ["chunked", "cdist", "auto"])
 def test_l1_scores_half_precision_is_computed_in_float32(impl):
     """bfloat16 inputs: the scores of every impl are the float32 scores rounded once, and the

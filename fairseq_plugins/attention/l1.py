@@ -20,7 +20,11 @@ elements it writes out of bounds.  Seen on an H200 (torch 2.11, 2026-11-26): the
 memory access", which poisons the process's CUDA context.  So the attention functions call
 :func:`l1_scores` with ``impl="auto"``: the chunked kernel, in blocks of
 :data:`DEFAULT_MAX_ELEMS_CUDA` elements, where a CUDA backward will run; ``cdist`` everywhere else
-(CPU, and the forward alone on a GPU -- every step of beam search -- where it writes only the scores).  The chunked kernel (the default of
+(CPU, and the forward alone on a GPU -- every step of beam search -- where it writes only the scores).
+Its CUDA forward launches one thread block per score, and a grid holds at most ``2**31 - 1``
+blocks: past that, the launch fails with "invalid argument" (H100, 2026-11-26: ``mt-bench-gpu``'s
+decode section, a prefill of 320 hypotheses x 8 heads x 1023 x 1023 scores), so on CUDA
+:func:`l1_scores` calls cdist on blocks of queries below that limit.  The chunked kernel (the default of
 :func:`l1_scores`, checked against ``cdist`` in the tests) bounds memory by ``max_elems``
 explicitly on any backend.
 """
@@ -39,6 +43,9 @@ DEFAULT_MAX_ELEMS_CUDA = 1 << 26
 IMPLS = ("auto", "chunked", "cdist")
 #: ``torch.cdist``'s CUDA backward indexes its ``(B*H, S, T, d)`` buffer with 32-bit ints
 _CDIST_CUDA_BACKWARD_LIMIT = 2 ** 31
+#: ``torch.cdist``'s CUDA forward launches one block per score (``dim3 grid(result.numel())``);
+#: a grid's x dimension holds at most ``2**31 - 1`` blocks, so larger calls are split over queries
+_CDIST_CUDA_GRID_LIMIT = 2 ** 31 - 1
 
 
 def resolve_impl(impl: str, device_type: str, buffer_elems: int = 0, needs_grad: bool = False) -> str:
@@ -70,6 +77,22 @@ def resolve_impl(impl: str, device_type: str, buffer_elems: int = 0, needs_grad:
 
 def _block(B, H, T, S, d, max_elems):
     return max(1, min(T, max_elems // max(1, B * H * S * d)))
+
+
+def _cdist_l1(q: torch.Tensor, k: torch.Tensor, grid_limit: Optional[int] = None) -> torch.Tensor:
+    """``torch.cdist(q, k, p=1)``, ``(B, H, T, S)``, on CUDA in blocks of queries whose
+    ``B*H*Tc*S`` scores (cdist's thread blocks) stay within ``grid_limit`` (default
+    :data:`_CDIST_CUDA_GRID_LIMIT`); one call elsewhere.  Autograd flows through each block."""
+    B, H, T, d = q.shape
+    S = k.size(2)
+    limit = _CDIST_CUDA_GRID_LIMIT if grid_limit is None else grid_limit
+    if (q.device.type != "cuda" and grid_limit is None) or B * H * T * S <= limit:
+        return torch.cdist(q, k, p=1)
+    if B * H * S > limit:
+        raise ValueError(f"torch.cdist on CUDA: even one query row has B*H*S = {B * H * S} scores, past the "
+                         f"grid limit {limit}; use impl='chunked'")
+    tc = limit // (B * H * S)
+    return torch.cat([torch.cdist(q[:, :, t0:t0 + tc], k, p=1) for t0 in range(0, T, tc)], dim=2)
 
 
 class _L1Scores(torch.autograd.Function):
@@ -137,7 +160,7 @@ def l1_scores(q: torch.Tensor, k: torch.Tensor, scale: float, max_elems: Optiona
     half = q.dtype in (torch.float16, torch.bfloat16)
     qf, kf = (q.float(), k.float()) if half else (q, k)
     if chosen == "cdist":
-        out = torch.cdist(qf, kf, p=1) * (-float(scale))
+        out = _cdist_l1(qf, kf) * (-float(scale))
     else:
         if max_elems is None:
             max_elems = DEFAULT_MAX_ELEMS_CUDA if impl == "auto" else DEFAULT_MAX_ELEMS  # auto: CUDA only
