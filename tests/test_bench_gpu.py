@@ -111,6 +111,8 @@ def test_parse_wps_takes_the_median_after_the_first_interval():
 def test_render_reports_ratios_against_the_baseline_of_the_same_run():
     res = {"layer": {"bf16": {256: {"stock": {"ms": 2.0, "kernel_ms": 1.5, "mib": 100.0},
                                     "rela_g triton": {"ms": 1.0, "kernel_ms": 0.5, "mib": 120.0},
+                                    "relu triton": {"ms": 4.0, "kernel_ms": 0.5, "host_ms": 3.5, "syncs": 2,
+                                                    "mib": 90.0},
                                     "eatt torch": {"error": "OOM"}}}},
            "train": {"stock transformer": {"wps": 1000.0, "wall_s": 10, "command": "fairseq-train x"},
                      "rela_g auto": {"wps": 900.0, "wall_s": 11, "command": "fairseq-train y"}}}
@@ -120,10 +122,31 @@ def test_render_reports_ratios_against_the_baseline_of_the_same_run():
     assert "| rela_g triton | 1 ms (2.00x); kernels 0.5 ms (3.00x), 120 MiB |" in md
     assert "| stock | 2 ms; kernels 1.5 ms, 100 MiB |" in md
     assert "| eatt torch | OOM |" in md
+    assert "| relu triton | 4 ms (0.50x); kernels 0.5 ms (3.00x); host 3.5 ms, 2 syncs, 90 MiB |" in md
     assert "| rela_g auto | 900 | 0.90x | 11 |" in md
     assert "regime: benchmark" in md and "## Provenance" in md
     assert "Incomplete" not in md  # complete unless the run says otherwise
     assert "**Incomplete: the run stopped" in bench_gpu.render(res, dict(meta, complete=False))
+
+
+def test_host_ms_is_the_time_to_issue_a_step():
+    """host_ms times the calls themselves (on CPU: their whole work): a step that costs at least
+    2 ms of CPU time cannot be reported below 2 ms."""
+    import time
+
+    def run():
+        t = time.perf_counter()
+        while time.perf_counter() - t < 0.002:
+            pass
+
+    assert bench_gpu.host_ms(run, steps=5) >= 2.0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_sync_count_sees_item_and_nothing_else():
+    x = torch.randn(64, device="cuda")
+    assert bench_gpu.sync_count(lambda: x.sum().item()) >= 1
+    assert bench_gpu.sync_count(lambda: (x * 2).sum()) == 0
 
 
 def test_module_runs_as_a_script():
