@@ -6,7 +6,8 @@
 #      (on 2026-11-26 the JIT compiled one tile at a time: 12-150 s per CUDA test); its report, compiled
 #      by the machine's triton, comes back as kernel_report_device.md;
 #   1. alone on the GPU, the decisive mt-bench-gpu subset (bf16, T 256/1024/4096; softmax, rela_g,
-#      reluformer, eatt; core, layer, decode): every ratio against the baseline of the same run;
+#      reluformer, eatt; core, layer, decode; BENCH_ARGS replaces these options, e.g. with what a
+#      previous window did not reach: docs/gpu.md): every ratio against the baseline of the same run;
 #      the result file is rewritten after every length, so a cut-off run still leaves a table;
 #   2. (SPLIT_S > 0) the layer section again with MT_RECT_BACKWARD=split (vs the default fused);
 #   3. (TEST_S > 0) the CUDA tests under pytest-xdist (every compiled kernel against the float64
@@ -77,8 +78,10 @@ if [ "$WARM_S" -gt 0 ]; then
 fi
 
 echo "== 1. mt-bench-gpu (limit ${BENCH_S} s)"; t=$SECONDS
-timeout -s INT "$BENCH_S" python3 -m mt_pipeline.bench_gpu --T 256,1024,4096 --dtypes bf16 \
-  --functions softmax,rela_g,reluformer,eatt --rep 50 --out "$OUT/attention_speed_$GPU.md" \
+BENCH_ARGS=${BENCH_ARGS:---T 256,1024,4096 --dtypes bf16 --functions softmax,rela_g,reluformer,eatt}
+echo "mt-bench-gpu $BENCH_ARGS --rep 50"
+# shellcheck disable=SC2086  # BENCH_ARGS is a list of options
+timeout -s INT "$BENCH_S" python3 -m mt_pipeline.bench_gpu $BENCH_ARGS --rep 50 --out "$OUT/attention_speed_$GPU.md" \
   > "$OUT/bench.log" 2>&1
 echo "rc $? after $((SECONDS - t)) s"; tail -5 "$OUT/bench.log"
 
