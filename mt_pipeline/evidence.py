@@ -13,6 +13,9 @@ it was trained on.  When a run has finished, :func:`export` copies what a reader
 * ``train.log.gz`` -- fairseq's full JSON training log (loss and validation curves, resumes);
 * ``analysis_*.json`` when the run has them (its ``config.json`` fingerprint is ``result.json``'s
   ``config``; its ``campaign.json`` -- launcher, concurrency -- goes into ``result.json`` as ``campaign``);
+* ``decodes/<name>/`` -- re-decodes of the run's checkpoint under other settings (Flexible
+  Attention's tau sweep: :func:`export_decode`), each with its own ``result.json`` (``kind:
+  decode``), hypotheses and manifest;
 * ``MANIFEST.json`` -- the files this module wrote with their SHA-256, the run's git commit and the
   commit the export ran at; a later export overwrites
   only those, never anything else a user put in the directory.
@@ -37,7 +40,7 @@ from typing import Dict, List, Optional
 from .atomic import atomic_path, write_json_atomic
 from .provenance import NO_EVIDENCE, ROOT, evidence_dir, evidence_root, file_sha256, git_commit, repo_relative
 
-__all__ = ["evidence_root", "evidence_dir", "export", "locate", "resolve", "rescore", "RescoreError",
+__all__ = ["evidence_root", "evidence_dir", "export", "export_decode", "locate", "resolve", "rescore", "RescoreError",
            "NO_EVIDENCE", "predates_evidence"]
 
 MANIFEST = "MANIFEST.json"
@@ -89,10 +92,7 @@ def export(run_dir: str, regime: str) -> Optional[str]:
         res = json.load(f)
     out = evidence_dir(run_dir, regime)
     os.makedirs(out, exist_ok=True)
-    old = {}
-    if os.path.exists(os.path.join(out, MANIFEST)):
-        with open(os.path.join(out, MANIFEST)) as f:
-            old = json.load(f).get("files", {})
+    old = _old_files(out)
     written: Dict[str, str] = {}
 
     def put(name, src, gz=False):
@@ -100,16 +100,7 @@ def export(run_dir: str, regime: str) -> Optional[str]:
         (_gzip_to if gz else _copy_to)(src, dst)
         written[name] = file_sha256(dst)
 
-    for subset, score in (res.get("scores") or {}).items():
-        hyp = resolve(score["hyp"])
-        put(f"{subset}.hyp.detok.gz", hyp, gz=True)
-        ref = resolve(score["ref"])
-        score["hyp"] = repo_relative(os.path.join(out, f"{subset}.hyp.detok.gz"))
-        score["ref"] = repo_relative(ref)
-        if os.path.exists(ref):
-            score["ref_sha256"] = file_sha256(ref)
-        for key in ("tok_hyp", "tok_ref"):  # not committed: tokenized BLEU is not re-scored from evidence
-            score.pop(key, None)
+    _put_scores(res.get("scores") or {}, out, put)
     if os.path.exists(os.path.join(run_dir, "train.log")):
         put("train.log.gz", os.path.join(run_dir, "train.log"), gz=True)
     for name in sorted(os.listdir(run_dir)):
@@ -120,14 +111,96 @@ def export(run_dir: str, regime: str) -> Optional[str]:
         with open(campaign) as f:
             res["campaign"] = json.load(f)
     res["evidence"] = {"run_dir": repo_relative(run_dir), "regime": regime}
+    _finish(out, res, written, old, "mt_pipeline.evidence.export")
+    return out
+
+
+def _put_scores(scores: Dict, out: str, put) -> None:
+    """Commit each subset's detokenized hypotheses (``<subset>.hyp.detok.gz`` via ``put``) and point
+    the score records at them (repo-relative), the references at the prepared data (with their
+    SHA-256); the tokenized files are not committed (tokenized BLEU is not re-scored from evidence)."""
+    for subset, score in scores.items():
+        put(f"{subset}.hyp.detok.gz", resolve(score["hyp"]), gz=True)
+        ref = resolve(score["ref"])
+        score["hyp"] = repo_relative(os.path.join(out, f"{subset}.hyp.detok.gz"))
+        score["ref"] = repo_relative(ref)
+        if os.path.exists(ref):
+            score["ref_sha256"] = file_sha256(ref)
+        for key in ("tok_hyp", "tok_ref"):
+            score.pop(key, None)
+
+
+def _old_files(out: str) -> Dict[str, str]:
+    if os.path.exists(os.path.join(out, MANIFEST)):
+        with open(os.path.join(out, MANIFEST)) as f:
+            return json.load(f).get("files", {})
+    return {}
+
+
+def _finish(out: str, res: Dict, written: Dict[str, str], old: Dict[str, str], writer: str) -> None:
+    """Write ``result.json`` and the manifest, then remove what an earlier export of ``out`` wrote
+    and this one did not (never a file this module did not write)."""
     write_json_atomic(os.path.join(out, "result.json"), res)
     written["result.json"] = file_sha256(os.path.join(out, "result.json"))
-    write_json_atomic(os.path.join(out, MANIFEST), {"written_by": "mt_pipeline.evidence.export",
-                                                    "git_commit": res.get("git_commit"),
+    write_json_atomic(os.path.join(out, MANIFEST), {"written_by": writer, "git_commit": res.get("git_commit"),
                                                     "exported_at_git_commit": git_commit(), "files": written})
-    for name in set(old) - set(written) - {MANIFEST}:  # written by an earlier export, no longer part of it
+    for name in set(old) - set(written) - {MANIFEST}:
         if os.path.exists(os.path.join(out, name)):
             os.unlink(os.path.join(out, name))
+
+
+def export_decode(run_dir: str, regime: str, name: str, decode_dir: str, subsets: List[str],
+                  settings: Dict, command: str) -> str:
+    """Commit a re-decode of a finished run's checkpoint under other decoding settings (e.g.
+    Flexible Attention's threshold tau, ``mt-flexible-sweep``) as evidence beside the run's own:
+    ``<evidence dir of the run>/decodes/<name>/`` with ``result.json`` (``kind: decode``: the run,
+    the checkpoint's SHA-256, ``settings``, ``command``, the scores of ``subsets`` in that order,
+    each pointing at its committed hypotheses), ``<subset>.hyp.detok.gz`` and ``MANIFEST.json``.
+    :func:`committed_results` finds it, so ``mt-campaign rescore`` re-scores it like a run.
+
+    Args:
+        run_dir: the trained run (its ``result.json`` gives data, direction and commit).
+        regime: the run's regime (:data:`fairseq_plugins.provenance.REGIMES`).
+        name: the decode's directory name (``tau_1.2``); letters, digits, ``._-`` only.
+        decode_dir: ``mt-evaluate``'s output for this decode (``<subset>.json`` + hypotheses).
+        subsets: the subsets to commit, first the one a page shows.
+        settings: what differs from the run's own decode (``{"flexible_threshold": "1.2", ...}``).
+        command: the command that decoded.
+
+    Raises:
+        ValueError: ``name`` with other characters.
+        FileNotFoundError: the run's ``result.json`` or a subset's ``<subset>.json`` is missing.
+    """
+    import re
+
+    if not re.fullmatch(r"[A-Za-z0-9._-]+", name):
+        raise ValueError(f"decode name {name!r}: use letters, digits, '.', '_' and '-' only")
+    with open(os.path.join(run_dir, "result.json")) as f:
+        run = json.load(f)
+    scores = {}
+    for subset in subsets:
+        with open(os.path.join(decode_dir, f"{subset}.json")) as f:
+            scores[subset] = json.load(f)
+    shas = {sc.get("checkpoint_sha256") for sc in scores.values()}
+    run_ev = evidence_dir(run_dir, regime)
+    out = os.path.join(run_ev, "decodes", name)
+    os.makedirs(out, exist_ok=True)
+    old, written = _old_files(out), {}
+
+    def put(fname, src, gz=False):
+        dst = os.path.join(out, fname)
+        (_gzip_to if gz else _copy_to)(src, dst)
+        written[fname] = file_sha256(dst)
+
+    _put_scores(scores, out, put)
+    res = {"kind": "decode", "status": "done", "name": name, "run": repo_relative(run_dir),
+           "run_evidence": repo_relative(run_ev), "regime": regime, "direction": run.get("direction"),
+           "data": run.get("data"), "run_git_commit": run.get("git_commit"), "git_commit": git_commit(),
+           "decoded_checkpoint": repo_relative(next(iter(scores.values()))["checkpoint"]) if scores else None,
+           "decoded_checkpoint_sha256": shas.pop() if len(shas) == 1 else None,
+           "settings": settings, "command": command, "scores": scores,
+           "evidence": {"run_dir": repo_relative(decode_dir), "regime": regime}}
+    _finish(out, res, written, old, "mt_pipeline.evidence.export_decode")
     return out
 
 

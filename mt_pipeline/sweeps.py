@@ -23,7 +23,9 @@ of one or more directions: window and BLEU on the test set for Global, Local-p, 
     python scripts/flexible_sweep.py table1 --runs runs/flexible_table1_en_de runs/flexible_table1_de_en
 
 Every decode is resumable (skipped when its ``<subset>.json`` is newer than the checkpoint);
-outputs are written atomically.  Raises SystemExit on a missing run / checkpoint / report.
+outputs are written atomically.  Every decode at a tau is committed as evidence beside its run's
+(``results/runs/<regime>/.../row<i>/decodes/tau_<tau>/``: hypotheses, scores, the command;
+``mt-campaign rescore`` re-scores them), and Table 1 names, per row, the evidence its BLEU comes from.  Raises SystemExit on a missing run / checkpoint / report.
 """
 
 import argparse
@@ -105,20 +107,25 @@ def run_info(run_dir: str) -> dict:
     return res
 
 
+def _decode_cmd(res: dict, tau: float, subsets, out_dir: str) -> list:
+    """The ``scripts/evaluate.sh`` command that decodes ``subsets`` of the run ``res`` at ``tau``."""
+    src, tgt = res["direction"].split("-")
+    gen = res["config"]["budget"]["generate"]
+    override = "{'flexible_threshold':'%s'}" % tau_name(tau)
+    return ["bash", os.path.join(ROOT, "scripts", "evaluate.sh"), "--checkpoint", res["_checkpoint"],
+            "--data-bin", os.path.join(res["_prep"], "bin"), "--prep-dir", res["_prep"], "--src", src,
+            "--tgt", tgt, "--subsets", ",".join(subsets), "--beam", str(gen["beam"]), "--lenpen",
+            str(gen["lenpen"]), "--batch-size", str(gen["batch-size"]), "--out", out_dir,
+            "--extra", f"--model-overrides {override}"]
+
+
 def decode(res: dict, tau: float, subsets, out_dir: str) -> dict:
     """Decode ``subsets`` with threshold ``tau`` (resumable); ``{subset: {bleu, tok_bleu, window, ...}}``."""
     ckpt = res["_checkpoint"]
-    src, tgt = res["direction"].split("-")
-    gen = res["config"]["budget"]["generate"]
     todo = [s for s in subsets if not os.path.exists(os.path.join(out_dir, f"{s}.json"))
             or os.path.getmtime(os.path.join(out_dir, f"{s}.json")) < os.path.getmtime(ckpt)]
     if todo:
-        override = "{'flexible_threshold':'%s'}" % tau_name(tau)
-        cmd = ["bash", os.path.join(ROOT, "scripts", "evaluate.sh"), "--checkpoint", ckpt,
-               "--data-bin", os.path.join(res["_prep"], "bin"), "--prep-dir", res["_prep"], "--src", src,
-               "--tgt", tgt, "--subsets", ",".join(todo), "--beam", str(gen["beam"]), "--lenpen",
-               str(gen["lenpen"]), "--batch-size", str(gen["batch-size"]), "--out", out_dir,
-               "--extra", f"--model-overrides {override}"]
+        cmd = _decode_cmd(res, tau, todo, out_dir)
         log("$ " + " ".join(cmd))
         subprocess.run(cmd, check=True, cwd=ROOT, env=dict(os.environ, PYTHON=sys.executable))
     out = {}
@@ -127,6 +134,43 @@ def decode(res: dict, tau: float, subsets, out_dir: str) -> dict:
         out[s] = {"bleu": score["bleu"], "tok_bleu": score["tok_bleu"], "signature": score["signature"],
                   **read_window(os.path.join(out_dir, f"{s}.generate.log"))}
     return out
+
+
+def export_decode(run_dir: str, res: dict, tau: float, subsets, out_dir: str):
+    """Commit the decode of ``subsets`` at ``tau`` in ``out_dir`` as evidence of the run
+    (``<run evidence>/decodes/tau_<tau>/``: :func:`mt_pipeline.evidence.export_decode`), so the
+    BLEU a page shows for it re-scores from committed hypotheses; the repo-relative evidence
+    directory, or None when the run states no regime (a run outside the table system)."""
+    from . import evidence
+    from .provenance import repo_relative
+
+    regime = res.get("regime")
+    if not regime:
+        return None
+    cmd = " ".join(repo_relative(c) if os.path.isabs(c) else c for c in _decode_cmd(res, tau, subsets, out_dir))
+    return repo_relative(evidence.export_decode(run_dir, regime, f"tau_{tau_name(tau)}", out_dir, list(subsets),
+                                                {"flexible_threshold": tau_name(tau)}, cmd))
+
+
+def run_evidence(run_dir: str, res: dict, subset: str, bleu: float):
+    """The run's committed evidence directory (repo-relative) when it exists and records ``bleu``
+    for ``subset`` (the run's own decode is what the page shows), else None."""
+    from .evidence import evidence_dir
+    from .provenance import repo_relative
+
+    if not res.get("regime"):
+        return None
+    d = evidence_dir(run_dir, res["regime"])
+    path = os.path.join(d, "result.json")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        rec = json.load(f)
+    score = (rec.get("scores") or {}).get(subset) or {}
+    if next(iter(rec.get("scores") or {}), None) != subset or score.get("bleu") is None \
+            or abs(score["bleu"] - bleu) > 0.005:
+        return None
+    return repo_relative(d)
 
 
 def select_tau(points: dict, metric: str, max_loss: float = 0.5, candidates=SELECT_FROM):
@@ -234,12 +278,15 @@ def sweep_table(points) -> list:
 
 
 def sweep(run_dir: str, taus, metric: str, max_loss: float, figure=None, out=None) -> dict:
-    """Decode valid + test over ``taus`` (and inf); write sweep.json / sweep.md (+ figure)."""
+    """Decode valid + test over ``taus`` (and inf); write sweep.json / sweep.md (+ figure); commit
+    each tau's decode as the run's evidence (:func:`export_decode`; ``summary["evidence"]``)."""
     res = run_info(run_dir)
     out = out or os.path.join(run_dir, "sweep")
-    points = {}
+    points, evid = {}, {}
     for tau in list(taus) + [math.inf]:
         points[tau] = decode(res, tau, ["valid", "test"], os.path.join(out, f"tau_{tau_name(tau)}"))
+        evid[tau_name(tau)] = export_decode(run_dir, res, tau, ["test", "valid"],
+                                            os.path.join(out, f"tau_{tau_name(tau)}"))
         log(f"tau={tau_name(tau)}: valid {metric} {points[tau]['valid'][metric]:.2f} window "
             f"{points[tau]['valid']['window']:.2f}; test {metric} {points[tau]['test'][metric]:.2f} window "
             f"{points[tau]['test']['window']:.2f}")
@@ -247,7 +294,8 @@ def sweep(run_dir: str, taus, metric: str, max_loss: float, figure=None, out=Non
     summary = {"run": os.path.relpath(run_dir, ROOT), "checkpoint": os.path.relpath(res["_checkpoint"], ROOT),
                "direction": res["direction"], "metric": metric, "max_loss": max_loss,
                "selected_tau": chosen, "select_from": list(SELECT_FROM),
-               "points": {tau_name(t): v for t, v in points.items()}, "git_commit": res.get("git_commit")}
+               "points": {tau_name(t): v for t, v in points.items()}, "git_commit": res.get("git_commit"),
+               "regime": res.get("regime"), "seed": res.get("seed"), "evidence": evid}
     with atomic_path(os.path.join(out, "sweep.json")) as tmp, open(tmp, "w") as f:
         json.dump(summary, f, indent=2)
     lines = [f"# BLEU vs average window over tau ({res['direction']}, `{summary['checkpoint']}`)", "",
@@ -281,52 +329,104 @@ def table1(runs, metric, max_loss, out_path, figure=None,
     """Assemble Table 1 (window and BLEU per model) over the given direction run directories.
 
     Each direction is shown next to the paper's En-Ja column when its target language is ``ja``,
-    else next to the paper's De-En column (:data:`PAPER_TABLE1`).
+    else next to the paper's De-En column (:data:`PAPER_TABLE1`).  Every model row has a page-wide
+    ID (``<direction>/<row>``, ``-tau`` for the rows decoded at the selected tau) and a ``### Row``
+    section naming its committed evidence: the run's own (rows decoded as trained) or the decode at
+    tau committed beside it (:func:`export_decode`) -- the format ``tests/test_results_audit.py``
+    checks.  When a row has none, the page says so (:data:`NO_EVIDENCE`) and names no evidence.
     """
-    lines = [f"# {title}", "",
-             "Paper: Shu & Nakayama (2017), Table 1 (De-En: WMT15, En-Ja: ASPEC; 1000-unit RNNsearch, tokenized "
-             "BLEU; RIBES for En-Ja). "
-             "Window = source positions scored per hypothesis and decoding step, averaged over beam "
-             "hypotheses and steps (test set). tau chosen on the validation set by the paper's rule "
-             f"(smallest of {list(SELECT_FROM)} losing at most {max_loss} {metric} against tau = inf). "
-             "SacreBLEU with tokenized BLEU in brackets.", ""]
+    from .evidence import NO_EVIDENCE
+    from .provenance import REGIMES, repo_relative
+
+    sections, all_entries, regimes, seeds = [], [], [], set()
     for rdir in runs:
         rows = {i: os.path.join(rdir, f"row{i}") for i in (1, 2, 3, 4)}
         res3 = run_info(rows[3])
         sw = sweep(rows[3], PAPER_TAUS, metric, max_loss, figure=figure if rdir == runs[-1] else None)
         tau = sw["selected_tau"] if sw["selected_tau"] is not None else 1.2
+        direction = res3["direction"]
         entries = []
         for key, name, i, t in (("global", "Global Attention", 1, None), ("local", "Local Attention (local-p)", 2, None),
                                 ("inf", "Flexible Attention (tau=inf)", 3, math.inf),
                                 ("tau", f"Flexible Attention (tau={tau_name(tau)})", 3, tau),
                                 ("ft", f"+ fine-tuning (tau={tau_name(tau)})", 4, tau)):
+            rid = f"{direction}/{i}" + ("-tau" if key in ("tau", "ft") else "")
             if not os.path.exists(os.path.join(rows[i], "result.json")):
-                entries.append((key, name, None))
+                entries.append(dict(id=rid, key=key, name=name, v=None, evidence=None, run=rows[i]))
                 continue
             res = run_info(rows[i])
-            sub = os.path.join(rows[i], "eval") if t is None else (
-                os.path.join(rows[3], "sweep", f"tau_{tau_name(t)}") if i == 3 else os.path.join(rows[i], f"eval_tau_{tau_name(t)}"))
-            entries.append((key, name, decode(res, t, ["test"], sub)["test"] if t is not None else {
-                **json.load(open(os.path.join(sub, "test.json"))), **read_window(os.path.join(sub, "test.generate.log"))}))
+            regimes.append(res.get("regime") or "unstated")
+            if res.get("seed") is not None:
+                seeds.add(res["seed"])
+            if t is None:  # the run's own decode (tau is not a setting of these models)
+                sub = os.path.join(rows[i], "eval")
+                v = {**json.load(open(os.path.join(sub, "test.json"))), **read_window(os.path.join(sub, "test.generate.log"))}
+                ev = run_evidence(rows[i], res, "test", v["bleu"])
+            elif i == 3:  # the sweep decoded it and committed it
+                v = sw["points"][tau_name(t)]["test"]
+                ev = (sw.get("evidence") or {}).get(tau_name(t))
+            else:
+                sub = os.path.join(rows[i], f"eval_tau_{tau_name(t)}")
+                v = decode(res, t, ["test"], sub)["test"]
+                ev = export_decode(rows[i], res, t, ["test"], sub)
+            entries.append(dict(id=rid, key=key, name=name, v=v, evidence=ev, run=rows[i], tau=t))
+        all_entries += entries
+        sections.append((rdir, res3, sw, tau, entries))
+
+    complete = all(e["evidence"] for e in all_entries)
+    order = ["unstated", "smoke", "diagnostic", "converged", "paper"]
+    weakest = min(regimes, key=lambda r: order.index(r) if r in order else 0) if regimes else "unstated"
+    cmd = "mt-flexible-sweep table1 --runs " + " ".join(repo_relative(r) for r in runs)
+    lines = [f"# {title}", "",
+             f"**Regime: {weakest}** -- {REGIMES.get(weakest, 'the runs state no regime')}. Seeds: "
+             f"{', '.join(map(str, sorted(seeds))) or 'not recorded'} (one run per row: differences between rows "
+             "are not tested against seed noise). Converged numbers and verdicts: [results/README.md](../README.md).", ""]
+    if not complete:
+        missing = [e["id"] for e in all_entries if not e["evidence"]]
+        lines += [f"{NO_EVIDENCE} Rows {', '.join(missing)} have no committed evidence (their runs or decodes were "
+                  "not exported), so this page's numbers cannot be re-scored from the repository, only re-run: "
+                  "`mt-campaign run --plan configs/campaign/smoke.yaml` trains the Flexible Table 1 runs with "
+                  f"evidence, then `{cmd}` decodes and commits the rest.", ""]
+    lines += ["Paper: Shu & Nakayama (2017), Table 1 (De-En: WMT15, En-Ja: ASPEC; 1000-unit RNNsearch, tokenized "
+              "BLEU; RIBES for En-Ja). "
+              "Window = source positions scored per hypothesis and decoding step, averaged over beam "
+              "hypotheses and steps (test set). tau chosen on the validation set by the paper's rule "
+              f"(smallest of {list(SELECT_FROM)} losing at most {max_loss} {metric} against tau = inf). "
+              "SacreBLEU with tokenized BLEU in brackets.", ""]
+    for rdir, res3, sw, tau, entries in sections:
         column = "En-Ja" if res3["direction"].split("-")[-1] == "ja" else "De-En"
         paper = PAPER_TABLE1[column]
         lines += [f"## {res3['direction']}", "", f"Selected tau: {tau_name(tau)}"
                   + ("" if sw["selected_tau"] is not None else " (no candidate met the rule; paper's 1.2 used)"), "",
-                  f"| Model | paper window ({column}) | paper BLEU ({column}) | window | BLEU (tok) |", "|---|---|---|---|---|"]
-        for key, name, v in entries:
+                  f"| ID | Model | paper window ({column}) | paper BLEU ({column}) | window | BLEU (tok) |",
+                  "|---|---|---|---|---|---|"]
+        for e in entries:
+            v = e["v"]
             cells = ["not run yet", ""] if v is None else [f"{v['window']:.2f}", f"{v['bleu']:.2f} ({v['tok_bleu']:.2f})"]
-            lines.append(f"| {name} | {paper[key][0]} | {paper[key][1]} | " + " | ".join(cells) + " |")
-        sig = next((v.get("signature") for _, _, v in entries if v and v.get("signature")), "n/a")
+            lines.append(f"| {e['id']} | {e['name']} | {paper[e['key']][0]} | {paper[e['key']][1]} | " + " | ".join(cells) + " |")
+        sig = next((e["v"].get("signature") for e in entries if e["v"] and e["v"].get("signature")), "n/a")
         table = _training_table(rdir)
-        lines += ["", f"Runs: `{os.path.relpath(rdir, ROOT)}/row1..4`; their commands, configs, commits, hardware and "
+        lines += ["", f"Runs: `{repo_relative(rdir)}/row1..4`; their commands, configs, commits, hardware and "
                   "wall times are in " + (f"the committed training table `{table}` (rendered from the same runs) and in "
-                                          if table else "") + f"each run's result.json (not committed); sacreBLEU "
-                  f"signature `{sig}`.", "",
-                  f"### BLEU vs window over tau, flexible row (Figure 3{' -- plotted in ' + os.path.relpath(figure, ROOT) if figure and rdir == runs[-1] else ''})",
-                  "", f"`{sw['checkpoint']}`, git commit `{sw.get('git_commit')}`; from `{sw['run']}/sweep/sweep.md`.", "",
+                                          if table else "") + "each run's result.json (committed with its evidence, below); "
+                  f"sacreBLEU signature `{sig}`.", ""]
+        for e in entries:
+            if e["v"] is None:
+                continue
+            lines += [f"### Row {e['id']}: {e['name']}", "",
+                      f"- run `{repo_relative(e['run'])}`"
+                      + ("" if e.get("tau") is None else f", decoded at tau = {tau_name(e['tau'])} "
+                         f"(`--model-overrides {{'flexible_threshold':'{tau_name(e['tau'])}'}}`)")]
+            if complete:
+                kind = "result.json, hypotheses, training log" if e.get("tau") is None else "result.json, hypotheses"
+                lines.append(f"- committed evidence ({kind}): `{e['evidence']}`")
+            lines.append("")
+        lines += [f"### BLEU vs window over tau, flexible row (Figure 3{' -- plotted in ' + os.path.relpath(figure, ROOT) if figure and rdir == runs[-1] else ''})",
+                  "", f"`{sw['checkpoint']}`, git commit `{sw.get('git_commit')}`; from `{sw['run']}/sweep/sweep.md`"
+                  + (f"; each tau's decode (valid and test) is committed under `{os.path.dirname(next(iter(sw['evidence'].values())))}/`"
+                     if complete and sw.get("evidence") and all(sw["evidence"].values()) else "") + ".", "",
                   *sweep_table(sw["points"].items()), ""]
-    lines += ["_Rendered by `python scripts/flexible_sweep.py table1 --runs "
-              + " ".join(os.path.relpath(r, ROOT) for r in runs) + "`._", ""]
+    lines += [f"_Rendered by `{cmd}`._", ""]
     write_text(out_path, "\n".join(lines))
     log(f"wrote {out_path}")
 

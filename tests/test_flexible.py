@@ -436,3 +436,105 @@ def test_tradeoff_figure_is_rerendered_from_the_rendered_table(tmp_path):
     assert os.path.getsize(tmp_path / "f.png") > 10_000
     with pytest.raises(SystemExit):
         sweeps.main(["replot", "--table", table, "--direction", "xx-yy", "--figure", str(tmp_path / "g.png")])
+
+
+def _fake_flexible_table(tmp_path, monkeypatch, export_training=True):
+    """Four finished ``rnnsearch`` runs of one direction (rows 1-4 of Flexible Table 1) whose decodes
+    are made by a stand-in for ``scripts/evaluate.sh``: the hypotheses are the references with the
+    last word of every ``k``-th line dropped (``k`` grows with tau), scored by the real
+    :func:`mt_pipeline.scoring.score_files`, so re-scoring the committed evidence is a real check."""
+    import json as _json
+    import types
+
+    from mt_pipeline import evidence, scoring, sweeps
+
+    monkeypatch.setenv("MT_EVIDENCE_ROOT", str(tmp_path / "evidence"))
+    ref = tmp_path / "ref.en"
+    ref.write_text("".join(f"a man rides a bike number {i} down the road\n" for i in range(40)))
+
+    def write_decode(out, subset, tau, ckpt):
+        k = 2 if tau in ("0.3", "0.5", "0.8", "1") else 20 if tau == "1.2" else 40  # 1.2: within 0.5 of inf
+        os.makedirs(out, exist_ok=True)
+        lines = ref.read_text().splitlines()
+        hyp = os.path.join(out, f"{subset}.hyp.detok")
+        with open(hyp, "w") as f:
+            f.write("".join((" ".join(l.split()[:-1]) if i % k == 0 else l) + "\n" for i, l in enumerate(lines)))
+        res = scoring.score_files(hyp, str(ref), hyp, str(ref))
+        res.update(subset=subset, checkpoint=ckpt, checkpoint_sha256="c" * 64)
+        with open(os.path.join(out, f"{subset}.json"), "w") as f:
+            _json.dump(res, f)
+        window = {2: 3.0, 20: 5.0}.get(k, 16.0)
+        with open(os.path.join(out, f"{subset}.generate.log"), "w") as f:
+            f.write(f"[rnnsearch] flexible attention (tau={tau}): average window {window} positions per "
+                    "hypothesis-step over 100 hypothesis-steps (average source length 12.00)\n")
+        return res
+
+    def fake_run(cmd, check, cwd, env):
+        arg = lambda f: cmd[cmd.index(f) + 1]  # noqa: E731
+        tau = re.search(r"'flexible_threshold':'([^']+)'", arg("--extra")).group(1)
+        for s in arg("--subsets").split(","):
+            write_decode(arg("--out"), s, tau, arg("--checkpoint"))
+
+    monkeypatch.setattr(sweeps, "subprocess", types.SimpleNamespace(run=fake_run))  # sweeps' own calls only
+    monkeypatch.setattr(sweeps, "decode_checkpoint", lambda budget, run_dir: (os.path.join(run_dir, "average_last3.pt"),))
+    rdir = tmp_path / "runs" / "flexible_table1_de_en"
+    for i in (1, 2, 3, 4):
+        row = rdir / f"row{i}"
+        (row / "eval").mkdir(parents=True)
+        (row / "average_last3.pt").write_bytes(b"ckpt")
+        own = write_decode(str(row / "eval"), "test", "inf", str(row / "average_last3.pt"))
+        with open(row / "result.json", "w") as f:
+            _json.dump({"status": "done", "regime": "smoke", "seed": 1, "direction": "de-en", "git_commit": "abc",
+                        "config": {"budget": {"generate": {"beam": 4, "lenpen": 1, "batch-size": 8}}},
+                        "data": {"prep_dir": "data-bin/x"}, "scores": {"test": own}}, f)
+        if export_training:
+            evidence.export(str(row), "smoke")
+    return rdir
+
+
+def test_table1_commits_every_decode_and_names_each_rows_evidence(tmp_path, monkeypatch):
+    """Flexible Table 1 (issue 27): the tau decodes of the flexible and fine-tuned rows are committed
+    as evidence beside the runs' own (``decodes/tau_X/``), every model row has a page-wide ID and a
+    ``### Row`` section naming evidence whose recorded BLEU is the cell -- the results audit's
+    check, run here on the rendered page -- and every committed decode re-scores."""
+    import importlib.util
+
+    from mt_pipeline import evidence, sweeps
+
+    rdir = _fake_flexible_table(tmp_path, monkeypatch)
+    out = tmp_path / "table1.md"
+    sweeps.table1([str(rdir)], "tok_bleu", 0.5, str(out))
+    md = out.read_text()
+    spec = importlib.util.spec_from_file_location("audit", os.path.join(os.path.dirname(__file__), "test_results_audit.py"))
+    audit = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(audit)
+    cells, ev = audit._score_cells(md), audit._evidence_by_row(md)
+    assert [r for r, _ in cells] == ["de-en/1", "de-en/2", "de-en/3", "de-en/3-tau", "de-en/4-tau"]
+    assert "**Regime: smoke**" in md and evidence.NO_EVIDENCE not in md
+    for row, cell in cells:
+        (d,), = [ev[row]]
+        res = json.load(open(os.path.join(d, "result.json")))  # absolute: the evidence root is in tmp_path
+        assert f"{res['scores'][next(iter(res['scores']))]['bleu']:.2f}" == cell.split()[0], (row, cell)
+    assert "/row3/decodes/tau_1.2" in ev["de-en/3-tau"][0] and "/row4/decodes/tau_1.2" in ev["de-en/4-tau"][0]
+    committed = evidence.committed_results()
+    decodes = [p for p in committed if "/decodes/" in p]
+    assert len(decodes) == 12  # row 3: 10 paper taus + inf; row 4: the selected tau
+    for p in committed:
+        rows = evidence.rescore(p)
+        assert rows and all(abs(r["bleu"] - r["recorded_bleu"]) < 0.005 for r in rows)
+    rec = json.load(open([p for p in decodes if "row4" in p][0]))
+    assert rec["kind"] == "decode" and rec["settings"] == {"flexible_threshold": "1.2"}
+    assert "'flexible_threshold':'1.2'" in rec["command"] and rec["decoded_checkpoint_sha256"] == "c" * 64
+    assert [d for d, _ in sweeps.read_sweep_tables(str(out))] == ["de-en"]  # replot still reads the page
+
+
+def test_table1_without_the_training_evidence_says_so_and_names_none(tmp_path, monkeypatch):
+    from mt_pipeline import evidence, sweeps
+
+    rdir = _fake_flexible_table(tmp_path, monkeypatch, export_training=False)
+    out = tmp_path / "table1.md"
+    sweeps.table1([str(rdir)], "tok_bleu", 0.5, str(out))
+    md = out.read_text()
+    assert evidence.NO_EVIDENCE in md and "Rows de-en/1, de-en/2 have no committed evidence" in md  # 3: the sweep committed it
+    assert "mt-campaign run --plan configs/campaign/smoke.yaml" in md
+    assert "- committed evidence" not in md

@@ -78,8 +78,8 @@ def _evidence_by_row(text):
         m = re.match(r"### (?:Row|Model) (\S+?):", line)
         if m:
             row = m.group(1)
-        m = re.match(r"- committed evidence \(result\.json, hypotheses, training log\): `([^`]+)`", line)
-        if m and row is not None:
+        m = re.match(r"- committed evidence \(result\.json, hypotheses(?:, training log)?\): `([^`]+)`", line)
+        if m and row is not None:  # a decode of a run under other settings has no training log
             out.setdefault(row, []).append(m.group(1))
     return out
 
