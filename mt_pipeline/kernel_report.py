@@ -19,7 +19,7 @@ head dimension (32, 64, 128), for ``sm_90a`` (H100) and ``sm_80`` (A100), and re
 * PTX instructions of the main loop's body (one iteration over a key tile -- or query tile in the
   ``*_bwd_kv`` kernels) and that per score: ``loop instructions x threads / (BLOCK_M x BLOCK_N)``
   (each thread runs the body once per iteration; the tile has ``BLOCK_M x BLOCK_N`` scores).
-  Loops nested in the main loop (E-ATT's loop over head dimensions) count ``d`` times.
+  Loops nested in the main loop (E-ATT's loops over chunks of head dimensions) count their trips.
   Both backward paths visit every (query tile, key tile) pair once per kernel, so the split
   pair's cost per score is the sum of its two kernels' (the report's "fused vs split" table).
 * the same main loop in SASS, the machine code ptxas makes of the PTX (``nvdisasm -c``, shipped
@@ -660,10 +660,11 @@ def _compile_row(task) -> dict:
 def _inner_trips(name: str, meta: dict, d: int):
     """Trip counts of the loops nested in a kernel's main loop, in PTX order: E-ATT's L1
     distance runs ``BLOCK_D / CHUNK`` chunk steps (``_kernels._l1``), the backward kernels' sign
-    sums then ``d`` steps of one head dimension; the other kernels have no nested loop."""
+    sums then ``BLOCK_D / CHUNK`` chunk steps too (``_kernels._l1_sgn``); the other kernels have no
+    nested loop."""
     if not name.startswith("l1"):
         return 1
-    return [meta["BLOCK_D"] // meta.get("CHUNK", 1), d]
+    return [meta["BLOCK_D"] // meta.get("CHUNK", 1)] * 2
 
 
 def _row_line(r: dict) -> str:
@@ -895,7 +896,7 @@ def render(rows: List[dict], record: dict) -> str:
              "regs: registers per thread; spill: bytes stored/loaded; smem: shared memory (KiB); "
              "wgmma/mma: in the main loop / in the kernel; loop PTX: instructions of one main-loop "
              "iteration (nested loops x their trip counts: E-ATT's L1 distance x d/CHUNK chunks, its backward "
-             "sign sums x d); /score: that x threads / (BLOCK_M x BLOCK_N). "
+             "sign sums x d/CHUNK chunks too); /score: that x threads / (BLOCK_M x BLOCK_N). "
              "Variants: `*_enc` key padding mask (B,1,1,S); `*_dec` padding | future mask (B,1,T,S) as "
              "decoder self-attention passed it before the seam change (issue 28); `*_causal` key padding + "
              "`causal=True`, as decoder self-attention passes it since; "

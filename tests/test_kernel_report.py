@@ -44,9 +44,9 @@ def test_analyse_ptx_finds_the_main_loop_and_counts_nested_loops_per_trip():
     assert a["loop_instructions"] == 7 and a["loop_wgmma"] == 2 and a["inner_loops"] == [3]
     assert a["loop_dynamic"] == 7 + 3 * 9
     assert kr.analyse_ptx("\tret;\n")["loop_instructions"] == 0
-    # one trip count per nested loop (E-ATT: d / CHUNK chunk steps, then d sign-sum steps)
+    # one trip count per nested loop (E-ATT: d / CHUNK chunk steps, then d / CHUNK sign-sum steps)
     assert kr.analyse_ptx(PTX, inner_trips=[4, 10])["loop_dynamic"] == 7 + 3 * 3
-    assert kr._inner_trips("l1_bwd_q", {"BLOCK_D": 64, "CHUNK": 2}, 64) == [32, 64]
+    assert kr._inner_trips("l1_bwd_q", {"BLOCK_D": 64, "CHUNK": 2}, 64) == [32, 32]
     assert kr._inner_trips("rect_fwd", {"BLOCK_D": 64}, 64) == 1
 
 

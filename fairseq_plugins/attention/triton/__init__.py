@@ -59,7 +59,10 @@ The rectified backward has two paths (:func:`set_rect_backward`, ``MT_RECT_BACKW
 ``rect_bwd`` and ``rect_bwd_kv`` are one kernel body (``_kernels._rect_bwd``) under two autotuners
 (own tile tables); the constexpr ``DQ_ATOMIC`` adds the fifth GEMM and the atomic ``dQ``.
 
-E-ATT's backward is split the same way (``l1_bwd_kv``, ``l1_bwd_q``).
+E-ATT's backward is split the same way (``l1_bwd_kv``, ``l1_bwd_q``), without atomics (deterministic):
+the sign sums ``sum dS sgn(q - k)`` run ``CHUNK`` head dimensions per step on register tiles and
+are added, step by step, into a float32 (float64) scratch buffer ``(B*H, max(T, S), BLOCK_D)``
+that each program owns rows of (``_kernels._l1_sgn``), read back once at the program's end.
 
 Masks reach the kernels as bytes with their broadcast strides: a key-padding mask
 ``(B|1, 1, 1, S)`` is read as one row per tile (mask mode 1), a general mask ``(B|1, 1, T, S)``
@@ -600,6 +603,9 @@ class _L1SoftmaxAttention(torch.autograd.Function):
         m_arg, m_str, mode = _mask_args(mask, q, B, H, T, S)
         acc_dt = _acc_dtype(q.dtype)
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        # the kernels' sign sums (_kernels._l1_sgn), (B*H, max(T, S), BLOCK_D) float32 (float64):
+        # l1_bwd_kv's for dK, then l1_bwd_q's for dQ (no zeroing: a program's first tile stores)
+        g = q.new_empty((B * H * max(T, S) * _block_d(d),), dtype=acc_dt)
         if g_out is None:
             return None, None, None, None, None, None, None, None, None
         delta = (g_out.to(acc_dt) * out.to(acc_dt)).sum(-1).contiguous()  # (B, H, T), dO_i . O_i
@@ -611,11 +617,11 @@ class _L1SoftmaxAttention(torch.autograd.Function):
                 dk.zero_(), dv.zero_()
             else:
                 grid = _grid(S, B * H, interpret, meta, "BLOCK_N")
-                mod.l1_bwd_kv[grid](q, k, v, m_arg, g_out, lse, delta, dk, dv, *common, *_strides(dk),
+                mod.l1_bwd_kv[grid](q, k, v, m_arg, g_out, lse, delta, g, dk, dv, *common, *_strides(dk),
                                     *_strides(dv), *tail, **meta)
         if B * H * T > 0:
             grid = _grid(T, B * H, interpret, meta, "BLOCK_M")
-            mod.l1_bwd_q[grid](q, k, v, m_arg, g_out, lse, delta, dq, *common, *_strides(dq), *tail, **meta)
+            mod.l1_bwd_q[grid](q, k, v, m_arg, g_out, lse, delta, g, dq, *common, *_strides(dq), *tail, **meta)
         return dq, dk, dv, None, None, None, None, None, None
 
 
@@ -786,7 +792,7 @@ def compile_offline(arch: int = 90, dtype: torch.dtype = torch.bfloat16, tiles: 
     acc, prec = _dtypes(dtype, False)
     acc_ptr = _PTR_TYPES[_acc_dtype(dtype)]
     ptrs = {n: _PTR_TYPES[dtype] for n in ("Q", "K", "V", "O", "DO", "DK", "DV", "DQ")}
-    ptrs.update({n: acc_ptr for n in ("R", "RS", "RL", "GS", "GL", "LSE", "DELTA", "SC")}, M="*u8")
+    ptrs.update({n: acc_ptr for n in ("R", "RS", "RL", "GS", "GL", "LSE", "DELTA", "SC", "G")}, M="*u8")
     fused_ptrs = dict(ptrs, DQ=acc_ptr)  # rect_bwd adds dQ into an accumulator-dtype buffer
     common = dict(MASK_MODE=2, CAUSAL=True, DROPOUT=True, ACC=acc, PREC=prec, UPCAST=False, BLOCK_D=64)
     rect = dict(common, HAS_R=True, ACT=1, STATS=True)

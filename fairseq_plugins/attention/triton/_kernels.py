@@ -21,7 +21,8 @@ normaliser, so every key tile is independent and the loop carries only the outpu
 L1 softmax: ``x_ij = -scale * sum_d |q_id - k_jd|`` built in registers ``CHUNK`` head dimensions
 per step over the constexpr ``BLOCK_D`` (subtraction, absolute value, addition: no tensor cores --
 the point of E-ATT; see :func:`_l1`); the backward kernels' sign sums
-``sum_j dS_ij sgn(q_id - k_jd)`` go one head dimension per step; the softmax is the online
+``sum_j dS_ij sgn(q_id - k_jd)`` go ``CHUNK`` head dimensions per step too, into a float scratch
+buffer (see :func:`_l1_sgn`); the softmax is the online
 (FlashAttention) one; ``p @ v`` and ``dO @ v^T`` use ``tl.dot``.
 """
 
@@ -45,6 +46,8 @@ PHILOX_ROUNDS = tl.constexpr(7)
 COMPILED = tl.constexpr(not INTERPRET)
 #: smallest positive float32 normal: ``log(max(s, TINY))`` is finite, and exact where it matters
 TINY = tl.constexpr(1.1754943508222875e-38)
+#: lanes of a warp on the summed axis of E-ATT's backward sign sums (``_l1_sgn``)
+SGN_LANES = tl.constexpr(8)
 
 # autotuning tables (BLOCK_M, BLOCK_N, num_warps, num_stages) of the compiled kernels
 _RECT_FWD = [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3),
@@ -96,11 +99,16 @@ _SPILL_WITH_DROPOUT = [
 # dimensions (``_l1``; L1_CHUNK in the package).  Measured sm_90a fp16, d 32/64/128, eatt_enc /
 # eatt_causal, dropout 0 and 0.1 (issue 28): the first tiles spill nothing (l1_fwd 64x64 w8,
 # l1_bwd_kv 32x64 w8, l1_bwd_q 64x64 w8); 32x64 w4 spilled in l1_fwd (164-576 B) and l1_bwd_q
-# (108-460 B) at every d and is not in the tables; the spills at d 128 are in _SPILL_AT_D128;
-# l1_bwd_kv 64x64 w8 also spills 32 B at d 32 with causal + dropout (the autotuner may take it)
+# (108-460 B) at every d and is not in the tables; the spills at d 128 are in _SPILL_AT_D128.
+# Since the chunked sign sums (_l1_sgn) l1_bwd_kv 64x64 w8 spills nothing at d 32/64 (sm_90a
+# fp16/bf16, eatt_enc/eatt_causal, dropout 0 and 0.1; 200-221 registers) and is its first tile:
+# 1102 vs 1381 PTX per score for 32x64 w8 (bf16 d 64 eatt_enc); at d 128 it is not tried
 _L1_FWD = [(64, 64, 8, 2), (64, 32, 4, 2), (32, 32, 4, 1), (16, 32, 4, 1)]
-_L1_BWD_KV = [(32, 64, 8, 1), (64, 64, 8, 1), (16, 64, 4, 1), (32, 32, 4, 1), (16, 32, 4, 1)]
+_L1_BWD_KV = [(64, 64, 8, 1), (32, 64, 8, 1), (16, 64, 4, 1), (32, 32, 4, 1), (16, 32, 4, 1)]
 _L1_BWD_Q = [(64, 64, 8, 1), (64, 32, 4, 1), (32, 32, 4, 1), (16, 32, 4, 1)]
+# E-ATT since the chunked sign sums (_l1_sgn): l1_bwd_q 32x32 w4 and 16x32 w4 spill 8 B at d 32 with
+# dropout (sm_90a fp16/bf16, eatt_enc / eatt_causal; they did not before; d 64/128: none)
+_SPILL_WITH_DROPOUT.append((_L1_BWD_Q, {(32, 32, 4, 1), (16, 32, 4, 1)}))
 #: tiles that spill at head dimension 128 (``BLOCK_D >= 128``), per table; the autotuner does not
 #: try them there (``_tried``).  Measured with ``mt-kernel-report --arch 90 --dtypes fp16
 #: --head-dims 128 --variants rela_enc,rela_causal,reluformer_enc --tiles all`` (sm_90a, dropout 0
@@ -521,6 +529,46 @@ def _l1(a_base, b_base, a0, b0, A_LIM, B_LIM, s_at, s_ad, s_bt, s_bd, D,
     return tl.reshape(tl.permute(dist, (0, 2, 1, 3)), [BLOCK_A, BLOCK_B])
 
 
+@triton.jit
+def _l1_sgn(a_base, b_base, g_base, a0, b0, A_LIM, B_LIM, s_at, s_ad, s_bt, s_bd, D, ds, add,
+            ACC: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_D: tl.constexpr,
+            CHUNK: tl.constexpr, TB: tl.constexpr):
+    """The sign sums of E-ATT's L1 gradient (eq. 13: ``d|a_d - b_d| / d a_d = sgn(a_d - b_d)``,
+    ``sgn(0) = 0``): ``g[i, d] = sum_j ds[i, j] sgn(a_id - b_jd)`` for the ``BLOCK_A`` rows
+    ``a0 + i < A_LIM`` of ``a`` and ``BLOCK_B`` rows ``b0 + j < B_LIM`` of ``b`` (``ds``:
+    ``(BLOCK_A, BLOCK_B)``, 0 outside), every head dimension ``d < BLOCK_D``, added into the
+    float ``ACC`` rows ``g_base + (a0 + i) * BLOCK_D + d`` (or stored there when ``add`` is false:
+    the first tile of a program's loop).  ``a, b`` = ``q, k`` for dQ (``l1_bwd_q``), ``k, q``
+    for dK (``l1_bwd_kv``; ``sgn(k - q) = -sgn(q - k)``).
+
+    ``CHUNK`` head dimensions per step of a loop over ``BLOCK_D`` (as :func:`_l1`), on 4-d tiles
+    ``(CHUNK, C, BLOCK_A, TB)`` (``j = c TB + tb``; ``ds`` reshaped once per call): triton's default
+    layout puts ``TB`` lanes on ``tb``, the other lanes and the warps on ``i``, and keeps the chunk
+    and the ``C`` keys in each thread, so the sum over ``j`` is ``C - 1`` additions in a thread and
+    ``log2(TB)`` shuffles, never crosses warps, and a step ends with one ``(CHUNK, BLOCK_A)``
+    read-add-write of ``g`` (each element by the one thread that stores it: no race, no atomics,
+    deterministic) -- nothing ``(BLOCK_A, BLOCK_D)``-sized is selected per dimension."""
+    C: tl.constexpr = BLOCK_B // TB
+    d4 = tl.arange(0, CHUNK)[:, None, None, None]
+    ra = a0 + tl.arange(0, BLOCK_A)[None, None, :, None]
+    rb = (b0 + tl.arange(0, C)[:, None] * TB + tl.arange(0, TB)[None, :])[None, :, None, :]
+    ds4 = tl.permute(tl.reshape(ds, [BLOCK_A, C, TB]), (1, 0, 2))[None, :, :, :]
+    nds4 = -ds4
+    rg = a0 + tl.arange(0, BLOCK_A)[None, :]
+    dg = tl.arange(0, CHUNK)[:, None]
+    g_ok = rg < A_LIM
+    g_add = g_ok & ((rg * 0 + add) != 0)
+    for c0 in range(0, BLOCK_D, CHUNK):
+        xa = _l1_chunk(a_base, ra, A_LIM, s_at, s_ad, c0 + d4, D, ACC)
+        xb = _l1_chunk(b_base, rb, B_LIM, s_bt, s_bd, c0 + d4, D, ACC)
+        diff = xa - xb
+        t = tl.where(diff > 0, ds4, tl.where(diff < 0, nds4, 0.0))
+        g = _rowsum(_rowsum(t, 1), 2)  # (CHUNK, BLOCK_A)
+        ptr = g_base + rg * BLOCK_D + (c0 + dg)
+        g += tl.load(ptr, mask=g_add, other=0.0)
+        tl.store(ptr, g, mask=g_ok)
+
+
 # --------------------------------------------------------------------------------------------
 # rectified attention
 # --------------------------------------------------------------------------------------------
@@ -841,7 +889,7 @@ def l1_fwd(Q, K, V, M, O, LSE,
 
 @_tuned(_L1_BWD_KV, _L1_KEY)
 @triton.jit
-def l1_bwd_kv(Q, K, V, M, DO, LSE, DELTA, DK, DV,
+def l1_bwd_kv(Q, K, V, M, DO, LSE, DELTA, G, DK, DV,
               s_qb, s_qh, s_qt, s_qd, s_kb, s_kh, s_ks, s_kd, s_vb, s_vh, s_vs, s_vd,
               s_mb, s_mh, s_mt, s_ms, s_ob, s_oh, s_ot, s_od,
               s_dkb, s_dkh, s_dks, s_dkd, s_dvb, s_dvh, s_dvs, s_dvd,
@@ -871,7 +919,7 @@ def l1_bwd_kv(Q, K, V, M, DO, LSE, DELTA, DK, DV,
     m_base = M + b * s_mb + h * s_mh
     v = tl.load(V + b * s_vb + h * s_vh + offs_n[:, None] * s_vs + offs_d[None, :] * s_vd,
                 mask=kv_mask, other=0.0)
-    dk = tl.full([BLOCK_N, BLOCK_D], 0.0, ACC)
+    g_base = G + bh.to(tl.int64) * S * BLOCK_D  # this (b, h)'s sign sums, (S, BLOCK_D) float ACC
     dv = tl.full([BLOCK_N, BLOCK_D], 0.0, ACC)
     inv_keep = _inv_keep(dropout_p, ACC)  # dropout's rescaling (used if DROPOUT)
     lo = 0
@@ -897,13 +945,12 @@ def l1_bwd_kv(Q, K, V, M, DO, LSE, DELTA, DK, DV,
         else:
             dv = _dot(pt.to(do.dtype), do, dv, PREC, UPCAST)
         dst = pt * (dpt - delta[None, :])
-        for dd in range(0, D):  # dk[:, dd] += sum_i dS_ij sign(q_id - k_jd)
-            qc = tl.load(q_base + offs_m * s_qt + dd * s_qd, mask=row_ok, other=0.0).to(ACC)
-            kc = tl.load(k_base + offs_n * s_ks + dd * s_kd, mask=col_ok, other=0.0).to(ACC)
-            diff = qc[None, :] - kc[:, None]
-            g = _rowsum(tl.where(diff > 0, dst, tl.where(diff < 0, -dst, 0.0)), 1)
-            dk = tl.where(offs_d[None, :] == dd, dk + g[:, None], dk)
-    dk = dk * scale
+        # g[j, d] += sum_i dS_ij sgn(k_jd - q_id)  (dk = -scale g)
+        _l1_sgn(k_base, q_base, g_base, pid_n * BLOCK_N, m0, S, T, s_ks, s_kd, s_qt, s_qd, D, dst, m0 != lo,
+                ACC, BLOCK_N, BLOCK_M, BLOCK_D, CHUNK, SGN_LANES)
+    tl.debug_barrier()  # g written by the sign sums' layout, read back in the tile's
+    dk = tl.load(g_base + offs_n[:, None] * BLOCK_D + offs_d[None, :], mask=(col_ok & (offs_n * 0 + lo < T))[:, None],
+                 other=0.0) * (-scale)
     if DROPOUT:
         dv = dv * inv_keep
     tl.store(DK + b * s_dkb + h * s_dkh + offs_n[:, None] * s_dks + offs_d[None, :] * s_dkd,
@@ -913,7 +960,7 @@ def l1_bwd_kv(Q, K, V, M, DO, LSE, DELTA, DK, DV,
 
 @_tuned(_L1_BWD_Q, _L1_KEY)
 @triton.jit
-def l1_bwd_q(Q, K, V, M, DO, LSE, DELTA, DQ,
+def l1_bwd_q(Q, K, V, M, DO, LSE, DELTA, G, DQ,
              s_qb, s_qh, s_qt, s_qd, s_kb, s_kh, s_ks, s_kd, s_vb, s_vh, s_vs, s_vd,
              s_mb, s_mh, s_mt, s_ms, s_ob, s_oh, s_ot, s_od, s_dqb, s_dqh, s_dqt, s_dqd,
              H, T, S, D, SC, dropout_p, seed, T_KEY, S_KEY,
@@ -944,7 +991,7 @@ def l1_bwd_q(Q, K, V, M, DO, LSE, DELTA, DQ,
                  mask=q_mask, other=0.0)
     lse2 = tl.load(LSE + bh * T + offs_m, mask=row_ok, other=0.0).to(ACC) * _log2e(ACC)
     delta = tl.load(DELTA + bh * T + offs_m, mask=row_ok, other=0.0).to(ACC)
-    dq = tl.full([BLOCK_M, BLOCK_D], 0.0, ACC)
+    g_base = G + bh.to(tl.int64) * T * BLOCK_D  # this (b, h)'s sign sums, (T, BLOCK_D) float ACC
     inv_keep = _inv_keep(dropout_p, ACC)  # dropout's rescaling (used if DROPOUT)
     hi = S
     if CAUSAL:
@@ -963,12 +1010,11 @@ def l1_bwd_q(Q, K, V, M, DO, LSE, DELTA, DQ,
             keep = _keep_compact(seed + bh, offs_m, n0, S, dropout_p, BLOCK_M, BLOCK_N)
             dp = tl.where(keep, dp * inv_keep, 0.0)
         ds = p * (dp - delta[:, None])
-        for dd in range(0, D):  # dq[:, dd] += sum_j dS_ij sign(q_id - k_jd)
-            qc = tl.load(q_base + offs_m * s_qt + dd * s_qd, mask=row_ok, other=0.0).to(ACC)
-            kc = tl.load(k_base + offs_n * s_ks + dd * s_kd, mask=col_ok, other=0.0).to(ACC)
-            diff = qc[:, None] - kc[None, :]
-            g = _rowsum(tl.where(diff > 0, ds, tl.where(diff < 0, -ds, 0.0)), 1)
-            dq = tl.where(offs_d[None, :] == dd, dq + g[:, None], dq)
-    dq = dq * (-scale)
+        # g[i, d] += sum_j dS_ij sgn(q_id - k_jd)  (dq = -scale g)
+        _l1_sgn(q_base, k_base, g_base, pid_m * BLOCK_M, n0, T, S, s_qt, s_qd, s_ks, s_kd, D, ds, n0 != 0,
+                ACC, BLOCK_M, BLOCK_N, BLOCK_D, CHUNK, SGN_LANES)
+    tl.debug_barrier()  # g written by the sign sums' layout, read back in the tile's
+    dq = tl.load(g_base + offs_m[:, None] * BLOCK_D + offs_d[None, :], mask=(row_ok & (offs_m * 0 < hi))[:, None],
+                 other=0.0) * (-scale)
     tl.store(DQ + b * s_dqb + h * s_dqh + offs_m[:, None] * s_dqt + offs_d[None, :] * s_dqd,
              dq.to(DQ.dtype.element_ty), mask=q_mask)
