@@ -85,7 +85,15 @@ def command_line(prog: str, argv: Optional[Iterable[str]] = None) -> str:
     """The shell command that reran this one: ``prog`` and ``argv`` (default ``sys.argv[1:]``),
     quoted, repo paths relative."""
     args = sys.argv[1:] if argv is None else list(argv)
-    return " ".join([prog] + [shlex.quote(repo_relative(str(a))) for a in args])
+    return " ".join([prog] + [shlex.quote(_relative_arg(str(a))) for a in args])
+
+
+def _relative_arg(arg: str) -> str:
+    """``arg`` with a repo path relative, also as the value of ``label=path`` / ``--opt=path``."""
+    if "=" in arg and not os.path.isabs(arg):
+        head, value = arg.split("=", 1)
+        return f"{head}={repo_relative(value)}"
+    return repo_relative(arg)
 
 
 def collect(command: str, **extra) -> Dict[str, object]:

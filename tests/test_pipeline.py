@@ -220,6 +220,10 @@ def test_provenance_record_and_markdown():
     assert provenance.repo_relative(os.path.join(ROOT, "configs", "a.yaml")) == os.path.join("configs", "a.yaml")
     sibling = os.path.dirname(ROOT) + os.sep + os.path.basename(ROOT) + "2" + os.sep + "x"
     assert provenance.repo_relative(sibling) == sibling
+    ckpt = os.path.join(ROOT, "runs", "r1", "average_last3.pt")
+    assert provenance.command_line("fairseq-attention-analysis", ["--checkpoint", f"softmax={ckpt}", f"--data={ROOT}/d",
+                                                                  "--out", ckpt]) == \
+        "fairseq-attention-analysis --checkpoint softmax=runs/r1/average_last3.pt --data=d --out runs/r1/average_last3.pt"
 
 
 @pytest.mark.parametrize("script", sorted(f for f in os.listdir(os.path.join(ROOT, "scripts"))

@@ -352,7 +352,7 @@ def main(argv=None):
         "provenance": provenance.collect(provenance.command_line("fairseq-attention-analysis", argv)),
         "settings": {"taus": args.taus, "top_p": [f"{p:g}" for p in args.top_p], "max_tokens": args.max_tokens,
                      "seed": args.seed, "beam": args.beam},
-        "data": {"dir": os.path.abspath(args.data), "split": args.split},
+        "data": {"dir": provenance.repo_relative(os.path.abspath(args.data)), "split": args.split},
         "models": {}, "aer": {},
     }
     figures = []
@@ -364,7 +364,7 @@ def main(argv=None):
         report["data"].update(direction=f"{task.cfg.source_lang}-{task.cfg.target_lang}", n_pairs=len(dataset))
         summary, heat = analyze_dataset(model, task, dataset, args.max_tokens, args.heatmap_ids, args.taus, args.top_p)
         training = provenance.trained_model(path)
-        entry = {"checkpoint": os.path.abspath(path), "sha256": training["sha256"], "training": training, "info": info,
+        entry = {"checkpoint": provenance.repo_relative(os.path.abspath(path)), "sha256": training["sha256"], "training": training, "info": info,
                  "metrics": summary, "ffn_anisotropy": ffn_anisotropy(model)}
         if args.hallucination:
             entry["hallucination"] = hallucination_test(model, task, dataset, args.seed, args.max_tokens)
@@ -422,7 +422,7 @@ def main(argv=None):
         res = alignment_aer(model, task, args.aer_gold, args.bpe_codes, "de", "en", cased=not args.aer_lowercase,
                             max_tokens=args.max_tokens, limit=args.aer_limit)
         training = provenance.trained_model(path)
-        res.update(checkpoint=os.path.abspath(path), sha256=training["sha256"], training=training, info=info)
+        res.update(checkpoint=provenance.repo_relative(os.path.abspath(path)), sha256=training["sha256"], training=training, info=info)
         report["aer"][label] = res
         del model
     if not args.no_figures:

@@ -603,11 +603,11 @@ class _L1SoftmaxAttention(torch.autograd.Function):
         m_arg, m_str, mode = _mask_args(mask, q, B, H, T, S)
         acc_dt = _acc_dtype(q.dtype)
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        if g_out is None:
+            return None, None, None, None, None, None, None, None, None
         # the kernels' sign sums (_kernels._l1_sgn), (B*H, max(T, S), BLOCK_D) float32 (float64):
         # l1_bwd_kv's for dK, then l1_bwd_q's for dQ (no zeroing: a program's first tile stores)
         g = q.new_empty((B * H * max(T, S) * _block_d(d),), dtype=acc_dt)
-        if g_out is None:
-            return None, None, None, None, None, None, None, None, None
         delta = (g_out.to(acc_dt) * out.to(acc_dt)).sum(-1).contiguous()  # (B, H, T), dO_i . O_i
         meta = _l1_meta(mod, q, interpret, mode, causal, dropout_p > 0)
         common = (*_strides(q), *_strides(k), *_strides(v), *m_str, *_strides(g_out))
