@@ -242,8 +242,13 @@ def main(argv=None):
                    f"(of the lengths measured)" if met else
                    "Target (>= 1.2x on inputs >= 100 positions): **not met** at any length measured")
         legend = [f"- `{key}`: {label}" for key, label, _ in models]
+        from fairseq_plugins.provenance import models_markdown, trained_model
+
+        ckpts = {"global": a.global_checkpoint, "flex": a.flexible} if a.global_checkpoint else {"flex": a.flexible}
+        head, section = models_markdown({key: trained_model(c) for key, c in ckpts.items()})
         text = "\n".join([
             "# Flexible Attention Table 3: CPU decoding time per sentence", "",
+            head, "",
             "Paper (character-level En-Ja, Theano, one core): global 751 ms, flexible 677 ms (1.11x).", "",
             f"Protocol: reference tokens forced as feedback (same steps for every model), incremental decoding "
             f"with cached keys and full output softmax, encoder included, one sentence at a time, 1 thread, "
@@ -258,7 +263,7 @@ def main(argv=None):
             f"- code: git {commit}; torch {torch.__version__}; CPU {cpu} (CPU time, not wall); "
             f"bench wall {wall:.0f} s",
             f"- data: `{os.path.relpath(a.data_bin, ROOT)}` (bin stamp: {stamp})",
-            *[f"- model: {x}" for x in runs], ""])
+            *[f"- model: {x}" for x in runs], "", section])
         os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
         with atomic_path(a.out) as tmp, open(tmp, "w") as f:
             f.write(text)

@@ -397,6 +397,9 @@ def test_end_to_end_train_generate_finetune(tmp_path):
         inf_win, flex_win = (float(c.split("(")[1].rstrip(") ")) for c in r.split("|")[4:6])
         assert inf_win == pytest.approx(n, rel=0.05) and 1.0 <= flex_win <= inf_win
     assert "speed-up flex_inf/flexible" in out
+    text = md.read_text()  # the page says what its models are and whether their evidence is committed
+    assert "**Regime: unstated**" in text and "### Model flex: `" in text and "- checkpoint sha256: `" in text
+    assert "**Evidence: none committed.**" in text  # a checkpoint outside any table run
 
 
 @pytest.mark.skipif(not os.path.isdir(RAW), reason=f"real data not found at {RAW}")
