@@ -220,8 +220,9 @@ def test_criterion_adds_weighted_mean_scaled_by_sample_size():
     assert ss0 == ss2 == sample["ntokens"]  # sample_size is not replaced by 1
     for name in ("reluformer_norm", "reluformer_entropy", "attn_entropy", "attn_null_rate", "reg_loss"):
         assert "aux_" + name in log2
-    reg = log2["aux_reg_loss"] / ss2
-    assert reg == pytest.approx((log2["aux_reluformer_norm"] + log2["aux_reluformer_entropy"]) / ss2)
+    assert all(torch.is_tensor(log2["aux_" + n]) for n in ("reg_loss", "reluformer_norm"))  # no host sync
+    reg = float(log2["aux_reg_loss"]) / ss2
+    assert reg == pytest.approx(float(log2["aux_reluformer_norm"] + log2["aux_reluformer_entropy"]) / ss2)
     assert float(loss2) == pytest.approx(float(loss0) + 2.0 * reg * ss2, rel=1e-5)
     # one forward pass leaves nothing behind in the buffers
     assert collect_auxiliary(model) == {}
@@ -367,3 +368,26 @@ def test_nothing_is_recorded_without_a_collector():
     with torch.no_grad():
         model(**_sample(task)["net_input"])
     assert collect_auxiliary(model) == {}
+
+
+def test_collect_auxiliary_skips_modules_that_counted_nothing_without_reading_counts():
+    """Per module sum / count, then the mean over the modules with count > 0 -- computed on the
+    device (the criterion calls it after every forward pass; a host sync there would stall the
+    backward's launches): a module whose rows were all masked adds nothing, and a name no module
+    counted anything for averages to 0.  Python-number counts work too."""
+    from fairseq_plugins.modules import AuxiliaryBuffer
+
+    mods = torch.nn.ModuleList([torch.nn.Linear(1, 1) for _ in range(3)])
+    for m in mods:
+        m.aux = AuxiliaryBuffer()
+    enable_auxiliary(mods)
+    total = torch.tensor(6.0, requires_grad=True)
+    mods[0].aux.record("t", total, torch.tensor(3), True)       # mean 2
+    mods[1].aux.record("t", torch.tensor(0.0), torch.tensor(0), True)  # all masked: skipped
+    mods[2].aux.record("t", torch.tensor(4.0), 1, True)          # mean 4, a Python count
+    mods[0].aux.record("z", torch.tensor(0.0), 0, False)
+    aux = collect_auxiliary(mods)
+    assert aux["t"][0].item() == pytest.approx(3.0) and aux["t"][1] is True and aux["t"][2] == 3
+    assert aux["z"][0].item() == 0.0
+    aux["t"][0].backward()
+    assert total.grad.item() == pytest.approx(1 / 3 / 2)  # d/d total of (total/3 + 4) / 2

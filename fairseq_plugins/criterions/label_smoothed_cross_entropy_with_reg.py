@@ -26,7 +26,7 @@ import math
 from dataclasses import dataclass
 
 import torch
-from fairseq import metrics, utils
+from fairseq import metrics
 from fairseq.criterions import register_criterion
 from fairseq.criterions.label_smoothed_cross_entropy import (
     LabelSmoothedCrossEntropyCriterion,
@@ -93,7 +93,7 @@ class LabelSmoothedCrossEntropyWithRegCriterion(LabelSmoothedCrossEntropyCriteri
         aux = collect_auxiliary(model)
         reg = None
         for name, (mean, is_loss, _) in aux.items():
-            logging_output[_PREFIX + name] = utils.item(mean.detach()) * sample_size
+            logging_output[_PREFIX + name] = mean.detach() * sample_size  # a tensor: no sync (fairseq sums them)
             if is_loss:
                 reg = mean if reg is None else reg + mean
         if reg is not None:
@@ -108,7 +108,7 @@ class LabelSmoothedCrossEntropyWithRegCriterion(LabelSmoothedCrossEntropyCriteri
                 "--rnn-attention flexible, eq. 9); use --criterion label_smoothed_cross_entropy if plain CE is intended",
                 type(model).__name__, ", ".join(sorted(aux)) or "none", self.reg_weight)
         if reg is not None:
-            logging_output[_PREFIX + "reg_loss"] = utils.item(reg.detach()) * sample_size
+            logging_output[_PREFIX + "reg_loss"] = reg.detach() * sample_size
             if reduce:
                 loss = loss + self.reg_weight * reg.to(loss.dtype) * sample_size
                 logging_output["loss"] = loss.data
@@ -123,7 +123,7 @@ class LabelSmoothedCrossEntropyWithRegCriterion(LabelSmoothedCrossEntropyCriteri
         for key in names:
             total = sum(log.get(key, 0) for log in logging_outputs)
             if sample_size > 0:
-                metrics.log_scalar(key[len(_PREFIX):], total / sample_size, sample_size, round=4)
+                metrics.log_scalar(key[len(_PREFIX):], total / sample_size, sample_size, round=4)  # tensor or float
 
     @staticmethod
     def logging_outputs_can_be_summed() -> bool:

@@ -68,23 +68,32 @@ def _buffers(model: nn.Module) -> Iterable[AuxiliaryBuffer]:
 
 def collect_auxiliary(model: nn.Module) -> Dict[str, Tuple[torch.Tensor, bool, int]]:
     """Pop every module's records and average them: per module ``sum / count``, then the mean
-    over the modules that reported the name.
+    over the modules that reported the name with ``count > 0`` (a module whose rows were all
+    masked adds nothing; 0 when none counted anything).
+
+    Computed on the records' device without reading a count back to the host: this runs in the
+    criterion after every forward pass, and a host-device sync there would stop the host from
+    queueing the backward pass while the forward one runs.
 
     Returns:
-        ``{name: (mean (0-dim tensor, keeps the graph), is_loss, number of modules)}``.
-        Modules whose count is 0 (e.g. every row masked) are skipped.
+        ``{name: (mean (0-dim float32 tensor, keeps the graph), is_loss, number of modules that
+        reported the name)}``.
     """
     acc: Dict[str, list] = {}
     for buf in _buffers(model):
         for name, (total, count, is_loss) in buf.pop().items():
-            count = torch.as_tensor(count, dtype=torch.float32)
-            if float(count) <= 0:
-                continue
-            mean = torch.as_tensor(total, dtype=torch.float32) / count.to(
-                torch.as_tensor(total).device)
-            acc.setdefault(name, [[], is_loss])[0].append(mean)
-    return {name: (torch.stack(means).mean(), is_loss, len(means))
-            for name, (means, is_loss) in acc.items()}
+            total = torch.as_tensor(total, dtype=torch.float32)
+            if not torch.is_tensor(count):  # a Python number: a fill, not a host-to-device copy
+                count = torch.full((), float(count), dtype=torch.float32, device=total.device)
+            count = count.to(device=total.device, dtype=torch.float32)
+            entry = acc.setdefault(name, [[], [], is_loss])
+            entry[0].append(total / count.clamp_min(1.0))
+            entry[1].append((count > 0).float())
+    out = {}
+    for name, (means, has, is_loss) in acc.items():
+        has_t = torch.stack(has)
+        out[name] = ((torch.stack(means) * has_t).sum() / has_t.sum().clamp_min(1.0), is_loss, len(means))
+    return out
 
 
 def enable_auxiliary(model: nn.Module, enabled: bool = True) -> None:
