@@ -364,3 +364,14 @@ def test_end_to_end_train_generate_energy(tmp_path):
     assert res["provenance"]["git_commit"] and "--max-sentences 50" in res["provenance"]["command"]
     assert "**Regime: unstated**" in md and "**Evidence: none committed.**" in md
     assert "### Model model: `" in md and "- training run: none found" in md
+
+
+def test_l1_scale_holds_scale_and_its_base_2_form():
+    """The L1 kernels' SC argument, built with fills on the tensor's device (no host copy)."""
+    import math
+
+    from fairseq_plugins.attention.triton import _l1_scale
+
+    sc = _l1_scale(0.125, torch.zeros(1, dtype=torch.float64))
+    assert sc.dtype == torch.float64 and sc.tolist() == [0.125, 0.125 * math.log2(math.e)]
+    assert _l1_scale(0.125, torch.zeros(1, dtype=torch.bfloat16)).dtype == torch.float32

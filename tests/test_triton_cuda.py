@@ -345,3 +345,34 @@ def test_cuda_fused_backward_equals_split_and_survives_autotuning(compiled, d, d
     mod.rect_bwd.cache.clear()
     check_rectified("cuda", dtype, 2, 3, 300, 333, d, causal=True, bwd="fused")
     check_fused_equals_split("cuda", dtype, 257, 300, d)
+
+
+@needs_cuda
+@pytest.mark.parametrize("name", ["rela_g", "reluformer", "eatt"])
+@pytest.mark.parametrize("kind", ["enc", "dec"])
+def test_cuda_attention_layer_makes_no_host_sync(name, kind):
+    """Issue 28: no host-device synchronisation anywhere in an attention layer on the Triton
+    backend (forward + backward, key padding, the decoder's future mask, dropout 0.1, bf16):
+    torch's sync debug mode turns any (``.item()``, a host-to-device copy of a Python list, a
+    ``bool()`` of a CUDA tensor) into an error.  The first call compiles and checks the kernels
+    (``auto``'s start-up self-test reads results back), so the second call is the one checked."""
+    from mt_pipeline.bench_gpu import _module, padding_mask
+
+    m = _module(name, "triton", 512, 8, torch.bfloat16, "cuda", 0.1, kind)
+    T, B = 64, 4
+    x = torch.randn(T, B, 512, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    kpm = padding_mask(B, T, "cuda")
+    am = torch.triu(torch.full((T, T), float("-inf"), device="cuda"), 1) if kind == "dec" else None
+
+    def step():
+        out, _ = m(x, x, x, key_padding_mask=kpm, attn_mask=am, need_weights=False)
+        out.float().sum().backward()
+
+    step()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()

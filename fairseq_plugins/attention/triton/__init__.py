@@ -290,8 +290,11 @@ def _scalar(value: float, like: torch.Tensor) -> torch.Tensor:
 def _l1_scale(scale: float, like: torch.Tensor) -> torch.Tensor:
     """The L1 kernels' ``SC``: ``[scale, scale * log2(e)]`` in the accumulator dtype (the kernels
     exponentiate with ``exp2``: ``exp(-scale d) = exp2(-scale log2(e) d)``; products in float64 here)."""
-    return torch.tensor([float(scale), float(scale) * math.log2(math.e)], dtype=_acc_dtype(like.dtype),
-                        device=like.device)
+    # two fills, not torch.tensor([...], device=cuda): that copies from the host and synchronises
+    # the stream, in every E-ATT layer call
+    out = torch.full((2,), float(scale), dtype=_acc_dtype(like.dtype), device=like.device)
+    out[1:].fill_(float(scale) * math.log2(math.e))
+    return out
 
 
 def _dropout_rate(dropout_p: float) -> float:
