@@ -397,13 +397,13 @@ def main(argv=None):
             ds = task.dataset(args.rank_split)
             s_txt = [task.source_dictionary.string(ds.src[i], "subword_nmt") for i in range(len(ds))]
             t_txt = [task.target_dictionary.string(ds.tgt[i], "subword_nmt") for i in range(len(ds))]
-            corpus = f"split {args.rank_split} of {os.path.abspath(args.data)}"
+            corpus = f"split {args.rank_split} of {provenance.repo_relative(os.path.abspath(args.data))}"
             name = args.rank_split
         else:
             src, tgt, s_txt, t_txt = _raw_pairs(task, args.rank_raw, task.cfg.source_lang, task.cfg.target_lang,
                                                 args.bpe_codes, args.rank_pretokenized)
             ds = pairs_dataset(task, src, tgt)
-            corpus = " + ".join(os.path.abspath(p) for p in args.rank_raw)
+            corpus = " + ".join(provenance.repo_relative(os.path.abspath(p)) for p in args.rank_raw)
             name = "raw"
         scores = cross_null_by_sentence(model, task, ds, args.max_tokens)
         order = rank_pairs(scores)
@@ -413,7 +413,7 @@ def main(argv=None):
             for r, i in enumerate(order, 1):
                 f.write(f"{r}\t{i}\t{float(scores[i]):.6f}\t{s_txt[i]}\t{t_txt[i]}\n")
         finite = scores[~torch.isnan(scores)]
-        report["ranking"] = {"model": label, "corpus": corpus, "file": os.path.abspath(out_file),
+        report["ranking"] = {"model": label, "corpus": corpus, "file": provenance.repo_relative(os.path.abspath(out_file)),
                              "n_pairs": len(order), "mean": float(finite.mean()) if len(finite) else None,
                              "min": float(finite.min()) if len(finite) else None,
                              "max": float(finite.max()) if len(finite) else None}
