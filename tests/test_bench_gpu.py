@@ -125,6 +125,7 @@ def test_render_reports_ratios_against_the_baseline_of_the_same_run():
     assert "| relu triton | 4 ms (0.50x); kernels 0.5 ms (3.00x); host 3.5 ms, 2 syncs, 90 MiB |" in md
     assert "| rela_g auto | 900 | 0.90x | 11 |" in md
     assert "regime: benchmark" in md and "## Provenance" in md
+    assert bench_gpu.REGIME_LINE in md and "neither smoke, converged nor paper scale" in md
     assert "Incomplete" not in md  # complete unless the run says otherwise
     assert "**Incomplete: the run stopped" in bench_gpu.render(res, dict(meta, complete=False))
 
