@@ -19,7 +19,7 @@ import json
 from typing import Dict, Iterable, Optional, Tuple
 
 __all__ = ["ROOT", "CODE_DIRS", "git_commit", "hardware", "command_line", "repo_relative", "collect",
-           "markdown", "file_sha256", "REGIMES", "NO_EVIDENCE", "evidence_root", "evidence_dir",
+           "markdown", "file_sha256", "REGIMES", "weakest_regime", "NO_EVIDENCE", "evidence_root", "evidence_dir",
            "trained_model", "models_markdown"]
 
 #: the repository root (the directory holding ``mt_pipeline/`` and ``fairseq_plugins/``)
@@ -207,6 +207,14 @@ def trained_model(checkpoint: str) -> Dict[str, object]:
     return rec
 
 
+def weakest_regime(regimes: Iterable[str]) -> str:
+    """The regime a page showing numbers of several regimes can claim: the weakest of them
+    (``unstated`` < smoke < diagnostic < converged < paper; unknown names count as unstated;
+    ``unstated`` for none)."""
+    order = ["unstated", "smoke", "diagnostic", "converged", "paper"]
+    return min(regimes, key=lambda r: order.index(r) if r in order else 0, default="unstated")
+
+
 def models_markdown(models: Dict[str, Dict[str, object]]) -> Tuple[str, str]:
     """Markdown for a page that measured trained ``models`` (label -> :func:`trained_model`):
     ``(head, section)``.  ``head`` is the regime line (``**Regime: smoke** -- ...``, the weakest
@@ -215,9 +223,8 @@ def models_markdown(models: Dict[str, Dict[str, object]]) -> Tuple[str, str]:
     ``section`` is ``## Trained models`` with a ``### Model <label>:`` entry per model naming its
     run, regime, seed, updates, checkpoint SHA-256 and committed evidence (the format the results
     audit, ``tests/test_results_audit.py``, reads)."""
-    order = ["unstated", "smoke", "diagnostic", "converged", "paper"]
     regimes = [str(m["regime"]) for m in models.values()]
-    weakest = min(regimes, key=lambda r: order.index(r) if r in order else 0)
+    weakest = weakest_regime(regimes)
     seeds = sorted({m["seed"] for m in models.values() if m["seed"] is not None})
     head = [f"**Regime: {weakest}** -- measured on the trained models below "
             f"({', '.join(f'{k}: {m}' for k, m in zip(models, regimes))}): "

@@ -336,7 +336,7 @@ def table1(runs, metric, max_loss, out_path, figure=None,
     checks.  When a row has none, the page says so (:data:`NO_EVIDENCE`) and names no evidence.
     """
     from .evidence import NO_EVIDENCE
-    from .provenance import REGIMES, repo_relative
+    from .provenance import REGIMES, repo_relative, weakest_regime
 
     sections, all_entries, regimes, seeds = [], [], [], set()
     for rdir in runs:
@@ -374,8 +374,7 @@ def table1(runs, metric, max_loss, out_path, figure=None,
         sections.append((rdir, res3, sw, tau, entries))
 
     complete = all(e["evidence"] for e in all_entries)
-    order = ["unstated", "smoke", "diagnostic", "converged", "paper"]
-    weakest = min(regimes, key=lambda r: order.index(r) if r in order else 0) if regimes else "unstated"
+    weakest = weakest_regime(regimes)
     cmd = "mt-flexible-sweep table1 --runs " + " ".join(repo_relative(r) for r in runs)
     lines = [f"# {title}", "",
              f"**Regime: {weakest}** -- {REGIMES.get(weakest, 'the runs state no regime')}. Seeds: "
