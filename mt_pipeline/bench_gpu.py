@@ -80,7 +80,7 @@ from . import provenance
 from .atomic import write_text_atomic
 from .curves import progress_stats
 
-__all__ = ["main", "DTYPES", "SECTIONS", "LAYER_KINDS", "FUSED", "core_cases", "layer_cases", "decode_cases",
+__all__ = ["main", "host_profile", "DTYPES", "SECTIONS", "LAYER_KINDS", "FUSED", "core_cases", "layer_cases", "decode_cases",
            "relu_flex", "padding_mask", "measure", "kernel_ms", "render", "parse_wps"]
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -357,6 +357,43 @@ def sync_count(run: Step) -> int:
     return sum("synchroniz" in str(w.message) for w in caught)
 
 
+def host_profile(run: Step, steps: int = 10, top: int = 25) -> str:
+    """Where the host time of one call of ``run`` goes (issue 28: every layer row was host-bound at
+    16,384 tokens): ``torch.profiler`` (CPU + CUDA activity) ops sorted by self CPU time, then
+    ``cProfile``'s Python functions sorted by their own time (autograd, Triton's autotuner and
+    launcher, the plugin's Python), both over ``steps`` calls after one unprofiled call, in ms
+    per call.  Returns the two tables as text (``--host-profile FILE`` appends them there)."""
+    import cProfile
+    import io
+    import pstats
+
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = torch.cuda.is_available()
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    run()
+    sync()
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+        for _ in range(steps):
+            run()
+        sync()
+    ops = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top)
+    pr = cProfile.Profile()
+    sync()
+    pr.enable()
+    for _ in range(steps):
+        run()
+    pr.disable()
+    sync()
+    buf = io.StringIO()
+    st = pstats.Stats(pr, stream=buf)
+    st.sort_stats("tottime").print_stats(top)
+    total_ms = st.total_tt * 1000.0 / steps
+    return (f"torch.profiler over {steps} calls (times are totals over the {steps} calls):\n{ops}\n"
+            f"cProfile: {total_ms:.3f} ms of Python per call (profiled, so inflated), top {top} by own time "
+            f"over {steps} calls:\n{buf.getvalue()}")
+
+
 def measure(run: Step, warmup: int, rep: int) -> Dict[str, object]:
     """``{"ms": median wall ms, "kernel_ms": summed kernel ms (:func:`kernel_ms`), "host_ms": CPU ms
     to issue a step (:func:`host_ms`), "syncs": host syncs per step (:func:`sync_count`), "mib":
@@ -549,6 +586,9 @@ def main(argv=None) -> int:
     p.add_argument("--train-updates", type=int, default=300)
     p.add_argument("--train-max-tokens", type=int, default=8192)
     p.add_argument("--out", default=None, help="result file (default results/gpu/attention_speed_<gpu>.md)")
+    p.add_argument("--host-profile", default=None, metavar="FILE",
+                   help="layer section: also append each cell's host-time profile (torch.profiler ops by "
+                        "self CPU time + cProfile by own time: host_profile) to FILE, written as it goes")
     a = p.parse_args(argv)
 
     dtypes = [x for x in a.dtypes.split(",") if x]
@@ -621,6 +661,9 @@ def main(argv=None) -> int:
                     for label, run in cases.items():
                         per_len[t][label] = res = measure(run, a.warmup, a.rep)
                         print(f"[{section} {variant} {t}] {label}: {res}", flush=True)
+                        if a.host_profile and section == "layer" and "error" not in res:
+                            with open(a.host_profile, "a") as f:
+                                f.write(f"\n\n######## [{section} {variant} {t}] {label}\n{host_profile(run)}")
                     del cases
                     write(complete=False)  # a window cut short still leaves every finished length
     write(complete=True)

@@ -5,6 +5,10 @@
 #      each compile landing under the key the JIT looks up, so step 1's autotuning finds them compiled
 #      (on 2026-11-26 the JIT compiled one tile at a time: 12-150 s per CUDA test); its report, compiled
 #      by the machine's triton, comes back as kernel_report_device.md;
+#   0b. (PROFILE_S > 0, default 0) where a layer step's host time goes (every layer row was host-bound on the
+#      H100 of 2026-11-26): mt-bench-gpu --host-profile on the encoder layer at T 1024 (stock, rela_g and
+#      reluformer Triton; PROFILE_ARGS replaces these options), torch.profiler ops + cProfile per cell,
+#      into OUT_DIR/host_profile.txt;
 #   1. alone on the GPU, the decisive mt-bench-gpu subset (bf16, T 256/1024/4096; softmax, rela_g,
 #      reluformer, eatt; core, layer, decode; BENCH_ARGS replaces these options, e.g. with what a
 #      previous window did not reach: docs/gpu.md): every ratio against the baseline of the same run;
@@ -75,6 +79,16 @@ if [ "$WARM_S" -gt 0 ]; then
     --variants rela_enc,rela_causal,reluformer_enc,eatt_enc,eatt_causal,rela_g_norm,rela_g_norm_head \
     --tiles all --jobs 14 --out "$OUT/kernel_report_device.md" > /tmp/warm.log 2>&1
   echo "rc $? after $((SECONDS - t)) s: $(grep -c ' regs ' /tmp/warm.log) compiles, cache $(du -sh "$TRITON_CACHE_DIR" | cut -f1)"
+fi
+
+PROFILE_S=${PROFILE_S:-0}
+if [ "$PROFILE_S" -gt 0 ]; then
+  echo "== 0b. host profile of layer steps (limit ${PROFILE_S} s)"; t=$SECONDS
+  PROFILE_ARGS=${PROFILE_ARGS:---sections layer --T 1024 --layer-kinds enc --attention-dropout 0 --dtypes bf16 --functions rela_g,reluformer}
+  # shellcheck disable=SC2086  # PROFILE_ARGS is a list of options
+  timeout -s INT "$PROFILE_S" python3 -m mt_pipeline.bench_gpu $PROFILE_ARGS --rep 20 --host-profile "$OUT/host_profile.txt" \
+    --out "$OUT/attention_speed_${GPU}_profiled.md" > "$OUT/bench_profile.log" 2>&1
+  echo "rc $? after $((SECONDS - t)) s"; tail -3 "$OUT/bench_profile.log"
 fi
 
 echo "== 1. mt-bench-gpu (limit ${BENCH_S} s)"; t=$SECONDS

@@ -143,6 +143,22 @@ def test_host_ms_is_the_time_to_issue_a_step():
     assert bench_gpu.host_ms(run, steps=5) >= 2.0
 
 
+def test_host_profile_names_the_ops_and_python_functions_of_a_step():
+    """The host profile of a step shows its aten ops (torch.profiler) and its own Python functions
+    (cProfile), so a host-bound layer row can be traced to what issues it."""
+
+    def issue_many_small_ops():
+        x = torch.ones(4)
+        for _ in range(50):
+            x = torch.mm(x[None], torch.eye(4))[0]
+        return x
+
+    text = bench_gpu.host_profile(issue_many_small_ops, steps=3, top=10)
+    ops, python = text.split("cProfile:")
+    assert "aten::mm" in ops and "aten::eye" in ops
+    assert "issue_many_small_ops" in python and "ms of Python per call" in python
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_sync_count_sees_item_and_nothing_else():
     x = torch.randn(64, device="cuda")
