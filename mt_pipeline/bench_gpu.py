@@ -80,7 +80,7 @@ from . import provenance
 from .atomic import write_text_atomic
 from .curves import progress_stats
 
-__all__ = ["main", "host_profile", "DTYPES", "SECTIONS", "LAYER_KINDS", "FUSED", "core_cases", "layer_cases", "decode_cases",
+__all__ = ["main", "host_profile", "count_sync_warnings", "DTYPES", "SECTIONS", "LAYER_KINDS", "FUSED", "core_cases", "layer_cases", "decode_cases",
            "relu_flex", "padding_mask", "measure", "kernel_ms", "render", "parse_wps"]
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -354,7 +354,15 @@ def sync_count(run: Step) -> int:
         finally:
             torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
-    return sum("synchroniz" in str(w.message) for w in caught)
+    return count_sync_warnings(str(w.message) for w in caught)
+
+
+def count_sync_warnings(messages) -> int:
+    """How many of the warning ``messages`` (strings) are torch's per-sync warning ("called a
+    synchronizing CUDA operation").  Setting the debug mode itself warns once per process that it
+    "is a prototype feature" ("Synchronization debug mode ..."): no sync, not counted (the H200
+    window of 2026-11-26 counted it in the first call of each pytest worker)."""
+    return sum("called a synchronizing CUDA operation" in m for m in messages)
 
 
 def host_profile(run: Step, steps: int = 10, top: int = 25) -> str:

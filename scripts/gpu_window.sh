@@ -14,7 +14,7 @@
 #      previous window did not reach: docs/gpu.md): every ratio against the baseline of the same run;
 #      the result file is rewritten after every length, so a cut-off run still leaves a table;
 #   2. (SPLIT_S > 0) the layer section again with MT_RECT_BACKWARD=split (vs the default fused);
-#   3. (TEST_S > 0) the CUDA tests under pytest-xdist (every compiled kernel against the float64
+#   3. (TEST_S > 0) the CUDA tests (TEST_K, default "cuda and not interpreter") under pytest-xdist (every compiled kernel against the float64
 #      reference), stopped by SIGINT at TEST_S so pytest still prints its summary.
 # MODE=isolate replaces all three: each CUDA test in its own process under CUDA_LAUNCH_BLOCKING=1
 # (an illegal address poisons the CUDA context of its process, and every later test there fails),
@@ -109,7 +109,9 @@ fi
 
 if [ "$TEST_S" -gt 0 ]; then
   echo "== 3. CUDA tests (limit ${TEST_S} s)"; t=$SECONDS
-  timeout -s INT "$TEST_S" python3 -m pytest -q -n 14 -p no:cacheprovider --tb=line -rfEs \
+  # the compiled tests only: the interpreter ones fail under the machines' triton 3.6 (TypeError in
+  # triton's interpreter; CI runs them with triton 3.9), 2026-11-26 H200 window
+  timeout -s INT "$TEST_S" python3 -m pytest -q -n 14 -p no:cacheprovider --tb=line -rfEs -k "${TEST_K:-cuda and not interpreter}" \
     tests/test_triton_cuda.py tests/test_norm_fused.py tests/test_triton_attention.py tests/test_eatt.py \
     tests/test_bench_gpu.py > "$OUT/cuda_tests.log" 2>&1
   echo "rc $? after $((SECONDS - t)) s"; tail -4 "$OUT/cuda_tests.log"

@@ -159,6 +159,16 @@ def test_host_profile_names_the_ops_and_python_functions_of_a_step():
     assert "issue_many_small_ops" in python and "ms of Python per call" in python
 
 
+def test_sync_count_counts_syncs_not_the_debug_modes_own_warning():
+    """torch warns once per process when the sync debug mode is first set; that is no sync (it made
+    the first layer of each pytest worker look synchronising on the H200 of 2026-11-26)."""
+    proto = ("Synchronization debug mode is a prototype feature and does not yet detect all "
+             "synchronizing operations (Triggered internally at Module.cpp:1003.)")
+    sync = "called a synchronizing CUDA operation (Triggered internally at CUDAFunctions.cpp:162.)"
+    assert bench_gpu.count_sync_warnings([proto]) == 0
+    assert bench_gpu.count_sync_warnings([proto, sync, "other", sync]) == 2
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_sync_count_sees_item_and_nothing_else():
     x = torch.randn(64, device="cuda")
