@@ -42,7 +42,7 @@ from ..modules.norms import NORM_SCOPES, GatedNorm, RMSNorm
 from ..options import OptionGroup, option
 from .backend import check_backend, resolve_backend
 from .masks import combined_mask
-from .stats import ROW_EPS, entropy_from_terms, keys_per_query, row_mass_terms, valid_keys
+from .stats import entropy_from_terms, keys_per_query, reluformer_row_terms, row_mass_terms, valid_keys
 
 __all__ = [
     "AttentionFunction",
@@ -694,17 +694,13 @@ class _ReluFormerBase(AttentionFunction):
             return
         valid = self.counted_rows(n, row_sum)
         live = valid & (row_sum > 0)
-        n = n.squeeze(-1).expand_as(row_sum)
-        norm_term = torch.log(row_sum.clamp_min(ROW_EPS)).abs()  # (clamp: no log 0 on null rows)
-        ent = entropy_from_terms(row_sum, row_slogs)
-        margin = F.relu(ent - self.entropy_c * torch.log(n.clamp_min(1.0)))
-        count = live.sum()
-        self.aux.record("reluformer_norm", torch.where(live, norm_term, 0.0).sum(), count,
-                        self.reg_terms in ("both", "norm"))
-        self.aux.record("reluformer_entropy", torch.where(live, margin, 0.0).sum(), count,
-                        self.reg_terms in ("both", "entropy"))
-        self.aux.record("attn_entropy", torch.where(live, ent, 0.0).detach().sum(), count, False)
-        self.aux.record("attn_null_rate", (valid & ~live).sum().float(), valid.sum(), False)
+        # |log sum s| (clamped: no log 0 on null rows), max(H - c log n, 0), H: one fused sum
+        sums = reluformer_row_terms(row_sum, row_slogs, n.squeeze(-1), live, self.entropy_c)
+        count, counted = live.sum(), valid.sum()
+        self.aux.record("reluformer_norm", sums[0], count, self.reg_terms in ("both", "norm"))
+        self.aux.record("reluformer_entropy", sums[1], count, self.reg_terms in ("both", "entropy"))
+        self.aux.record("attn_entropy", sums[2].detach(), count, False)
+        self.aux.record("attn_null_rate", (counted - count).float(), counted, False)
 
 
 @register_attention_fn("reluformer")
