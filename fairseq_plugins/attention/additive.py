@@ -155,10 +155,12 @@ class WindowStats:
         self.positions = self.queries = self.source = 0
 
     def add(self, window: torch.Tensor, lengths: torch.Tensor) -> None:
-        """Add one step: ``window`` and ``lengths`` ``(B,)``."""
-        self.positions += int(window.sum())
-        self.queries += int(window.numel())
-        self.source += int(lengths.sum())
+        """Add one step: ``window`` and ``lengths`` ``(B,)``.  The sums stay tensors on their
+        device (read back only by :meth:`average_window` / :meth:`report`): a decoding step on a
+        GPU makes no host-device sync for its statistics."""
+        self.positions = self.positions + window.sum()
+        self.queries += window.numel()
+        self.source = self.source + lengths.sum()
 
     def add_one(self, window: int, length: int) -> None:
         """Add one step of one hypothesis (Python ints)."""
@@ -167,13 +169,13 @@ class WindowStats:
         self.source += length
 
     def average_window(self) -> float:
-        return self.positions / self.queries if self.queries else math.nan
+        return float(self.positions) / self.queries if self.queries else math.nan
 
     def report(self) -> str:
         tau = "inf" if math.isinf(self.threshold) else f"{self.threshold:g}"
         return (f"[rnnsearch] {self.kind} attention (tau={tau}): average window {self.average_window():.2f} "
                 f"positions per hypothesis-step over {self.queries} hypothesis-steps "
-                f"(average source length {self.source / max(self.queries, 1):.2f})")
+                f"(average source length {float(self.source) / max(self.queries, 1):.2f})")
 
 
 class AttentionStep(NamedTuple):

@@ -211,7 +211,9 @@ class RNNsearchDecoder(FairseqIncrementalDecoder):
             atexit.register(_report_windows, self.attention.stats)
             self._report_registered = True
 
-        mask = pad if bool(pad.any()) else None  # no padding (e.g. one sentence): no masking work
+        # no padding (e.g. one sentence): no masking work -- decided on CPU only, where bool() of a
+        # tensor is free; on a GPU it would sync the host every forward, so the mask is kept there
+        mask = pad if (pad.device.type != "cpu" or bool(pad.any())) else None
         x = self.dropout(self.embed_tokens(prev_output_tokens))  # (B, T, E)
         feats, attns, gates, windows = [], [], [], []
         for t in range(x.size(1)):
