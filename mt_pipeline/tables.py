@@ -328,7 +328,9 @@ def _read(path: str) -> List[str]:
 
 def _significance(ref_res: Dict, res: Dict, subset: str) -> Optional[Dict]:
     """Seed-matched paired bootstrap of ``res`` against ``ref_res`` on ``subset``, cached in the
-    system's run directory (``significance.json``, keyed by both hypotheses' checkpoints)."""
+    system's run directory (``significance.json``, keyed by both hypotheses' checkpoints).  A run
+    read from its committed evidence (``results/``, no run directory here) is not cached: the
+    cache is derived data, and ``results/`` holds only files with provenance."""
     from .evidence import resolve
     from .significance import paired_bootstrap
 
@@ -343,7 +345,9 @@ def _significance(ref_res: Dict, res: Dict, subset: str) -> Optional[Dict]:
             cache = json.load(f)
     if key not in cache:
         cache[key] = paired_bootstrap(_read(resolve(a["ref"])), _read(resolve(a["hyp"])), _read(resolve(b["hyp"])))
-        write_json_atomic(cache_path, cache)
+        results_dir = os.path.join(ROOT, "results")
+        if os.path.commonpath([os.path.abspath(res["_dir"]), results_dir]) != results_dir:
+            write_json_atomic(cache_path, cache)
     return cache[key]
 
 

@@ -193,6 +193,22 @@ def test_render_with_seeds_shows_mean_sd_significance_and_a_loss_figure(tmp_path
                                                              "significance.json"))
 
 
+def test_significance_is_not_cached_into_committed_evidence(tmp_path, monkeypatch):
+    """A row read from its committed evidence (results/runs/...) gets its bootstrap computed but
+    no significance.json beside it: results/ holds only files with provenance (a cache has none);
+    a run directory elsewhere keeps the cache."""
+    monkeypatch.setattr(run_table, "ROOT", str(tmp_path))
+    refs = [f"the cat number {i} sat on the mat" for i in range(60)]
+    for i, base in enumerate((tmp_path / "results" / "runs" / "smoke" / "t", tmp_path / "runs" / "t")):
+        ref_dir, sys_dir = base / "row1", base / "row2"
+        _result(tmp_path, ref_dir, 1, 20.0, [r if j % 2 else "a dog" for j, r in enumerate(refs)])
+        _result(tmp_path, sys_dir, 1, 30.0, refs)
+        ref_res, res = (dict(json.loads((d / "result.json").read_text()), _dir=str(d)) for d in (ref_dir, sys_dir))
+        test = run_table._significance(ref_res, res, "test")
+        assert test["bleu_delta"] > 0 and test["bleu_p"] < 0.05
+        assert (sys_dir / "significance.json").exists() == (i == 1)
+
+
 def test_budget_override_is_refused_for_rows_with_their_own_budget():
     with pytest.raises(SystemExit, match="their own budgets"):
         run_table.load_table(os.path.join(CONFIGS, "reluformer", "table6_long_documents.yaml"),
