@@ -80,8 +80,9 @@ from . import provenance
 from .atomic import write_text_atomic
 from .curves import progress_stats
 
-__all__ = ["main", "host_profile", "count_sync_warnings", "DTYPES", "SECTIONS", "LAYER_KINDS", "FUSED", "core_cases", "layer_cases", "decode_cases",
-           "relu_flex", "padding_mask", "measure", "kernel_ms", "render", "parse_wps"]
+__all__ = ["main", "DTYPES", "SECTIONS", "LAYER_KINDS", "FUSED", "core_cases", "layer_cases", "decode_cases",
+           "relu_flex", "padding_mask", "measure", "kernel_ms", "host_profile", "count_sync_warnings", "render",
+           "parse_wps"]
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 SECTIONS = ("core", "layer", "decode", "train")
