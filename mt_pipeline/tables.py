@@ -284,10 +284,14 @@ def run_analyses(spec: Dict, row: Dict, seed: Optional[int] = None) -> List[str]
     return written
 
 
-def _analysis_cells(spec: Dict, row: Dict) -> List[str]:
+def _analysis_cells(spec: Dict, row: Dict, res: Dict) -> List[str]:
+    """The spec's ``analyses`` columns of ``row``, read from ``res["_dir"]`` -- the directory its
+    ``result.json`` came from (:func:`row_results`): the run directory, or the committed evidence
+    where the run is not on this machine (a row that reuses another table's run, whose checkpoint
+    is gone, keeps the number its evidence holds); "n/a" where the analysis did not run."""
     cells = []
     for an in spec.get("analyses") or []:
-        path = os.path.join(run_dir(spec, row), f"analysis_{an['name']}.json")
+        path = os.path.join(res.get("_dir") or run_dir(spec, row), f"analysis_{an['name']}.json")
         if os.path.exists(path):
             with open(path) as f:
                 cells.append(f"{json.load(f)[an['key']][0]:.3f}")
@@ -447,7 +451,7 @@ def render(spec: Dict, seeds: Optional[List[int]] = None) -> None:
         reasons = sorted({failure_reason(x, vocab[r["id"]]) for x in res} - {None})
         status = "done" if len(ok) == len(res) else (
             ("failed: " if not ok else f"{len(res) - len(ok)} seed(s) failed: ") + "; ".join(reasons))
-        lines.append("| " + " | ".join([str(r["id"]), r["name"], paper] + cells + mcells + _analysis_cells(spec, r) + [
+        lines.append("| " + " | ".join([str(r["id"]), r["name"], paper] + cells + mcells + _analysis_cells(spec, r, res[0]) + [
             str(len(res)), str(res[0].get("updates", 0)), _wall_cell(res), status]) + " |")
     lines += ["", "SacreBLEU (detokenised) with tokenized BLEU in brackets"
               + ("; RIBES (Isozaki et al. 2010, nltk, tokenized text) after the slash" if spec.get("ribes") else "")

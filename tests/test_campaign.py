@@ -429,6 +429,16 @@ def test_a_finished_run_gets_the_analyses_of_every_table_that_shows_it(tmp_path,
     later = time.time() + 5
     os.utime(ckpt, (later, later))
     assert campaign.collect(plan) == [str(ev1)] and len(calls.read_text().splitlines()) == 2
+    # a fresh checkout (the shared run's directory gone): the table reads the column from the evidence
+    import shutil
+
+    spec_a = run_table.load_table(str(tmp_path / "a.yaml"))
+    shutil.copytree(run1.dir, tmp_path / "run1_kept")
+    shutil.rmtree(run1.dir)
+    (row7,) = spec_a["rows"]
+    (res7,) = run_table.row_results(spec_a, row7)
+    assert res7["_dir"] == str(ev1) and run_table._analysis_cells(spec_a, row7, res7) == ["42.000"]
+    shutil.copytree(tmp_path / "run1_kept", run1.dir)
     # an analysis that fails leaves no file and does not raise
     os.unlink(pathlib.Path(run1.dir) / "analysis_energy.json")
     script.write_text("raise SystemExit(3)\n")
