@@ -1,6 +1,8 @@
 """The GPU benchmark's harness (mt_pipeline.bench_gpu) on CPU: its steps run, its parsing and
 its ratios are right, and without CUDA it stops with a clear message.  No timing is asserted."""
 
+import re
+
 import pytest
 import torch
 
@@ -157,6 +159,40 @@ def test_host_profile_names_the_ops_and_python_functions_of_a_step():
     ops, python = text.split("cProfile:")
     assert "aten::mm" in ops and "aten::eye" in ops
     assert "issue_many_small_ops" in python and "ms of Python per call" in python
+
+
+def test_op_counts_count_kernels_of_forward_and_backward_not_views():
+    """op_counts sees the ops of autograd's backward too (each a kernel launch on a GPU) and leaves
+    out views and allocations, which launch nothing."""
+    w = torch.randn(4, 3, requires_grad=True)
+
+    def run():
+        y = (w * 2.0).t().reshape(12).view(3, 4)  # mul, a copy (reshape of a transpose) + views
+        buf = torch.empty(3)  # allocation
+        torch.autograd.grad(y.sum() + buf.zero_().sum(), [w])  # sum, zero_, sum, add + backward
+
+    counts = bench_gpu.op_counts(run)
+    assert counts.get("mul", 0) >= 2  # forward w * 2 and its backward (grad * 2)
+    assert counts.get("sum") == 2 and counts.get("zero_") == 1 and counts.get("clone") == 1
+    assert not {"t", "view", "reshape", "_unsafe_view", "expand", "empty", "detach"} & set(counts)
+
+
+def test_op_counts_report_runs_on_cpu_and_names_its_regime(tmp_path):
+    """``--op-counts`` needs no GPU: one table per layer kind and rate, ratios against stock,
+    provenance, nothing written on a bad function name."""
+    out = tmp_path / "ops.md"
+    assert bench_gpu.main(["--op-counts", str(out), "--functions", "relu", "--layer-kinds", "enc",
+                           "--attention-dropout", "0"]) == 0
+    text = out.read_text()
+    assert "**Regime: benchmark**" in text and "## encoder self-attention (key padding), dropout 0" in text
+    stock = re.search(r"\| stock \| (\d+) \| 1.00x \|", text)
+    relu = re.search(r"\| relu torch \| (\d+) \| (\d+\.\d+)x \|", text)
+    assert stock and relu and abs(int(relu.group(1)) / int(stock.group(1)) - float(relu.group(2))) < 0.01
+    assert "git commit" in text
+    bad = tmp_path / "bad.md"
+    with pytest.raises(KeyError, match="registered"):
+        bench_gpu.main(["--op-counts", str(bad), "--functions", "nope", "--layer-kinds", "enc"])
+    assert not bad.exists()
 
 
 def test_sync_count_counts_syncs_not_the_debug_modes_own_warning():
