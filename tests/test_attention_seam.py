@@ -90,7 +90,7 @@ def test_reluformer_n_from_the_seam_equals_valid_keys_of_the_dense_mask():
     f = build_attention_fn("reluformer", C, H)
     seen = []
     orig = f.row_scale
-    f.row_scale = lambda n: (seen.append(n), orig(n))[1]
+    f.row_scale = lambda n, *args: (seen.append(n), orig(n, *args))[1]
     m = FunctionalMultiheadAttention(C, H, f, self_attention=True)
     x = torch.randn(6, B, C)
     for kind in ("right", "left"):

@@ -30,9 +30,9 @@ def captured_n(f):
     seen = []
     orig = f.row_scale
 
-    def spy(n):
+    def spy(n, *args):
         seen.append(n.detach().clone())
-        return orig(n)
+        return orig(n, *args)
 
     f.row_scale = spy
     return seen
@@ -124,22 +124,24 @@ def test_regulariser_gradient_matches_finite_differences():
     assert torch.autograd.gradcheck(reg, (scores,))
 
 
-def _unfused_row_terms(row_sum, row_slogs, n, live, c):
-    """Eq. 7's sums as plain autograd expressions (the reference of the fused function)."""
+def _unfused_row_terms(row_sum, row_slogs, n, valid, c):
+    """Eq. 7's sums as plain autograd expressions (the reference of the fused function) and the
+    live-row count."""
+    live = valid & (row_sum > 0)
     norm = torch.log(row_sum.clamp_min(ROW_EPS)).abs()
     ent = entropy_from_terms(row_sum, row_slogs)
     margin = torch.relu(ent - c * torch.log(n.clamp_min(1.0)))
     zero = torch.zeros((), dtype=row_sum.dtype)
     return torch.stack([torch.where(live, norm, zero).sum(), torch.where(live, margin, zero).sum(),
-                        torch.where(live, ent, zero).sum()])
+                        torch.where(live, ent, zero).sum(), live.sum().to(row_sum.dtype)])
 
 
 def test_fused_row_terms_equal_autograd_of_the_unfused_expression():
     """The fused eq. 7 sums (fewer kernels: the reluformer layer was launch-bound on a GPU) equal
     the plain expression in value and gradient, in float64, with every branch of the derivative
     present: rows below ROW_EPS, |log z| on both sides of 0, the margin on both sides of 0,
-    rows that are not live; gradcheck checks the hand-written backward against finite
-    differences."""
+    null rows and rows that are not counted, each term's gradient alone and together; gradcheck
+    checks the hand-written backward against finite differences."""
     g = torch.Generator().manual_seed(0)
     B, Hh, T = 3, 2, 7
     s = torch.rand(B, Hh, T, 5, generator=g, dtype=torch.float64) * torch.rand(B, Hh, T, 1, generator=g,
@@ -149,25 +151,32 @@ def test_fused_row_terms_equal_autograd_of_the_unfused_expression():
     s[0, 1, 0, 0] = 1e-8  # a live row below ROW_EPS: the clamp stops its gradient
     row_sum, row_slogs = row_mass_terms(s)
     n = torch.randint(1, 6, (B, 1, T), generator=g).to(torch.float64)
-    live = (row_sum > 0) & (torch.rand(B, Hh, T, generator=g) > 0.2)
-    live[0, 1, 0] = True
+    valid = torch.rand(B, Hh, T, generator=g) > 0.2
+    valid[0, 1, 0] = True
+    live = valid & (row_sum > 0)
+    assert live[0, 1, 0] and (valid & ~live).any() and (~valid & (row_sum > 0)).any()
     for c in (0.0, 0.7, 1.5):  # the margin: mostly active, mixed, mostly 0
         a = row_sum.detach().clone().requires_grad_()
         b = row_slogs.detach().clone().requires_grad_()
-        ref = _unfused_row_terms(a, b, n, live, c)
-        got = reluformer_row_terms(a, b, n, live, c)
-        torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-12)
-        w = torch.tensor([0.3, -1.7, 0.0], dtype=torch.float64)  # the third term passes no gradient
-        ga = torch.autograd.grad((ref * w).sum(), (a, b))
-        gb = torch.autograd.grad((reluformer_row_terms(a, b, n, live, c) * w).sum(), (a, b))
-        for x, y in zip(gb, ga):
-            torch.testing.assert_close(x, y, rtol=1e-12, atol=1e-12)
-        assert ga[0].abs().sum() > 0 and ga[1].abs().sum() > 0  # both gradients exercised
+        ref = _unfused_row_terms(a, b, n, valid, c)
+        got = reluformer_row_terms(a, b, n, valid, c)
+        torch.testing.assert_close(torch.stack(got), ref, rtol=1e-12, atol=1e-12)
+        assert not got[3].requires_grad
+        # both terms, each alone (the other's gradient is None), and H, which passes no gradient
+        for w in ([0.3, -1.7, 0.0], [0.3, 0.0, 0.0], [0.0, -1.7, 0.0]):
+            ga = torch.autograd.grad(sum(x * y for x, y in zip(_unfused_row_terms(a, b, n, valid, c)[:3], w) if y),
+                                     (a, b), allow_unused=True)
+            gb = torch.autograd.grad(sum(x * y for x, y in zip(reluformer_row_terms(a, b, n, valid, c)[:3], w) if y),
+                                     (a, b), allow_unused=True)
+            for x, y in zip(gb, ga):
+                torch.testing.assert_close(x if x is not None else torch.zeros_like(a),
+                                           y if y is not None else torch.zeros_like(a), rtol=1e-12, atol=1e-12)
+        assert ga[0].abs().sum() > 0  # the margin's gradients are exercised with the first weights
     assert gb[0][0, 1, 0] == 0 and live[0, 1, 0]  # below ROW_EPS: clamped
     keep = row_sum > 1e-3  # finite differences away from the kinks of the clamp
     a = row_sum.detach().clone().masked_fill(~keep, 2.0).requires_grad_()  # (not 1: |log z| kinks there)
     b = row_slogs.detach().clone().requires_grad_()
-    torch.autograd.gradcheck(lambda x, y: reluformer_row_terms(x, y, n, live, 0.7)[:2], (a, b))
+    torch.autograd.gradcheck(lambda x, y: reluformer_row_terms(x, y, n, valid, 0.7)[:2], (a, b))
 
 
 def test_null_and_fully_masked_rows_are_finite():

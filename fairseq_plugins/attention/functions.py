@@ -632,11 +632,14 @@ class _ReluFormerBase(AttentionFunction):
         self.entropy_c = float(self.options.entropy_c)
         self.reg_terms = str(self.options.reg_terms)
 
-    def row_scale(self, n: torch.Tensor) -> torch.Tensor:
-        """``1 / (gamma sqrt(n / 2))`` for ``n`` ``(B|1, H|1, T|1, 1)``; 0 where ``n = 0``."""
+    def row_scale(self, n: torch.Tensor, factor: float = 1.0) -> torch.Tensor:
+        """``factor / (gamma sqrt(n / 2))`` (eq. 6; ``factor`` folds d_h^-1/2 in) for ``n``
+        ``(B|1, H|1, T|1, 1)``, in three ops (each a kernel launch on a GPU).  A row with ``n = 0``
+        sees no key (every score of it is masked, so ``r_i`` multiplies nothing) and gets the value
+        of ``n = 1``.  Without the scale (``reluformer_noscale``): ``factor``."""
         if not self.use_scale:
-            return torch.ones_like(n)
-        return torch.where(n > 0, 1.0 / (self.gamma * torch.sqrt(n.clamp_min(1.0) / 2.0)), 0.0)
+            return torch.full_like(n, factor)
+        return n.clamp_min(1.0).mul_(self.gamma ** 2 / (2.0 * factor ** 2)).rsqrt_()
 
     def normalize(self, scores, mask):
         n = valid_keys(mask, scores.size(-1), device=scores.device)
@@ -661,7 +664,7 @@ class _ReluFormerBase(AttentionFunction):
         if self.uses_triton(q):
             from .triton import relu_attention as triton_relu_attention
 
-            r = self.row_scale(n) * self.scaling  # float32; d_h^-1/2 folded into the row scale
+            r = self.row_scale(n, self.scaling)  # float32; d_h^-1/2 folded into the row scale
             out = triton_relu_attention(q, k, v, r.expand(r.size(0), r.size(1), T, 1), mask=mask,
                                         dropout_p=dropout_p, need_stats=need, causal=causal)
         else:
@@ -693,14 +696,13 @@ class _ReluFormerBase(AttentionFunction):
         if not self.aux.enabled:
             return
         valid = self.counted_rows(n, row_sum)
-        live = valid & (row_sum > 0)
-        # |log sum s| (clamped: no log 0 on null rows), max(H - c log n, 0), H: one fused sum
-        sums = reluformer_row_terms(row_sum, row_slogs, n.squeeze(-1), live, self.entropy_c)
-        count, counted = live.sum(), valid.sum()
-        self.aux.record("reluformer_norm", sums[0], count, self.reg_terms in ("both", "norm"))
-        self.aux.record("reluformer_entropy", sums[1], count, self.reg_terms in ("both", "entropy"))
-        self.aux.record("attn_entropy", sums[2].detach(), count, False)
-        self.aux.record("attn_null_rate", (counted - count).float(), counted, False)
+        # over the live rows: |log sum s| (clamped: no log 0 on null rows), max(H - c log n, 0), H
+        norm, margin, ent, count = reluformer_row_terms(row_sum, row_slogs, n.squeeze(-1), valid, self.entropy_c)
+        counted = valid.sum(dtype=count.dtype)
+        self.aux.record("reluformer_norm", norm, count, self.reg_terms in ("both", "norm"))
+        self.aux.record("reluformer_entropy", margin, count, self.reg_terms in ("both", "entropy"))
+        self.aux.record("attn_entropy", ent.detach(), count, False)
+        self.aux.record("attn_null_rate", counted - count, counted, False)
 
 
 @register_attention_fn("reluformer")

@@ -75,9 +75,10 @@ BLOCK_ELEMS = 512 * 1024
 # --------------------------------------------------------------------------------------------
 # argument checking shared by both paths
 # --------------------------------------------------------------------------------------------
-def _check(q, k, v, row_scale, mask, dropout_p):
+def _check(q, k, v, row_scale, mask, dropout_p, clean=True):
     """Validate shapes/dtypes; returns the row scale as a float or a constant ``(B|1, H|1, T, 1)``
-    tensor, non-finite values replaced by 0.
+    tensor in q's dtype, non-finite values replaced by 0 (``clean=False``: validation only,
+    returns None -- the Triton path cleans it in its own dtype, and each op is a launch on a GPU).
 
     Raises:
         ValueError: on any mismatch; the message names the expected shapes.
@@ -121,6 +122,8 @@ def _check(q, k, v, row_scale, mask, dropout_p):
                              f"(B, H, T, S) = ({B}, {H}, {T}, {S})")
     if not 0.0 <= float(dropout_p) < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    if not clean:
+        return None
     # A non-finite scale (1/0 for a row with n_i = 0) counts as 0: such a row is all zeros.
     if isinstance(row_scale, float):
         return row_scale if math.isfinite(row_scale) else 0.0

@@ -141,12 +141,14 @@ def entropy_from_terms(row_sum: torch.Tensor, row_slogs: torch.Tensor) -> torch.
 class ReluFormerRowTerms(torch.autograd.Function):
     """Sums over the live rows of ReLUFormer's (Shen et al. 2023) eq. 7 terms, in few kernels.
 
-    Forward: with ``z = max(sum s, ROW_EPS)`` and ``H = log z - (sum s log s) / z`` (the entropy
-    of ``s_bar``, :func:`entropy_from_terms`), returns the float32 vector
-    ``(sum |log z|, sum max(H - c log n, 0), sum H)`` over the rows where ``live`` is True.
+    Forward: a row is *live* when it is ``valid`` (counted: it may see a key and is no query
+    padding) and has mass (``sum s > 0``: a null row has no distribution).  With
+    ``z = max(sum s, ROW_EPS)`` and ``H = log z - (sum s log s) / z`` (the entropy of ``s_bar``,
+    :func:`entropy_from_terms`), returns four float 0-d tensors: ``sum |log z|``,
+    ``sum max(H - c log n, 0)`` and ``sum H`` over the live rows, and the number of live rows.
     Backward (hand-written, the same derivatives autograd takes through
-    ``log(clamp_min(.)).abs()``, ``relu`` and :func:`entropy_from_terms`; ``sum H`` is a statistic
-    and passes no gradient):
+    ``log(clamp_min(.)).abs()``, ``relu`` and :func:`entropy_from_terms`; ``sum H`` and the count
+    are statistics and pass no gradient):
 
     * ``d/d sum s = live * [g_norm sgn(log z) / z + g_ent_margin [H > c log n] (1 + slogs / z) / z]``
       where ``sum s >= ROW_EPS`` (0 below: the clamp), and
@@ -154,46 +156,56 @@ class ReluFormerRowTerms(torch.autograd.Function):
 
     On a GPU each elementwise op on the ``(B, H, T)`` row tensors is a launch of 5-10 µs of host
     time, and the reluformer layer was host-bound (H200 window of 2026-11-26: 91 CUDA launches a
-    step against stock's 15, ``mt-bench-gpu --host-profile``).  The unfused expression issues
-    about 10 more ops per layer and step than this function; the next GPU window's host profile
-    measures the launches.
+    step against stock's 15, ``mt-bench-gpu --host-profile``), so the forward takes 12 ops (the
+    live mask as ``sign(sum s) * valid``, the three sums from one stacked tensor, four outputs
+    without ``select``s) and the backward 13; ``mt-bench-gpu --op-counts`` counts a layer's.
     """
 
     @staticmethod
-    def forward(ctx, row_sum, row_slogs, c_log_n, live):
+    def forward(ctx, row_sum, row_slogs, c_log_n, valid):
         ctx.set_materialize_grads(False)
+        live_f = row_sum.sign().mul_(valid)  # 1 on live rows (sum s >= 0: sign is 0 or 1), else 0
         z = row_sum.clamp_min(ROW_EPS)
         log_z = z.log()
-        ent = log_z - row_slogs / z
+        ent = torch.addcdiv(log_z, row_slogs, z, value=-1.0)  # H = log z - slogs / z
         over = ent - c_log_n  # H - c log n: the margin's argument
-        live_f = live.to(row_sum.dtype)
-        sums = torch.stack([log_z.abs(), over.clamp_min(0.0), ent]).mul_(live_f).flatten(1).sum(1)
+        terms = torch.stack([log_z.abs(), over.clamp_min(0.0), ent])  # (3, B, H, T), finite everywhere
+        sums = terms.mul_(live_f).flatten(1).sum(1)  # (not a matrix-vector product: autocast would round it)
+        count = live_f.sum()
         ctx.save_for_backward(row_sum, row_slogs, z, log_z, over, live_f)
-        return sums
+        ctx.mark_non_differentiable(count)
+        norm, margin, entropy = sums.unbind(0)
+        return norm, margin, entropy, count
 
     @staticmethod
-    def backward(ctx, g):
-        if g is None:
+    def backward(ctx, g_norm, g_margin, g_ent, g_count):
+        if g_norm is None and g_margin is None:
             return None, None, None, None
         row_sum, row_slogs, z, log_z, over, live_f = ctx.saved_tensors
-        g_norm, g_margin = g[0], g[1]
-        inv_z = z.reciprocal().mul_(live_f)  # live / z
-        m = inv_z * (over > 0) * g_margin  # g_margin [H > c log n] live / z
-        d_sum = (log_z.sign() * g_norm).mul_(inv_z).add_(m * (1.0 + row_slogs / z)).mul_(row_sum >= ROW_EPS)
-        return d_sum, -m, None, None
+        inv_z = live_f / z  # live / z
+        if g_margin is not None:
+            m = (over > 0).mul(inv_z).mul_(g_margin)  # g_margin [H > c log n] live / z
+            d_sum = torch.addcmul(m, m, row_slogs / z)  # m (1 + slogs / z)
+            d_slogs = m.neg()
+        else:
+            d_sum, d_slogs = torch.zeros_like(row_sum), None
+        if g_norm is not None:
+            d_sum.add_(log_z.sign().mul_(inv_z).mul_(g_norm))
+        return d_sum.mul_(row_sum >= ROW_EPS), d_slogs, None, None
 
 
-def reluformer_row_terms(row_sum: torch.Tensor, row_slogs: torch.Tensor, n: torch.Tensor, live: torch.Tensor,
-                         entropy_c: float) -> torch.Tensor:
-    """ReLUFormer eq. 7 (Shen et al. 2023) summed over the live rows: ``(3,)`` float32
-    ``(sum |log sum s|, sum max(H(s_bar) - c log n, 0), sum H(s_bar))`` (:class:`ReluFormerRowTerms`;
-    the first two are differentiable w.r.t. the row sums, the third is a statistic).
+def reluformer_row_terms(row_sum: torch.Tensor, row_slogs: torch.Tensor, n: torch.Tensor, valid: torch.Tensor,
+                         entropy_c: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """ReLUFormer eq. 7 (Shen et al. 2023) summed over the live rows (:class:`ReluFormerRowTerms`):
+    four float 0-d tensors ``(sum |log sum s|, sum max(H(s_bar) - c log n, 0), sum H(s_bar), live rows)``;
+    the first two are differentiable w.r.t. the row sums, the last two are statistics.
 
     Args:
         row_sum, row_slogs: ``(B, H, T)`` float32 ``sum_j s_j`` and ``sum_j s_j log s_j``.
         n: valid keys per query, broadcastable to ``(B, H, T)`` (``n_i`` of eq. 6).
-        live: ``(B, H, T)`` bool, the rows that enter the means (a distribution exists).
+        valid: ``(B, H, T)`` bool, the counted rows (a key visible, no query padding); the live
+            ones among them (``sum s > 0``) enter the sums.
         entropy_c: ``c`` of the entropy bound ``c log n`` (Appendix A: 0.7).
     """
     c_log_n = n.clamp_min(1.0).log().mul_(entropy_c)
-    return ReluFormerRowTerms.apply(row_sum, row_slogs, c_log_n, live)
+    return ReluFormerRowTerms.apply(row_sum, row_slogs, c_log_n, valid)

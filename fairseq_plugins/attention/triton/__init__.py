@@ -436,8 +436,9 @@ class _RectifiedAttention(torch.autograd.Function):
         (B, H, T, S, d), r_arg, r_str, m_arg, m_str, mode = _rect_inputs(q, k, v, r_t, mask)
         out = torch.empty_like(q)
         acc_dt = _acc_dtype(q.dtype)
-        rs = q.new_zeros((B, H, T), dtype=acc_dt) if need_stats else q.new_empty(1, dtype=acc_dt)
-        rl = q.new_zeros((B, H, T), dtype=acc_dt) if need_stats else rs
+        # the statistics: every row is stored by the program of its query tile (no fill needed)
+        rs = q.new_empty((B, H, T) if need_stats else (1,), dtype=acc_dt)
+        rl = q.new_empty((B, H, T), dtype=acc_dt) if need_stats else rs
         meta = _rect_meta(mod, q, interpret, act, mode, causal, need_stats, dropout_p > 0, r_t is not None)
         if B * H * T > 0:
             grid = _grid(T, B * H, interpret, meta, "BLOCK_M")
@@ -525,7 +526,7 @@ def relu_attention(q, k, v, row_scale, mask=None, dropout_p=0.0, need_stats=Fals
     """
     from ..kernels import _check
 
-    _check(q, k, v, row_scale, mask, dropout_p)
+    _check(q, k, v, row_scale, mask, dropout_p, clean=False)
     _check_common(q, k, v, dropout_p)
     if activation not in ACTIVATIONS:
         raise ValueError(f"unknown activation {activation!r}; valid choices: {', '.join(ACTIVATIONS)}")
