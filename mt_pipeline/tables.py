@@ -333,9 +333,10 @@ def _read(path: str) -> List[str]:
 def _significance(ref_res: Dict, res: Dict, subset: str) -> Optional[Dict]:
     """Seed-matched paired bootstrap of ``res`` against ``ref_res`` on ``subset``, cached in the
     system's run directory (``significance.json``, keyed by both hypotheses' checkpoints).  A run
-    read from its committed evidence (``results/``, no run directory here) is not cached: the
-    cache is derived data, and ``results/`` holds only files with provenance."""
-    from .evidence import resolve
+    read from its committed evidence (under :func:`~mt_pipeline.evidence.evidence_root`, default
+    ``results/runs``; no run directory here) is not cached: the cache is derived data, and the
+    evidence holds only files with provenance."""
+    from .evidence import evidence_root, resolve
     from .significance import paired_bootstrap
 
     a, b = ref_res["scores"].get(subset), res["scores"].get(subset)
@@ -349,8 +350,8 @@ def _significance(ref_res: Dict, res: Dict, subset: str) -> Optional[Dict]:
             cache = json.load(f)
     if key not in cache:
         cache[key] = paired_bootstrap(_read(resolve(a["ref"])), _read(resolve(a["hyp"])), _read(resolve(b["hyp"])))
-        results_dir = os.path.join(ROOT, "results")
-        if os.path.commonpath([os.path.abspath(res["_dir"]), results_dir]) != results_dir:
+        committed = os.path.abspath(evidence_root())
+        if os.path.commonpath([os.path.abspath(res["_dir"]), committed]) != committed:
             write_json_atomic(cache_path, cache)
     return cache[key]
 

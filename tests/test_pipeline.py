@@ -198,6 +198,7 @@ def test_significance_is_not_cached_into_committed_evidence(tmp_path, monkeypatc
     no significance.json beside it: results/ holds only files with provenance (a cache has none);
     a run directory elsewhere keeps the cache."""
     monkeypatch.setattr(run_table, "ROOT", str(tmp_path))
+    monkeypatch.setenv("MT_EVIDENCE_ROOT", str(tmp_path / "results" / "runs"))
     refs = [f"the cat number {i} sat on the mat" for i in range(60)]
     for i, base in enumerate((tmp_path / "results" / "runs" / "smoke" / "t", tmp_path / "runs" / "t")):
         ref_dir, sys_dir = base / "row1", base / "row2"
