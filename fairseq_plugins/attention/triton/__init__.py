@@ -570,6 +570,7 @@ def _l1_meta(mod, q, interpret, mask_mode, causal, dropout):
     meta = dict(MASK_MODE=mask_mode, CAUSAL=bool(causal), DROPOUT=bool(dropout), ACC=acc, PREC=prec,
                 UPCAST=_upcast(q.dtype, interpret), BLOCK_D=_block_d(q.shape[-1]))
     meta["CHUNK"] = min(L1_CHUNK, meta["BLOCK_D"])
+    meta["EVEN_D"] = q.shape[-1] == meta["BLOCK_D"]
     if interpret:
         meta.update(mod.INTERPRET_BLOCKS)
     return meta
@@ -800,7 +801,7 @@ def compile_offline(arch: int = 90, dtype: torch.dtype = torch.bfloat16, tiles: 
     fused_ptrs = dict(ptrs, DQ=acc_ptr)  # rect_bwd adds dQ into an accumulator-dtype buffer
     common = dict(MASK_MODE=2, CAUSAL=True, DROPOUT=True, ACC=acc, PREC=prec, UPCAST=False, BLOCK_D=64)
     rect = dict(common, HAS_R=True, ACT=1, STATS=True)
-    l1 = dict(common, CHUNK=L1_CHUNK)
+    l1 = dict(common, CHUNK=L1_CHUNK, EVEN_D=True)
     plan = [("rect_fwd", mod._RECT_FWD, rect), ("rect_bwd", mod._RECT_BWD, dict(rect, DQ_ATOMIC=True)),
             ("rect_bwd_kv", mod._RECT_BWD_KV, dict(rect, DQ_ATOMIC=False)),
             ("rect_bwd_q", mod._RECT_BWD_Q, rect), ("l1_fwd", mod._L1_FWD, l1),

@@ -509,22 +509,41 @@ def _l1_rows(a0, BLOCK_A: tl.constexpr, T_A: tl.constexpr):
 
 
 @triton.jit
-def _l1_chunk(base, rows5, LIM, s_t, s_d, dims5, D, ACC: tl.constexpr):
+def _l1_clamp(rows, LIM, EVEN_D: tl.constexpr):
+    """``rows`` clamped to ``LIM - 1`` when ``EVEN_D`` (then :func:`_l1_chunk` loads unmasked):
+    a row past the end reads the last row instead.  Safe because such a row's scores never count:
+    the forward masks columns ``>= S`` to ``-inf`` and never stores rows ``>= T``, and the sign sums
+    get ``dS = 0`` for columns past the end and store no row past it (``_valid`` tests both bounds).
+    The kernels call the L1 helpers only for tiles that start inside (``LIM >= 1``)."""
+    if EVEN_D:
+        rows = tl.minimum(rows, LIM - 1)
+    return rows
+
+
+@triton.jit
+def _l1_chunk(base, rows5, LIM, s_t, s_d, dims5, D, ACC: tl.constexpr, EVEN_D: tl.constexpr):
     """``x[row, dim]`` (float ``ACC``) for 5-d index tiles ``rows5``/``dims5``; 0 outside
-    ``row < LIM``, ``dim < D``."""
+    ``row < LIM``, ``dim < D``.  ``EVEN_D`` (``D == BLOCK_D``, the usual head dimensions 32/64/128):
+    no mask at all -- the caller has clamped ``rows5`` to ``LIM - 1`` (:func:`_l1_clamp`), so every
+    load is in bounds; a masked load costs a zeroing ``PRMT`` and a predicate per value."""
+    if EVEN_D:
+        return tl.load(base + rows5 * s_t + dims5 * s_d).to(ACC)
     return tl.load(base + rows5 * s_t + dims5 * s_d, mask=(rows5 < LIM) & (dims5 < D), other=0.0).to(ACC)
 
 
 @triton.jit
 def _l1(a_base, b_base, a0, b0, A_LIM, B_LIM, s_at, s_ad, s_bt, s_bd, D,
         ACC: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_D: tl.constexpr,
-        CHUNK: tl.constexpr):
+        CHUNK: tl.constexpr, EVEN_D: tl.constexpr):
     """``dist_ij = sum_d |a_id - b_jd|`` ``(BLOCK_A, BLOCK_B)`` of rows ``a0 + i < A_LIM`` of ``a``
     and ``b0 + j < B_LIM`` of ``b`` (E-ATT eq. 13 before ``-scale``; ``a, b`` = ``q, k``, or
     ``k, q`` for the transposed tile of ``l1_bwd_kv``).  ``CHUNK`` head dimensions per step,
     ``BLOCK_D // CHUNK`` steps (a loop, not unrolled: unrolled, the compiler kept every query chunk
     in registers across the key loop and spilled; issue 28); dimensions ``>= D`` load as 0 on both
-    sides and add nothing.
+    sides and add nothing.  (Unrolled with the query rows passed through a non-pure ``mov`` inside
+    the key loop, so nothing is hoisted, ``l1_fwd`` took 255 instead of 301 SASS per score, sm_90a
+    bf16 d 64 64x64 w8, but 247 registers instead of 126: one 8-warp program per SM instead of two.
+    Not taken without a GPU to time it.)
 
     Computed on 5-d tiles ``(CHUNK, R, C, TA, TB)`` (``i = r TA + ta``, ``j = c TB + tb``;
     ``TA = 16``, ``TB = 8``; ``BLOCK_A >= 16`` and ``BLOCK_B >= 8`` multiples of them): triton's
@@ -535,12 +554,12 @@ def _l1(a_base, b_base, a0, b0, A_LIM, B_LIM, s_at, s_ad, s_bt, s_bd, D,
     TB: tl.constexpr = 8
     TA: tl.constexpr = 16 if BLOCK_A >= 16 else BLOCK_A
     d5 = tl.arange(0, CHUNK)[:, None, None, None, None]
-    ra = _l1_rows(a0, BLOCK_A, TA)[None, :, None, :, None]
-    rb = _l1_rows(b0, BLOCK_B, TB)[None, None, :, None, :]
+    ra = _l1_clamp(_l1_rows(a0, BLOCK_A, TA), A_LIM, EVEN_D)[None, :, None, :, None]
+    rb = _l1_clamp(_l1_rows(b0, BLOCK_B, TB), B_LIM, EVEN_D)[None, None, :, None, :]
     dist = tl.full([BLOCK_A // TA, BLOCK_B // TB, TA, TB], 0.0, ACC)
     for c0 in range(0, BLOCK_D, CHUNK):
-        xa = _l1_chunk(a_base, ra, A_LIM, s_at, s_ad, c0 + d5, D, ACC)
-        xb = _l1_chunk(b_base, rb, B_LIM, s_bt, s_bd, c0 + d5, D, ACC)
+        xa = _l1_chunk(a_base, ra, A_LIM, s_at, s_ad, c0 + d5, D, ACC, EVEN_D)
+        xb = _l1_chunk(b_base, rb, B_LIM, s_bt, s_bd, c0 + d5, D, ACC, EVEN_D)
         dist += _rowsum(tl.abs(xa - xb), 0)
     return tl.reshape(tl.permute(dist, (0, 2, 1, 3)), [BLOCK_A, BLOCK_B])
 
@@ -548,7 +567,7 @@ def _l1(a_base, b_base, a0, b0, A_LIM, B_LIM, s_at, s_ad, s_bt, s_bd, D,
 @triton.jit
 def _l1_sgn(a_base, b_base, g_base, a0, b0, A_LIM, B_LIM, s_at, s_ad, s_bt, s_bd, D, ds, add,
             ACC: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_D: tl.constexpr,
-            CHUNK: tl.constexpr, TB: tl.constexpr):
+            CHUNK: tl.constexpr, TB: tl.constexpr, EVEN_D: tl.constexpr):
     """The sign sums of E-ATT's L1 gradient (eq. 13: ``d|a_d - b_d| / d a_d = sgn(a_d - b_d)``,
     ``sgn(0) = 0``): ``g[i, d] = sum_j ds[i, j] sgn(a_id - b_jd)`` for the ``BLOCK_A`` rows
     ``a0 + i < A_LIM`` of ``a`` and ``BLOCK_B`` rows ``b0 + j < B_LIM`` of ``b`` (``ds``:
@@ -566,8 +585,8 @@ def _l1_sgn(a_base, b_base, g_base, a0, b0, A_LIM, B_LIM, s_at, s_ad, s_bt, s_bd
     deterministic) -- nothing ``(BLOCK_A, BLOCK_D)``-sized is selected per dimension."""
     C: tl.constexpr = BLOCK_B // TB
     d4 = tl.arange(0, CHUNK)[:, None, None, None]
-    ra = a0 + tl.arange(0, BLOCK_A)[None, None, :, None]
-    rb = (b0 + tl.arange(0, C)[:, None] * TB + tl.arange(0, TB)[None, :])[None, :, None, :]
+    ra = _l1_clamp(a0 + tl.arange(0, BLOCK_A), A_LIM, EVEN_D)[None, None, :, None]
+    rb = _l1_clamp(b0 + tl.arange(0, C)[:, None] * TB + tl.arange(0, TB)[None, :], B_LIM, EVEN_D)[None, :, None, :]
     ds4 = tl.permute(tl.reshape(ds, [BLOCK_A, C, TB]), (1, 0, 2))[None, :, :, :]
     nds4 = -ds4
     rg = a0 + tl.arange(0, BLOCK_A)[None, :]
@@ -575,8 +594,8 @@ def _l1_sgn(a_base, b_base, g_base, a0, b0, A_LIM, B_LIM, s_at, s_ad, s_bt, s_bd
     g_ok = rg < A_LIM
     g_add = g_ok & ((rg * 0 + add) != 0)
     for c0 in range(0, BLOCK_D, CHUNK):
-        xa = _l1_chunk(a_base, ra, A_LIM, s_at, s_ad, c0 + d4, D, ACC)
-        xb = _l1_chunk(b_base, rb, B_LIM, s_bt, s_bd, c0 + d4, D, ACC)
+        xa = _l1_chunk(a_base, ra, A_LIM, s_at, s_ad, c0 + d4, D, ACC, EVEN_D)
+        xb = _l1_chunk(b_base, rb, B_LIM, s_bt, s_bd, c0 + d4, D, ACC, EVEN_D)
         diff = xa - xb
         t = tl.where(diff > 0, ds4, tl.where(diff < 0, nds4, 0.0))
         g = _rowsum(_rowsum(t, 1), 2)  # (CHUNK, BLOCK_A)
@@ -850,7 +869,7 @@ def l1_fwd(Q, K, V, M, O, LSE,
            H, T, S, D, SC, dropout_p, seed, T_KEY, S_KEY,
            MASK_MODE: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr,
            ACC: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr,
-           BLOCK_D: tl.constexpr, CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+           BLOCK_D: tl.constexpr, CHUNK: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """One program: ``BLOCK_M`` queries of one ``(b, h)``; online softmax over key tiles.
     Writes ``O`` and the row log-sum-exp ``LSE`` ``(B*H, T)`` (natural log; 0 on fully masked
     rows).  The loop works in base 2: ``x`` is the score times ``log2 e`` (folded into the scale),
@@ -882,7 +901,7 @@ def l1_fwd(Q, K, V, M, O, LSE,
         offs_n = n0 + tl.arange(0, BLOCK_N)
         col_ok = offs_n < S
         x = -scale2 * _l1(q_base, k_base, pid_m * BLOCK_M, n0, T, S, s_qt, s_qd, s_ks, s_kd, D,
-                          ACC, BLOCK_M, BLOCK_N, BLOCK_D, CHUNK)
+                          ACC, BLOCK_M, BLOCK_N, BLOCK_D, CHUNK, EVEN_D)
         ok = _valid(offs_m, offs_n, T, S, m_base, s_mt, s_ms, MASK_MODE, CAUSAL)
         x = tl.where(ok, x, float("-inf"))
         m_new = tl.maximum(m_i, _rowmax(x, 1))
@@ -915,7 +934,7 @@ def l1_bwd_kv(Q, K, V, M, DO, LSE, DELTA, G, DK, DV,
               H, T, S, D, SC, dropout_p, seed, T_KEY, S_KEY,
               MASK_MODE: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr,
               ACC: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr,
-              BLOCK_D: tl.constexpr, CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+              BLOCK_D: tl.constexpr, CHUNK: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """One program: ``dK, dV`` of ``BLOCK_N`` keys; loops over query tiles.  With
     ``dS = P (dP - delta)`` (``delta_i = dO_i . O_i``): ``dV = P_drop^T dO`` and
     ``dk_jd = scale * sum_i dS_ij sign(q_id - k_jd)``."""
@@ -949,7 +968,7 @@ def l1_bwd_kv(Q, K, V, M, DO, LSE, DELTA, G, DK, DV,
         row_ok = offs_m < T
         # transposed tile (keys x queries): P^T = exp(x^T - lse)
         dist = _l1(k_base, q_base, pid_n * BLOCK_N, m0, S, T, s_ks, s_kd, s_qt, s_qd, D,
-                   ACC, BLOCK_N, BLOCK_M, BLOCK_D, CHUNK)
+                   ACC, BLOCK_N, BLOCK_M, BLOCK_D, CHUNK, EVEN_D)
         ok = _valid_t(offs_n, offs_m, T, S, m_base, s_mt, s_ms, MASK_MODE, CAUSAL)
         lse2 = tl.load(LSE + bh * T + offs_m, mask=row_ok, other=0.0).to(ACC) * _log2e(ACC)
         delta = tl.load(DELTA + bh * T + offs_m, mask=row_ok, other=0.0).to(ACC)
@@ -966,7 +985,7 @@ def l1_bwd_kv(Q, K, V, M, DO, LSE, DELTA, G, DK, DV,
         dst = pt * (dpt - delta[None, :])
         # g[j, d] += sum_i dS_ij sgn(k_jd - q_id)  (dk = -scale g)
         _l1_sgn(k_base, q_base, g_base, pid_n * BLOCK_N, m0, S, T, s_ks, s_kd, s_qt, s_qd, D, dst, m0 != lo,
-                ACC, BLOCK_N, BLOCK_M, BLOCK_D, CHUNK, SGN_LANES)
+                ACC, BLOCK_N, BLOCK_M, BLOCK_D, CHUNK, SGN_LANES, EVEN_D)
     tl.debug_barrier()  # g written by the sign sums' layout, read back in the tile's
     dk = tl.load(g_base + offs_n[:, None] * BLOCK_D + offs_d[None, :], mask=(col_ok & (offs_n * 0 + lo < T))[:, None],
                  other=0.0) * (-scale)
@@ -985,7 +1004,7 @@ def l1_bwd_q(Q, K, V, M, DO, LSE, DELTA, G, DQ,
              H, T, S, D, SC, dropout_p, seed, T_KEY, S_KEY,
              MASK_MODE: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr,
              ACC: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr,
-             BLOCK_D: tl.constexpr, CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+             BLOCK_D: tl.constexpr, CHUNK: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """One program: ``dQ`` of ``BLOCK_M`` queries; ``dq_id = -scale sum_j dS_ij sign(q_id - k_jd)``."""
     pid = tl.program_id(0)
     num_m = (T + BLOCK_M - 1) // BLOCK_M
@@ -1019,7 +1038,7 @@ def l1_bwd_q(Q, K, V, M, DO, LSE, DELTA, G, DQ,
         offs_n = n0 + tl.arange(0, BLOCK_N)
         col_ok = offs_n < S
         dist = _l1(q_base, k_base, pid_m * BLOCK_M, n0, T, S, s_qt, s_qd, s_ks, s_kd, D,
-                   ACC, BLOCK_M, BLOCK_N, BLOCK_D, CHUNK)
+                   ACC, BLOCK_M, BLOCK_N, BLOCK_D, CHUNK, EVEN_D)
         ok = _valid(offs_m, offs_n, T, S, m_base, s_mt, s_ms, MASK_MODE, CAUSAL)
         p = tl.where(ok, tl.exp2(-scale2 * dist - lse2[:, None]), 0.0)
         vt = tl.load(v_base + offs_n[None, :] * s_vs + offs_d[:, None] * s_vd,
@@ -1031,7 +1050,7 @@ def l1_bwd_q(Q, K, V, M, DO, LSE, DELTA, G, DQ,
         ds = p * (dp - delta[:, None])
         # g[i, d] += sum_j dS_ij sgn(q_id - k_jd)  (dq = -scale g)
         _l1_sgn(q_base, k_base, g_base, pid_m * BLOCK_M, n0, T, S, s_qt, s_qd, s_ks, s_kd, D, ds, n0 != 0,
-                ACC, BLOCK_M, BLOCK_N, BLOCK_D, CHUNK, SGN_LANES)
+                ACC, BLOCK_M, BLOCK_N, BLOCK_D, CHUNK, SGN_LANES, EVEN_D)
     tl.debug_barrier()  # g written by the sign sums' layout, read back in the tile's
     dq = tl.load(g_base + offs_m[:, None] * BLOCK_D + offs_d[None, :], mask=(row_ok & (offs_m * 0 < hi))[:, None],
                  other=0.0) * (-scale)
