@@ -588,7 +588,6 @@ def _l1_sgn(a_base, b_base, g_base, a0, b0, A_LIM, B_LIM, s_at, s_ad, s_bt, s_bd
     ra = _l1_clamp(a0 + tl.arange(0, BLOCK_A), A_LIM, EVEN_D)[None, None, :, None]
     rb = _l1_clamp(b0 + tl.arange(0, C)[:, None] * TB + tl.arange(0, TB)[None, :], B_LIM, EVEN_D)[None, :, None, :]
     ds4 = tl.permute(tl.reshape(ds, [BLOCK_A, C, TB]), (1, 0, 2))[None, :, :, :]
-    nds4 = -ds4
     rg = a0 + tl.arange(0, BLOCK_A)[None, :]
     dg = tl.arange(0, CHUNK)[:, None]
     g_ok = rg < A_LIM
@@ -597,7 +596,10 @@ def _l1_sgn(a_base, b_base, g_base, a0, b0, A_LIM, B_LIM, s_at, s_ad, s_bt, s_bd
         xa = _l1_chunk(a_base, ra, A_LIM, s_at, s_ad, c0 + d4, D, ACC, EVEN_D)
         xb = _l1_chunk(b_base, rb, B_LIM, s_bt, s_bd, c0 + d4, D, ACC, EVEN_D)
         diff = xa - xb
-        t = tl.where(diff > 0, ds4, tl.where(diff < 0, nds4, 0.0))
+        # sgn as (diff > 0) - (diff < 0) in float (FSET: 1.0 / 0.0) times dS: 2 compares, a subtraction and a
+        # multiply-add into the sum per score and dimension, where two nested selects took 2 compares
+        # and 2 selects before the addition (sm_90a bf16 d 64: l1_bwd_q 789 -> 757 SASS per score)
+        t = ds4 * ((diff > 0).to(ACC) - (diff < 0).to(ACC))
         g = _rowsum(_rowsum(t, 1), 2)  # (CHUNK, BLOCK_A)
         ptr = g_base + rg * BLOCK_D + (c0 + dg)
         g += tl.load(ptr, mask=g_add, other=0.0)
