@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""CPU decoding time per sentence: global vs flexible attention (Flexible Attention, Table 3).
+"""Decoding time per sentence: global vs flexible attention (Flexible Attention, Table 3), on CPU
+(the paper's 751 -> 677 ms) or on a GPU (``--device cuda``: the paper's 123 -> 136 ms, flexible slower).
 
 The paper's protocol (Section 5.5): the decoder is fed the *reference* tokens (forced decoding), so
 both models run the same number of steps; every step is a real incremental decoding step (cached
@@ -10,7 +11,9 @@ source positions are kept.  ``--concat 5,10,20,40`` times every length in the sa
 each): the speed-up grows with the source length, since the windowed step costs about the same
 at every length while global attention is linear in it.  The models are timed interleaved
 (rotating order each round), CPU time by ``time.process_time``, and the ratio global / flexible
-is printed.
+is printed.  ``--device cuda`` times the same steps on the GPU instead: wall time of each
+sentence between two ``torch.cuda.synchronize()`` calls (the window's data-dependent size makes the
+flexible step synchronise with the host anyway; that cost is part of what the paper measured).
 
     OMP_NUM_THREADS=1 python scripts/bench_flexible_decode.py \\
         --flexible runs/flexible_table1_de_en/row4/average_last1.pt --tau 1.2 \\
@@ -21,7 +24,7 @@ Three models are timed together: the global checkpoint (``--global-checkpoint``,
 the ratio), the flexible checkpoint with ``tau = inf`` (every position scored; it also computes the
 gate, so it is slower than a global model) and the flexible checkpoint with ``--tau``.  Without
 ``--global-checkpoint`` the ``tau = inf`` run is the baseline.
-Raises SystemExit on missing files or too few long inputs.
+Raises SystemExit on missing files, too few long inputs, or ``--device cuda`` without CUDA.
 """
 
 import argparse
@@ -35,7 +38,11 @@ from .provenance import ROOT
 from .atomic import atomic_path
 
 
-def load(path, data_bin, src, tgt, tau=None):
+#: devices ``--device`` accepts
+DEVICES = ("cpu", "cuda")
+
+
+def load(path, data_bin, src, tgt, tau=None, device="cpu"):
     import fairseq_plugins  # noqa: F401
     from fairseq_plugins.checkpoint import CheckpointError, load_model_ensemble_and_task
 
@@ -49,7 +56,7 @@ def load(path, data_bin, src, tgt, tau=None):
     m = models[0].eval()
     if not hasattr(m.decoder, "attention"):
         raise SystemExit(f"{path} is not an rnnsearch checkpoint")
-    return m, task
+    return m.to(device), task
 
 
 def long_inputs(task, subset, concat, min_len, n):
@@ -76,12 +83,14 @@ def long_inputs(task, subset, concat, min_len, n):
 
 
 def forced_decode(model, src, ref):
-    """Incremental forced decoding of one sentence: log-probs of every step, reference as feedback."""
+    """Incremental forced decoding of one sentence: log-probs of every step, reference as feedback
+    (on the model's device; ``src``, ``ref``: ``(S,)``, ``(T,)`` token ids, moved there)."""
     import torch
 
+    device = next(model.parameters()).device
     with torch.no_grad():
-        src = src.unsqueeze(0)
-        enc = model.encoder(src, torch.tensor([src.size(1)]))
+        src, ref = src.to(device).unsqueeze(0), ref.to(device)
+        enc = model.encoder(src, torch.tensor([src.size(1)], device=device))
         eos = model.decoder.dictionary.eos()
         prev = torch.cat([ref.new_tensor([eos]), ref[:-1]]).unsqueeze(0)
         state = {}
@@ -105,16 +114,27 @@ def parse_concat(text):
     return values
 
 
-def measure(models, data, rounds):
-    """CPU ms per input of every model, interleaved: each round visits every input and, per input,
-    every model in a rotating order (reversed every other round).
+def measure(models, data, rounds, device="cpu"):
+    """ms per input of every model, interleaved: each round visits every input and, per input,
+    every model in a rotating order (reversed every other round).  On ``"cpu"`` the process's CPU
+    time (``time.process_time``); on ``"cuda"`` wall time between ``torch.cuda.synchronize()``
+    calls.
 
     Args:
-        models: list of ``(key, label, model)``; data: list of ``(source, reference)`` token tensors.
+        models: list of ``(key, label, model)``; data: list of ``(source, reference)`` token tensors;
+        device: one of :data:`DEVICES` (where the models are).
 
     Returns:
         ``{key: ms}``.
     """
+    import torch
+
+    if device == "cuda":
+        def clock():
+            torch.cuda.synchronize()
+            return time.perf_counter()
+    else:
+        clock = time.process_time
     times = {k: 0.0 for k, _, _ in models}
     for r in range(rounds):
         order = models[r % len(models):] + models[: r % len(models)]
@@ -122,9 +142,9 @@ def measure(models, data, rounds):
             order = order[::-1]
         for src, ref in data:
             for key, _, m in order:
-                t0 = time.process_time()
+                t0 = clock()
                 forced_decode(m, src, ref)
-                times[key] += time.process_time() - t0
+                times[key] += clock() - t0
     n = rounds * len(data)
     return {k: 1000 * v / n for k, v in times.items()}
 
@@ -163,6 +183,9 @@ def main(argv=None):
                    help="mechanism timing only: set g(t) = G in (0, 1) for every step of both flexible runs "
                         "(v_g = 0, b_g = logit G), i.e. the window a well fine-tuned gate would give; "
                         "labelled as such, not a trained model")
+    p.add_argument("--device", default="cpu", choices=DEVICES,
+                   help="cpu: CPU time on one thread (the paper's CPU row); cuda: GPU wall time per sentence "
+                        "(the paper's GPU remark, 123 -> 136 ms)")
     p.add_argument("--note", default="", help="a line added to the Markdown (e.g. what the data is)")
     p.add_argument("--out", help="also write a Markdown table here (atomically)")
     a = p.parse_args(argv)
@@ -172,12 +195,15 @@ def main(argv=None):
             raise SystemExit(f"checkpoint not found: {f}")
     import torch
 
+    if a.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: torch sees no CUDA device here; use --device cpu")
     wall0 = time.time()
     torch.set_num_threads(1)
-    flex, task = load(a.flexible, a.data_bin, a.src, a.tgt, tau=a.tau)
+    dev = a.device
+    flex, task = load(a.flexible, a.data_bin, a.src, a.tgt, tau=a.tau, device=dev)
     if flex.decoder.attention.kind != "flexible":
         raise SystemExit(f"--flexible {a.flexible} has {flex.decoder.attention.kind} attention, not flexible")
-    flex_inf, _ = load(a.flexible, a.data_bin, a.src, a.tgt, tau="inf")
+    flex_inf, _ = load(a.flexible, a.data_bin, a.src, a.tgt, tau="inf", device=dev)
     if a.fixed_gate is not None:
         if not 0.0 < a.fixed_gate < 1.0:
             raise SystemExit(f"--fixed-gate must be in (0, 1), got {a.fixed_gate}")
@@ -187,7 +213,7 @@ def main(argv=None):
     # (key, label, model): every model decodes every input in every round, in rotating order
     models = []
     if a.global_checkpoint:
-        base, _ = load(a.global_checkpoint, a.data_bin, a.src, a.tgt)
+        base, _ = load(a.global_checkpoint, a.data_bin, a.src, a.tgt, device=dev)
         if base.decoder.attention.kind != "global":
             raise SystemExit(f"--global-checkpoint {a.global_checkpoint} has {base.decoder.attention.kind} attention")
         models.append(("global", f"Global attention (`{os.path.relpath(a.global_checkpoint, ROOT)}`)", base))
@@ -202,7 +228,7 @@ def main(argv=None):
     for k, data in sets:
         for _, _, m in models:
             m.decoder.attention.reset_window_stats()
-        ms = measure(models, data, a.rounds)
+        ms = measure(models, data, a.rounds, dev)
         results.append({"concat": k, "n": len(data), "src_len": sum(len(s) for s, _ in data) / len(data),
                         "steps": sum(len(r) for _, r in data) / len(data), "ms": ms,
                         "wins": {key: m.decoder.attention.average_window() for key, _, m in models}})
@@ -229,6 +255,15 @@ def main(argv=None):
         stamp = open(stamp).read().strip().replace("\n", "; ") if os.path.exists(stamp) else "no stamp"
         runs = [x for x in (run_info(c) for c in [a.global_checkpoint, a.flexible] if c) if x]
         cmd = " ".join(argv if argv is not None else sys.argv[1:])
+        if dev == "cuda":
+            where, hardware = "GPU", f"GPU {torch.cuda.get_device_name()} (wall time), CPU {cpu}"
+            timing = "wall time between `torch.cuda.synchronize()` calls"
+            paper = ('Paper (§5.5, GPU): "applying Flexible Attention slows down the decoding speed on GPU", '
+                     "123 ms -> 136 ms (global / flexible 0.90x).")
+        else:
+            where, hardware = "CPU", f"CPU {cpu} (CPU time, not wall)"
+            timing = "1 thread, CPU time (`time.process_time`)"
+            paper = "Paper (character-level En-Ja, Theano, one core): global 751 ms, flexible 677 ms (1.11x)."
         keys = [key for key, _, _ in models]
         summary = ["| sentences joined | source positions (avg) | steps (avg) | "
                    + " | ".join(f"{key} ms (window)" for key in keys) + f" | {base_key} / flexible |",
@@ -241,18 +276,23 @@ def main(argv=None):
         verdict = (f"Target (>= 1.2x on inputs >= 100 positions): met from {min(met):.0f} source positions on "
                    f"(of the lengths measured)" if met else
                    "Target (>= 1.2x on inputs >= 100 positions): **not met** at any length measured")
+        if dev == "cuda":  # the paper's GPU remark: flexible decoding is slower there (ratio < 1)
+            slower = [f"{r['src_len']:.0f}" for r, x in zip(results, ratios) if x < 1.0]
+            verdict = ("Paper's GPU direction (flexible slower, " f"{base_key} / flexible < 1): "
+                       + (f"ours agrees at {', '.join(slower)} source positions" if slower else "ours opposes")
+                       + f" of the {len(results)} length(s) measured (one run; a benchmark, no verdict)")
         legend = [f"- `{key}`: {label}" for key, label, _ in models]
         from fairseq_plugins.provenance import models_markdown, trained_model
 
         ckpts = {"global": a.global_checkpoint, "flex": a.flexible} if a.global_checkpoint else {"flex": a.flexible}
         head, section = models_markdown({key: trained_model(c) for key, c in ckpts.items()})
         text = "\n".join([
-            "# Flexible Attention Table 3: CPU decoding time per sentence", "",
+            f"# Flexible Attention Table 3: {where} decoding time per sentence", "",
             head, "",
-            "Paper (character-level En-Ja, Theano, one core): global 751 ms, flexible 677 ms (1.11x).", "",
+            paper, "",
             f"Protocol: reference tokens forced as feedback (same steps for every model), incremental decoding "
-            f"with cached keys and full output softmax, encoder included, one sentence at a time, 1 thread, "
-            f"CPU time (`time.process_time`); {a.rounds} interleaved rounds (rotating order) over "
+            f"with cached keys and full output softmax, encoder included, one sentence at a time, {timing}; "
+            f"{a.rounds} interleaved rounds (rotating order) over "
             f"{results[0]['n']} inputs per length, each input = K consecutive {a.subset} sentences joined "
             f"({a.src}→{a.tgt}, >= {a.min_len} source positions).", "",
             *([a.note, ""] if a.note else []),
@@ -260,7 +300,7 @@ def main(argv=None):
             *summary, "", verdict + ".", "",
             "Provenance:", "",
             f"- command: `python scripts/bench_flexible_decode.py {cmd}`",
-            f"- code: git {commit}; torch {torch.__version__}; CPU {cpu} (CPU time, not wall); "
+            f"- code: git {commit}; torch {torch.__version__}; {hardware}; "
             f"bench wall {wall:.0f} s",
             f"- data: `{os.path.relpath(a.data_bin, ROOT)}` (bin stamp: {stamp})",
             *[f"- model: {x}" for x in runs], "", section])

@@ -11,6 +11,7 @@ import json
 import math
 import os
 import re
+import subprocess
 import sys
 
 import pytest
@@ -400,6 +401,27 @@ def test_end_to_end_train_generate_finetune(tmp_path):
     text = md.read_text()  # the page says what its models are and whether their evidence is committed
     assert "**Regime: unstated**" in text and "### Model flex: `" in text and "- checkpoint sha256: `" in text
     assert "**Evidence: none committed.**" in text  # a checkpoint outside any table run
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_bench_flexible_decode_gpu_refused_without_cuda(tmp_path):
+    """``--device cuda`` (the paper's GPU remark, Table 3) without a CUDA device: a clear error
+    naming the other choice before any model is loaded, and no output file; an unknown device is
+    refused by argparse with the valid choices."""
+    from mt_pipeline import bench_flexible_decode as bfd
+
+    ck = tmp_path / "flex.pt"
+    ck.write_bytes(b"not loaded")  # the device is checked before the checkpoint is read
+    out = tmp_path / "t3_gpu.md"
+    args = ["--flexible", str(ck), "--data-bin", str(tmp_path), "--src", "en", "--tgt", "de", "--out", str(out)]
+    with pytest.raises(SystemExit) as e:
+        bfd.main(args + ["--device", "cuda"])
+    assert "--device cuda" in str(e.value) and "--device cpu" in str(e.value)
+    assert not out.exists()
+    res = subprocess.run([sys.executable, "-m", "mt_pipeline.bench_flexible_decode", *args, "--device", "tpu"],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert res.returncode == 2 and "'cpu', 'cuda'" in res.stderr, res.stderr
+    assert not out.exists()
 
 
 @pytest.mark.skipif(not os.path.isdir(RAW), reason=f"real data not found at {RAW}")
