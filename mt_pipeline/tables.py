@@ -20,8 +20,9 @@ row's difference to the reference row exceeds seed noise (:mod:`mt_pipeline.sign
 
 Table spec (YAML): ``title``, ``intro`` (Markdown), ``out``, ``runs``, ``budget``, ``src``,
 ``tgt``, ``subsets`` (fairseq subset -> column label; must be the budget's subsets),
-``paper_label``, optional ``reference`` (row id the others are tested against; default the first
-row), ``metrics`` (final-validation metrics shown as columns, e.g. ``attn_entropy``),
+``paper_label``, optional ``reference`` (the row id the others are tested against, or a list of
+row ids: one ``vs row R`` column each, e.g. a study's baseline and its ablation's zero setting;
+default the first row), ``metrics`` (final-validation metrics shown as columns, e.g. ``attn_entropy``),
 ``ribes: true`` (RIBES after each score), ``analyses`` (``[{name, script, key}]``: after a row is
 trained, ``python SCRIPT --checkpoint <evaluated ckpt> --data-bin <bin> --src S --tgt T --json
 <run>/analysis_<name>.json`` runs once and ``json[key][0]`` is shown as a column), and ``rows``:
@@ -69,8 +70,12 @@ def load_table(path: str, budget: Optional[str] = None) -> Dict:
     ids = [r["id"] for r in spec["rows"]]
     if len(set(ids)) != len(ids):
         raise SystemExit(f"{path}: duplicate row ids in {ids}")
-    if spec.get("reference") is not None and spec["reference"] not in ids:
-        raise SystemExit(f"{path}: reference row {spec['reference']} is not a row id; valid: {ids}")
+    refs = spec.get("reference")
+    refs = [] if refs is None else refs if isinstance(refs, list) else [refs]
+    bad = [r for r in refs if r not in ids]
+    if bad or len(set(refs)) != len(refs):
+        raise SystemExit(f"{path}: reference {spec['reference']!r} must be one row id or a list of distinct row "
+                         f"ids; {'not row ids: ' + str(bad) if bad else 'repeated ids'}; valid: {ids}")
     if budget:
         own = [r["id"] for r in spec["rows"] if r.get("budget")]
         if own:
@@ -88,6 +93,15 @@ def load_table(path: str, budget: Optional[str] = None) -> Dict:
         row["_budget"] = b
     spec["_path"] = path
     return spec
+
+
+def reference_ids(spec: Dict) -> List[int]:
+    """The row ids every row is tested against (spec ``reference``: one id or a list; default the
+    first row), in the order of their ``vs row R`` columns."""
+    refs = spec.get("reference")
+    if refs is None:
+        return [spec["rows"][0]["id"]]
+    return list(refs) if isinstance(refs, list) else [refs]
 
 
 def row_budget(spec: Dict, row: Dict) -> str:
@@ -386,6 +400,10 @@ def _verdict_cell(spec: Dict, row: Dict, ok: List[Dict], ref_ok: List[Dict], fir
                    [sys_by[s]["scores"][first]["bleu"] for s in common], [t["bleu_p"] for t in tests])
 
 
+def _row_name(rows: List[Dict], rid: int) -> str:
+    return next(r["name"] for r in rows if r["id"] == rid)
+
+
 def _loss_figure(spec: Dict, results: Dict[int, List[Dict]], out_md: str) -> Optional[str]:
     """``<out>_valid_loss.png``: validation loss over updates, one line per row (its first seed)."""
     series = {f"{rid}: {next(r['name'] for r in spec['rows'] if r['id'] == rid)}": res[0]["valid_loss"]
@@ -409,8 +427,7 @@ def render(spec: Dict, seeds: Optional[List[int]] = None) -> None:
     results = {r["id"]: row_results(spec, r, seeds) for r in rows}
     results = {k: v for k, v in results.items() if v}
     first = next(iter(subsets))
-    ref_id = spec.get("reference", rows[0]["id"])
-    ref_row = next(r for r in rows if r["id"] == ref_id)
+    ref_ids = reference_ids(spec)
     table_path = os.path.relpath(spec["_path"], ROOT)
     reg = regime(load_budget(spec["budget"]))
     n_seeds = sorted({len(v) for v in results.values()}) or [0]
@@ -426,27 +443,29 @@ def render(spec: Dict, seeds: Optional[List[int]] = None) -> None:
              "fairseq's cumulative training time (with several seeds: the mean per run); rows that shared the machine with other jobs, or were killed and "
              "resumed, ran slower than alone.", ""]
     head = (["ID", "Model", spec["paper_label"]] + [f"ours {lab}" for lab in subsets.values()]
-            + [f"chrF {subsets[first]}", f"vs row {ref_id} ({subsets[first]})"]
+            + [f"chrF {subsets[first]}"] + [f"vs row {i} ({subsets[first]})" for i in ref_ids]
             + [f"valid {m}" for m in metrics] + analyses + ["seeds", "updates", "train wall", "status"])
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     vocab = {r["id"]: _vocab(spec, r) for r in rows}
-    ref_ok = [x for x in results.get(ref_id, []) if failure_reason(x, vocab[ref_id]) is None]
+    ref_ok = {i: [x for x in results.get(i, []) if failure_reason(x, vocab[i]) is None] for i in ref_ids}
     for r in rows:
         paper = "–" if r.get("paper") is None else str(r["paper"])
         res = results.get(r["id"])
         if not res:
             lines.append("| " + " | ".join([str(r["id"]), r["name"], paper] + ["not run yet"] * len(subsets)
-                                           + [""] * (2 + len(metrics) + len(analyses) + 3) + ["pending"]) + " |")
+                                           + [""] * (1 + len(ref_ids) + len(metrics) + len(analyses) + 3)
+                                           + ["pending"]) + " |")
             continue
         ok = [x for x in res if failure_reason(x, vocab[r["id"]]) is None]
         if not ok:
-            cells = ["–"] * (len(subsets) + 2)
+            cells = ["–"] * (len(subsets) + 1 + len(ref_ids))
         else:
             cells = ([_score_cell(ok[0]["scores"][s], spec) if len(ok) == 1
                       else _mean_cell([x["scores"][s]["bleu"] for x in ok]) for s in subsets]
                      + [_mean_cell([x["scores"][first]["chrf"] for x in ok]) if all("chrf" in x["scores"][first]
-                                                                                   for x in ok) else "n/a",
-                        "reference" if r["id"] == ref_id else _verdict_cell(spec, r, ok, ref_ok, first)])
+                                                                                   for x in ok) else "n/a"]
+                     + ["reference" if r["id"] == i else _verdict_cell(spec, r, ok, ref_ok[i], first)
+                        for i in ref_ids])
         last = res[0].get("valid_last") or {}
         mcells = [f"{last[m]:.3f}" if m in last else "n/a" for m in metrics]
         reasons = sorted({failure_reason(x, vocab[r["id"]]) for x in res} - {None})
@@ -457,8 +476,8 @@ def render(spec: Dict, seeds: Optional[List[int]] = None) -> None:
     lines += ["", "SacreBLEU (detokenised) with tokenized BLEU in brackets"
               + ("; RIBES (Isozaki et al. 2010, nltk, tokenized text) after the slash" if spec.get("ribes") else "")
               + "; with several seeds, mean ± sample sd of SacreBLEU. chrF: sacreBLEU's chrF (character 6-grams, "
-              f"β = 2). `vs row {ref_id}`: difference to row {ref_id} ({ref_row['name']}) on {subsets[first]}, "
-              "sacreBLEU's paired bootstrap (1,000 resamples) per seed; with several seeds \"exceeds seed noise\" "
+              "β = 2). " + "; ".join(f"`vs row {i}`: difference to row {i} ({_row_name(rows, i)})" for i in ref_ids)
+              + f" on {subsets[first]}, sacreBLEU's paired bootstrap (1,000 resamples) per seed; with several seeds \"exceeds seed noise\" "
               "means |Δ mean| > 2 standard errors over seeds and p < 0.05 for every seed-matched pair "
               "(`mt_pipeline.significance`).", ""]
     figure = _loss_figure(spec, results, os.path.join(ROOT, spec["out"])) if results else None

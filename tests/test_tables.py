@@ -140,3 +140,42 @@ def test_render_reads_the_seed_of_runs_that_record_it_only_in_their_budget(tmp_p
     run_table.render(spec)
     text = (tmp_path / "out.md").read_text()
     assert "Seeds: 7 (1 per row" in text and "(seed 7)" in text and "Seeds: ?" not in text
+
+
+def test_render_tests_every_row_against_each_listed_reference(tmp_path):
+    """``reference: [1, 2]``: one ``vs row R`` column per reference, each a real paired bootstrap
+    of the committed hypotheses (a study's baseline *and* its zero setting, e.g. λ = 0)."""
+    import sacrebleu
+
+    refs = [f"the cat number {i} sat on the mat today" for i in range(120)]
+    bad = [r if i % 3 else "a dog" for i, r in enumerate(refs)]
+    ref_path = tmp_path / "ref.txt"
+    ref_path.write_text("\n".join(refs) + "\n")
+    spec = _rela_table1_spec(tmp_path, 3, reference=[1, 2])
+    for rid, hyps in ((1, refs), (2, bad), (3, refs)):
+        d = tmp_path / "runs" / f"row{rid}"
+        d.mkdir(parents=True)
+        (d / "hyp.txt").write_text("\n".join(hyps) + "\n")
+        (d / "result.json").write_text(json.dumps({
+            "name": "x", "status": "done", "arch": "a", "attention_fns": "arch default",
+            "commands": {"train": "fairseq-train ..."}, "git_commit": "abc", "hardware": {"cpu": "c"},
+            "data": {"corpus": "multi30k"}, "updates": 400, "time": "t", "wall_s": {}, "seed": 1,
+            "valid_loss": [[400, 5.0]], "loss_curve": [[10, 9.0]],
+            "scores": {s: {"bleu": sacrebleu.corpus_bleu(hyps, [refs]).score, "tok_bleu": 22.0, "chrf": 50.0,
+                           "signature": "nrefs:1|sig", "hyp": str(d / "hyp.txt"), "ref": str(ref_path)}
+                       for s in ("test", "test1")}}))
+    run_table.render(spec)
+    text = (tmp_path / "out.md").read_text()
+    header, *rows = [[c.strip() for c in l.strip().strip("|").split("|")]
+                     for l in text.splitlines() if l.startswith("| ")]
+    c1, c2 = header.index(f"vs row 1 ({spec['subsets']['test']})"), header.index(f"vs row 2 ({spec['subsets']['test']})")
+    assert rows[0][c1] == "reference" and rows[1][c2] == "reference"
+    assert rows[1][c1].startswith("1 seed: Δ -") and rows[0][c2].startswith("1 seed: Δ +")  # bad < good, both ways
+    assert rows[2][c1].startswith("1 seed: Δ +0.00, p = 1.000") and rows[2][c2].startswith("1 seed: Δ +")
+    assert "`vs row 1`: difference to row 1" in text and "`vs row 2`: difference to row 2" in text
+
+
+@pytest.mark.parametrize("reference,match", [(9, "not row ids: \\[9\\]"), ([1, 1], "repeated ids")])
+def test_a_reference_that_is_not_a_distinct_row_id_is_rejected_naming_the_ids(tmp_path, reference, match):
+    with pytest.raises(SystemExit, match=match + ".*valid: \\[1, 2\\]"):
+        _rela_table1_spec(tmp_path, 2, reference=reference)
