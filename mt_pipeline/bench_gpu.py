@@ -130,7 +130,12 @@ def relu_flex(q, k, v, scale: float, flex=None):
     return out * torch.exp(lse).unsqueeze(-1).to(out.dtype)
 
 
-def core_cases(T: int, dtype: torch.dtype, device, rows: int = 2**20, heads: int = 8,
+#: query rows ``B*H*T`` of the core section (``--core-rows``); also the shape of
+#: :func:`mt_pipeline.kernel_report.issue_bound`'s lower bounds
+CORE_ROWS = 2 ** 20
+
+
+def core_cases(T: int, dtype: torch.dtype, device, rows: int = CORE_ROWS, heads: int = 8,
                head_dim: int = 64, with_triton: bool = True, with_flex: bool = True) -> Dict[str, Step]:
     """Attention-core steps at ``B*H*T = rows`` (``B = rows / (H T)``, at least 1), ``S = T``;
     ``with_flex`` adds ``relu flex`` (:func:`relu_flex`, compiled; needs CUDA for its backward)."""
@@ -689,7 +694,7 @@ def main(argv=None) -> int:
     p.add_argument("--dtypes", default="bf16,fp32", help=f"comma list of {', '.join(DTYPES)}")
     p.add_argument("--sections", default="core,layer,decode",
                    help=f"comma list of {', '.join(SECTIONS)} (train also needs --train-data)")
-    p.add_argument("--core-rows", type=int, default=2**20, help="B*H*T of the core section")
+    p.add_argument("--core-rows", type=int, default=CORE_ROWS, help="B*H*T of the core section")
     p.add_argument("--tokens", type=int, default=16384, help="tokens per batch of the layer section")
     p.add_argument("--functions", default=None,
                    help="layer section: comma list of attention functions (default: all registered)")

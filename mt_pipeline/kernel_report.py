@@ -25,6 +25,10 @@ head dimension (32, 64, 128), for ``sm_90a`` (H100) and ``sm_80`` (A100), and re
 * the same main loop in SASS, the machine code ptxas makes of the PTX (``nvdisasm -c``, shipped
   with triton): instructions per score as the GPU issues them (ptxas fuses ``xor`` pairs into
   ``LOP3``, multiplies into ``IMAD``, drops moves); shown where its loop nest matches the PTX's.
+* for E-ATT, whose scores run on the CUDA cores (no tensor-core GEMM computes an L1 distance),
+  the issue bound (:func:`issue_bound`): the least time an H100 needs just to issue its loops'
+  SASS for ``mt-bench-gpu``'s core section, and the same for an ideal kernel -- arithmetic on the
+  counts, stated as such.
 
 The compile is the one the JIT does at the first launch: the real entry points
 (:func:`~fairseq_plugins.attention.triton.relu_attention`,
@@ -65,7 +69,7 @@ from .atomic import write_json_atomic, write_text_atomic
 
 __all__ = ["main", "VARIANTS", "MAIN", "DTYPES", "HEAD_DIMS", "ARCHS", "KERNELS", "launches",
            "compile_launch", "analyse_ptx", "parse_ptxas_log", "report", "render", "problems", "BWDS",
-           "bwd_comparison"]
+           "bwd_comparison", "issue_bound", "H100_SXM", "IDEAL_L1_PER_DIM"]
 
 DTYPES = ("fp16", "bf16", "fp32")
 HEAD_DIMS = (32, 64, 128)
@@ -112,6 +116,18 @@ _D128_FUSED = ("rect_bwd", "the fused backward spills at d 128 with dropout in e
 #: targets (so the list cannot outlive its reason) or another kernel breaks them
 KNOWN = {("rela_enc", 128, 0.1): _D128_FUSED, ("rela_causal", 128, 0.1): _D128_FUSED,
          ("reluformer_enc", 128, 0.1): _D128_FUSED}
+#: the H100 SXM5's instruction issue rate: 132 SMs x 4 schedulers x 32 lanes (one warp
+#: instruction per scheduler and clock: 128 thread-instructions per SM and clock) x 1.98 GHz boost
+#: clock (NVIDIA's H100 datasheet) -- an upper bound no kernel exceeds; :func:`issue_bound`
+H100_SXM = dict(sms=132, lanes=128, ghz=1.98)
+#: instructions per score *and head dimension* an ideal E-ATT kernel would issue, forward +
+#: backward: 2 for the forward's distance (``FADD`` of ``q_d - k_d``, ``FADD`` of its absolute
+#: value: ``|.|`` is an operand modifier) and 7-10 for the backward (the distance recomputed, 2,
+#: and the two sign sums ``sum_j dS_ij sgn(q_id - k_jd)`` / ``sum_i ...``: 2 compares and a
+#: multiply-add each, the second sum's reduction shared) -- an assumption written out, not a count
+IDEAL_L1_PER_DIM = (9, 12)
+#: sequence lengths (T = S, the core section's) of :func:`issue_bound`
+BOUND_T = (1024, 4096)
 #: shape of the recorded launches: lengths not multiples of 16 (fairseq batches have any length)
 SHAPE = dict(B=4, H=8, T=1000, S=1000)
 _SEED = 987654321  # dropout seed of the recorded launches: odd, so never specialised as divisible
@@ -847,6 +863,77 @@ def bwd_comparison(rows: List[dict]) -> List[dict]:
     return out
 
 
+def issue_bound(rows: List[dict], T: int, core_rows: Optional[int] = None, gpu: Dict = H100_SXM) -> List[dict]:
+    """A lower bound on E-ATT's attention-core time from its instruction counts alone: the time
+    ``gpu`` needs just to *issue* the main loops' SASS of ``l1_fwd`` + ``l1_bwd_kv`` + ``l1_bwd_q``
+    (one forward + backward) for every score of ``mt-bench-gpu``'s core section at length ``T``
+    (``core_rows x T`` query-key pairs, non-causal), and the same for an ideal kernel issuing
+    :data:`IDEAL_L1_PER_DIM` instructions per score and head dimension.  Arithmetic, not a
+    measurement: it ignores memory, latency and everything outside the loops, so real kernels are
+    slower; a GPU run (``mt-bench-gpu --sections core``) gives the measured time.
+
+    Args:
+        rows: report rows (:func:`report`); used: sm_90a ``eatt_enc`` rows of the three kernels
+            (first tile each) with a SASS count.
+        T: sequence length (T = S).
+        core_rows: ``B*H*T`` (default ``mt-bench-gpu``'s :data:`~mt_pipeline.bench_gpu.CORE_ROWS`).
+        gpu: ``{"sms", "lanes", "ghz"}`` (default :data:`H100_SXM`).
+
+    Returns:
+        per (dtype, head dim, dropout) with all three kernels: ``{"dtype", "head_dim", "dropout",
+        "sass_per_score"`` (sum of the three), ``"ms"`` (the bound, milliseconds), ``"ideal_ms"``
+        (low, high)``}``.
+    """
+    if core_rows is None:
+        from .bench_gpu import CORE_ROWS as core_rows
+    pairs = core_rows * T
+    rate = gpu["sms"] * gpu["lanes"] * gpu["ghz"] * 1e9  # thread-instructions per second
+    by: Dict[tuple, Dict[str, dict]] = {}
+    for r in rows:
+        if (r["arch"] == 90 and r["variant"] == "eatt_enc" and not r["error"]
+                and r["kernel"] in KERNELS["l1softmax"] and r.get("sass_per_score")):
+            by.setdefault((r["dtype"], r["head_dim"], r["dropout"]), {}).setdefault(r["kernel"], r)
+    out = []
+    for (dtype, d, p), ks in sorted(by.items()):
+        if len(ks) < len(KERNELS["l1softmax"]):
+            continue
+        sass = sum(ks[k]["sass_per_score"] for k in KERNELS["l1softmax"])
+        out.append({"dtype": dtype, "head_dim": d, "dropout": p, "sass_per_score": round(sass, 1),
+                    "ms": sass * pairs / rate * 1e3,
+                    "ideal_ms": tuple(n * d * pairs / rate * 1e3 for n in IDEAL_L1_PER_DIM)})
+    return out
+
+
+def _issue_bound_lines(rows: List[dict]) -> List[str]:
+    """Markdown section of :func:`issue_bound` at :data:`BOUND_T` (empty without E-ATT's sm_90a rows)."""
+    from .bench_gpu import CORE_ROWS
+
+    per_t = {t: issue_bound(rows, t) for t in BOUND_T}
+    if not per_t[BOUND_T[0]]:
+        return []
+    g = H100_SXM
+    lines = ["", "## What the CUDA cores allow E-ATT (arithmetic, not a measurement)", "",
+             f"Issue bound: the time an H100 SXM needs just to issue the main loops' SASS of `l1_fwd` + `l1_bwd_kv` + "
+             f"`l1_bwd_q` (one forward + backward) for every score of `mt-bench-gpu`'s core section (B*H*T = "
+             f"{CORE_ROWS}, T = S, non-causal): SASS per score x {CORE_ROWS} x T / ({g['sms']} SMs x {g['lanes']} "
+             f"lanes x {g['ghz']} GHz). Ideal: a kernel issuing only the L1 arithmetic, "
+             f"{IDEAL_L1_PER_DIM[0]}-{IDEAL_L1_PER_DIM[1]} instructions per score and head dimension "
+             "(`IDEAL_L1_PER_DIM` in `mt_pipeline/kernel_report.py`: an assumption). Memory, latency and "
+             "everything outside the loops are ignored: a real kernel is slower than its bound. Compare with "
+             "a measured core time (`mt-bench-gpu --sections core`, e.g. SDPA flash's).", "",
+             "| dtype | d | p | SASS /score (fwd + bwd) | " + " | ".join(
+                 f"bound T {t} | ideal T {t}" for t in BOUND_T) + " |",
+             "|---|---:|---:|---:|" + "---:|---:|" * len(BOUND_T)]
+    for i, b in enumerate(per_t[BOUND_T[0]]):
+        cells = []
+        for t in BOUND_T:
+            x = per_t[t][i]
+            cells += [f"{x['ms']:.1f} ms", f"{x['ideal_ms'][0]:.1f}-{x['ideal_ms'][1]:.1f} ms"]
+        lines.append(f"| {b['dtype']} | {b['head_dim']} | {b['dropout']:g} | {b['sass_per_score']} | "
+                     + " | ".join(cells) + " |")
+    return lines
+
+
 def _bwd_lines(rows: List[dict]) -> List[str]:
     """Markdown section of :func:`bwd_comparison` (empty without both paths)."""
     comp = bwd_comparison(rows)
@@ -939,6 +1026,7 @@ def render(rows: List[dict], record: dict) -> str:
                   "| SASS /score p=0 | SASS p=0.1 | SASS extra | largest changes /score (PTX) |",
                   "|---|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---|", *over]
     lines += _bwd_lines(rows)
+    lines += _issue_bound_lines(rows)
     lines += _tile_lines(rows)
     for arch in sorted({r["arch"] for r in rows}, reverse=True):
         lines += ["", f"## sm_{arch}{'a' if arch == 90 else ''}", "",

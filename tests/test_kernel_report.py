@@ -194,6 +194,30 @@ def test_bwd_comparison_pairs_the_fused_kernel_with_the_split_pair():
     assert kr._bwd_lines(rows[:1]) == []
 
 
+def test_issue_bound_is_the_time_to_issue_every_score_of_the_core_benchmark():
+    """E-ATT's issue bound: fwd + both backward kernels' SASS per score x B*H*T x T over the
+    GPU's issue rate; only sm_90a eatt_enc rows with all three kernels count (first tile each)."""
+    base = dict(arch=90, dtype="bf16", head_dim=64, variant="eatt_enc", dropout=0.0, error=None)
+    rows = [dict(base, kernel="l1_fwd", sass_per_score=300.0),
+            dict(base, kernel="l1_bwd_kv", sass_per_score=800.0),
+            dict(base, kernel="l1_bwd_q", sass_per_score=900.0),
+            dict(base, kernel="l1_bwd_q", sass_per_score=5000.0),  # a later tile: not the first
+            dict(base, kernel="l1_fwd", variant="eatt_causal", sass_per_score=1.0),  # not the core's pattern
+            dict(base, kernel="l1_fwd", arch=80, sass_per_score=1.0),
+            dict(base, kernel="l1_fwd", head_dim=32, sass_per_score=1.0)]  # d 32: no backward rows
+    gpu = dict(sms=2, lanes=10, ghz=1e-6)  # 2e4 instructions per second
+    (b,) = kr.issue_bound(rows, T=4, core_rows=10, gpu=gpu)
+    assert (b["dtype"], b["head_dim"], b["sass_per_score"]) == ("bf16", 64, 2000.0)
+    assert b["ms"] == pytest.approx(2000.0 * 40 / 2e4 * 1e3)
+    lo, hi = kr.IDEAL_L1_PER_DIM
+    assert b["ideal_ms"] == pytest.approx((lo * 64 * 40 / 2e4 * 1e3, hi * 64 * 40 / 2e4 * 1e3))
+    # the H100 at the core section's T 1024: 2000 SASS per score cannot take less than 64 ms
+    assert kr.issue_bound(rows, T=1024)[0]["ms"] == pytest.approx(2000 * 2**30 / (132 * 128 * 1.98e9) * 1e3)
+    lines = kr._issue_bound_lines(rows)
+    assert lines[1].startswith("## What the CUDA cores allow E-ATT") and lines[-1].startswith("| bf16 | 64 | 0 | 2000.0 |")
+    assert kr._issue_bound_lines(rows[:2]) == []
+
+
 @needs_nvidia
 def test_launches_are_those_of_the_real_entry_points():
     """Forward + backward of each family: the rectified one with the fused backward (two kernels)
