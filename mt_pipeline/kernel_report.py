@@ -76,7 +76,7 @@ HEAD_DIMS = (32, 64, 128)
 #: compute capabilities: 90 -> sm_90a (H100, wgmma), 80 -> sm_80 (A100, mma.sync)
 ARCHS = (90, 80)
 KERNELS = {"rectified": ("rect_fwd", "rect_bwd", "rect_bwd_kv", "rect_bwd_q"),
-           "l1softmax": ("l1_fwd", "l1_bwd_kv", "l1_bwd_q"),
+           "l1softmax": ("l1_fwd", "l1_bwd", "l1_bwd_kv", "l1_bwd_q"),
            "norm": ("norm_fwd", "norm_bwd")}
 #: variant -> (family, mask, causal, row scale tensor + eq. 7 statistics (ReLUFormer)); masks as
 #: the attention module builds them: "pad" (B, 1, 1, S) key padding (encoder self-attention and
@@ -150,22 +150,23 @@ class _Recorder:
 def _recording(sink: list, bwd: str = "fused"):
     """Patch :mod:`fairseq_plugins.attention.triton` so that its entry points take CPU tensors
     as if they were CUDA tensors (compiled mode), record their kernel launches in ``sink`` and
-    take the rectified backward path ``bwd``."""
+    take the backward path ``bwd`` (rectified and E-ATT)."""
     import types
 
     import fairseq_plugins.attention.triton as tk
 
     real = tk._kernels(False)
     proxy = types.SimpleNamespace(**{n: _Recorder(n, sink) for fam in KERNELS.values() for n in fam})
-    saved = (tk._kernels, tk._mode, tk._seed, tk._RECT_BACKWARD)
+    saved = (tk._kernels, tk._mode, tk._seed, tk._RECT_BACKWARD, tk._L1_BACKWARD)
     tk._kernels = lambda interpret: proxy
     tk._mode = lambda x: False
     tk._seed = lambda p: _SEED if p > 0 else 0
     tk.set_rect_backward(bwd)
+    tk.set_l1_backward(bwd)
     try:
         yield real
     finally:
-        tk._kernels, tk._mode, tk._seed, tk._RECT_BACKWARD = saved
+        tk._kernels, tk._mode, tk._seed, tk._RECT_BACKWARD, tk._L1_BACKWARD = saved
 
 
 def _model_layout(B, H, L, d, dtype, gen):
@@ -192,10 +193,11 @@ def _mask(kind: str, B: int, T: int, S: int):
 def launches(variant: str, dropout_p: float, dtype: str, head_dim: int,
              bwd: str = "fused") -> List[Tuple[str, tuple, dict]]:
     """The kernel launches (name, positional args, keyword meta) of one forward + backward of
-    ``variant`` (a key of :data:`VARIANTS`) as the real entry point makes them; the rectified
-    family's backward takes the path ``bwd`` (:data:`BWDS`; ``"fused"``: ``rect_bwd``, what
-    training runs unless deterministic algorithms are requested; ``"split"``: ``rect_bwd_kv`` +
-    ``rect_bwd_q``).
+    ``variant`` (a key of :data:`VARIANTS`) as the real entry point makes them; the backward
+    takes the path ``bwd`` (:data:`BWDS`; ``"fused"``: ``rect_bwd`` / ``l1_bwd``; ``"split"``:
+    ``rect_bwd_kv`` + ``rect_bwd_q`` / ``l1_bwd_kv`` + ``l1_bwd_q``; training runs the rectified
+    fused and the E-ATT split path by default, see :func:`~fairseq_plugins.attention.triton.set_rect_backward`
+    and :func:`~fairseq_plugins.attention.triton.set_l1_backward`).
 
     Raises:
         ValueError: unknown ``variant``, ``dtype`` or ``bwd``.
@@ -563,7 +565,7 @@ def parse_ptxas_log(log: str) -> dict:
 def _tables(real_module) -> Dict[str, list]:
     return {"rect_fwd": real_module._RECT_FWD, "rect_bwd": real_module._RECT_BWD, "rect_bwd_kv": real_module._RECT_BWD_KV,
             "rect_bwd_q": real_module._RECT_BWD_Q, "l1_fwd": real_module._L1_FWD,
-            "l1_bwd_kv": real_module._L1_BWD_KV, "l1_bwd_q": real_module._L1_BWD_Q}
+            "l1_bwd": real_module._L1_BWD, "l1_bwd_kv": real_module._L1_BWD_KV, "l1_bwd_q": real_module._L1_BWD_Q}
 
 
 def report(archs: Iterable[int] = ARCHS, dtypes: Iterable[str] = DTYPES, head_dims: Iterable[int] = HEAD_DIMS,
@@ -571,8 +573,8 @@ def report(archs: Iterable[int] = ARCHS, dtypes: Iterable[str] = DTYPES, head_di
            tiles: str = "first", log=None, bwds: Iterable[str] = BWDS, jobs: int = 1) -> List[dict]:
     """One row per (arch, dtype, head dim, variant, dropout, kernel, tile): the compile's
     resources and counts (see the module docstring); a kernel that does not compile is a row
-    with ``error`` set.  The rectified variants' backward is compiled on each path of ``bwds``
-    (:data:`BWDS`; ``rect_fwd`` once).  ``jobs > 1`` compiles in that many processes (the rows
+    with ``error`` set.  The attention variants' backward is compiled on each path of ``bwds``
+    (:data:`BWDS`; the forward once).  ``jobs > 1`` compiles in that many processes (the rows
     come back in the same order; each compile also lands in triton's cache, ``TRITON_CACHE_DIR``,
     under the key the JIT looks up at the same launch on a GPU of that arch with this triton).
 
@@ -595,7 +597,7 @@ def report(archs: Iterable[int] = ARCHS, dtypes: Iterable[str] = DTYPES, head_di
                     if VARIANTS[variant][0] == "norm" and p > 0:
                         continue  # no dropout in the norm
                     recorded, seen = [], set()
-                    for bwd in (bwds if VARIANTS[variant][0] == "rectified" else BWDS[:1]):
+                    for bwd in (bwds if VARIANTS[variant][0] != "norm" else BWDS[:1]):
                         for launch in launches(variant, p, dtype, d, bwd):
                             if launch[0] not in seen:
                                 seen.add(launch[0])
@@ -839,50 +841,58 @@ def _tile_lines(rows: List[dict]) -> List[str]:
     return lines
 
 
-#: the split backward's kernels (:data:`BWDS`), compared with the fused ``rect_bwd``
-_SPLIT = ("rect_bwd_kv", "rect_bwd_q")
+#: each family's fused backward kernel and its split pair (:data:`BWDS`)
+_FUSED_SPLIT = {"rect_bwd": ("rect_bwd_kv", "rect_bwd_q"), "l1_bwd": ("l1_bwd_kv", "l1_bwd_q")}
 
 
 def bwd_comparison(rows: List[dict]) -> List[dict]:
-    """The rectified backward's two paths side by side: per (arch, dtype, head dim, variant,
-    dropout) with rows of ``rect_bwd`` and both split kernels (the first tile of each, without
-    errors), ``{"arch", "dtype", "head_dim", "variant", "dropout", "fused": row, "kv": row,
-    "q": row, "split_per_score": kv + q PTX per score, "ratio": fused / split per score}``."""
+    """Each family's two backward paths side by side: per (arch, dtype, head dim, variant,
+    dropout) with rows of the fused kernel (``rect_bwd``, ``l1_bwd``) and both of its split
+    kernels (the first tile of each, without errors), ``{"arch", "dtype", "head_dim", "variant",
+    "dropout", "fused": row, "kv": row, "q": row, "split_per_score": kv + q PTX per score,
+    "ratio": fused / split per score, "sass_ratio": the same in SASS (None where a count is
+    missing)}``."""
+    pair_of = {k: f for f, ks in _FUSED_SPLIT.items() for k in (f, *ks)}
     by: Dict[tuple, Dict[str, dict]] = {}
     for r in rows:
-        if not r["error"] and r["kernel"] in ("rect_bwd",) + _SPLIT:
-            key = (r["arch"], r["dtype"], r["head_dim"], r["variant"], r["dropout"])
+        if not r["error"] and r["kernel"] in pair_of:
+            key = (r["arch"], r["dtype"], r["head_dim"], r["variant"], r["dropout"], pair_of[r["kernel"]])
             by.setdefault(key, {}).setdefault(r["kernel"], r)
     out = []
     for key, ks in by.items():
-        if "rect_bwd" in ks and all(n in ks for n in _SPLIT):
-            split = round(ks["rect_bwd_kv"]["ptx_per_score"] + ks["rect_bwd_q"]["ptx_per_score"], 2)
-            out.append(dict(zip(("arch", "dtype", "head_dim", "variant", "dropout"), key), fused=ks["rect_bwd"],
-                            kv=ks["rect_bwd_kv"], q=ks["rect_bwd_q"], split_per_score=split,
-                            ratio=round(ks["rect_bwd"]["ptx_per_score"] / split, 3) if split else None))
+        fused, (kv_name, q_name) = key[-1], _FUSED_SPLIT[key[-1]]
+        if fused in ks and kv_name in ks and q_name in ks:
+            f, kv, q = ks[fused], ks[kv_name], ks[q_name]
+            split = round(kv["ptx_per_score"] + q["ptx_per_score"], 2)
+            sass = [x.get("sass_per_score") for x in (f, kv, q)]
+            out.append(dict(zip(("arch", "dtype", "head_dim", "variant", "dropout"), key[:-1]), fused=f,
+                            kv=kv, q=q, split_per_score=split,
+                            ratio=round(f["ptx_per_score"] / split, 3) if split else None,
+                            sass_ratio=round(sass[0] / (sass[1] + sass[2]), 3) if all(sass) else None))
     return out
 
 
 def issue_bound(rows: List[dict], T: int, core_rows: Optional[int] = None, gpu: Dict = H100_SXM) -> List[dict]:
     """A lower bound on E-ATT's attention-core time from its instruction counts alone: the time
-    ``gpu`` needs just to *issue* the main loops' SASS of ``l1_fwd`` + ``l1_bwd_kv`` + ``l1_bwd_q``
-    (one forward + backward) for every score of ``mt-bench-gpu``'s core section at length ``T``
+    ``gpu`` needs just to *issue* the main loops' SASS of ``l1_fwd`` + the backward (split:
+    ``l1_bwd_kv`` + ``l1_bwd_q``; fused: ``l1_bwd``), one forward + backward, for every score of
+    ``mt-bench-gpu``'s core section at length ``T``
     (``core_rows x T`` query-key pairs, non-causal), and the same for an ideal kernel issuing
     :data:`IDEAL_L1_PER_DIM` instructions per score and head dimension.  Arithmetic, not a
     measurement: it ignores memory, latency and everything outside the loops, so real kernels are
     slower; a GPU run (``mt-bench-gpu --sections core``) gives the measured time.
 
     Args:
-        rows: report rows (:func:`report`); used: sm_90a ``eatt_enc`` rows of the three kernels
+        rows: report rows (:func:`report`); used: sm_90a ``eatt_enc`` rows of E-ATT's kernels
             (first tile each) with a SASS count.
         T: sequence length (T = S).
         core_rows: ``B*H*T`` (default ``mt-bench-gpu``'s :data:`~mt_pipeline.bench_gpu.CORE_ROWS`).
         gpu: ``{"sms", "lanes", "ghz"}`` (default :data:`H100_SXM`).
 
     Returns:
-        per (dtype, head dim, dropout) with all three kernels: ``{"dtype", "head_dim", "dropout",
-        "sass_per_score"`` (sum of the three), ``"ms"`` (the bound, milliseconds), ``"ideal_ms"``
-        (low, high)``}``.
+        per (dtype, head dim, dropout, backward path) with all of the path's kernels: ``{"dtype",
+        "head_dim", "dropout", "bwd"`` (``"split"``/``"fused"``), ``"sass_per_score"`` (the sum),
+        ``"ms"`` (the bound, milliseconds), ``"ideal_ms"`` (low, high)``}``.
     """
     if core_rows is None:
         from .bench_gpu import CORE_ROWS as core_rows
@@ -895,12 +905,13 @@ def issue_bound(rows: List[dict], T: int, core_rows: Optional[int] = None, gpu: 
             by.setdefault((r["dtype"], r["head_dim"], r["dropout"]), {}).setdefault(r["kernel"], r)
     out = []
     for (dtype, d, p), ks in sorted(by.items()):
-        if len(ks) < len(KERNELS["l1softmax"]):
-            continue
-        sass = sum(ks[k]["sass_per_score"] for k in KERNELS["l1softmax"])
-        out.append({"dtype": dtype, "head_dim": d, "dropout": p, "sass_per_score": round(sass, 1),
-                    "ms": sass * pairs / rate * 1e3,
-                    "ideal_ms": tuple(n * d * pairs / rate * 1e3 for n in IDEAL_L1_PER_DIM)})
+        for bwd, names in (("split", ("l1_fwd", "l1_bwd_kv", "l1_bwd_q")), ("fused", ("l1_fwd", "l1_bwd"))):
+            if not all(k in ks for k in names):
+                continue
+            sass = sum(ks[k]["sass_per_score"] for k in names)
+            out.append({"dtype": dtype, "head_dim": d, "dropout": p, "bwd": bwd, "sass_per_score": round(sass, 1),
+                        "ms": sass * pairs / rate * 1e3,
+                        "ideal_ms": tuple(n * d * pairs / rate * 1e3 for n in IDEAL_L1_PER_DIM)})
     return out
 
 
@@ -913,23 +924,23 @@ def _issue_bound_lines(rows: List[dict]) -> List[str]:
         return []
     g = H100_SXM
     lines = ["", "## What the CUDA cores allow E-ATT (arithmetic, not a measurement)", "",
-             f"Issue bound: the time an H100 SXM needs just to issue the main loops' SASS of `l1_fwd` + `l1_bwd_kv` + "
-             f"`l1_bwd_q` (one forward + backward) for every score of `mt-bench-gpu`'s core section (B*H*T = "
+             f"Issue bound: the time an H100 SXM needs just to issue the main loops' SASS of `l1_fwd` + the backward "
+             f"(split: `l1_bwd_kv` + `l1_bwd_q`; fused: `l1_bwd`), one forward + backward, for every score of `mt-bench-gpu`'s core section (B*H*T = "
              f"{CORE_ROWS}, T = S, non-causal): SASS per score x {CORE_ROWS} x T / ({g['sms']} SMs x {g['lanes']} "
              f"lanes x {g['ghz']} GHz). Ideal: a kernel issuing only the L1 arithmetic, "
              f"{IDEAL_L1_PER_DIM[0]}-{IDEAL_L1_PER_DIM[1]} instructions per score and head dimension "
              "(`IDEAL_L1_PER_DIM` in `mt_pipeline/kernel_report.py`: an assumption). Memory, latency and "
              "everything outside the loops are ignored: a real kernel is slower than its bound. Compare with "
              "a measured core time (`mt-bench-gpu --sections core`, e.g. SDPA flash's).", "",
-             "| dtype | d | p | SASS /score (fwd + bwd) | " + " | ".join(
+             "| dtype | d | p | backward | SASS /score (fwd + bwd) | " + " | ".join(
                  f"bound T {t} | ideal T {t}" for t in BOUND_T) + " |",
-             "|---|---:|---:|---:|" + "---:|---:|" * len(BOUND_T)]
+             "|---|---:|---:|---|---:|" + "---:|---:|" * len(BOUND_T)]
     for i, b in enumerate(per_t[BOUND_T[0]]):
         cells = []
         for t in BOUND_T:
             x = per_t[t][i]
             cells += [f"{x['ms']:.1f} ms", f"{x['ideal_ms'][0]:.1f}-{x['ideal_ms'][1]:.1f} ms"]
-        lines.append(f"| {b['dtype']} | {b['head_dim']} | {b['dropout']:g} | {b['sass_per_score']} | "
+        lines.append(f"| {b['dtype']} | {b['head_dim']} | {b['dropout']:g} | {b['bwd']} | {b['sass_per_score']} | "
                      + " | ".join(cells) + " |")
     return lines
 
@@ -939,16 +950,20 @@ def _bwd_lines(rows: List[dict]) -> List[str]:
     comp = bwd_comparison(rows)
     if not comp:
         return []
-    lines = ["", "## Rectified backward: fused vs split", "",
-             "Fused: `rect_bwd`, one program per key tile, 5 GEMMs per (query tile, key tile), dQ by atomic "
-             "adds into float32 (the default unless `torch.use_deterministic_algorithms(True)`). Split: "
+    lines = ["", "## Backward: fused vs split", "",
+             "Rectified -- fused: `rect_bwd`, one program per key tile, 5 GEMMs per (query tile, key tile), dQ by "
+             "atomic adds into float32 (the default unless `torch.use_deterministic_algorithms(True)`); split: "
              "`rect_bwd_kv` + `rect_bwd_q` (4 + 3 GEMMs: x and dP computed in both), deterministic. "
+             "E-ATT -- fused: `l1_bwd`, one program per key tile computes the L1 distance, P, dP and the signed "
+             "terms once and sums them over queries (dK) and, by atomic adds into float32, over keys (dQ); split "
+             "(the default until timed on a GPU): `l1_bwd_kv` + `l1_bwd_q`, each computing the distance, P and dP. "
              "GEMMs: `tl.dot` per main-loop iteration; wgmma: instructions per iteration (kv + q: each kernel's "
              "own tile; + mma: GEMMs lowered to mma.sync, e.g. a 32-row one); /score: PTX per score (split: the "
-             "sum of both kernels').", "",
+             "sum of both kernels'); SASS fused / split: the same ratio in machine code.", "",
              "| arch | dtype | d | variant | p | fused tile w/s | regs | spill | smem KiB | GEMMs | wgmma "
-             "| /score | split tiles w/s (kv; q) | regs | spill | smem KiB | GEMMs | wgmma | /score | fused / split |",
-             "|---|---|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "| /score | split tiles w/s (kv; q) | regs | spill | smem KiB | GEMMs | wgmma | /score | fused / split "
+             "| SASS fused / split |",
+             "|---|---|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     def mma(r):
         return f"{r['loop_wgmma']}" + (f" (+{r['loop_mma']} mma)" if r["loop_mma"] else "")
 
@@ -963,7 +978,8 @@ def _bwd_lines(rows: List[dict]) -> List[str]:
             f"| {kv['spill_stores'] + q['spill_stores']}/{kv['spill_loads'] + q['spill_loads']} "
             f"| {kv['shared'] / 1024:.1f}/{q['shared'] / 1024:.1f} | {kv.get('gemms', '?')}+{q.get('gemms', '?')} "
             f"| {mma(kv)}+{mma(q)} | {c['split_per_score']} "
-            f"| {c['ratio'] if c['ratio'] is not None else '-'} |")
+            f"| {c['ratio'] if c['ratio'] is not None else '-'} "
+            f"| {c['sass_ratio'] if c.get('sass_ratio') is not None else 'n/a'} |")
     return lines
 
 

@@ -14,6 +14,8 @@
 #      previous window did not reach: docs/gpu.md): every ratio against the baseline of the same run;
 #      the result file is rewritten after every length, so a cut-off run still leaves a table;
 #   2. (SPLIT_S > 0) the layer section again with MT_RECT_BACKWARD=split (vs the default fused);
+#   2b. (FUSED_S > 0, default 60) E-ATT's core and layer rows with MT_L1_BACKWARD=fused (one l1_bwd
+#      kernel, atomic dQ) vs step 1's default split pair;
 #   3. (TEST_S > 0) the CUDA tests (TEST_K, default "cuda and not interpreter") under pytest-xdist (every compiled kernel against the float64
 #      reference), stopped by SIGINT at TEST_S so pytest still prints its summary.
 # MODE=isolate replaces all three: each CUDA test in its own process under CUDA_LAUNCH_BLOCKING=1
@@ -105,6 +107,15 @@ if [ "$SPLIT_S" -gt 0 ]; then
     --dtypes bf16 --functions softmax,rela_g,reluformer --rep 50 --out "$OUT/attention_speed_${GPU}_split.md" \
     > "$OUT/bench_split.log" 2>&1
   echo "rc $? after $((SECONDS - t)) s"; tail -3 "$OUT/bench_split.log"
+fi
+
+FUSED_S=${FUSED_S:-60}
+if [ "$FUSED_S" -gt 0 ]; then
+  echo "== 2b. E-ATT, MT_L1_BACKWARD=fused (limit ${FUSED_S} s)"; t=$SECONDS
+  MT_L1_BACKWARD=fused timeout -s INT "$FUSED_S" python3 -m mt_pipeline.bench_gpu --sections core,layer --T 1024,4096 \
+    --dtypes bf16 --functions eatt --rep 50 --out "$OUT/attention_speed_${GPU}_eatt_fused.md" \
+    > "$OUT/bench_eatt_fused.log" 2>&1
+  echo "rc $? after $((SECONDS - t)) s"; tail -3 "$OUT/bench_eatt_fused.log"
 fi
 
 if [ "$TEST_S" -gt 0 ]; then

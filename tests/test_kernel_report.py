@@ -188,10 +188,16 @@ def test_bwd_comparison_pairs_the_fused_kernel_with_the_split_pair():
     (c,) = kr.bwd_comparison(rows)
     assert (c["dropout"], c["split_per_score"], c["ratio"]) == (0.1, 50.0, 0.8)
     lines = kr._bwd_lines(rows)
-    assert lines[1] == "## Rectified backward: fused vs split"
+    assert lines[1] == "## Backward: fused vs split"
     assert lines[-1].startswith("| sm_90a | fp16 | 64 | rela_enc | 0.1 | 32x128 8/2 |")
     assert "| 4+3 | 20+20 (+8 mma) | 50.0 | 0.8 |" in lines[-1]
     assert kr._bwd_lines(rows[:1]) == []
+    # E-ATT's pair: l1_bwd vs l1_bwd_kv + l1_bwd_q, in PTX and SASS
+    l1 = [dict(base, variant="eatt_enc", kernel=k, tile="64x64", gemms=g, ptx_per_score=x, sass_per_score=y)
+          for k, g, x, y in (("l1_bwd", 2, 60.0, 40.0), ("l1_bwd_kv", 2, 50.0, 30.0), ("l1_bwd_q", 1, 50.0, 20.0))]
+    (c,) = kr.bwd_comparison(l1)
+    assert (c["fused"]["kernel"], c["split_per_score"], c["ratio"], c["sass_ratio"]) == ("l1_bwd", 100.0, 0.6, 0.8)
+    assert kr._bwd_lines(l1)[-1].endswith("| 100.0 | 0.6 | 0.8 |")
 
 
 def test_issue_bound_is_the_time_to_issue_every_score_of_the_core_benchmark():
@@ -207,21 +213,24 @@ def test_issue_bound_is_the_time_to_issue_every_score_of_the_core_benchmark():
             dict(base, kernel="l1_fwd", head_dim=32, sass_per_score=1.0)]  # d 32: no backward rows
     gpu = dict(sms=2, lanes=10, ghz=1e-6)  # 2e4 instructions per second
     (b,) = kr.issue_bound(rows, T=4, core_rows=10, gpu=gpu)
-    assert (b["dtype"], b["head_dim"], b["sass_per_score"]) == ("bf16", 64, 2000.0)
+    assert (b["dtype"], b["head_dim"], b["bwd"], b["sass_per_score"]) == ("bf16", 64, "split", 2000.0)
     assert b["ms"] == pytest.approx(2000.0 * 40 / 2e4 * 1e3)
     lo, hi = kr.IDEAL_L1_PER_DIM
     assert b["ideal_ms"] == pytest.approx((lo * 64 * 40 / 2e4 * 1e3, hi * 64 * 40 / 2e4 * 1e3))
     # the H100 at the core section's T 1024: 2000 SASS per score cannot take less than 64 ms
     assert kr.issue_bound(rows, T=1024)[0]["ms"] == pytest.approx(2000 * 2**30 / (132 * 128 * 1.98e9) * 1e3)
     lines = kr._issue_bound_lines(rows)
-    assert lines[1].startswith("## What the CUDA cores allow E-ATT") and lines[-1].startswith("| bf16 | 64 | 0 | 2000.0 |")
+    assert lines[1].startswith("## What the CUDA cores allow E-ATT") and lines[-1].startswith("| bf16 | 64 | 0 | split | 2000.0 |")
     assert kr._issue_bound_lines(rows[:2]) == []
+    # with the fused backward's row: a second line, l1_fwd + l1_bwd
+    split, fused = kr.issue_bound(rows + [dict(base, kernel="l1_bwd", sass_per_score=1000.0)], T=4, core_rows=10, gpu=gpu)
+    assert (split["bwd"], fused["bwd"], fused["sass_per_score"]) == ("split", "fused", 1300.0)
 
 
 @needs_nvidia
 def test_launches_are_those_of_the_real_entry_points():
-    """Forward + backward of each family: the rectified one with the fused backward (two kernels)
-    or the split one (three), E-ATT three kernels; compiled-mode meta, model-layout strides (unit
+    """Forward + backward of each family, each with the fused backward (two kernels) or the split
+    one (three); compiled-mode meta, model-layout strides (unit
     stride on the head dimension, which the JIT turns into a constant)."""
     rec = kr.launches("reluformer_enc", 0.1, "bf16", 64)
     assert [n for n, _, _ in rec] == ["rect_fwd", "rect_bwd"]
@@ -234,7 +243,11 @@ def test_launches_are_those_of_the_real_entry_points():
     assert "BLOCK_M" not in meta  # the autotuner's, set per tile by the report
     q = args[0]
     assert q.stride()[-1] == 1 and q.stride(2) == kr.SHAPE["B"] * kr.SHAPE["H"] * 64
-    assert [n for n, _, _ in kr.launches("eatt_dec", 0.0, "fp16", 32)] == ["l1_fwd", "l1_bwd_kv", "l1_bwd_q"]
+    assert [n for n, _, _ in kr.launches("eatt_dec", 0.0, "fp16", 32, bwd="split")] == ["l1_fwd", "l1_bwd_kv", "l1_bwd_q"]
+    fused = kr.launches("eatt_dec", 0.0, "fp16", 32)
+    assert [n for n, _, _ in fused] == ["l1_fwd", "l1_bwd"] and fused[1][2]["DQ_ATOMIC"]
+    assert fused[1][1][10].dtype == torch.float32  # DQA: the float32 buffer of the atomic dQ sums
+    assert tk.l1_backward() == "split"  # the recording put the setting back (E-ATT's default)
     assert kr.launches("eatt_dec", 0.0, "fp16", 32)[0][2]["MASK_MODE"] == 2
     with pytest.raises(ValueError, match="valid choices"):
         kr.launches("nope", 0.0, "bf16", 64)
@@ -302,15 +315,15 @@ def _main_cases():
 def test_main_configurations_compile_for_sm90a_without_spills_or_serialized_wgmma(variant, d, p, dtype, monkeypatch):
     """Issue 28's targets on the main configurations (``kr.MAIN``: sm_90a, d 32/64/128, the first
     autotuning tile tried for that head dimension, JIT specialisations): every kernel of forward +
-    backward (the rectified one on both backward paths) compiles, spills nothing and gets no
-    ``wgmma ... serialized`` warning from ptxas; the fused backward runs 5 GEMMs per iteration,
-    the split pair 4 + 3."""
+    backward (on both backward paths) compiles, spills nothing and gets no ``wgmma ... serialized``
+    warning from ptxas; the rectified fused backward runs 5 GEMMs per iteration, the split pair
+    4 + 3; E-ATT's fused backward issues under 0.8x the split pair's SASS per score."""
     pytest.importorskip("triton.backends.nvidia.compiler", reason="triton without its NVIDIA backend")
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     rows = kr.report(archs=(kr.MAIN["arch"],), dtypes=(dtype,), head_dims=(d,),
                      variants=(variant,), dropouts=(p,), tiles=kr.MAIN["tiles"])
     rectified = kr.VARIANTS[variant][0] == "rectified"
-    assert len(rows) == (4 if rectified else 3) and all(r["target"] == "sm_90a" for r in rows if not r["error"])
+    assert len(rows) == 4 and all(r["target"] == "sm_90a" for r in rows if not r["error"])
     # tensor cores in the main loop: wgmma; mma.sync in tiles with fewer than 64 rows per product
     # (d 128: rect_bwd_kv's spill-free tiles are 32x32 and 16x32, _SPILL_AT_D128)
     assert all(r["loop_wgmma"] + r["loop_mma"] > 0 for r in rows if not r["error"])
@@ -326,6 +339,11 @@ def test_main_configurations_compile_for_sm90a_without_spills_or_serialized_wgmm
             "rect_bwd": 5, "rect_bwd_kv": 4, "rect_bwd_q": 3}
         (comp,) = kr.bwd_comparison(rows)
         assert comp["ratio"] < 1  # fewer PTX instructions per score than the split pair
+    else:  # E-ATT: the fused backward shares the distance, P and dP: fewer SASS per score than the pair
+        assert {r["kernel"]: r["gemms"] for r in rows if r["kernel"] != "l1_fwd"} == {
+            "l1_bwd": 2, "l1_bwd_kv": 2, "l1_bwd_q": 1}
+        (comp,) = kr.bwd_comparison(rows)
+        assert comp["sass_ratio"] < 0.8
 
 
 @needs_nvidia
@@ -352,7 +370,7 @@ def test_parallel_compiles_give_the_same_report(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     kw = dict(archs=(90,), dtypes=("fp16",), head_dims=(32,), variants=("rela_g_norm", "eatt_enc"), dropouts=(0.0,))
     one, two = kr.report(**kw), kr.report(**kw, jobs=2)
-    assert len(one) == 5 and not any(r["error"] for r in one)
+    assert len(one) == 6 and not any(r["error"] for r in one)
     strip = lambda rows: [{k: v for k, v in r.items() if k != "compile_s"} for r in rows]  # noqa: E731
     assert strip(two) == strip(one)
     with pytest.raises(ValueError, match="jobs must be >= 1"):

@@ -33,6 +33,15 @@ def interp(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
 
 
+@pytest.fixture(params=["split", "fused"])
+def l1_bwd(request):
+    """E-ATT's backward path (``tk.set_l1_backward``): the two deterministic kernels, or the fused
+    one with the dQ sums by atomic adds; reset to the default afterwards."""
+    tk.set_l1_backward(request.param)
+    yield request.param
+    tk.set_l1_backward(None)
+
+
 @pytest.fixture(params=["fused", "split"])
 def bwd(request):
     """The rectified backward path (``tk.set_rect_backward``): the fused 5-GEMM kernel with
@@ -492,7 +501,7 @@ def l1_reference(q, k, v, scale, mask=None, causal=False, keep=None, p=0.0):
 @pytest.mark.parametrize("T,S,mask_kind,causal,dtype", [
     (5, 19, "left", False, F64), (18, 18, "causal_left", False, F64), (17, 17, "none", True, F32),
     (20, 11, "dead", False, F64), (9, 37, "left", True, F64), (40, 21, "none", True, F64)])
-def test_eatt_scores_and_gradients_vs_cdist(interp, T, S, mask_kind, causal, dtype):
+def test_eatt_scores_and_gradients_vs_cdist(interp, l1_bwd, T, S, mask_kind, causal, dtype):
     """The row log-sum-exp checks the L1 scores themselves; output and gradients vs
     ``softmax(-cdist(q, k, p=1) / sqrt(d)) V`` (float64 on CPU)."""
     B, H, d = 2, 2, 8
@@ -512,7 +521,49 @@ def test_eatt_scores_and_gradients_vs_cdist(interp, T, S, mask_kind, causal, dty
 
 
 @needs_triton
-def test_eatt_dropout_mask_is_regenerated_in_backward(interp):
+@pytest.mark.parametrize("B,T,S", [(2, 0, 5), (2, 5, 0), (0, 5, 5)])
+def test_eatt_backward_paths_launch_their_kernels_and_handle_empty_shapes(interp, B, T, S, monkeypatch):
+    """``fused``: one ``l1_bwd`` launch (no ``l1_bwd_kv`` / ``l1_bwd_q``); ``split``: the pair; the
+    default is ``split`` (``MT_L1_BACKWARD`` unset).  Empty batch, queries or keys: zero gradients
+    of the right shapes on both paths; the full shape matches the split path to rounding."""
+    mod = tk._kernels(True)
+    calls = []
+    for name in ("l1_bwd", "l1_bwd_kv", "l1_bwd_q"):
+        monkeypatch.setattr(mod, name, _Spy(name, getattr(mod, name), calls))
+    monkeypatch.delenv("MT_L1_BACKWARD", raising=False)
+    assert tk.l1_backward() == "split"
+    monkeypatch.setenv("MT_L1_BACKWARD", "fused")
+    assert tk.l1_backward() == "fused"
+    monkeypatch.setenv("MT_L1_BACKWARD", "fast")
+    with pytest.raises(ValueError, match="MT_L1_BACKWARD='fast': valid choices: auto, fused, split"):
+        tk.l1_backward()
+    monkeypatch.delenv("MT_L1_BACKWARD")
+    with pytest.raises(ValueError, match="valid choices: auto, fused, split"):
+        tk.set_l1_backward("atomic")
+    res = {}
+    for mode, (b, t, s_) in (("fused", (B, T, S)), ("split", (B, T, S)), ("fused", (2, 7, 9)), ("split", (2, 7, 9))):
+        tk.set_l1_backward(mode)
+        try:
+            calls.clear()
+            q, k, v = qkv(b, 2, t, s_, 16, F64)
+            out = tk.l1_softmax_attention(q, k, v, 0.25)
+            grads = grads_of([out], upstream([(b, 2, t, 16)]), (q, k, v))
+        finally:
+            tk.set_l1_backward(None)
+        for gr, x in zip(grads, (q, k, v)):
+            assert gr.shape == x.shape
+        if (b, t, s_) == (B, T, S):
+            assert all(torch.count_nonzero(gr) == 0 for gr in grads)
+        else:
+            assert calls == (["l1_bwd"] if mode == "fused" else ["l1_bwd_kv", "l1_bwd_q"])
+            res[mode] = grads
+    for a, b in zip(res["fused"], res["split"]):
+        assert_close(a, b, F64)
+    assert (res["fused"][0] != 0).any()
+
+
+@needs_triton
+def test_eatt_dropout_mask_is_regenerated_in_backward(interp, l1_bwd):
     B, H, T, S, d, p = 1, 2, 18, 16, 16, 0.25
     q, k, _ = qkv(B, H, T, S, d, F64)
     v = torch.eye(S, d, dtype=F64).expand(B, H, S, d).clone().requires_grad_()
@@ -530,7 +581,7 @@ def test_eatt_dropout_mask_is_regenerated_in_backward(interp):
 @needs_triton
 @pytest.mark.parametrize("d", [20, 32, 64, 128])
 @pytest.mark.parametrize("case", ["causal", "causal_t_gt_s", "decode", "dropout"])
-def test_eatt_head_dims_chunked_distance(interp, d, case):
+def test_eatt_head_dims_chunked_distance(interp, l1_bwd, d, case):
     """The L1 distance runs over ``BLOCK_D // CHUNK`` chunks of the head dimension on 5-d tiles
     (issue 28): output, row log-sum-exp and gradients vs cdist at d 20 (padded to BLOCK_D 32: the
     dimensions >= d must add nothing), 32, 64, 128; causal with T < S and T > S (fully blocked
@@ -838,7 +889,7 @@ def test_kernels_compile_for_the_gpu_without_one(arch, monkeypatch):
     pytest.importorskip("triton.backends.nvidia", reason="triton without its NVIDIA backend")
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     shared = tk.compile_offline(arch, torch.bfloat16)
-    assert len(shared) == 7 and any(n.startswith("rect_bwd ") for n in shared)
+    assert len(shared) == 8 and any(n.startswith("rect_bwd ") for n in shared) and any(n.startswith("l1_bwd ") for n in shared)
     assert all(0 < v <= 227 * 1024 for v in shared.values()), shared
 
 

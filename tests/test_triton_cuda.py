@@ -33,17 +33,22 @@ TOL = {torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 2e-2, F64: 1e-9
 RECT_KERNELS = ("rect_fwd", "rect_bwd", "rect_bwd_kv", "rect_bwd_q")
 #: the backward path that launches each rectified kernel (rect_fwd: either)
 RECT_PATH = {"rect_fwd": None, "rect_bwd": "fused", "rect_bwd_kv": "split", "rect_bwd_q": "split"}
-L1_KERNELS = ("l1_fwd", "l1_bwd_kv", "l1_bwd_q")
+L1_KERNELS = ("l1_fwd", "l1_bwd", "l1_bwd_kv", "l1_bwd_q")
+#: the backward path that launches each kernel of a family (the forward: either)
+PATH = dict(RECT_PATH, l1_fwd=None, l1_bwd="fused", l1_bwd_kv="split", l1_bwd_q="split")
 
 
 @contextlib.contextmanager
 def backward(mode):
-    """``relu_attention``'s backward path inside the block (None: the default, ``auto``)."""
+    """Both families' backward path inside the block (``relu_attention``'s and
+    ``l1_softmax_attention``'s; None: the defaults, ``auto``)."""
     tk.set_rect_backward(mode)
+    tk.set_l1_backward(mode)
     try:
         yield
     finally:
         tk.set_rect_backward(None)
+        tk.set_l1_backward(None)
 
 
 @pytest.fixture
@@ -134,18 +139,20 @@ def check_rectified(device, dtype, B, H, T, S, d, causal, layout="contiguous", s
         close(a, b, dtype, f"rectified {name} (T {T}, S {S}, d {d}, causal {causal}, {layout}, bwd {bwd})")
 
 
-def check_l1(device, dtype, B, H, T, S, d, causal, layout="contiguous"):
-    """Fused E-ATT L1 softmax attention (key padding, ``causal``) and its gradients vs float64 cdist."""
+def check_l1(device, dtype, B, H, T, S, d, causal, layout="contiguous", bwd=None):
+    """Fused E-ATT L1 softmax attention (key padding, ``causal``) and its gradients (backward
+    path ``bwd``) vs float64 cdist."""
     q, k, v = inputs(B, H, T, S, d, dtype, device, layout)
     mask = key_padding(B, S, device)
     ups = upstream([(B, H, T, d)], device)
-    out = tk.l1_softmax_attention(q, k, v, d ** -0.5, mask=mask, causal=causal)
+    with backward(bwd):
+        out = tk.l1_softmax_attention(q, k, v, d ** -0.5, mask=mask, causal=causal)
     g_t = grads([out], ups, (q, k, v))
     q64, k64, v64 = (x.detach().double().requires_grad_() for x in (q, k, v))
     ref = l1_reference(q64, k64, v64, d ** -0.5, mask, causal)
     g_r = grads([ref], ups, (q64, k64, v64))
     for name, a, b in zip(["out", "dq", "dk", "dv"], [out, *g_t], [ref, *g_r]):
-        close(a, b, dtype, f"l1 {name} (T {T}, S {S}, d {d}, causal {causal}, {layout})")
+        close(a, b, dtype, f"l1 {name} (T {T}, S {S}, d {d}, causal {causal}, {layout}, bwd {bwd})")
 
 
 def check_dropout(device, T, S, d, p=0.3, bwd=None):
@@ -271,7 +278,7 @@ def test_cuda_every_autotune_tile_matches_the_reference(compiled, family, d):
     tables = {n: getattr(mod, "_" + n.upper()) for n in names}
     failures = []
     for name, config in _tiles(names):
-        kw = {"bwd": RECT_PATH[name]} if family == "rectified" else {}  # the path that launches it
+        kw = {"bwd": PATH[name]}  # the path that launches it
         tile = (config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"], config.num_warps, config.num_stages)
         if tile not in mod._tried(tables[name], {"BLOCK_D": d}):
             continue
@@ -293,11 +300,10 @@ def test_cuda_causal_and_head_dims(compiled, d, T, S, dtype):
     decoding (T = 1), head dims 32 / 64 / 128, both kernel families."""
     for bwd in ("fused", "split"):
         check_rectified("cuda", dtype, 2, 3, T, S, d, causal=True, bwd=bwd)
+        check_l1("cuda", dtype, 2, 3, T, S, d, causal=True, bwd=bwd)
         if T == S:
             check_rectified("cuda", dtype, 2, 3, T, S, d, causal=False, bwd=bwd)
-    check_l1("cuda", dtype, 2, 3, T, S, d, causal=True)
-    if T == S:
-        check_l1("cuda", dtype, 2, 3, T, S, d, causal=False)
+            check_l1("cuda", dtype, 2, 3, T, S, d, causal=False, bwd=bwd)
 
 
 @needs_cuda
@@ -305,7 +311,8 @@ def test_cuda_causal_and_head_dims(compiled, d, T, S, dtype):
 def test_cuda_module_layout(compiled, dtype):
     """The strided ``(B, H, L, d)`` views the attention module passes (no copy): same results."""
     check_rectified("cuda", dtype, 4, 8, 200, 200, 64, causal=True, layout="module")
-    check_l1("cuda", dtype, 4, 8, 200, 200, 64, causal=False, layout="module")
+    for bwd in ("fused", "split"):
+        check_l1("cuda", dtype, 4, 8, 200, 200, 64, causal=False, layout="module", bwd=bwd)
 
 
 @needs_cuda

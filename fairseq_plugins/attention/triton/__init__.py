@@ -59,8 +59,13 @@ The rectified backward has two paths (:func:`set_rect_backward`, ``MT_RECT_BACKW
 ``rect_bwd`` and ``rect_bwd_kv`` are one kernel body (``_kernels._rect_bwd``) under two autotuners
 (own tile tables); the constexpr ``DQ_ATOMIC`` adds the fifth GEMM and the atomic ``dQ``.
 
-E-ATT's backward is split the same way (``l1_bwd_kv``, ``l1_bwd_q``), without atomics (deterministic):
-the sign sums ``sum dS sgn(q - k)`` run ``CHUNK`` head dimensions per step on register tiles and
+E-ATT's backward has the same two paths (:func:`set_l1_backward`, ``MT_L1_BACKWARD``; default
+``split``, the path the GPU windows measured, until ``fused`` is timed): ``split`` is ``l1_bwd_kv``
++ ``l1_bwd_q`` without atomics (deterministic), each recomputing the L1 distance, ``P`` and ``dP``;
+``fused`` is one kernel ``l1_bwd`` (``l1_bwd_kv``'s body with ``DQ_ATOMIC``) that sums each
+tile's signed terms over queries (dK) and over keys (dQ, atomic adds into a float32 (float64)
+``(B*H, T, BLOCK_D)`` buffer): 0.59-0.71x the split pair's SASS per score at sm_90a (d 128 - 64).
+The sign sums ``sum dS sgn(q - k)`` run ``CHUNK`` head dimensions per step on register tiles and
 are added, step by step, into a float32 (float64) scratch buffer ``(B*H, max(T, S), BLOCK_D)``
 that each program owns rows of (``_kernels._l1_sgn``), read back once at the program's end.
 
@@ -112,7 +117,8 @@ from typing import Optional
 import torch
 
 __all__ = ["relu_attention", "l1_softmax_attention", "triton_available", "interpret_requested",
-           "self_test", "compile_offline", "set_rect_backward", "rect_backward", "ACTIVATIONS",
+           "self_test", "compile_offline", "set_rect_backward", "rect_backward", "set_l1_backward",
+           "l1_backward", "ACTIVATIONS",
            "MAX_HEAD_DIM", "FAMILIES", "RECT_BACKWARDS", "dropout_keep_mask", "KEEP_GENERATORS"]
 
 #: activations of :func:`relu_attention` -> kernel code (0 ReLU, 1 GeLU, 2 Leaky ReLU 0.01)
@@ -408,6 +414,23 @@ def set_rect_backward(mode: Optional[str]) -> None:
     _RECT_BACKWARD = mode
 
 
+def _backward_mode(setting: Optional[str], env: str, auto: str) -> str:
+    """``setting``, else ``$env``, else ``"auto"``; ``"auto"`` resolved to ``"split"`` under
+    deterministic algorithms, else to ``auto``.
+
+    Raises:
+        ValueError: ``$env`` names no mode of :data:`RECT_BACKWARDS`.
+    """
+    mode = setting
+    if mode is None:
+        mode = os.environ.get(env, "auto").strip().lower() or "auto"
+        if mode not in RECT_BACKWARDS:
+            raise ValueError(f"{env}={mode!r}: valid choices: {', '.join(RECT_BACKWARDS)}")
+    if mode == "auto":
+        return "split" if torch.are_deterministic_algorithms_enabled() else auto
+    return mode
+
+
 def rect_backward() -> str:
     """The backward path the next :func:`relu_attention` call takes: ``"fused"`` or ``"split"``
     (the setting of :func:`set_rect_backward`, else ``$MT_RECT_BACKWARD``, else ``"auto"``, resolved).
@@ -415,14 +438,45 @@ def rect_backward() -> str:
     Raises:
         ValueError: ``MT_RECT_BACKWARD`` names no mode of :data:`RECT_BACKWARDS`.
     """
-    mode = _RECT_BACKWARD
-    if mode is None:
-        mode = os.environ.get("MT_RECT_BACKWARD", "auto").strip().lower() or "auto"
-        if mode not in RECT_BACKWARDS:
-            raise ValueError(f"MT_RECT_BACKWARD={mode!r}: valid choices: {', '.join(RECT_BACKWARDS)}")
-    if mode == "auto":
-        return "split" if torch.are_deterministic_algorithms_enabled() else "fused"
-    return mode
+    return _backward_mode(_RECT_BACKWARD, "MT_RECT_BACKWARD", "fused")
+
+
+_L1_BACKWARD: Optional[str] = None
+
+
+def set_l1_backward(mode: Optional[str]) -> None:
+    """Choose the backward of :func:`l1_softmax_attention` (E-ATT) for the calls that follow.
+
+    * ``"fused"``: one kernel (``l1_bwd``): one program per key tile computes the L1 distance,
+      ``P``, ``dP`` and the signed terms ``dS_ij sgn(q_id - k_jd)`` once and sums them both ways,
+      over queries into ``dK`` (in the program) and over keys into a float32 (float64) ``dQ``
+      buffer with atomic adds: not bitwise reproducible (last bits of ``dQ``).  About 0.6x the
+      split pair's SASS per score (``results/gpu/kernel_report_eatt.md``); not yet timed on a GPU.
+    * ``"split"``: ``l1_bwd_kv`` + ``l1_bwd_q``, each recomputing the distances, ``P`` and ``dP``;
+      no atomics, bitwise deterministic.
+    * ``"auto"`` (the default): ``"split"`` -- the path the GPU windows have measured -- until the
+      fused kernel has been timed against it (issue 28, docs/gpu.md).
+    * ``None``: the environment variable ``MT_L1_BACKWARD`` (one of the above), else ``"auto"``.
+
+    The choice is read at each forward call (:func:`l1_backward`) and kept for its backward.
+
+    Raises:
+        ValueError: ``mode`` not in :data:`RECT_BACKWARDS` (nor None).
+    """
+    global _L1_BACKWARD
+    if mode is not None and mode not in RECT_BACKWARDS:
+        raise ValueError(f"unknown E-ATT backward {mode!r}; valid choices: {', '.join(RECT_BACKWARDS)}")
+    _L1_BACKWARD = mode
+
+
+def l1_backward() -> str:
+    """The backward path the next :func:`l1_softmax_attention` call takes: ``"fused"`` or
+    ``"split"`` (the setting of :func:`set_l1_backward`, else ``$MT_L1_BACKWARD``, else ``"auto"``).
+
+    Raises:
+        ValueError: ``MT_L1_BACKWARD`` names no mode of :data:`RECT_BACKWARDS`.
+    """
+    return _backward_mode(_L1_BACKWARD, "MT_L1_BACKWARD", "split")
 
 
 class _RectifiedAttention(torch.autograd.Function):
@@ -595,6 +649,7 @@ class _L1SoftmaxAttention(torch.autograd.Function):
                              *_keys(T, S), **meta)
         ctx.save_for_backward(q, k, v, mask, out, lse)
         ctx.cfg = (scale, dropout_p, causal, seed, interpret)
+        ctx.bwd = l1_backward()  # chosen at the forward: one call, one backward path
         ctx.mark_non_differentiable(lse)
         return out, lse
 
@@ -617,14 +672,20 @@ class _L1SoftmaxAttention(torch.autograd.Function):
         meta = _l1_meta(mod, q, interpret, mode, causal, dropout_p > 0)
         common = (*_strides(q), *_strides(k), *_strides(v), *m_str, *_strides(g_out))
         tail = (H, T, S, d, _l1_scale(scale, q), float(dropout_p), seed, *_keys(T, S))
+        fused = ctx.bwd == "fused"
+        # fused: dQ's sums by atomic adds, (B*H, T, BLOCK_D) float32 (float64), zeroed; dq = scale * dqa
+        dqa = q.new_zeros((B * H * T * _block_d(d),) if fused else (1,), dtype=acc_dt)
         if B * H * S > 0:
             if T == 0:
                 dk.zero_(), dv.zero_()
             else:
                 grid = _grid(S, B * H, interpret, meta, "BLOCK_N")
-                mod.l1_bwd_kv[grid](q, k, v, m_arg, g_out, lse, delta, g, dk, dv, *common, *_strides(dk),
-                                    *_strides(dv), *tail, **meta)
-        if B * H * T > 0:
+                kernel = mod.l1_bwd if fused else mod.l1_bwd_kv
+                kernel[grid](q, k, v, m_arg, g_out, lse, delta, g, dk, dv, dqa, *common, *_strides(dk),
+                             *_strides(dv), *tail, DQ_ATOMIC=fused, **meta)
+        if fused:
+            dq = (dqa.view(B, H, T, _block_d(d))[..., :d] * scale).to(q.dtype)
+        elif B * H * T > 0:
             grid = _grid(T, B * H, interpret, meta, "BLOCK_M")
             mod.l1_bwd_q[grid](q, k, v, m_arg, g_out, lse, delta, g, dq, *common, *_strides(dq), *tail, **meta)
         return dq, dk, dv, None, None, None, None, None, None
@@ -678,9 +739,9 @@ FAMILIES = ("rectified", "l1softmax", "norm")
 def self_test(family: str, device, dtype: torch.dtype) -> Optional[str]:
     """Compile and run one family's kernels on a small input against the PyTorch reference.
 
-    ``B 2, H 2, T 24, S 40, d 32``, key padding, forward + backward (the rectified family with a
-    row scale and the eq. 7 statistics, on both backward paths, fused and split: either may run
-    later, see :func:`set_rect_backward`).  Used by ``--attention-backend auto`` before the first
+    ``B 2, H 2, T 24, S 40, d 32``, key padding, forward + backward on both backward paths, fused
+    and split: either may run later (:func:`set_rect_backward`, :func:`set_l1_backward`); the
+    rectified family with a row scale and the eq. 7 statistics.  Used by ``--attention-backend auto`` before the first
     Triton call per (family, device, dtype), so that a kernel that does not compile or disagrees
     on an untested GPU/triton version falls back to the PyTorch path instead of failing training.
 
@@ -716,20 +777,19 @@ def self_test(family: str, device, dtype: torch.dtype) -> Optional[str]:
 
 
 def _self_test(family, device, dtype, tol, base, mask, r, go, d):
-    """:func:`self_test` after setup: run the Triton path (the rectified one with each backward)
+    """:func:`self_test` after setup: run the Triton path with each backward (fused and split)
     and the reference, compare."""
-    if family == "rectified":
-        for bwd in ("fused", "split"):
-            saved = _RECT_BACKWARD
-            set_rect_backward(bwd)
-            try:
-                err = _self_test_one(family, device, dtype, tol, base, mask, r, go, d)
-            finally:
-                set_rect_backward(saved)
-            if err is not None:
-                return f"{bwd} backward: {err}"
-        return None
-    return _self_test_one(family, device, dtype, tol, base, mask, r, go, d)
+    setter = set_rect_backward if family == "rectified" else set_l1_backward
+    for bwd in ("fused", "split"):
+        saved = _RECT_BACKWARD if family == "rectified" else _L1_BACKWARD
+        setter(bwd)
+        try:
+            err = _self_test_one(family, device, dtype, tol, base, mask, r, go, d)
+        finally:
+            setter(saved)
+        if err is not None:
+            return f"{bwd} backward: {err}"
+    return None
 
 
 def _self_test_one(family, device, dtype, tol, base, mask, r, go, d):
@@ -797,7 +857,7 @@ def compile_offline(arch: int = 90, dtype: torch.dtype = torch.bfloat16, tiles: 
     acc, prec = _dtypes(dtype, False)
     acc_ptr = _PTR_TYPES[_acc_dtype(dtype)]
     ptrs = {n: _PTR_TYPES[dtype] for n in ("Q", "K", "V", "O", "DO", "DK", "DV", "DQ")}
-    ptrs.update({n: acc_ptr for n in ("R", "RS", "RL", "GS", "GL", "LSE", "DELTA", "SC", "G")}, M="*u8")
+    ptrs.update({n: acc_ptr for n in ("R", "RS", "RL", "GS", "GL", "LSE", "DELTA", "SC", "G", "DQA")}, M="*u8")
     fused_ptrs = dict(ptrs, DQ=acc_ptr)  # rect_bwd adds dQ into an accumulator-dtype buffer
     common = dict(MASK_MODE=2, CAUSAL=True, DROPOUT=True, ACC=acc, PREC=prec, UPCAST=False, BLOCK_D=64)
     rect = dict(common, HAS_R=True, ACT=1, STATS=True)
@@ -805,7 +865,8 @@ def compile_offline(arch: int = 90, dtype: torch.dtype = torch.bfloat16, tiles: 
     plan = [("rect_fwd", mod._RECT_FWD, rect), ("rect_bwd", mod._RECT_BWD, dict(rect, DQ_ATOMIC=True)),
             ("rect_bwd_kv", mod._RECT_BWD_KV, dict(rect, DQ_ATOMIC=False)),
             ("rect_bwd_q", mod._RECT_BWD_Q, rect), ("l1_fwd", mod._L1_FWD, l1),
-            ("l1_bwd_kv", mod._L1_BWD_KV, l1), ("l1_bwd_q", mod._L1_BWD_Q, l1)]
+            ("l1_bwd", mod._L1_BWD, dict(l1, DQ_ATOMIC=True)), ("l1_bwd_kv", mod._L1_BWD_KV, dict(l1, DQ_ATOMIC=False)),
+            ("l1_bwd_q", mod._L1_BWD_Q, l1)]
     target = GPUTarget("cuda", int(arch), 32)
     shared = {}
     for name, table, constexprs in plan:

@@ -48,6 +48,11 @@ COMPILED = tl.constexpr(not INTERPRET)
 TINY = tl.constexpr(1.1754943508222875e-38)
 #: lanes of a warp on the summed axis of E-ATT's backward sign sums (``_l1_sgn``)
 SGN_LANES = tl.constexpr(8)
+#: the same in the fused backward (``l1_bwd``), whose tile is summed over both axes: 16 lanes on
+#: the query axis leave 2 lanes x the warps on the key axis that the dQ sums reduce over (sm_90a
+#: bf16 d 64 64x64 w8: 1081 SASS per score against 1260 with 8 lanes, 1730 with 4, 1181 with 32;
+#: the split pair: 766 + 757 with 8)
+SGN_LANES_FUSED = tl.constexpr(16)
 
 # autotuning tables (BLOCK_M, BLOCK_N, num_warps, num_stages) of the compiled kernels
 _RECT_FWD = [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3),
@@ -106,6 +111,11 @@ _SPILL_WITH_DROPOUT = [
 _L1_FWD = [(64, 64, 8, 2), (64, 32, 4, 2), (32, 32, 4, 1), (16, 32, 4, 1)]
 _L1_BWD_KV = [(64, 64, 8, 1), (32, 64, 8, 1), (16, 64, 4, 1), (32, 32, 4, 1), (16, 32, 4, 1)]
 _L1_BWD_Q = [(64, 64, 8, 1), (64, 32, 4, 1), (32, 32, 4, 1), (16, 32, 4, 1)]
+# the fused backward (l1_bwd: l1_bwd_kv's body with the dQ sums by atomics), sm_90a bf16, d 32/64/128,
+# eatt_enc / eatt_causal, dropout 0 and 0.1, every tile: 64x64 w8 spills nothing (202-230 registers)
+# and has the fewest SASS per score (d 64: 1081; 32x64 w8 1395, 16x64 w4 2601); 32x32 w4 spilled
+# 60 B at d 64 and 16x32 w4 24 B at d 32 with dropout, both at 1.3-2.6x the SASS: not in the table
+_L1_BWD = [(64, 64, 8, 1), (32, 64, 8, 1), (16, 64, 4, 1)]
 # E-ATT since the chunked sign sums (_l1_sgn): l1_bwd_q 32x32 w4 and 16x32 w4 spill 8 B at d 32 with
 # dropout (sm_90a fp16/bf16, eatt_enc / eatt_causal; they did not before; d 64/128: none)
 _SPILL_WITH_DROPOUT.append((_L1_BWD_Q, {(32, 32, 4, 1), (16, 32, 4, 1)}))
@@ -128,6 +138,8 @@ _SPILL_AT_D128 = [
     # 32x32 w4 20 B; l1_bwd_q 64x32 w4 208 B (l1_fwd: none)
     (_L1_BWD_KV, {(64, 64, 8, 1), (16, 64, 4, 1), (32, 32, 4, 1)}),
     (_L1_BWD_Q, {(64, 32, 4, 1)}),
+    # l1_bwd (fused, 16 sign lanes): 16x64 w4 4 B with dropout; 64x64 w8 and 32x64 w8: none
+    (_L1_BWD, {(16, 64, 4, 1)}),
 ]
 _RECT_KEY = ["T_KEY", "S_KEY", "BLOCK_D", "ACT", "MASK_MODE", "CAUSAL", "STATS", "DROPOUT", "PREC"]
 _L1_KEY = ["T_KEY", "S_KEY", "BLOCK_D", "MASK_MODE", "CAUSAL", "DROPOUT", "PREC"]
@@ -565,9 +577,9 @@ def _l1(a_base, b_base, a0, b0, A_LIM, B_LIM, s_at, s_ad, s_bt, s_bd, D,
 
 
 @triton.jit
-def _l1_sgn(a_base, b_base, g_base, a0, b0, A_LIM, B_LIM, s_at, s_ad, s_bt, s_bd, D, ds, add,
+def _l1_sgn(a_base, b_base, g_base, a0, b0, A_LIM, B_LIM, s_at, s_ad, s_bt, s_bd, D, ds, add, gb_base,
             ACC: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_D: tl.constexpr,
-            CHUNK: tl.constexpr, TB: tl.constexpr, EVEN_D: tl.constexpr):
+            CHUNK: tl.constexpr, TB: tl.constexpr, EVEN_D: tl.constexpr, B_ATOMIC: tl.constexpr):
     """The sign sums of E-ATT's L1 gradient (eq. 13: ``d|a_d - b_d| / d a_d = sgn(a_d - b_d)``,
     ``sgn(0) = 0``): ``g[i, d] = sum_j ds[i, j] sgn(a_id - b_jd)`` for the ``BLOCK_A`` rows
     ``a0 + i < A_LIM`` of ``a`` and ``BLOCK_B`` rows ``b0 + j < B_LIM`` of ``b`` (``ds``:
@@ -582,7 +594,14 @@ def _l1_sgn(a_base, b_base, g_base, a0, b0, A_LIM, B_LIM, s_at, s_ad, s_bt, s_bd
     and the ``C`` keys in each thread, so the sum over ``j`` is ``C - 1`` additions in a thread and
     ``log2(TB)`` shuffles, never crosses warps, and a step ends with one ``(CHUNK, BLOCK_A)``
     read-add-write of ``g`` (each element by the one thread that stores it: no race, no atomics,
-    deterministic) -- nothing ``(BLOCK_A, BLOCK_D)``-sized is selected per dimension."""
+    deterministic) -- nothing ``(BLOCK_A, BLOCK_D)``-sized is selected per dimension.
+
+    ``B_ATOMIC`` (the fused backward, :data:`l1_bwd`): the same signed terms summed the other way
+    too, ``gb[j, d] += sum_i ds[i, j] sgn(a_id - b_jd)`` over this tile's ``a`` rows (a reduction
+    across lanes and warps), added into the float ``ACC`` rows ``gb_base + (b0 + j) * BLOCK_D + d``
+    of ``b`` with relaxed atomic adds (several programs add into a row: the order varies, not
+    bitwise deterministic) -- the dQ sums from the dK program's own sign, so no second kernel
+    recomputes the distances, ``P`` and ``dP``.  Without it ``gb_base`` is unused."""
     C: tl.constexpr = BLOCK_B // TB
     d4 = tl.arange(0, CHUNK)[:, None, None, None]
     ra = _l1_clamp(a0 + tl.arange(0, BLOCK_A), A_LIM, EVEN_D)[None, None, :, None]
@@ -592,6 +611,10 @@ def _l1_sgn(a_base, b_base, g_base, a0, b0, A_LIM, B_LIM, s_at, s_ad, s_bt, s_bd
     dg = tl.arange(0, CHUNK)[:, None]
     g_ok = rg < A_LIM
     g_add = g_ok & ((rg * 0 + add) != 0)
+    if B_ATOMIC:
+        rbs = (b0 + tl.arange(0, C)[:, None] * TB + tl.arange(0, TB)[None, :])[None, :, :]  # unclamped
+        d3 = tl.arange(0, CHUNK)[:, None, None]
+        gb_ok = (rbs < B_LIM) & (d3 < BLOCK_D)
     for c0 in range(0, BLOCK_D, CHUNK):
         xa = _l1_chunk(a_base, ra, A_LIM, s_at, s_ad, c0 + d4, D, ACC, EVEN_D)
         xb = _l1_chunk(b_base, rb, B_LIM, s_bt, s_bd, c0 + d4, D, ACC, EVEN_D)
@@ -604,6 +627,9 @@ def _l1_sgn(a_base, b_base, g_base, a0, b0, A_LIM, B_LIM, s_at, s_ad, s_bt, s_bd
         ptr = g_base + rg * BLOCK_D + (c0 + dg)
         g += tl.load(ptr, mask=g_add, other=0.0)
         tl.store(ptr, g, mask=g_ok)
+        if B_ATOMIC:
+            gb = _rowsum(t, 2)  # (CHUNK, C, TB): b row c TB + tb
+            tl.atomic_add(gb_base + rbs * BLOCK_D + (c0 + d3), gb, mask=gb_ok, sem="relaxed")
 
 
 # --------------------------------------------------------------------------------------------
@@ -927,19 +953,24 @@ def l1_fwd(Q, K, V, M, O, LSE,
              out.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
     tl.store(LSE + bh * T + offs_m, lse.to(LSE.dtype.element_ty), mask=row_ok)
 
-@_tuned(_L1_BWD_KV, _L1_KEY)
 @triton.jit
-def l1_bwd_kv(Q, K, V, M, DO, LSE, DELTA, G, DK, DV,
-              s_qb, s_qh, s_qt, s_qd, s_kb, s_kh, s_ks, s_kd, s_vb, s_vh, s_vs, s_vd,
-              s_mb, s_mh, s_mt, s_ms, s_ob, s_oh, s_ot, s_od,
-              s_dkb, s_dkh, s_dks, s_dkd, s_dvb, s_dvh, s_dvs, s_dvd,
-              H, T, S, D, SC, dropout_p, seed, T_KEY, S_KEY,
-              MASK_MODE: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr,
-              ACC: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr,
-              BLOCK_D: tl.constexpr, CHUNK: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """One program: ``dK, dV`` of ``BLOCK_N`` keys; loops over query tiles.  With
-    ``dS = P (dP - delta)`` (``delta_i = dO_i . O_i``): ``dV = P_drop^T dO`` and
-    ``dk_jd = scale * sum_i dS_ij sign(q_id - k_jd)``."""
+def _l1_bwd_kv(Q, K, V, M, DO, LSE, DELTA, G, DK, DV, DQA,
+               s_qb, s_qh, s_qt, s_qd, s_kb, s_kh, s_ks, s_kd, s_vb, s_vh, s_vs, s_vd,
+               s_mb, s_mh, s_mt, s_ms, s_ob, s_oh, s_ot, s_od,
+               s_dkb, s_dkh, s_dks, s_dkd, s_dvb, s_dvh, s_dvs, s_dvd,
+               H, T, S, D, SC, dropout_p, seed, T_KEY, S_KEY,
+               MASK_MODE: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr,
+               ACC: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr, DQ_ATOMIC: tl.constexpr,
+               BLOCK_D: tl.constexpr, CHUNK: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The body of both E-ATT key-tile backwards (:data:`l1_bwd`, :data:`l1_bwd_kv`).  One program:
+    ``dK, dV`` of ``BLOCK_N`` keys; loops over query tiles.  With ``dS = P (dP - delta)``
+    (``delta_i = dO_i . O_i``): ``dV = P_drop^T dO`` and ``dk_jd = scale * sum_i dS_ij sign(q_id - k_jd)``.
+
+    ``DQ_ATOMIC``: the same tile's signed terms also give ``dQ``'s sums
+    ``sum_j dS_ij sgn(k_jd - q_id)`` (:func:`_l1_sgn`'s ``B_ATOMIC``), added into ``DQA``
+    (``(B*H, T, BLOCK_D)`` float ``ACC``, zeroed by the caller; ``dq = scale * DQA``) with relaxed
+    atomic adds: one kernel for the whole backward, the L1 distance, ``P`` and ``dP`` computed once
+    per score instead of twice.  Without it ``DQA`` is unused and :func:`l1_bwd_q` computes ``dQ``."""
     pid = tl.program_id(0)
     num_n = (S + BLOCK_N - 1) // BLOCK_N
     pid_n = pid % num_n  # CAUSAL: the earliest key tiles (most query tiles) already start first
@@ -960,6 +991,9 @@ def l1_bwd_kv(Q, K, V, M, DO, LSE, DELTA, G, DK, DV,
     v = tl.load(V + b * s_vb + h * s_vh + offs_n[:, None] * s_vs + offs_d[None, :] * s_vd,
                 mask=kv_mask, other=0.0)
     g_base = G + bh.to(tl.int64) * S * BLOCK_D  # this (b, h)'s sign sums, (S, BLOCK_D) float ACC
+    dqa_base = G  # unused without DQ_ATOMIC
+    if DQ_ATOMIC:
+        dqa_base = DQA + bh.to(tl.int64) * T * BLOCK_D  # this (b, h)'s dQ sums, (T, BLOCK_D) float ACC
     dv = tl.full([BLOCK_N, BLOCK_D], 0.0, ACC)
     inv_keep = _inv_keep(dropout_p, ACC)  # dropout's rescaling (used if DROPOUT)
     lo = 0
@@ -986,8 +1020,12 @@ def l1_bwd_kv(Q, K, V, M, DO, LSE, DELTA, G, DK, DV,
             dv = _dot(pt.to(do.dtype), do, dv, PREC, UPCAST)
         dst = pt * (dpt - delta[None, :])
         # g[j, d] += sum_i dS_ij sgn(k_jd - q_id)  (dk = -scale g)
-        _l1_sgn(k_base, q_base, g_base, pid_n * BLOCK_N, m0, S, T, s_ks, s_kd, s_qt, s_qd, D, dst, m0 != lo,
-                ACC, BLOCK_N, BLOCK_M, BLOCK_D, CHUNK, SGN_LANES, EVEN_D)
+        if DQ_ATOMIC:  # and dQ's sums over this tile's keys
+            _l1_sgn(k_base, q_base, g_base, pid_n * BLOCK_N, m0, S, T, s_ks, s_kd, s_qt, s_qd, D, dst, m0 != lo,
+                    dqa_base, ACC, BLOCK_N, BLOCK_M, BLOCK_D, CHUNK, SGN_LANES_FUSED, EVEN_D, True)
+        else:
+            _l1_sgn(k_base, q_base, g_base, pid_n * BLOCK_N, m0, S, T, s_ks, s_kd, s_qt, s_qd, D, dst, m0 != lo,
+                    dqa_base, ACC, BLOCK_N, BLOCK_M, BLOCK_D, CHUNK, SGN_LANES, EVEN_D, False)
     tl.debug_barrier()  # g written by the sign sums' layout, read back in the tile's
     dk = tl.load(g_base + offs_n[:, None] * BLOCK_D + offs_d[None, :], mask=(col_ok & (offs_n * 0 + lo < T))[:, None],
                  other=0.0) * (-scale)
@@ -997,6 +1035,13 @@ def l1_bwd_kv(Q, K, V, M, DO, LSE, DELTA, G, DK, DV,
              dk.to(DK.dtype.element_ty), mask=kv_mask)
     tl.store(DV + b * s_dvb + h * s_dvh + offs_n[:, None] * s_dvs + offs_d[None, :] * s_dvd,
              dv.to(DV.dtype.element_ty), mask=kv_mask)
+
+
+#: E-ATT's fused backward: :func:`_l1_bwd_kv` launched with ``DQ_ATOMIC=True`` (``DQA`` zeroed
+#: before each autotuning run); the same JITFunction as :data:`l1_bwd_kv` under its own autotuner
+l1_bwd = _tuned(_L1_BWD, _L1_KEY, reset_to_zero=["DQA"])(_l1_bwd_kv)
+#: the split path's ``dK, dV``: :func:`_l1_bwd_kv` with ``DQ_ATOMIC=False``, paired with :func:`l1_bwd_q`
+l1_bwd_kv = _tuned(_L1_BWD_KV, _L1_KEY)(_l1_bwd_kv)
 
 @_tuned(_L1_BWD_Q, _L1_KEY)
 @triton.jit
@@ -1052,7 +1097,7 @@ def l1_bwd_q(Q, K, V, M, DO, LSE, DELTA, G, DQ,
         ds = p * (dp - delta[:, None])
         # g[i, d] += sum_j dS_ij sgn(q_id - k_jd)  (dq = -scale g)
         _l1_sgn(q_base, k_base, g_base, pid_m * BLOCK_M, n0, T, S, s_qt, s_qd, s_ks, s_kd, D, ds, n0 != 0,
-                ACC, BLOCK_M, BLOCK_N, BLOCK_D, CHUNK, SGN_LANES, EVEN_D)
+                g_base, ACC, BLOCK_M, BLOCK_N, BLOCK_D, CHUNK, SGN_LANES, EVEN_D, False)
     tl.debug_barrier()  # g written by the sign sums' layout, read back in the tile's
     dq = tl.load(g_base + offs_m[:, None] * BLOCK_D + offs_d[None, :], mask=(row_ok & (offs_m * 0 < hi))[:, None],
                  other=0.0) * (-scale)
