@@ -64,7 +64,8 @@ E-ATT's backward has the same two paths (:func:`set_l1_backward`, ``MT_L1_BACKWA
 + ``l1_bwd_q`` without atomics (deterministic), each recomputing the L1 distance, ``P`` and ``dP``;
 ``fused`` is one kernel ``l1_bwd`` (``l1_bwd_kv``'s body with ``DQ_ATOMIC``) that sums each
 tile's signed terms over queries (dK) and over keys (dQ, atomic adds into a float32 (float64)
-``(B*H, T, BLOCK_D)`` buffer): 0.59-0.71x the split pair's SASS per score at sm_90a (d 128 - 64).
+``(B*H, T, BLOCK_D)`` buffer): 0.63-0.73x the split pair's SASS per score at sm_90a (d 128 - 32;
+``results/gpu/kernel_report_eatt.md``).
 The sign sums ``sum dS sgn(q - k)`` run ``CHUNK`` head dimensions per step on register tiles and
 are added, step by step, into a float32 (float64) scratch buffer ``(B*H, max(T, S), BLOCK_D)``
 that each program owns rows of (``_kernels._l1_sgn``), read back once at the program's end.
@@ -450,8 +451,9 @@ def set_l1_backward(mode: Optional[str]) -> None:
     * ``"fused"``: one kernel (``l1_bwd``): one program per key tile computes the L1 distance,
       ``P``, ``dP`` and the signed terms ``dS_ij sgn(q_id - k_jd)`` once and sums them both ways,
       over queries into ``dK`` (in the program) and over keys into a float32 (float64) ``dQ``
-      buffer with atomic adds: not bitwise reproducible (last bits of ``dQ``).  About 0.6x the
-      split pair's SASS per score (``results/gpu/kernel_report_eatt.md``); not yet timed on a GPU.
+      buffer with atomic adds: not bitwise reproducible (last bits of ``dQ``).  0.63-0.73x the
+      split pair's SASS per score at sm_90a (``results/gpu/kernel_report_eatt.md``); not yet timed
+      on a GPU.
     * ``"split"``: ``l1_bwd_kv`` + ``l1_bwd_q``, each recomputing the distances, ``P`` and ``dP``;
       no atomics, bitwise deterministic.
     * ``"auto"`` (the default): ``"split"`` -- the path the GPU windows have measured -- until the
