@@ -410,9 +410,14 @@ def set_rect_backward(mode: Optional[str]) -> None:
         ValueError: ``mode`` not in :data:`RECT_BACKWARDS` (nor None).
     """
     global _RECT_BACKWARD
+    _RECT_BACKWARD = _checked_mode(mode, "rectified")
+
+
+def _checked_mode(mode: Optional[str], family: str) -> Optional[str]:
+    """``mode`` if it is None or one of :data:`RECT_BACKWARDS`; raises ValueError naming them."""
     if mode is not None and mode not in RECT_BACKWARDS:
-        raise ValueError(f"unknown rectified backward {mode!r}; valid choices: {', '.join(RECT_BACKWARDS)}")
-    _RECT_BACKWARD = mode
+        raise ValueError(f"unknown {family} backward {mode!r}; valid choices: {', '.join(RECT_BACKWARDS)}")
+    return mode
 
 
 def _backward_mode(setting: Optional[str], env: str, auto: str) -> str:
@@ -466,9 +471,7 @@ def set_l1_backward(mode: Optional[str]) -> None:
         ValueError: ``mode`` not in :data:`RECT_BACKWARDS` (nor None).
     """
     global _L1_BACKWARD
-    if mode is not None and mode not in RECT_BACKWARDS:
-        raise ValueError(f"unknown E-ATT backward {mode!r}; valid choices: {', '.join(RECT_BACKWARDS)}")
-    _L1_BACKWARD = mode
+    _L1_BACKWARD = _checked_mode(mode, "E-ATT")
 
 
 def l1_backward() -> str:
