@@ -14,7 +14,7 @@
 #      previous window did not reach: docs/gpu.md): every ratio against the baseline of the same run;
 #      the result file is rewritten after every length, so a cut-off run still leaves a table;
 #   2. (SPLIT_S > 0) the layer section again with MT_RECT_BACKWARD=split (vs the default fused);
-#   2b. (FUSED_S > 0, default 60) E-ATT's core and layer rows with MT_L1_BACKWARD=fused (one l1_bwd
+#   2b. (FUSED_S > 0, default 0) E-ATT's core and layer rows with MT_L1_BACKWARD=fused (one l1_bwd
 #      kernel, atomic dQ) vs step 1's default split pair;
 #   3. (TEST_S > 0) the CUDA tests (TEST_K, default "cuda and not interpreter") under pytest-xdist (every compiled kernel against the float64
 #      reference), stopped by SIGINT at TEST_S so pytest still prints its summary.
@@ -109,7 +109,7 @@ if [ "$SPLIT_S" -gt 0 ]; then
   echo "rc $? after $((SECONDS - t)) s"; tail -3 "$OUT/bench_split.log"
 fi
 
-FUSED_S=${FUSED_S:-60}
+FUSED_S=${FUSED_S:-0}
 if [ "$FUSED_S" -gt 0 ]; then
   echo "== 2b. E-ATT, MT_L1_BACKWARD=fused (limit ${FUSED_S} s)"; t=$SECONDS
   MT_L1_BACKWARD=fused timeout -s INT "$FUSED_S" python3 -m mt_pipeline.bench_gpu --sections core,layer --T 1024,4096 \
