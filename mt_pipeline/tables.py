@@ -70,8 +70,7 @@ def load_table(path: str, budget: Optional[str] = None) -> Dict:
     ids = [r["id"] for r in spec["rows"]]
     if len(set(ids)) != len(ids):
         raise SystemExit(f"{path}: duplicate row ids in {ids}")
-    refs = spec.get("reference")
-    refs = [] if refs is None else refs if isinstance(refs, list) else [refs]
+    refs = reference_ids(spec) if spec.get("reference") is not None else []
     bad = [r for r in refs if r not in ids]
     if bad or len(set(refs)) != len(refs):
         raise SystemExit(f"{path}: reference {spec['reference']!r} must be one row id or a list of distinct row "
@@ -406,7 +405,7 @@ def _row_name(rows: List[Dict], rid: int) -> str:
 
 def _loss_figure(spec: Dict, results: Dict[int, List[Dict]], out_md: str) -> Optional[str]:
     """``<out>_valid_loss.png``: validation loss over updates, one line per row (its first seed)."""
-    series = {f"{rid}: {next(r['name'] for r in spec['rows'] if r['id'] == rid)}": res[0]["valid_loss"]
+    series = {f"{rid}: {_row_name(spec['rows'], rid)}": res[0]["valid_loss"]
               for rid, res in results.items() if res and res[0].get("valid_loss")}
     if not series:
         return None
