@@ -416,12 +416,12 @@ def render_tables(plan: Dict, table_paths: Optional[List[str]] = None) -> None:
         try:
             tables.render(spec)
             rendered.append(spec["out"])
-        except Exception as err:  # a render problem must not stop the campaign
+        except (Exception, SystemExit) as err:  # a render problem (a spec refused) must not stop the campaign
             log(f"rendering {table} failed: {type(err).__name__}: {err}")
     try:
         if rendered:
             render_indexes(rendered)
-    except Exception as err:  # noqa: BLE001 - same: never stop the campaign
+    except (Exception, SystemExit) as err:  # noqa: BLE001 - same: never stop the campaign
         log(f"rendering the index files failed: {type(err).__name__}: {err}")
 
 

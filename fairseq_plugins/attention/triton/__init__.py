@@ -679,7 +679,8 @@ class _L1SoftmaxAttention(torch.autograd.Function):
         tail = (H, T, S, d, _l1_scale(scale, q), float(dropout_p), seed, *_keys(T, S))
         fused = ctx.bwd == "fused"
         # fused: dQ's sums by atomic adds, (B*H, T, BLOCK_D) float32 (float64), zeroed; dq = scale * dqa
-        dqa = q.new_zeros((B * H * T * _block_d(d),) if fused else (1,), dtype=acc_dt)
+        # (split: the kernel ignores the argument; g stands in, nothing is allocated or zeroed)
+        dqa = q.new_zeros((B * H * T * _block_d(d),), dtype=acc_dt) if fused else g
         if B * H * S > 0:
             if T == 0:
                 dk.zero_(), dv.zero_()
