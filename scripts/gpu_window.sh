@@ -60,7 +60,7 @@ cat "$OUT/env.txt"
 if [ "${MODE:-}" = isolate ]; then
   echo "== isolate: every CUDA test alone (limit ${TEST_S} s)"; t=$SECONDS
   python3 -m pytest -q --collect-only -p no:cacheprovider tests/test_triton_cuda.py tests/test_norm_fused.py \
-    tests/test_triton_attention.py tests/test_eatt.py 2>/dev/null | grep '::' \
+    tests/test_row_terms_fused.py tests/test_triton_attention.py tests/test_eatt.py 2>/dev/null | grep '::' \
     | grep -E 'cuda|test_norm_fused.py::test_triton' > "$OUT/ids.txt"
   if [ -n "${ISOLATE_SANITIZE:-}" ]; then
     ( CUDA_LAUNCH_BLOCKING=1 timeout -s INT $((TEST_S - 10)) compute-sanitizer --tool memcheck --print-limit 5 \
@@ -123,7 +123,7 @@ if [ "$TEST_S" -gt 0 ]; then
   # the compiled tests only: the interpreter ones fail under the machines' triton 3.6 (TypeError in
   # triton's interpreter; CI runs them with triton 3.9), 2026-11-26 H200 window
   timeout -s INT "$TEST_S" python3 -m pytest -q -n 14 -p no:cacheprovider --tb=line -rfEs -k "${TEST_K:-cuda and not interpreter}" \
-    tests/test_triton_cuda.py tests/test_norm_fused.py tests/test_triton_attention.py tests/test_eatt.py \
-    tests/test_bench_gpu.py > "$OUT/cuda_tests.log" 2>&1
+    tests/test_triton_cuda.py tests/test_norm_fused.py tests/test_row_terms_fused.py tests/test_triton_attention.py \
+    tests/test_eatt.py tests/test_bench_gpu.py > "$OUT/cuda_tests.log" 2>&1
   echo "rc $? after $((SECONDS - t)) s"; tail -4 "$OUT/cuda_tests.log"
 fi

@@ -652,7 +652,8 @@ def module_pair(name, C=16, H=2, **kw):
 @pytest.mark.parametrize("name", FUSED)
 def test_module_triton_equals_torch(interp, name):
     """Decoder self-attention (left padding + future mask) and cross-attention with a fully
-    padded source: outputs, eq. 7 terms (ReLUFormer) and parameter gradients to 1e-4."""
+    padded source: outputs, eq. 7 terms and their row counts (ReLUFormer: the Triton backend
+    records them with the "stats" kernels) and parameter gradients to 1e-4."""
     C = 16
     torch.manual_seed(1)
     x = torch.randn(11, 2, C)
@@ -678,7 +679,8 @@ def test_module_triton_equals_torch(interp, name):
                     loss = loss + terms[key]
             loss.backward()
             grads = [p.grad.clone() for p in (m.q_proj.weight, m.k_proj.weight, m.v_proj.weight)]
-            per_backend.append((y.detach(), {k: float(v) for k, v in terms.items()}, grads))
+            counts = {f"{k} count": float(v[1]) for k, v in rec.items()}  # the rows each term is averaged over
+            per_backend.append((y.detach(), {**{k: float(v) for k, v in terms.items()}, **counts}, grads))
         results.append(per_backend)
     for (y_t, terms_t, g_t), (y_r, terms_r, g_r) in results:
         for a, b in zip([y_t, *g_t], [y_r, *g_r]):  # float32: 1e-4 of the largest magnitude
@@ -804,7 +806,7 @@ def test_chosen_backend_is_logged_once(monkeypatch, caplog):
 def test_self_test_passes_under_the_interpreter(interp):
     for family in tk.FAMILIES:
         assert tk.self_test(family, "cpu", F32) is None
-    with pytest.raises(ValueError, match="valid choices: rectified, l1softmax, norm"):
+    with pytest.raises(ValueError, match="valid choices: rectified, l1softmax, norm, stats"):
         tk.self_test("softmax", "cpu", F32)
 
 

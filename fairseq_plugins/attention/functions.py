@@ -233,7 +233,8 @@ class AttentionFunction(nn.Module):
 
     def uses_triton(self, x: torch.Tensor, family: Optional[str] = None) -> bool:
         """True when the Triton kernels of ``family`` (default :attr:`kernel_family`, those of
-        :meth:`fused`; ``"norm"``: ReLA's fused norm in :meth:`post_aggregate`) should run on ``x``
+        :meth:`fused`; ``"norm"``: ReLA's fused norm in :meth:`post_aggregate`; ``"stats"``: ReLUFormer's
+        eq. 7 row terms) should run on ``x``
         (its device and dtype; :func:`~fairseq_plugins.attention.backend.resolve_backend`, which
         raises ``RuntimeError`` for ``--attention-backend triton`` where Triton cannot run).
         Resolved once per device, dtype and family (the backend and the machine do not change
@@ -327,10 +328,16 @@ class AttentionFunction(nn.Module):
         see at least one key (``n`` ``(B|1, H|1, T|1, 1)`` valid keys) and is not padding
         (:attr:`query_padding`)."""
         valid = (n.squeeze(-1) > 0).expand_as(row_sum)
-        qp = self.query_padding
-        if qp is not None and qp.shape == (row_sum.size(0), row_sum.size(2)):
+        qp = self.query_padding_of(row_sum)
+        if qp is not None:
             valid = valid & ~qp.to(valid.device).unsqueeze(1)
         return valid
+
+    def query_padding_of(self, row_sum: torch.Tensor) -> Optional[torch.Tensor]:
+        """:attr:`query_padding` ``(B, T)`` when it matches the rows ``(B, H, T)``, else None (no
+        query is padding: e.g. beam-folded or incremental calls, where none is set)."""
+        qp = self.query_padding
+        return qp if qp is not None and qp.shape == (row_sum.size(0), row_sum.size(2)) else None
 
     def _record_entropy(self, row_sum, row_slogs, n):
         """Record entropy / null-rate statistics; ``n`` ``(B|1, H|1, T|1, 1)`` valid keys."""
@@ -695,14 +702,21 @@ class _ReluFormerBase(AttentionFunction):
         """
         if not self.aux.enabled:
             return
-        valid = self.counted_rows(n, row_sum)
         # over the live rows: |log sum s| (clamped: no log 0 on null rows), max(H - c log n, 0), H
-        norm, margin, ent, count = reluformer_row_terms(row_sum, row_slogs, n.squeeze(-1), valid, self.entropy_c)
-        counted = valid.sum(dtype=count.dtype)
+        if self.uses_triton(row_sum, "stats"):  # one kernel each way (the torch path: ~20 ops + 13)
+            from .triton.stats import reluformer_row_terms as triton_row_terms
+
+            norm, margin, ent, count, null, counted = triton_row_terms(
+                row_sum, row_slogs, n.squeeze(-1), self.query_padding_of(row_sum), self.entropy_c)
+        else:
+            valid = self.counted_rows(n, row_sum)
+            norm, margin, ent, count = reluformer_row_terms(row_sum, row_slogs, n.squeeze(-1), valid, self.entropy_c)
+            counted = valid.sum(dtype=count.dtype)
+            null = counted - count
         self.aux.record("reluformer_norm", norm, count, self.reg_terms in ("both", "norm"))
         self.aux.record("reluformer_entropy", margin, count, self.reg_terms in ("both", "entropy"))
         self.aux.record("attn_entropy", ent.detach(), count, False)
-        self.aux.record("attn_null_rate", counted - count, counted, False)
+        self.aux.record("attn_null_rate", null, counted, False)
 
 
 @register_attention_fn("reluformer")

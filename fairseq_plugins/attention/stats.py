@@ -158,7 +158,9 @@ class ReluFormerRowTerms(torch.autograd.Function):
     time, and the reluformer layer was host-bound (H200 window of 2026-11-26: 91 CUDA launches a
     step against stock's 15, ``mt-bench-gpu --host-profile``), so the forward takes 12 ops (the
     live mask as ``sign(sum s) * valid``, the three sums from one stacked tensor, four outputs
-    without ``select``s) and the backward 13; ``mt-bench-gpu --op-counts`` counts a layer's.
+    without ``select``s) and the backward 13; ``mt-bench-gpu --op-counts`` counts a layer's.  The
+    Triton backend computes the same sums (and the counts the caller adds) in one kernel each way:
+    :func:`fairseq_plugins.attention.triton.stats.reluformer_row_terms`, tested equal to this.
     """
 
     @staticmethod
@@ -207,5 +209,5 @@ def reluformer_row_terms(row_sum: torch.Tensor, row_slogs: torch.Tensor, n: torc
             ones among them (``sum s > 0``) enter the sums.
         entropy_c: ``c`` of the entropy bound ``c log n`` (Appendix A: 0.7).
     """
-    c_log_n = n.clamp_min(1.0).log().mul_(entropy_c)
+    c_log_n = n.to(row_sum.dtype).clamp_min(1.0).log().mul_(entropy_c)  # in the rows' dtype, as the Triton kernel
     return ReluFormerRowTerms.apply(row_sum, row_slogs, c_log_n, valid)

@@ -14,7 +14,9 @@ Two entry points, each a drop-in for the PyTorch path (same contract, same zeros
   ``out = dropout(softmax(x)) V``.
 
 ReLA's fused (gated) RMSNorm of the concatenated heads (eqs. 4-5), kernel family ``"norm"``, lives
-in :mod:`fairseq_plugins.attention.triton.norm` (kernels in ``_norm_kernels.py``, loaded the same way).
+in :mod:`fairseq_plugins.attention.triton.norm` (kernels in ``_norm_kernels.py``, loaded the same way);
+ReLUFormer's eq. 7 row terms, kernel family ``"stats"``, in :mod:`fairseq_plugins.attention.triton.stats`
+(``_stats_kernels.py``).
 
 Algorithm (FlashAttention-2 style, Dao 2023), per program one tile of ``BLOCK_M`` queries of one
 ``(b, h)``; ``BLOCK_N`` keys per step; nothing of size ``T x S`` is ever stored::
@@ -738,8 +740,9 @@ def l1_softmax_attention(q, k, v, scale, mask=None, dropout_p=0.0, causal=False,
 # start-up check (used by --attention-backend auto)
 # --------------------------------------------------------------------------------------------
 #: kernel families and the attention functions they serve ("norm": ReLA's fused (gated) RMSNorm,
-#: :mod:`fairseq_plugins.attention.triton.norm`, used by the ReLU family's post-aggregation)
-FAMILIES = ("rectified", "l1softmax", "norm")
+#: :mod:`fairseq_plugins.attention.triton.norm`, used by the ReLU family's post-aggregation;
+#: "stats": ReLUFormer's eq. 7 row terms, :mod:`fairseq_plugins.attention.triton.stats`)
+FAMILIES = ("rectified", "l1softmax", "norm", "stats")
 
 
 def self_test(family: str, device, dtype: torch.dtype) -> Optional[str]:
@@ -765,6 +768,10 @@ def self_test(family: str, device, dtype: torch.dtype) -> Optional[str]:
         from .norm import self_test as norm_self_test
 
         return norm_self_test(device, dtype)
+    if family == "stats":  # its own check: 3 x 4 x 37 rows, null rows, no key, query padding
+        from .stats import self_test as stats_self_test
+
+        return stats_self_test(device, dtype)
     tol = {torch.float64: 1e-6, torch.float32: 2e-3}.get(dtype, 3e-2)
     g = torch.Generator().manual_seed(0)
     B, H, T, S, d = 2, 2, 24, 40, 32
