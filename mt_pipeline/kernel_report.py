@@ -3,7 +3,9 @@
 ``mt-kernel-report`` compiles every kernel (``rect_fwd``, the fused backward ``rect_bwd`` and the
 split pair ``rect_bwd_kv`` + ``rect_bwd_q`` side by side (``--bwd``),
 ``l1_fwd``, ``l1_bwd_kv``, ``l1_bwd_q`` of :mod:`fairseq_plugins.attention.triton`, and ReLA-g's
-fused gated RMSNorm ``norm_fwd``, ``norm_bwd`` of :mod:`fairseq_plugins.attention.triton.norm`) for every
+fused gated RMSNorm ``norm_fwd``, ``norm_bwd`` of :mod:`fairseq_plugins.attention.triton.norm`, and
+ReLUFormer's eq. 7 row terms ``row_terms_fwd``, ``row_terms_bwd`` of
+:mod:`fairseq_plugins.attention.triton.stats`) for every
 variant the model launches (ReLA encoder self-attention with key padding, decoder
 self-attention with the general future+padding mask, the causal flag, ReLUFormer's row scale and
 eq. 7 statistics, E-ATT), with and without attention dropout, per dtype (fp16, bf16, fp32) and
@@ -19,6 +21,9 @@ head dimension (32, 64, 128), for ``sm_90a`` (H100) and ``sm_80`` (A100), and re
 * PTX instructions of the main loop's body (one iteration over a key tile -- or query tile in the
   ``*_bwd_kv`` kernels) and that per score: ``loop instructions x threads / (BLOCK_M x BLOCK_N)``
   (each thread runs the body once per iteration; the tile has ``BLOCK_M x BLOCK_N`` scores).
+  The norm: per element of its ``BLOCK_M x BLOCK_G x BLOCK_N`` tile.  The row terms (one pass, no
+  loop: one program per ``BLOCK`` rows): the whole kernel counts as the "loop", per row
+  (``instructions x threads / BLOCK``; a static count: both sides of every branch).
   Loops nested in the main loop (E-ATT's loops over chunks of head dimensions) count their trips.
   Both backward paths visit every (query tile, key tile) pair once per kernel, so the split
   pair's cost per score is the sum of its two kernels' (the report's "fused vs split" table).
@@ -77,7 +82,8 @@ HEAD_DIMS = (32, 64, 128)
 ARCHS = (90, 80)
 KERNELS = {"rectified": ("rect_fwd", "rect_bwd", "rect_bwd_kv", "rect_bwd_q"),
            "l1softmax": ("l1_fwd", "l1_bwd", "l1_bwd_kv", "l1_bwd_q"),
-           "norm": ("norm_fwd", "norm_bwd")}
+           "norm": ("norm_fwd", "norm_bwd"),
+           "stats": ("row_terms_fwd", "row_terms_bwd")}
 #: variant -> (family, mask, causal, row scale tensor + eq. 7 statistics (ReLUFormer)); masks as
 #: the attention module builds them: "pad" (B, 1, 1, S) key padding (encoder self-attention and
 #: cross-attention; with causal=True, decoder self-attention since the seam change of issue 28),
@@ -85,6 +91,10 @@ KERNELS = {"rectified": ("rect_fwd", "rect_bwd", "rect_bwd_kv", "rect_bwd_q"),
 #: attn_mask other than the causal pattern still arrives so).
 #: The "norm" family (ReLA-g's gated RMSNorm on the concatenated heads (T, B, H*d), gate on) has
 #: the norm's scope in the mask slot: "concat" (groups 1) or "head" (groups H); no dropout.
+#: The "stats" family (ReLUFormer's eq. 7 row terms on the (B, H, T) float32 row sums) has the
+#: attention call whose rows it reduces: "pad" + causal (decoder self-attention: the valid-key
+#: counts n are per query, (B, 1, T); the query padding (B, T)), row scale + statistics on;
+#: no dropout, no head dimension (reported under each one asked for, the same compile).
 VARIANTS = {
     "rela_enc": ("rectified", "pad", False, False),
     "rela_dec": ("rectified", "future", False, False),
@@ -96,7 +106,10 @@ VARIANTS = {
     "eatt_causal": ("l1softmax", "pad", True, False),
     "rela_g_norm": ("norm", "concat", False, False),
     "rela_g_norm_head": ("norm", "head", False, False),
+    "reluformer_terms": ("stats", "pad", True, True),
 }
+#: kernel families with their own fixed tile (the launch's meta), no dropout and no backward path
+_FIXED = ("norm", "stats")
 #: attention dropout of the variants: off and the papers' 0.1
 DROPOUTS = (0.0, 0.1)
 #: backward paths of the rectified family (:func:`fairseq_plugins.attention.triton.set_rect_backward`):
@@ -218,6 +231,8 @@ def launches(variant: str, dropout_p: float, dtype: str, head_dim: int,
     gen = torch.Generator().manual_seed(0)
     if family == "norm":
         return _norm_launches(mask_kind == "head", dt, B, H, T, head_dim, gen)
+    if family == "stats":
+        return _stats_launches(dt, B, H, T, gen)
     q, k, v = (_model_layout(B, H, n, head_dim, dt, gen) for n in (T, S, S))
     mask = _mask(mask_kind, B, T, S)
     sink: list = []
@@ -281,6 +296,57 @@ def _norm_real():
     return types.SimpleNamespace(**{n: types.SimpleNamespace(fn=getattr(mod, n)) for n in KERNELS["norm"]})
 
 
+#: ReLUFormer's entropy bound c (Appendix A) in the recorded row-terms launches
+_ENTROPY_C = 0.7
+
+
+def _stats_launches(dt, B: int, H: int, T: int, gen) -> list:
+    """The launches of one forward + backward of ReLUFormer's eq. 7 row terms
+    (:func:`fairseq_plugins.attention.triton.stats.reluformer_row_terms`) on the rows of a causal
+    self-attention call with key padding, as the attention kernel returns them for ``dt``: row sums
+    ``(B, H, T)`` float32 (float32 for every report dtype: the attention accumulates in it),
+    contiguous; the valid-key counts ``n`` ``(B, 1, T)`` float32 (:func:`keys_per_query` of that
+    call, squeezed: per query); the query padding ``(B, T)`` bool (the key padding's pattern);
+    ``c = 0.7``.  The loss is ``norm + margin``: both gradients exist (``HAS_GN``, ``HAS_GM``)."""
+    import types
+
+    import torch
+
+    import fairseq_plugins.attention.triton.stats as st
+    from fairseq_plugins.attention.stats import keys_per_query
+    from fairseq_plugins.attention.triton import _acc_dtype
+
+    acc = _acc_dtype(dt)
+    row_sum = (torch.rand(B, H, T, generator=gen) * 3).to(acc).requires_grad_()
+    row_slogs = (torch.rand(B, H, T, generator=gen) - 0.5).to(acc).requires_grad_()
+    pad = _mask("pad", B, T, T)  # (B, 1, 1, T) key padding
+    n = keys_per_query(pad, True, T, T).squeeze(-1)  # (B, 1, T) float32
+    qp = pad.view(B, T).clone()
+    sink: list = []
+    real = st._stats_kernels(False)
+    proxy = types.SimpleNamespace(SUMS=real.SUMS, **{k: _Recorder(k, sink) for k in KERNELS["stats"]})
+    saved = (st._stats_kernels, st._mode)
+    st._stats_kernels = lambda interpret: proxy
+    st._mode = lambda x: False
+    try:
+        with torch.enable_grad():
+            out = st.reluformer_row_terms(row_sum, row_slogs, n, qp, _ENTROPY_C)
+            (out[0] + out[1]).backward()
+    finally:
+        st._stats_kernels, st._mode = saved
+    return sink
+
+
+def _stats_real():
+    """The compiled row-terms kernels, shaped like the autotuned ones (``.fn`` is the JITFunction)."""
+    import types
+
+    import fairseq_plugins.attention.triton.stats as st
+
+    mod = st._stats_kernels(False)
+    return types.SimpleNamespace(**{n: types.SimpleNamespace(fn=getattr(mod, n)) for n in KERNELS["stats"]})
+
+
 # --------------------------------------------------------------------------------------------
 # compiling one launch as the JIT would
 # --------------------------------------------------------------------------------------------
@@ -296,6 +362,8 @@ def _ptxas_path(arch: int) -> str:
 def compile_launch(real_module, name: str, args: tuple, meta: dict, arch: int, tile) -> dict:
     """Compile one recorded launch for ``sm_<arch>`` with ``tile = (BLOCK_M, BLOCK_N, num_warps,
     num_stages)``, specialised by triton's own binder as the first launch on a GPU would be.
+    A kernel with one ``BLOCK`` instead (the row terms: rows per program) takes ``tile[0]`` as it
+    (``tile[1]`` must be 1).
 
     Returns:
         ``{"ptx": str, "shared": bytes, "ptxas_log": str, "target": "sm_90a", "gemms": tl.dot count,
@@ -312,7 +380,12 @@ def compile_launch(real_module, name: str, args: tuple, meta: dict, arch: int, t
     fn = getattr(real_module, name).fn  # the JITFunction under the autotuner (rect_bwd, rect_bwd_kv: one, the
     # recorded DQ_ATOMIC tells them apart)
     bm, bn, warps, stages = tile
-    kwargs = dict(meta, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages)
+    if "BLOCK_M" in fn.arg_names:
+        kwargs = dict(meta, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages)
+    elif bn == 1:
+        kwargs = dict(meta, BLOCK=bm, num_warps=warps, num_stages=stages)
+    else:
+        raise ValueError(f"{name} has one BLOCK: tile {tile} must be (BLOCK, 1, warps, stages)")
     target = GPUTarget("cuda", int(arch), 32)
     backend = make_backend(target)
     binder = create_function_from_signature(fn.signature, fn.params, backend)
@@ -412,8 +485,11 @@ def _blocks(lines: List[str]) -> List[dict]:
     return blocks
 
 
-def analyse_ptx(ptx: str, inner_trips=1) -> dict:
+def analyse_ptx(ptx: str, inner_trips=1, whole: bool = False) -> dict:
     """Static counts of one kernel's PTX.
+
+    ``whole``: the kernel is one pass without a main loop (the row terms: one program per
+    ``BLOCK`` rows): the loop fields count the whole kernel, every instruction once.
 
     The main loop is the outermost loop (LLVM's loop annotations of the basic blocks) holding the
     most ``wgmma``/``mma`` instructions (ties: the most instructions).  Instructions of loops
@@ -437,6 +513,13 @@ def analyse_ptx(ptx: str, inner_trips=1) -> dict:
     res = {"instructions": len(instr), "wgmma": count([(0, len(lines))], "wgmma.mma_async"),
            "mma": count([(0, len(lines))], "mma.sync"), "loop_instructions": 0, "loop_wgmma": 0, "loop_mma": 0,
            "inner_loops": [], "loop_dynamic": 0, "loop_opcodes": {}}
+    if whole:
+        ops: Dict[str, int] = {}
+        for _, s in instr:
+            ops[_opcode(s)] = ops.get(_opcode(s), 0) + 1
+        res.update(loop_instructions=len(instr), loop_wgmma=res["wgmma"], loop_mma=res["mma"],
+                   loop_dynamic=len(instr), loop_opcodes=ops)
+        return res
     tops = {}
     for b in blocks:
         if b["chain"]:
@@ -482,14 +565,16 @@ _SASS_LABEL = re.compile(r"^(\.L_x_\d+):")
 _SASS_BRANCH = re.compile(r"\bBRA\s+`\((\.L_x_\d+)\)")
 
 
-def analyse_sass(sass: str, inner_trips=1) -> dict:
+def analyse_sass(sass: str, inner_trips=1, whole: bool = False) -> dict:
     """Static counts of one kernel's machine code (``nvdisasm -c``): what the GPU executes after
     ptxas (which fuses e.g. ``xor``/``xor`` into one ``LOP3`` and ``mul.lo``/``mul.hi`` into
     one ``IMAD.WIDE``, and drops moves), the PTX counts' check.
 
     Loops are the backward branches (``BRA`` to an earlier label); the main loop is the outermost
     holding the most ``HGMMA``/``HMMA`` (ties: the most instructions); loops inside it count
-    ``inner_trips`` times, as :func:`analyse_ptx` (``NOP`` padding is not counted).
+    ``inner_trips`` times, as :func:`analyse_ptx` (``NOP`` padding is not counted).  ``whole``: the
+    kernel is one pass (:func:`analyse_ptx`'s ``whole``): ``sass_loop`` counts every instruction
+    once, but the trailing self-branch (``.L_x_n: BRA `(.L_x_n)``, never reached) and ``NOP``.
 
     Returns:
         ``{"sass_loop": instructions of one main-loop iteration (nested loops x trips; 0 without a
@@ -511,6 +596,15 @@ def analyse_sass(sass: str, inner_trips=1) -> dict:
         instr.append(im.group(1))
     loops = sorted({(labels[t], b) for b, t in branches if t in labels and labels[t] <= b})
     out = {"sass_loop": 0, "sass_loops_nested": 0, "sass_opcodes": {}}
+    if whole:
+        traps = {b for b, t in branches if labels.get(t) == b}
+        ops: Dict[str, int] = {}
+        for i, op in enumerate(instr):
+            base = op.split(".")[0]
+            if base != "NOP" and i not in traps:
+                ops[base] = ops.get(base, 0) + 1
+        out.update(sass_loop=sum(ops.values()), sass_opcodes=ops)
+        return out
     outer = [lp for lp in loops if not any(o != lp and o[0] <= lp[0] and lp[1] <= o[1] for o in loops)]
     if not outer:
         return out
@@ -594,10 +688,11 @@ def report(archs: Iterable[int] = ARCHS, dtypes: Iterable[str] = DTYPES, head_di
         for d in head_dims:
             for variant in variants:
                 for p in dropouts:
-                    if VARIANTS[variant][0] == "norm" and p > 0:
-                        continue  # no dropout in the norm
+                    family = VARIANTS[variant][0]
+                    if family in _FIXED and p > 0:
+                        continue  # no dropout in the norm and the row terms
                     recorded, seen = [], set()
-                    for bwd in (bwds if VARIANTS[variant][0] != "norm" else BWDS[:1]):
+                    for bwd in (bwds if family not in _FIXED else BWDS[:1]):
                         for launch in launches(variant, p, dtype, d, bwd):
                             if launch[0] not in seen:
                                 seen.add(launch[0])
@@ -608,11 +703,15 @@ def report(archs: Iterable[int] = ARCHS, dtypes: Iterable[str] = DTYPES, head_di
                             if name in KERNELS["norm"]:  # fixed tiles: the launch's own
                                 kind, meta = "norm", dict(meta)
                                 tile_list = [(meta.pop("BLOCK_M"), meta.pop("BLOCK_N"), meta.pop("num_warps", 4), 1)]
+                            elif name in KERNELS["stats"]:  # BLOCK rows per program, the launch's own
+                                kind, meta = "stats", dict(meta)
+                                tile_list = [(meta.pop("BLOCK"), 1, meta.pop("num_warps", 4), 1)]
                             else:
                                 tried = real._tried(table[name], meta)  # the autotuner's candidates
                                 tile_list = tried if tiles == "all" else tried[:1]
                             for tile in tile_list:
-                                shown = tile[:1] + ((meta["BLOCK_G"],) if "BLOCK_G" in meta else ()) + tile[1:2]
+                                shown = tile[:1] + (() if kind == "stats" else  # rows: "1024"
+                                                    ((meta["BLOCK_G"],) if "BLOCK_G" in meta else ()) + tile[1:2])
                                 row = dict(arch=arch, dtype=dtype, head_dim=d, variant=variant, dropout=p,
                                            kernel=name, tile="x".join(map(str, shown)), warps=tile[2],
                                            stages=tile[3], error=None)
@@ -652,7 +751,7 @@ def _compile_row(task) -> dict:
     if kind not in _MODULES:
         import fairseq_plugins.attention.triton as tk
 
-        _MODULES[kind] = tk._kernels(False) if kind == "kernels" else _norm_real()
+        _MODULES[kind] = {"kernels": lambda: tk._kernels(False), "norm": _norm_real, "stats": _stats_real}[kind]()
     t0 = time.time()
     try:
         c = compile_launch(_MODULES[kind], name, args, meta, arch, tile)
@@ -661,13 +760,15 @@ def _compile_row(task) -> dict:
     else:
         row.update(target=c["target"], shared=c["shared"], gemms=c["gemms"], **parse_ptxas_log(c["ptxas_log"]))
         trips = _inner_trips(name, meta, d)
-        row.update(analyse_ptx(c["ptx"], inner_trips=trips), inner_trips=trips)
+        whole = kind == "stats"  # one pass, no loop: the whole kernel is the "loop"
+        row.update(analyse_ptx(c["ptx"], inner_trips=trips, whole=whole), inner_trips=trips)
         threads = 32 * tile[2]
-        # per score; the norm: per element of its (BLOCK_M, BLOCK_G, BLOCK_N) tile
+        # per score; the norm: per element of its (BLOCK_M, BLOCK_G, BLOCK_N) tile; the row terms:
+        # per row (tile (BLOCK, 1))
         per = tile[0] * tile[1] * meta.get("BLOCK_G", 1)
         row["per_score"] = threads / per  # loop counts -> per score
         row["ptx_per_score"] = round(row["loop_dynamic"] * threads / per, 2)
-        row.update(analyse_sass(c["sass"], inner_trips=trips))
+        row.update(analyse_sass(c["sass"], inner_trips=trips, whole=whole))
         # SASS per score only where its loop nest matches the PTX's (ptxas may unroll a loop)
         same_nest = row["sass_loops_nested"] == len(row["inner_loops"])
         row["sass_per_score"] = round(row["sass_loop"] * threads / per, 2) if row["sass_loop"] and same_nest else None
@@ -1004,7 +1105,11 @@ def render(rows: List[dict], record: dict) -> str:
              "decoder self-attention passed it before the seam change (issue 28); `*_causal` key padding + "
              "`causal=True`, as decoder self-attention passes it since; "
              "`rela_g_norm` / `rela_g_norm_head`: ReLA-g's fused gated RMSNorm on (T, B, H*d), statistics over "
-             "C / per head, its own fixed tile BLOCK_M x BLOCK_G x BLOCK_N, /score per element, no dropout.", ""]
+             "C / per head, its own fixed tile BLOCK_M x BLOCK_G x BLOCK_N, /score per element, no dropout. "
+             "`reluformer_terms`: ReLUFormer's eq. 7 row terms on the float32 (B, H, T) row sums of a causal "
+             "key-padded call (n (B, 1, T), query padding (B, T)), one pass of BLOCK rows per program (tile: "
+             "BLOCK; loop PTX: the whole kernel), /score per row, no dropout; independent of d and of the "
+             "dtype (the same compile under each).", ""]
     bad, known = main_problems(rows)
     lines += ["## Targets", "",
               f"Main configurations (sm_90a, {'/'.join(MAIN['dtypes'])}, d {'/'.join(map(str, MAIN['head_dims']))}, "

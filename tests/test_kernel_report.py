@@ -83,6 +83,23 @@ def test_analyse_sass_finds_the_main_loop_in_the_machine_code():
     assert kr.analyse_sass("")["sass_loop"] == 0
 
 
+def test_one_pass_kernels_count_the_whole_kernel():
+    """``whole`` (the row terms: one pass per program, no loop): every PTX instruction once, and in
+    SASS every instruction but NOP padding and the trailing self-branch (never reached; without
+    ``whole`` it is the only backward branch of a loop-free kernel, taken for its "loop")."""
+    a = kr.analyse_ptx(PTX, inner_trips=10, whole=True)
+    assert a["loop_instructions"] == a["loop_dynamic"] == a["instructions"] == 10
+    assert a["loop_wgmma"] == 2 and a["inner_loops"] == [] and sum(a["loop_opcodes"].values()) == 10
+    assert a["loop_opcodes"]["mov"] == 1 and a["loop_opcodes"]["ret"] == 1
+    b = kr.analyse_sass(SASS, inner_trips=10, whole=True)
+    assert b["sass_loops_nested"] == 0
+    assert b["sass_opcodes"] == {"LDC": 1, "BRA": 3, "HGMMA": 1, "LOP3": 1, "FADD": 1, "IMAD": 1, "EXIT": 1}
+    assert b["sass_loop"] == 9  # the trap BRA and the NOP left out
+    flat = "\n".join(line for line in SASS.splitlines() if "BRA `(.L_x_1)" not in line and "BRA `(.L_x_2)" not in line)
+    assert kr.analyse_sass(flat)["sass_opcodes"] == {"BRA": 1}  # the trap, without whole
+    assert kr.analyse_ptx("\tret;\n", whole=True)["loop_dynamic"] == 1 and kr.analyse_sass("", whole=True)["sass_loop"] == 0
+
+
 def test_loop_opcodes_count_the_main_loop_per_iteration():
     """The opcode histogram of the main loop: guard predicates and type suffixes dropped, the
     nested loop's opcodes x its trips, nothing outside the loop (mov, ret); it sums to loop_dynamic."""
@@ -375,3 +392,43 @@ def test_parallel_compiles_give_the_same_report(monkeypatch):
     assert strip(two) == strip(one)
     with pytest.raises(ValueError, match="jobs must be >= 1"):
         kr.report(**kw, jobs=0)
+
+
+@needs_nvidia
+def test_row_terms_compile_for_sm90a_without_spills(monkeypatch):
+    """ReLUFormer's eq. 7 row terms (kernel family "stats"): one forward + backward recorded from
+    the real entry point on the attention's float32 (B, H, T) row sums (n (B, 1, T) per query,
+    query padding, both gradients), compiled for sm_90a with the launch's own BLOCK and warps:
+    no spills, no ptxas warning, no dropout variant; counted per row over the whole kernel."""
+    pytest.importorskip("triton.backends.nvidia.compiler", reason="triton without its NVIDIA backend")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    import fairseq_plugins.attention.triton.stats as st
+
+    saved = (st._stats_kernels, st._mode)
+    rec = kr.launches("reluformer_terms", 0.0, "bf16", 64)
+    assert (st._stats_kernels, st._mode) == saved  # the recording put them back
+    assert [n for n, _, _ in rec] == ["row_terms_fwd", "row_terms_bwd"]
+    B, H, T = kr.SHAPE["B"], kr.SHAPE["H"], kr.SHAPE["T"]
+    (_, fa, fm), (_, ba, bm) = rec
+    assert fm["HAS_QP"] and bm["HAS_QP"] and bm["HAS_GN"] and bm["HAS_GM"]
+    assert fm["BLOCK"] == bm["BLOCK"] == st.BLOCK and fm["num_warps"] == bm["num_warps"] == st.NUM_WARPS
+    assert fa[0].dtype == fa[1].dtype == torch.float32 and fa[0].shape == (B, H, T) and fa[0].is_contiguous()
+    assert fa[2].shape == (B, H, T) and fa[2].stride() == (T, 0, 1)  # n (B, 1, T), broadcast over heads
+    assert fa[3].shape == (B, T) and fa[4].shape == (-(-B * H * T // st.BLOCK), 6)  # padding, PART
+    assert ba[4].dim() == ba[5].dim() == 0  # g_norm, g_margin
+    rows = kr.report(archs=(90,), dtypes=("bf16",), head_dims=(64,), variants=("reluformer_terms",),
+                     dropouts=(0.0, 0.1))
+    assert [r["kernel"] for r in rows] == ["row_terms_fwd", "row_terms_bwd"] and kr.problems(rows) == []
+    for r in rows:
+        assert r["error"] is None and r["target"] == "sm_90a" and r["registers"] > 0 and not r["warnings"]
+        assert (r["spill_stores"], r["spill_loads"], r["stack"]) == (0, 0, 0)
+        assert (r["tile"], r["warps"], r["stages"], r["gemms"], r["wgmma"]) == (str(st.BLOCK), st.NUM_WARPS, 1, 0, 0)
+        # one pass per program: the whole kernel, per row (threads / BLOCK rows)
+        assert r["loop_dynamic"] == r["instructions"] > 0 and r["inner_loops"] == []
+        assert r["ptx_per_score"] == round(r["instructions"] * 32 * st.NUM_WARPS / st.BLOCK, 2)
+        assert r["sass_per_score"] and r["sass_per_score"] > 0
+    assert kr.main_problems(rows) == ([], {})  # not a main configuration
+    text = kr.render(rows, {"command": "x"})
+    assert "| bf16 | 64 | reluformer_terms | 0 | row_terms_fwd | 1024 4/1 |" in text
+    assert "| bf16 | 64 | reluformer_terms | 0 | row_terms_bwd | 1024 4/1 |" in text
+    assert "## Dropout overhead" not in text and "## Backward: fused vs split" not in text
