@@ -86,15 +86,15 @@ def _tile(M, N, G, row0, BLOCK_M: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: 
 
 
 @triton.jit
-def norm_fwd(Z, W, GT, Y, RSTD, EPS, M, N, G, stride_z, stride_y,
-             GATE: tl.constexpr, ACC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_G: tl.constexpr,
-             BLOCK_N: tl.constexpr):
+def norm_fwd(Z, W, GT, Y, RSTD, M, N, G, stride_z, stride_y,
+             GATE: tl.constexpr, ACC: tl.constexpr, EPS: tl.constexpr, BLOCK_M: tl.constexpr,
+             BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr):
     """One program per ``BLOCK_M`` rows: ``Y`` ``(M, C)`` and ``RSTD`` ``(M, G)`` (ACC dtype)."""
     rows, gi, cols, rmask, cmask = _tile(M, N, G, tl.program_id(0) * BLOCK_M, BLOCK_M, BLOCK_G, BLOCK_N)
     m3 = rmask[:, None, None] & cmask[None, :, :]
     rows64 = rows.to(tl.int64)
     z = tl.load(Z + rows64[:, None, None] * stride_z + cols[None, :, :], mask=m3, other=0.0).to(ACC)
-    eps = tl.load(EPS)
+    eps = tl.full([BLOCK_M, BLOCK_G], EPS, ACC)  # a constant in ACC (exact in float64), not a loaded tensor
     rstd = _rsqrt(_sum(z * z, 2) / N + eps, ACC)  # (BLOCK_M, BLOCK_G)
     g = tl.load(W + cols, mask=cmask, other=0.0).to(ACC)
     y = z * rstd[:, :, None] * g[None, :, :]

@@ -103,10 +103,9 @@ class _FusedGatedRMSNorm(torch.autograd.Function):
         gt = w if gate is None else gate.contiguous()
         meta = _meta(C, groups, interpret)
         if M > 0:
-            eps_t = torch.full((1,), eps, dtype=acc, device=z.device)
             grid = (-(-M // meta["BLOCK_M"]),)
-            mod.norm_fwd[grid](z2, w, gt, y, rstd, eps_t, M, C // groups, groups, z2.stride(0), y.stride(0),
-                               GATE=gate is not None, ACC=_tl_acc(z.dtype), **meta)
+            mod.norm_fwd[grid](z2, w, gt, y, rstd, M, C // groups, groups, z2.stride(0), y.stride(0),
+                               GATE=gate is not None, ACC=_tl_acc(z.dtype), EPS=float(eps), **meta)
         ctx.save_for_backward(z2, rstd, weight, gate)
         ctx.cfg = (shape, groups, interpret)
         return y.view(shape)
@@ -123,8 +122,10 @@ class _FusedGatedRMSNorm(torch.autograd.Function):
         meta = _meta(C, groups, interpret, backward=True)
         n_blocks = -(-M // meta["BLOCK_M"])
         P = _programs(n_blocks, z2.device, interpret) if M > 0 else 1
-        dgp = torch.zeros((P, C), dtype=acc, device=z2.device)
-        dwp = torch.zeros((P, C), dtype=acc, device=z2.device) if gate is not None else dgp
+        # every program writes its whole partial row: no fill (a launch on a GPU) unless none runs
+        new = torch.empty if M > 0 else torch.zeros
+        dgp = new((P, C), dtype=acc, device=z2.device)
+        dwp = new((P, C), dtype=acc, device=z2.device) if gate is not None else dgp
         if M > 0:
             w = weight.contiguous()
             gt = w if gate is None else gate.contiguous()
