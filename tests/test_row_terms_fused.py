@@ -230,3 +230,15 @@ def test_cuda_compiled_kernel_matches_torch(dtype, monkeypatch):
     for x, y in ((a, b), (da, db), (dla, dlb)):
         torch.testing.assert_close(x, y, rtol=tol, atol=tol * float(y.abs().max()))
 
+
+
+@needs_triton
+def test_self_test_passes_and_catches_a_wrong_kernel(interp, monkeypatch):
+    """--attention-backend auto's start-up check: passes on the interpreter in float32 and float64,
+    and names the disagreement when the kernel's output is off (then the torch path is used)."""
+    import fairseq_plugins.attention.triton.stats as ts
+
+    assert tk.self_test("stats", "cpu", F32) is None and tk.self_test("stats", "cpu", F64) is None
+    apply = ts._RowTerms.apply
+    monkeypatch.setattr(ts._RowTerms, "apply", lambda *a: tuple(t * 1.01 for t in apply(*a)))
+    assert tk.self_test("stats", "cpu", F32).startswith("sums relative error")

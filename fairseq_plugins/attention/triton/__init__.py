@@ -120,7 +120,7 @@ from typing import Optional
 import torch
 
 __all__ = ["relu_attention", "l1_softmax_attention", "triton_available", "interpret_requested",
-           "self_test", "compile_offline", "set_rect_backward", "rect_backward", "set_l1_backward",
+           "self_test", "first_mismatch", "compile_offline", "set_rect_backward", "rect_backward", "set_l1_backward",
            "l1_backward", "ACTIVATIONS",
            "MAX_HEAD_DIM", "FAMILIES", "RECT_BACKWARDS", "dropout_keep_mask", "KEEP_GENERATORS"]
 
@@ -829,7 +829,14 @@ def _self_test_one(family, device, dtype, tol, base, mask, r, go, d):
             loss = (out.double() * go.to(dev)).sum()
         grads = torch.autograd.grad(loss, (q, k, v))
         results.append([t.detach().double().cpu() for t in (out, *grads)])
-    for name, a, b in zip(("out", "dq", "dk", "dv"), *results):
+    return first_mismatch(("out", "dq", "dk", "dv"), *results, tol)
+
+
+def first_mismatch(names, got, ref, tol: float) -> Optional[str]:
+    """The self-tests' comparison: for each named pair of tensors, the largest absolute error
+    relative to ``ref``'s largest magnitude; the first above ``tol`` as ``"<name> relative error
+    <err> > <tol>"`` (NaN fails too), or None when all agree."""
+    for name, a, b in zip(names, got, ref):
         err = float((a - b).abs().max()) / max(float(b.abs().max()), 1e-12)
         if not err <= tol:
             return f"{name} relative error {err:.3g} > {tol:g}"

@@ -21,7 +21,7 @@ from typing import Optional
 import torch
 
 from ...modules.norms import _check_norm_args, _out_dtype, _stat_dtype
-from . import _mode, interpret_requested  # noqa: F401  (re-exported for the tests)
+from . import _mode, first_mismatch, interpret_requested  # noqa: F401  (re-exported for the tests)
 
 __all__ = ["gated_rms_norm", "apply_checked", "fits", "self_test", "MAX_WIDTH"]
 
@@ -205,10 +205,9 @@ def self_test(device, dtype: torch.dtype) -> Optional[str]:
                         y = gated_rms_norm(*args) if impl == "triton" else _GatedRMSNorm.apply(*args)
                         grads = torch.autograd.grad(y, (z, w, gt) if gated else (z, w), dy0.to(dev, y.dtype))
                         res.append([t.detach().double().cpu() for t in (y, *grads)])
-                    for name, a, b in zip(("y", "dz", "dg", "dw"), *res):
-                        err = float((a - b).abs().max()) / max(float(b.abs().max()), 1e-12)
-                        if not err <= tol:
-                            return f"groups {groups} gate {gated}: {name} relative error {err:.3g} > {tol:g}"
+                    bad = first_mismatch(("y", "dz", "dg", "dw"), *res, tol)
+                    if bad is not None:
+                        return f"groups {groups} gate {gated}: {bad}"
     except Exception as e:  # noqa: BLE001 - any failure means "do not use these kernels"
         return f"{type(e).__name__}: {e}"
     return None

@@ -24,7 +24,7 @@ from typing import Optional, Tuple
 import torch
 
 from ..stats import ROW_EPS
-from . import _acc_dtype, _mode
+from . import _acc_dtype, _mode, first_mismatch
 
 __all__ = ["reluformer_row_terms", "self_test", "BLOCK", "NUM_WARPS"]
 
@@ -200,10 +200,6 @@ def self_test(device, dtype: torch.dtype) -> Optional[str]:
                     out = (*t4, counted - t4[3], counted)
                 grads = torch.autograd.grad(out[0] * w[0] + out[1] * w[1], (a, b))
                 res.append([t.detach().double().cpu() for t in (torch.stack(out), *grads)])
-        for name, x, y in zip(("sums", "d row_sum", "d row_slogs"), *res):
-            err = float((x - y).abs().max()) / max(float(y.abs().max()), 1e-12)
-            if not err <= tol:
-                return f"{name} relative error {err:.3g} > {tol:g}"
+        return first_mismatch(("sums", "d row_sum", "d row_slogs"), *res, tol)
     except Exception as e:  # noqa: BLE001 - any failure means "do not use these kernels"
         return f"{type(e).__name__}: {e}"
-    return None
