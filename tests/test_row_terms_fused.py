@@ -241,4 +241,39 @@ def test_self_test_passes_and_catches_a_wrong_kernel(interp, monkeypatch):
     assert tk.self_test("stats", "cpu", F32) is None and tk.self_test("stats", "cpu", F64) is None
     apply = ts._RowTerms.apply
     monkeypatch.setattr(ts._RowTerms, "apply", lambda *a: tuple(t * 1.01 for t in apply(*a)))
-    assert tk.self_test("stats", "cpu", F32).startswith("sums relative error")
+    assert tk.self_test("stats", "cpu", F32).startswith("norm relative error")
+    # each sum is compared on its own scale: an error in a small sum is not hidden by the counts
+    monkeypatch.setattr(ts._RowTerms, "apply", lambda *a: tuple(t + 0.03 * (i == 2) for i, t in enumerate(apply(*a))))
+    assert tk.self_test("stats", "cpu", F32).startswith("entropy relative error")
+
+
+@needs_triton
+def test_half_row_sums_take_the_torch_path(interp):
+    """The torch attention path gives half-precision row sums in half precision; the kernel takes
+    float32/float64 only, so record_terms keeps those on the torch path instead of failing (on a
+    GPU: --attention-backend auto with the rectified kernels refused but the stats kernels not)."""
+    import fairseq_plugins.attention.triton.stats as ts
+
+    s, l = rows(2, 2, 5, F32)
+    with pytest.raises(ValueError, match="float32 or float64"):
+        ts.reluformer_row_terms(s.half(), l.half(), torch.ones(2, 1, 5), None, 0.7)
+    recs = []
+    for b in ("triton", "torch"):
+        fn = build_attention_fn("reluformer", 8, 2, argparse.Namespace(attention_backend=b))
+        fn.aux.enabled = True
+        fn.record_terms(s.half(), l.half(), torch.full((2, 1, 5, 1), 4.0))
+        recs.append({k: (float(v[0]), float(v[1])) for k, v in fn.aux.pop().items()})
+    assert recs[0] == recs[1]
+
+
+@needs_triton
+def test_nan_row_sum_counts_as_null(interp):
+    """A NaN row sum is not live: it enters no term and is counted null, so null + live = counted
+    (the torch path's null is counted - live)."""
+    import fairseq_plugins.attention.triton.stats as ts
+
+    s, l = rows(2, 2, 5)
+    s[1, 1, 2] = float("nan")
+    norm, margin, ent, live, null, counted = ts.reluformer_row_terms(s, l, torch.ones(2, 1, 5), None, 0.7)
+    assert torch.isfinite(torch.stack([norm, margin, ent])).all()
+    assert float(live + null) == float(counted) == 20 and float(live) == float((s > 0).sum())

@@ -703,7 +703,9 @@ class _ReluFormerBase(AttentionFunction):
         if not self.aux.enabled:
             return
         # over the live rows: |log sum s| (clamped: no log 0 on null rows), max(H - c log n, 0), H
-        if self.uses_triton(row_sum, "stats"):  # one kernel each way (the torch path: ~20 ops + 13)
+        # one kernel each way (the torch path: ~20 ops + 13); its rows are float32/float64 (the
+        # Triton attention's always are; the torch attention's are half in half precision)
+        if row_sum.dtype in (torch.float32, torch.float64) and self.uses_triton(row_sum, "stats"):
             from .triton.stats import reluformer_row_terms as triton_row_terms
 
             norm, margin, ent, count, null, counted = triton_row_terms(

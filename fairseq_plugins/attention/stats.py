@@ -209,5 +209,6 @@ def reluformer_row_terms(row_sum: torch.Tensor, row_slogs: torch.Tensor, n: torc
             ones among them (``sum s > 0``) enter the sums.
         entropy_c: ``c`` of the entropy bound ``c log n`` (Appendix A: 0.7).
     """
-    c_log_n = n.to(row_sum.dtype).clamp_min(1.0).log().mul_(entropy_c)  # in the rows' dtype, as the Triton kernel
+    # in the rows' dtype, at least float32 (as the Triton kernel: float64 rows stay exact)
+    c_log_n = n.to(torch.promote_types(row_sum.dtype, torch.float32)).clamp_min(1.0).log().mul_(entropy_c)
     return ReluFormerRowTerms.apply(row_sum, row_slogs, c_log_n, valid)

@@ -18,6 +18,8 @@ memory.  Per row, in ``ACC`` (float32; float64 for float64 inputs), with ``s = s
 
     forward:  program p sums, over its BLOCK rows, [live] |log z|, [live] max(over, 0), [live] H,
               [live], [valid and not live] (null rows), [valid]  ->  PART[p, 0:6]
+              (a NaN row sum is not live: it enters no term and counts as null, as
+              counted - live does on the torch path; the attention output carries the NaN)
     backward: m      = g_margin [over > 0] [live] / z
               d_s    = ( m (1 + l / z) + g_norm sgn(log z) [live] / z ) [s >= EPS]
               d_l    = -m
@@ -39,8 +41,6 @@ except AttributeError:  # pragma: no cover - older triton reads the variable dir
 
 #: rows per program under the interpreter (small, so tests with a few rows cross programs)
 INTERPRET_BLOCK = 8
-#: the six per-program sums of ``row_terms_fwd``, in ``PART``'s column order
-SUMS = ("norm", "margin", "entropy", "live", "null", "counted")
 
 
 @triton.jit
@@ -94,7 +94,7 @@ def row_terms_fwd(RS, RL, NK, QP, PART, NR, H, T, s_rs_b, s_rs_h, s_rs_t, s_rl_b
                   s_n_b, s_n_h, s_n_t, s_q_b, s_q_t,
                   HAS_QP: tl.constexpr, ACC: tl.constexpr, EPS: tl.constexpr, C: tl.constexpr,
                   BLOCK: tl.constexpr):
-    """One program per ``BLOCK`` rows: its six sums (:data:`SUMS`) into ``PART[pid]`` ``(P, 6)``."""
+    """One program per ``BLOCK`` rows: its six sums (``stats.SUMS``' order) into ``PART[pid]`` ``(P, 6)``."""
     pid = tl.program_id(0)
     rows = pid * BLOCK + tl.arange(0, BLOCK)
     s, lg, z, log_z, ent, over, valid, live = _rows(
@@ -107,7 +107,7 @@ def row_terms_fwd(RS, RL, NK, QP, PART, NR, H, T, s_rs_b, s_rs_h, s_rs_t, s_rl_b
     tl.store(out + 1, _sum(tl.where(live, tl.maximum(over, zero), zero)))
     tl.store(out + 2, _sum(tl.where(live, ent, zero)))
     tl.store(out + 3, _sum(tl.where(live, one, zero)))
-    tl.store(out + 4, _sum(tl.where(valid & (s <= 0.0), one, zero)))
+    tl.store(out + 4, _sum(tl.where(valid & (live == 0), one, zero)))  # counted - live (a NaN sum too)
     tl.store(out + 5, _sum(tl.where(valid, one, zero)))
 
 

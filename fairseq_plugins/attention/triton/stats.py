@@ -26,7 +26,10 @@ import torch
 from ..stats import ROW_EPS
 from . import _acc_dtype, _mode, first_mismatch
 
-__all__ = ["reluformer_row_terms", "self_test", "BLOCK", "NUM_WARPS"]
+__all__ = ["reluformer_row_terms", "self_test", "BLOCK", "NUM_WARPS", "SUMS"]
+
+#: the six sums :func:`reluformer_row_terms` returns, in order (the columns of the kernel's partial sums)
+SUMS = ("norm", "margin", "entropy", "live", "null", "counted")
 
 #: rows per program of the compiled kernels, and their warps (8 rows a thread): chosen, not
 #: tuned on a GPU (an elementwise pass over ``B H T`` floats; the layer step at 16,384 tokens
@@ -76,7 +79,7 @@ class _RowTerms(torch.autograd.Function):
         mod = _stats_kernels(interpret)
         B, H, T = row_sum.shape
         block, grid, strides, q, extra = _rows_args(row_sum, row_slogs, n, qp, interpret)
-        part = torch.empty((grid[0], len(mod.SUMS)), dtype=row_sum.dtype, device=row_sum.device)
+        part = torch.empty((grid[0], len(SUMS)), dtype=row_sum.dtype, device=row_sum.device)
         if row_sum.numel() > 0:
             mod.row_terms_fwd[grid](row_sum, row_slogs, n, q, part, row_sum.numel(), H, T, *strides,
                                     HAS_QP=qp is not None, ACC=_tl_acc(row_sum.dtype), EPS=ROW_EPS,
@@ -131,7 +134,7 @@ def reluformer_row_terms(row_sum: torch.Tensor, row_slogs: torch.Tensor, n: torc
         ``sum H``, the number of live rows, of null rows (counted, ``sum s = 0``) and of counted rows.
 
     Raises:
-        ValueError: shapes, dtypes or devices that do not match, ``B H T >= 2**31`` or a negative
+        ValueError: shapes, dtypes or devices that do not match, ``B H T`` near ``2**31`` or a negative
             ``entropy_c``.
         RuntimeError: triton missing, or a non-CUDA tensor without ``TRITON_INTERPRET=1``.
     """
@@ -145,8 +148,8 @@ def reluformer_row_terms(row_sum: torch.Tensor, row_slogs: torch.Tensor, n: torc
         raise ValueError(f"row_sum, row_slogs and n must be on one device, got {row_sum.device}, "
                          f"{row_slogs.device}, {n.device}")
     B, H, T = row_sum.shape
-    if B * H * T >= 2 ** 31:
-        raise ValueError(f"B * H * T must be < 2**31, got {B * H * T}")
+    if B * H * T > 2 ** 31 - 1 - BLOCK:  # int32 row indices, the last program's whole block included
+        raise ValueError(f"B * H * T must be < 2**31 - {BLOCK + 1}, got {B * H * T}")
     if not entropy_c >= 0:
         raise ValueError(f"entropy_c must be >= 0, got {entropy_c}")
     try:
@@ -199,7 +202,7 @@ def self_test(device, dtype: torch.dtype) -> Optional[str]:
                     counted = valid.sum(dtype=a.dtype)
                     out = (*t4, counted - t4[3], counted)
                 grads = torch.autograd.grad(out[0] * w[0] + out[1] * w[1], (a, b))
-                res.append([t.detach().double().cpu() for t in (torch.stack(out), *grads)])
-        return first_mismatch(("sums", "d row_sum", "d row_slogs"), *res, tol)
+                res.append([t.detach().double().cpu() for t in (*out, *grads)])  # each sum on its own scale
+        return first_mismatch((*SUMS, "d row_sum", "d row_slogs"), *res, tol)
     except Exception as e:  # noqa: BLE001 - any failure means "do not use these kernels"
         return f"{type(e).__name__}: {e}"
