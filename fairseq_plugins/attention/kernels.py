@@ -111,13 +111,9 @@ def _check(q, k, v, row_scale, mask, dropout_p, clean=True):
         if not torch.is_tensor(mask) or mask.dtype != torch.bool:
             raise ValueError(f"mask must be a bool tensor (True = blocked) broadcastable to "
                              f"(B, H, T, S) = ({B}, {H}, {T}, {S}) or None")
-        ok = mask.dim() <= 4
-        if ok:
-            try:
-                ok = torch.broadcast_shapes(mask.shape, (B, H, T, S)) == (B, H, T, S)
-            except RuntimeError:
-                ok = False
-        if not ok:
+        # broadcastable to (B, H, T, S) without growing it: each axis 1 or the full size (plain
+        # Python: torch.broadcast_shapes costs tens of µs of host time, in every layer call)
+        if not (mask.dim() <= 4 and all(m in (1, t) for m, t in zip(reversed(mask.shape), (S, T, H, B)))):
             raise ValueError(f"mask of shape {tuple(mask.shape)} is not broadcastable to "
                              f"(B, H, T, S) = ({B}, {H}, {T}, {S})")
     if not 0.0 <= float(dropout_p) < 1.0:

@@ -271,24 +271,29 @@ def _strides(x):
     return tuple(x.stride())
 
 
-def _grid(n_rows: int, BH: int, interpret: bool, blocks, axis: str):
-    import triton
+# host-side arithmetic in plain Python: triton >= 3.5 makes ``triton.cdiv`` / ``next_power_of_2``
+# constexpr functions whose Python call unwraps its arguments (µs per call, several per layer call)
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
 
+
+def _pow2(n: int) -> int:
+    """The smallest power of two >= ``n`` (1 for ``n <= 1``), as ``triton.next_power_of_2``."""
+    return 1 << max(int(n) - 1, 0).bit_length()
+
+
+def _grid(n_rows: int, BH: int, interpret: bool, blocks, axis: str):
     if interpret:
-        return (triton.cdiv(n_rows, blocks[axis]) * BH,)
-    return lambda meta: (triton.cdiv(n_rows, meta[axis]) * BH,)
+        return (_cdiv(n_rows, blocks[axis]) * BH,)
+    return lambda meta: (_cdiv(n_rows, meta[axis]) * BH,)
 
 
 def _block_d(d: int) -> int:
-    import triton
-
-    return max(16, triton.next_power_of_2(d))
+    return max(16, _pow2(d))
 
 
 def _keys(T: int, S: int):
-    import triton
-
-    return triton.next_power_of_2(max(T, 1)), triton.next_power_of_2(max(S, 1))
+    return _pow2(max(T, 1)), _pow2(max(S, 1))
 
 
 def _scalar(value: float, like: torch.Tensor) -> torch.Tensor:

@@ -21,7 +21,7 @@ from typing import Optional
 import torch
 
 from ...modules.norms import _check_norm_args, _out_dtype, _stat_dtype
-from . import _mode, first_mismatch, interpret_requested  # noqa: F401  (re-exported for the tests)
+from . import _mode, _pow2, first_mismatch, interpret_requested  # noqa: F401  (re-exported for the tests)
 
 __all__ = ["gated_rms_norm", "apply_checked", "fits", "self_test", "MAX_WIDTH"]
 
@@ -35,10 +35,6 @@ def _norm_kernels(interpret: bool):
     from . import load_kernel_module
 
     return load_kernel_module("_norm_kernels.py", interpret)
-
-
-def _pow2(n: int) -> int:
-    return 1 << max(int(n) - 1, 0).bit_length()
 
 
 def fits(dim: int, groups: int) -> bool:
