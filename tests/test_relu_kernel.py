@@ -249,6 +249,8 @@ def test_dispatch_small_to_plain_large_to_chunked():
     (dict(row_scale="x"), r"\(B\|1, H\|1, T, 1\)"),
     (dict(mask=torch.zeros(2, 3, 4, 5)), "bool"),
     (dict(mask=torch.zeros(2, 3, 4, 6, dtype=torch.bool)), r"\(B, H, T, S\)"),
+    (dict(mask=torch.zeros(3, 1, 1, 5, dtype=torch.bool)), r"\(B, H, T, S\)"),  # B 3 against 2
+    (dict(mask=torch.zeros(1, 2, 3, 4, 5, dtype=torch.bool)), r"\(B, H, T, S\)"),  # 5 axes
     (dict(dropout_p=1.0), r"\[0, 1\)"),
     (dict(chunk_size=0), "chunk_size"),
     (dict(chunk_size=8, q=torch.zeros(2, 3, 4, 4, dtype=torch.bfloat16),
