@@ -104,8 +104,8 @@ keyed on the power-of-two buckets of T and S, so variable sentence lengths do no
 batch).  On CPU tensors they run under Triton's interpreter, which needs ``TRITON_INTERPRET=1``
 in the environment (slow; that is how CI tests them without a GPU) -- otherwise a
 ``RuntimeError`` names the variable.  Triton reads that variable when a ``@triton.jit``
-function is *defined*, so the kernel file ``_kernels.py`` is executed lazily, once per mode, as
-its own module object: both modes can live in one process (CPU interpreter tests and CUDA tests
+function is *defined*, so the kernel file ``_kernels.py`` (and ``_jit_common.py``, the helpers
+the kernel files share) is executed lazily, once per mode, as its own module object: both modes can live in one process (CPU interpreter tests and CUDA tests
 in one pytest run; the kernels call no ``@jit`` function of triton's own library, which exists in
 one mode only), and importing this package never imports triton.
 """
@@ -130,7 +130,7 @@ ACTIVATIONS = {"relu": 0, "gelu": 1, "leaky_relu": 2}
 MAX_HEAD_DIM = 256
 
 _MODULES = {}
-_LOCK = threading.Lock()
+_LOCK = threading.RLock()  # reentrant: a kernel file loads _jit_common.py while it is loaded
 _AVAILABLE: Optional[bool] = None
 
 
@@ -151,6 +151,18 @@ def triton_available() -> bool:
 def interpret_requested() -> bool:
     """True when ``TRITON_INTERPRET`` is set to a true value (``1``, ``true``, ``on``, ``yes``)."""
     return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes")
+
+
+def kernel_mode() -> bool:
+    """The mode triton runs ``@triton.jit`` functions in as they are defined: True = interpreter
+    (read by the kernel files while :func:`load_kernel_module` executes them; it sets
+    ``TRITON_INTERPRET`` for that)."""
+    import triton
+
+    try:  # triton >= 3.4
+        return bool(triton.knobs.runtime.interpret)
+    except AttributeError:  # pragma: no cover - older triton reads the variable directly
+        return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 def load_kernel_module(filename: str, interpret: bool):

@@ -6,11 +6,12 @@ this file once as compiled kernels (CUDA) and once under Triton's interpreter
 (``TRITON_INTERPRET=1``, CPU tensors), as two module objects; the algorithms and the launch
 contract are documented there.
 
-Everything a kernel calls is defined here or is a Triton *builtin* (``tl.dot``, ``tl.load``,
-``tl.where``, ``tl.reduce``, ``tl.umulhi``, ...): Triton's own ``@jit`` library functions
-(``tl.sum``, ``tl.max``, ``tl.zeros``, ``tl.cdiv``, ``tl.rand``) are created in one mode when triton
-is first imported, and an interpreted kernel cannot call compiled ones -- so sums, maxima, zeros
-and the Philox generator are the small local versions below, made in this module's mode.
+Everything a kernel calls is defined here, in ``_jit_common.py`` (loaded in this module's mode)
+or is a Triton *builtin* (``tl.dot``, ``tl.load``, ``tl.where``, ``tl.reduce``, ``tl.umulhi``, ...):
+Triton's own ``@jit`` library functions (``tl.sum``, ``tl.max``, ``tl.zeros``, ``tl.cdiv``,
+``tl.rand``) are created in one mode when triton is first imported, and an interpreted kernel
+cannot call compiled ones -- so sums and maxima (``_jit_common``), zeros and the Philox generator
+(below) are small local versions made in this module's mode.
 
 Rectified, per program: a tile of ``BLOCK_M`` query rows ``i`` and ``BLOCK_N`` key columns ``j`` of
 one ``(b, h)``; ``x_ij = r_i (q_i . k_j)``, ``s_ij = act(x_ij)`` (0 where blocked),
@@ -31,12 +32,10 @@ import functools
 import triton
 import triton.language as tl
 
-try:  # triton >= 3.4
-    INTERPRET = bool(triton.knobs.runtime.interpret)
-except AttributeError:  # pragma: no cover - older triton reads the variable directly
-    import os
+from . import kernel_mode, load_kernel_module
 
-    INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+INTERPRET = kernel_mode()
+_common = load_kernel_module("_jit_common.py", INTERPRET)  # tl.sum / tl.max in this file's mode
 
 #: fixed tiles of the interpreter (small, so tests with T, S ~ 5..40 cross several tiles)
 INTERPRET_BLOCKS = {"BLOCK_M": 16, "BLOCK_N": 16}
@@ -202,38 +201,7 @@ def _tuned(table, key, reset_to_zero=None):
 # --------------------------------------------------------------------------------------------
 # local versions of triton's library functions (see the module docstring)
 # --------------------------------------------------------------------------------------------
-@triton.jit
-def _add(a, b):
-    return a + b
-
-
-@triton.jit
-def _maximum(a, b):
-    return tl.maximum(a, b)
-
-
-if INTERPRET:
-    # the interpreter reduces with numpy when the combine function *is* triton's own (compared by
-    # identity, never called); any other one is applied element by element (~10x slower)
-    from triton.language import standard as _std
-
-    _SUM_COMBINE = getattr(_std, "_sum_combine", _add)
-    _MAX_COMBINE = getattr(_std, "_elementwise_max", _maximum)
-else:
-    _SUM_COMBINE = _add
-    _MAX_COMBINE = _maximum
-
-
-@triton.jit
-def _rowsum(x, AXIS: tl.constexpr):
-    """``tl.sum(x, AXIS)`` of a 2-d tile."""
-    return tl.reduce(x, AXIS, _SUM_COMBINE)
-
-
-@triton.jit
-def _rowmax(x, AXIS: tl.constexpr):
-    """``tl.max(x, AXIS)`` of a 2-d tile."""
-    return tl.reduce(x, AXIS, _MAX_COMBINE)
+_rowsum, _rowmax = _common.rowsum, _common.rowmax  # tl.sum / tl.max of a tile along AXIS
 
 
 @triton.jit

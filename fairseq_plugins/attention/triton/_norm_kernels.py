@@ -3,9 +3,9 @@
 Loaded by :mod:`fairseq_plugins.attention.triton.norm` (never imported directly): that loader
 executes this file once as compiled kernels (CUDA) and once under Triton's interpreter
 (``TRITON_INTERPRET=1``, CPU tensors), as two module objects -- the scheme of ``_kernels.py``
-(see the package docstring).  As there, everything a kernel calls is defined here or is a Triton
-builtin (no ``tl.sum``, ``tl.sigmoid``, ``tl.zeros``: Triton's ``@jit`` library functions exist
-in one mode only).
+(see the package docstring).  As there, everything a kernel calls is defined here, in
+``_jit_common.py`` (sums) or is a Triton builtin (no ``tl.sum``, ``tl.sigmoid``, ``tl.zeros``:
+Triton's ``@jit`` library functions exist in one mode only).
 
 Layout: ``z`` is ``(M, C)`` rows with unit column stride (row stride ``stride_z``), ``C = G * N``:
 ``G`` groups (1, or one per head) of ``N`` values.  A program holds a tile of ``BLOCK_M`` rows as
@@ -27,36 +27,16 @@ the caller sums (Triton's layer-norm tutorial's scheme, without the locks).
 import triton
 import triton.language as tl
 
-try:  # triton >= 3.4
-    INTERPRET = bool(triton.knobs.runtime.interpret)
-except AttributeError:  # pragma: no cover - older triton reads the variable directly
-    import os
+from . import kernel_mode, load_kernel_module
 
-    INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+INTERPRET = kernel_mode()
+_common = load_kernel_module("_jit_common.py", INTERPRET)  # tl.sum / tl.max in this file's mode
 
 #: rows per program under the interpreter (small, so tests with a few rows cross tiles)
 INTERPRET_BLOCK_M = 4
 
 
-@triton.jit
-def _add(a, b):
-    return a + b
-
-
-if INTERPRET:
-    # the interpreter reduces with numpy when the combine function *is* triton's own (compared by
-    # identity, never called); any other one is applied element by element
-    from triton.language import standard as _std
-
-    _SUM_COMBINE = getattr(_std, "_sum_combine", _add)
-else:
-    _SUM_COMBINE = _add
-
-
-@triton.jit
-def _sum(x, AXIS: tl.constexpr):
-    """``tl.sum(x, AXIS)``."""
-    return tl.reduce(x, AXIS, _SUM_COMBINE)
+_sum = _common.rowsum
 
 
 @triton.jit

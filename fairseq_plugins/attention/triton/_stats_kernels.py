@@ -3,8 +3,9 @@
 Loaded by :mod:`fairseq_plugins.attention.triton.stats` (never imported directly): that loader
 executes this file once as compiled kernels (CUDA) and once under Triton's interpreter
 (``TRITON_INTERPRET=1``, CPU tensors), as two module objects -- the scheme of ``_kernels.py``
-(see the package docstring).  As there, everything a kernel calls is defined here or is a Triton
-builtin (no ``tl.sum``, ``tl.zeros``: Triton's ``@jit`` library functions exist in one mode only).
+(see the package docstring).  As there, everything a kernel calls is defined here, in
+``_jit_common.py`` (sums) or is a Triton builtin (no ``tl.sum``, ``tl.zeros``: Triton's ``@jit``
+library functions exist in one mode only).
 
 Rows: the ``(B, H, T)`` query rows of one attention call, flattened as ``r = (b H + h) T + t``;
 every input is read through its own ``(b, h, t)`` strides (0 for a broadcast axis), so the
@@ -32,36 +33,16 @@ into ``ACC`` constants with ``tl.full`` so that float64 keeps them exact.
 import triton
 import triton.language as tl
 
-try:  # triton >= 3.4
-    INTERPRET = bool(triton.knobs.runtime.interpret)
-except AttributeError:  # pragma: no cover - older triton reads the variable directly
-    import os
+from . import kernel_mode, load_kernel_module
 
-    INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+INTERPRET = kernel_mode()
+_common = load_kernel_module("_jit_common.py", INTERPRET)  # tl.sum / tl.max in this file's mode
 
 #: rows per program under the interpreter (small, so tests with a few rows cross programs)
 INTERPRET_BLOCK = 8
 
 
-@triton.jit
-def _add(a, b):
-    return a + b
-
-
-if INTERPRET:
-    # the interpreter reduces with numpy when the combine function *is* triton's own (compared by
-    # identity, never called); any other one is applied element by element
-    from triton.language import standard as _std
-
-    _SUM_COMBINE = getattr(_std, "_sum_combine", _add)
-else:
-    _SUM_COMBINE = _add
-
-
-@triton.jit
-def _sum(x):
-    """``tl.sum(x, 0)`` of a 1-d block."""
-    return tl.reduce(x, 0, _SUM_COMBINE)
+_rowsum = _common.rowsum
 
 
 @triton.jit
@@ -103,12 +84,12 @@ def row_terms_fwd(RS, RL, NK, QP, PART, NR, H, T, s_rs_b, s_rs_h, s_rs_t, s_rl_b
     zero = tl.full([BLOCK], 0.0, ACC)
     one = tl.full([BLOCK], 1.0, ACC)
     out = PART + pid.to(tl.int64) * 6
-    tl.store(out + 0, _sum(tl.where(live, tl.abs(log_z), zero)))
-    tl.store(out + 1, _sum(tl.where(live, tl.maximum(over, zero), zero)))
-    tl.store(out + 2, _sum(tl.where(live, ent, zero)))
-    tl.store(out + 3, _sum(tl.where(live, one, zero)))
-    tl.store(out + 4, _sum(tl.where(valid & (live == 0), one, zero)))  # counted - live (a NaN sum too)
-    tl.store(out + 5, _sum(tl.where(valid, one, zero)))
+    tl.store(out + 0, _rowsum(tl.where(live, tl.abs(log_z), zero), 0))
+    tl.store(out + 1, _rowsum(tl.where(live, tl.maximum(over, zero), zero), 0))
+    tl.store(out + 2, _rowsum(tl.where(live, ent, zero), 0))
+    tl.store(out + 3, _rowsum(tl.where(live, one, zero), 0))
+    tl.store(out + 4, _rowsum(tl.where(valid & (live == 0), one, zero), 0))  # counted - live (a NaN sum too)
+    tl.store(out + 5, _rowsum(tl.where(valid, one, zero), 0))
 
 
 @triton.jit
