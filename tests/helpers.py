@@ -5,12 +5,20 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 from fairseq.data import Dictionary
 from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 from fairseq.tasks.translation import TranslationTask
 
 import fairseq_plugins  # noqa: F401  (registers archs)
+import fairseq_plugins.attention.triton as tk
+
+#: the Triton tests: the interpreter ones need the package, the compiled ones a CUDA GPU too
+needs_triton = pytest.mark.skipif(not tk.triton_available(),
+                                  reason="triton is not installed (pip install -e .[gpu])")
+needs_cuda = pytest.mark.skipif(not (torch.cuda.is_available() and tk.triton_available()),
+                                reason="needs a CUDA GPU and triton")
 
 
 def toy_dictionary(n_words: int = 40) -> Dictionary:

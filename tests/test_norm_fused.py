@@ -13,18 +13,9 @@ import torch.nn.functional as F
 import fairseq_plugins.attention.triton as tk
 from fairseq_plugins.attention import FunctionalMultiheadAttention, build_attention_fn
 from fairseq_plugins.modules.norms import GatedNorm, RMSNorm, gated_rms_norm
+from helpers import needs_cuda, needs_triton
 
-needs_triton = pytest.mark.skipif(not tk.triton_available(),
-                                  reason="triton is not installed (pip install -e .[gpu])")
-needs_cuda = pytest.mark.skipif(not (torch.cuda.is_available() and tk.triton_available()),
-                                reason="needs a CUDA GPU and triton")
 F64, F32, BF16 = torch.float64, torch.float32, torch.bfloat16
-
-
-@pytest.fixture
-def interp(monkeypatch):
-    """Run Triton kernels on CPU tensors under the interpreter."""
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
 
 
 # --------------------------------------------------------------------------------------------

@@ -11,18 +11,9 @@ import torch
 import fairseq_plugins.attention.triton as tk
 from fairseq_plugins.attention import FunctionalMultiheadAttention, build_attention_fn
 from fairseq_plugins.attention.stats import ROW_EPS, reluformer_row_terms as torch_row_terms
+from helpers import needs_cuda, needs_triton
 
-needs_triton = pytest.mark.skipif(not tk.triton_available(),
-                                  reason="triton is not installed (pip install -e .[gpu])")
-needs_cuda = pytest.mark.skipif(not (torch.cuda.is_available() and tk.triton_available()),
-                                reason="needs a CUDA GPU and triton")
 F64, F32 = torch.float64, torch.float32
-
-
-@pytest.fixture
-def interp(monkeypatch):
-    """Run Triton kernels on CPU tensors under the interpreter."""
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
 
 
 def rows(B=3, H=2, T=11, dtype=F64, seed=0):
@@ -229,7 +220,6 @@ def test_cuda_compiled_kernel_matches_torch(dtype, monkeypatch):
     tol = 1e-10 if dtype == F64 else 1e-4
     for x, y in ((a, b), (da, db), (dla, dlb)):
         torch.testing.assert_close(x, y, rtol=tol, atol=tol * float(y.abs().max()))
-
 
 
 @needs_triton

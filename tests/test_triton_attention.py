@@ -19,18 +19,9 @@ import fairseq_plugins.attention.backend as backend
 import fairseq_plugins.attention.triton as tk
 from fairseq_plugins.attention import FunctionalMultiheadAttention, attention_fn_names, build_attention_fn
 from fairseq_plugins.attention.kernels import relu_attention_reference
+from helpers import needs_cuda, needs_triton
 
-needs_triton = pytest.mark.skipif(not tk.triton_available(),
-                                  reason="triton is not installed (pip install -e .[gpu])")
-needs_cuda = pytest.mark.skipif(not (torch.cuda.is_available() and tk.triton_available()),
-                                reason="needs a CUDA GPU and triton")
 F64, F32 = torch.float64, torch.float32
-
-
-@pytest.fixture
-def interp(monkeypatch):
-    """Run Triton kernels on CPU tensors under the interpreter."""
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture(params=["split", "fused"])

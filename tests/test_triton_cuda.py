@@ -23,11 +23,8 @@ import torch
 
 import fairseq_plugins.attention.triton as tk
 from fairseq_plugins.attention.kernels import relu_attention_reference
+from helpers import needs_cuda, needs_triton
 
-needs_cuda = pytest.mark.skipif(not (torch.cuda.is_available() and tk.triton_available()),
-                                reason="needs a CUDA GPU and triton")
-needs_triton = pytest.mark.skipif(not tk.triton_available(),
-                                  reason="triton is not installed (pip install -e .[gpu])")
 F64 = torch.float64
 TOL = {torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 2e-2, F64: 1e-9}
 RECT_KERNELS = ("rect_fwd", "rect_bwd", "rect_bwd_kv", "rect_bwd_q")
