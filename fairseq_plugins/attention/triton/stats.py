@@ -25,6 +25,7 @@ import torch
 
 from ..stats import ROW_EPS
 from . import _acc_dtype, _mode, first_mismatch
+from .norm import _tl_acc  # the ACC constexpr of a torch dtype
 
 __all__ = ["reluformer_row_terms", "self_test", "BLOCK", "NUM_WARPS", "SUMS"]
 
@@ -44,12 +45,6 @@ def _stats_kernels(interpret: bool):
     from . import load_kernel_module
 
     return load_kernel_module("_stats_kernels.py", interpret)
-
-
-def _tl_acc(dtype: torch.dtype):
-    import triton.language as tl
-
-    return tl.float64 if dtype == torch.float64 else tl.float32
 
 
 def _bht(x: torch.Tensor) -> Tuple[int, int, int]:
