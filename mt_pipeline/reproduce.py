@@ -72,6 +72,8 @@ TABLES = {
         # T4/T5: the smoke specs keep the lambda = 1.0 they were run with (the committed smoke tables
         # stay reproducible); the converged specs train with the default lambda = 0.01 (the
         # --budget override alone would keep lambda = 1.0, which the lambda study rules out).
+        # Figure 1 (FFN memory size d_h 32-4096) with Figures 2-3's slot statistics as analyses
+        "figure1": {"small": ["configs/reluformer/figure1_ffn_size.yaml"]},
         "table4": {"small": ["configs/reluformer/table4_multi30k.yaml"],
                    "converged": ["configs/reluformer/table4_multi30k_converged.yaml"],
                    "paper": ["configs/reluformer/iwslt14_de_en/table4.yaml", "configs/reluformer/wmt14_en_de/table4.yaml"]},
@@ -588,7 +590,7 @@ def main(argv=None):
                                 epilog="available tables:\n" + available(),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("paper", help=f"one of {', '.join(TABLES)}")
-    p.add_argument("table", help="table1, table2, ... as numbered in the paper")
+    p.add_argument("table", help="table1, table2, ... (figure1, ...) as numbered in the paper")
     p.add_argument("--scale", default="small", choices=list(SCALES),
                    help="small: the CPU-sized specs with their own (smoke) budgets (default); converged: the "
                         "Multi30k specs under configs/multi30k/converged.yaml; paper: the paper's "

@@ -22,12 +22,13 @@ Table spec (YAML): ``title``, ``intro`` (Markdown), ``out``, ``runs``, ``budget`
 ``tgt``, ``subsets`` (fairseq subset -> column label; must be the budget's subsets),
 ``paper_label``, optional ``reference`` (the row id the others are tested against, or a list of
 row ids: one ``vs row R`` column each, e.g. a study's baseline and its ablation's zero setting;
-default the first row), ``metrics`` (final-validation metrics shown as columns, e.g. ``attn_entropy``),
+default the first row; ``[]``: none), ``metrics`` (final-validation metrics shown as columns, e.g. ``attn_entropy``),
 ``ribes: true`` (RIBES after each score), ``analyses`` (``[{name, script, key}]``: after a row is
 trained, ``python SCRIPT --checkpoint <evaluated ckpt> --data-bin <bin> --src S --tgt T --json
 <run>/analysis_<name>.json`` runs once and ``json[key][0]`` is shown as a column), and ``rows``:
 ``id``, ``name``, ``arch``, optional ``fns`` (encoder, decoder, cross), ``extra``
-(fairseq-train flags), ``run`` (reuse a directory), ``budget`` (a row-specific budget, e.g. one
+(fairseq-train flags), ``vs`` (the row id this row is tested against in one ``vs its reference``
+column, e.g. the ReLU row of the same FFN size in a sweep), ``run`` (reuse a directory), ``budget`` (a row-specific budget, e.g. one
 per document length; same subsets), ``paper`` (shown verbatim).
 
 A row whose training diverges or does not learn (final validation loss NaN or above 90% of the
@@ -75,6 +76,9 @@ def load_table(path: str, budget: Optional[str] = None) -> Dict:
     if bad or len(set(refs)) != len(refs):
         raise SystemExit(f"{path}: reference {spec['reference']!r} must be one row id or a list of distinct row "
                          f"ids; {'not row ids: ' + str(bad) if bad else 'repeated ids'}; valid: {ids}")
+    bad_vs = [r["id"] for r in spec["rows"] if r.get("vs") is not None and (r["vs"] not in ids or r["vs"] == r["id"])]
+    if bad_vs:
+        raise SystemExit(f"{path}: rows {bad_vs} name a `vs` that is not another row's id; valid: {ids}")
     if budget:
         own = [r["id"] for r in spec["rows"] if r.get("budget")]
         if own:
@@ -399,6 +403,17 @@ def _verdict_cell(spec: Dict, row: Dict, ok: List[Dict], ref_ok: List[Dict], fir
                    [sys_by[s]["scores"][first]["bleu"] for s in common], [t["bleu_p"] for t in tests])
 
 
+def _pair_cell(spec: Dict, row: Dict, ok: List[Dict], pair_ref: Dict[int, int], ref_ok: Dict[int, List[Dict]],
+               first: str) -> str:
+    """The ``vs its reference`` cell: "row R: <verdict>" against the row's own ``vs`` row,
+    "reference" for a row others are tested against, else empty."""
+    if row["id"] in pair_ref:
+        v = pair_ref[row["id"]]
+        cell = _verdict_cell(spec, row, ok, ref_ok[v], first)
+        return f"row {v}: {cell}" if cell else ""
+    return "reference" if row["id"] in pair_ref.values() else ""
+
+
 def _row_name(rows: List[Dict], rid: int) -> str:
     return next(r["name"] for r in rows if r["id"] == rid)
 
@@ -427,6 +442,8 @@ def render(spec: Dict, seeds: Optional[List[int]] = None) -> None:
     results = {k: v for k, v in results.items() if v}
     first = next(iter(subsets))
     ref_ids = reference_ids(spec)
+    pair_ref = {r["id"]: r["vs"] for r in rows if r.get("vs") is not None}  # row -> its own reference row
+    n_vs = len(ref_ids) + (1 if pair_ref else 0)
     table_path = os.path.relpath(spec["_path"], ROOT)
     reg = regime(load_budget(spec["budget"]))
     n_seeds = sorted({len(v) for v in results.values()}) or [0]
@@ -443,28 +460,31 @@ def render(spec: Dict, seeds: Optional[List[int]] = None) -> None:
              "resumed, ran slower than alone.", ""]
     head = (["ID", "Model", spec["paper_label"]] + [f"ours {lab}" for lab in subsets.values()]
             + [f"chrF {subsets[first]}"] + [f"vs row {i} ({subsets[first]})" for i in ref_ids]
+            + ([f"vs its reference ({subsets[first]})"] if pair_ref else [])
             + [f"valid {m}" for m in metrics] + analyses + ["seeds", "updates", "train wall", "status"])
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     vocab = {r["id"]: _vocab(spec, r) for r in rows}
-    ref_ok = {i: [x for x in results.get(i, []) if failure_reason(x, vocab[i]) is None] for i in ref_ids}
+    ref_ok = {i: [x for x in results.get(i, []) if failure_reason(x, vocab[i]) is None]
+              for i in ref_ids + sorted(set(pair_ref.values()))}
     for r in rows:
         paper = "–" if r.get("paper") is None else str(r["paper"])
         res = results.get(r["id"])
         if not res:
             lines.append("| " + " | ".join([str(r["id"]), r["name"], paper] + ["not run yet"] * len(subsets)
-                                           + [""] * (1 + len(ref_ids) + len(metrics) + len(analyses) + 3)
+                                           + [""] * (1 + n_vs + len(metrics) + len(analyses) + 3)
                                            + ["pending"]) + " |")
             continue
         ok = [x for x in res if failure_reason(x, vocab[r["id"]]) is None]
         if not ok:
-            cells = ["–"] * (len(subsets) + 1 + len(ref_ids))
+            cells = ["–"] * (len(subsets) + 1 + n_vs)
         else:
             cells = ([_score_cell(ok[0]["scores"][s], spec) if len(ok) == 1
                       else _mean_cell([x["scores"][s]["bleu"] for x in ok]) for s in subsets]
                      + [_mean_cell([x["scores"][first]["chrf"] for x in ok]) if all("chrf" in x["scores"][first]
                                                                                    for x in ok) else "n/a"]
                      + ["reference" if r["id"] == i else _verdict_cell(spec, r, ok, ref_ok[i], first)
-                        for i in ref_ids])
+                        for i in ref_ids]
+                     + ([_pair_cell(spec, r, ok, pair_ref, ref_ok, first)] if pair_ref else []))
         last = res[0].get("valid_last") or {}
         mcells = [f"{last[m]:.3f}" if m in last else "n/a" for m in metrics]
         reasons = sorted({failure_reason(x, vocab[r["id"]]) for x in res} - {None})
@@ -475,7 +495,9 @@ def render(spec: Dict, seeds: Optional[List[int]] = None) -> None:
     lines += ["", "SacreBLEU (detokenised) with tokenized BLEU in brackets"
               + ("; RIBES (Isozaki et al. 2010, nltk, tokenized text) after the slash" if spec.get("ribes") else "")
               + "; with several seeds, mean ± sample sd of SacreBLEU. chrF: sacreBLEU's chrF (character 6-grams, "
-              "β = 2). " + "; ".join(f"`vs row {i}`: difference to row {i} ({_row_name(rows, i)})" for i in ref_ids)
+              "β = 2). " + "; ".join([f"`vs row {i}`: difference to row {i} ({_row_name(rows, i)})" for i in ref_ids]
+                                     + (["`vs its reference`: difference to the row named in the cell (the spec's "
+                                         "`vs` of each row)"] if pair_ref else []))
               + f" on {subsets[first]}, sacreBLEU's paired bootstrap (1,000 resamples) per seed; with several seeds \"exceeds seed noise\" "
               "means |Δ mean| > 2 standard errors over seeds and p < 0.05 for every seed-matched pair "
               "(`mt_pipeline.significance`).", ""]

@@ -386,6 +386,69 @@ def test_ffn_variance_ratio_matches_direct_computation():
     assert res["mean"][0] == pytest.approx((res["encoder"][0] + res["decoder"][0]) / 2)
 
 
+def _ffn_scores_by_hand(model, sample, pad, layer):
+    """The encoder layer's FFN scores act(x W_1) of the non-padding tokens, ``(N, F)``."""
+    seen = {}
+    h = layer.fc1.register_forward_pre_hook(lambda m, i: seen.setdefault("x", i[0]))
+    model.eval()
+    with torch.no_grad():
+        model(**sample["net_input"])
+        s = layer.activation_fn(layer.fc1(seen["x"]))  # (T, B, F)
+    h.remove()
+    return s[sample["net_input"]["src_tokens"].ne(pad).t()]
+
+
+@pytest.mark.parametrize("act", [None, "softmax"])
+def test_ffn_top_p_score_sum_matches_a_sort_by_hand(act):
+    """ReLUFormer Figure 2: renormalise each token's FFN scores, sort, sum the top ceil(p% F)."""
+    from fairseq_plugins.analysis.ffn_memory import ffn_top_p_score_sums
+
+    torch.manual_seed(0)
+    kw = {"ffn_activation": act} if act else {}
+    model, task = build("rela_transformer_small", encoder_layers=1, decoder_layers=1,
+                        encoder_ffn_embed_dim=64, decoder_ffn_embed_dim=64, **kw)
+    sample = _sample(task)
+    pad = task.source_dictionary.pad()
+    assert sample["net_input"]["src_tokens"].eq(pad).any()  # padding is present and must be skipped
+    res = ffn_top_p_score_sums(model, [sample], pad, ps=(0.2, 10, 100))
+    s = _ffn_scores_by_hand(model, sample, pad, model.encoder.layers[0]).double()
+    live = s.sum(-1) > 0
+    dist = (s[live] / s[live].sum(-1, keepdim=True)).sort(-1, descending=True).values
+    for j, k in enumerate((1, 7, 64)):  # ceil(0.2% of 64) = 1, ceil(10% of 64) = 7, all 64
+        assert res["encoder"][0][j] == pytest.approx(float(dist[:, :k].sum(-1).mean()), rel=1e-5)
+    assert res["encoder"][0][2] == pytest.approx(1.0)
+    assert res["dead"]["encoder"][0] == pytest.approx(1 - float(live.double().mean()))
+    assert res["d_ff"] == {"encoder": [64], "decoder": [64]}
+    assert res["top_0.2"][0] == pytest.approx((res["encoder"][0][0] + res["decoder"][0][0]) / 2)
+    if act == "softmax":
+        assert res["dead"]["encoder"][0] == 0.0
+
+
+def test_ffn_top_p_refuses_scores_that_are_no_distribution():
+    from fairseq_plugins.analysis.ffn_memory import ffn_top_p_score_sums
+
+    model, task = build("rela_transformer_small", encoder_layers=1, decoder_layers=1, activation_fn="gelu")
+    with pytest.raises(ValueError, match="encoder layer 0 uses the activation gelu, valid: relu, softmax"):
+        ffn_top_p_score_sums(model, [_sample(task)], task.source_dictionary.pad())
+    with pytest.raises(ValueError, match=r"\(0, 100\]"):
+        ffn_top_p_score_sums(model, [], 1, ps=(0.0,))
+
+
+def test_ffn_anisotropies_per_layer_and_mean():
+    """ReLUFormer eq. 4 per layer on fc2's columns; identical slots give ANI 1."""
+    from fairseq_plugins.analysis.ffn_memory import ffn_anisotropies
+    from fairseq_plugins.analysis.metrics import anisotropy
+
+    torch.manual_seed(0)
+    model, _ = build("rela_transformer_small", encoder_layers=2, decoder_layers=1)
+    with torch.no_grad():
+        model.decoder.layers[0].fc2.weight.copy_(torch.ones_like(model.decoder.layers[0].fc2.weight))
+    res = ffn_anisotropies(model)
+    assert res["encoder"][1] == pytest.approx(anisotropy(model.encoder.layers[1].fc2.weight.t()))
+    assert res["decoder"] == [pytest.approx(1.0)]
+    assert res["mean"][0] == pytest.approx(sum(res["encoder"] + res["decoder"]) / 3)
+
+
 @pytest.mark.parametrize("chunked", [False, True])
 def test_fused_kernel_path_equals_weights_path(monkeypatch, chunked):
     """need_weights=False (kernel, statistics from row sums) == need_weights=True (weights

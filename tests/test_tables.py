@@ -47,9 +47,15 @@ def test_last_valid_metrics_parses_aux_terms(tmp_path):
     assert m["attn_null_rate"] == 0.0 and m["reluformer_norm"] == pytest.approx(3.1e-05)
 
 
+def _is_table_spec(path):
+    with open(path) as f:
+        spec = yaml.safe_load(f)
+    return isinstance(spec, dict) and "rows" in spec and "out" in spec
+
+
 @pytest.mark.parametrize("table", sorted(
     os.path.join(d, f) for d, _, fs in os.walk(CONFIGS) for f in fs
-    if f.startswith("table") and f.endswith(".yaml")))
+    if f.endswith(".yaml") and "campaign" not in d and _is_table_spec(os.path.join(d, f))))
 def test_every_table_spec_loads(table):
     """Every shipped table names existing budgets, archs and attention functions."""
     import fairseq_plugins  # noqa: F401
@@ -173,6 +179,52 @@ def test_render_tests_every_row_against_each_listed_reference(tmp_path):
     assert rows[1][c1].startswith("1 seed: Δ -") and rows[0][c2].startswith("1 seed: Δ +")  # bad < good, both ways
     assert rows[2][c1].startswith("1 seed: Δ +0.00, p = 1.000") and rows[2][c2].startswith("1 seed: Δ +")
     assert "`vs row 1`: difference to row 1" in text and "`vs row 2`: difference to row 2" in text
+
+
+def test_a_row_tested_against_its_own_reference(tmp_path):
+    """A row's ``vs`` (e.g. the ReLU row of the same FFN size in a sweep) fills one ``vs its
+    reference`` column: "row R: <verdict>", "reference" on the rows others are tested against;
+    ``reference: []`` drops the table-wide columns."""
+    import sacrebleu
+
+    refs = [f"the cat number {i} sat on the mat today" for i in range(120)]
+    bad = [r if i % 3 else "a dog" for i, r in enumerate(refs)]
+    ref_path = tmp_path / "ref.txt"
+    ref_path.write_text("\n".join(refs) + "\n")
+    spec = yaml.safe_load(open(os.path.join(CONFIGS, "rela", "table1.yaml")))
+    spec.update(out=str(tmp_path / "out.md"), runs=str(tmp_path / "runs"), reference=[])
+    spec["rows"] = spec["rows"][:3]
+    spec["rows"][2]["vs"] = 2
+    path = tmp_path / "t.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    spec = run_table.load_table(str(path))
+    for rid, hyps in ((1, refs), (2, refs), (3, bad)):
+        d = tmp_path / "runs" / f"row{rid}"
+        d.mkdir(parents=True)
+        (d / "hyp.txt").write_text("\n".join(hyps) + "\n")
+        (d / "result.json").write_text(json.dumps({
+            "name": "x", "status": "done", "arch": "a", "attention_fns": "arch default",
+            "commands": {"train": "fairseq-train ..."}, "git_commit": "abc", "hardware": {"cpu": "c"},
+            "data": {"corpus": "multi30k"}, "updates": 400, "time": "t", "wall_s": {}, "seed": 1,
+            "valid_loss": [[400, 5.0]], "loss_curve": [[10, 9.0]],
+            "scores": {s: {"bleu": sacrebleu.corpus_bleu(hyps, [refs]).score, "tok_bleu": 22.0, "chrf": 50.0,
+                           "signature": "nrefs:1|sig", "hyp": str(d / "hyp.txt"), "ref": str(ref_path)}
+                       for s in ("test", "test1")}}))
+    run_table.render(spec)
+    text = (tmp_path / "out.md").read_text()
+    header, *rows = [[c.strip() for c in l.strip().strip("|").split("|")]
+                     for l in text.splitlines() if l.startswith("| ")]
+    assert not any(h.startswith("vs row") for h in header)
+    c = header.index(f"vs its reference ({spec['subsets']['test']})")
+    assert [r[c] for r in rows[:2]] == ["", "reference"]
+    assert rows[2][c].startswith("row 2: 1 seed: Δ -")
+    assert "`vs its reference`: difference to the row named in the cell" in text
+    for bad_vs in (3, 9):  # itself, not a row
+        spec_bad = yaml.safe_load(path.read_text())
+        spec_bad["rows"][2]["vs"] = bad_vs
+        path.write_text(yaml.safe_dump(spec_bad))
+        with pytest.raises(SystemExit, match="rows \\[3\\] name a `vs` that is not another row's id; valid: \\[1, 2, 3\\]"):
+            run_table.load_table(str(path))
 
 
 @pytest.mark.parametrize("reference,match", [(9, "not row ids: \\[9\\]"), ([1, 1], "repeated ids")])

@@ -15,10 +15,12 @@ from typing import Dict, Iterable, List
 import torch
 import torch.nn as nn
 
-__all__ = ["ffn_variance_ratios", "main"]
+__all__ = ["ffn_layers", "ffn_variance_ratios", "main"]
 
 
-def _layers(model: nn.Module):
+def ffn_layers(model: nn.Module):
+    """``[(kind, index, layer)]``: every encoder then decoder layer of a fairseq Transformer
+    (``kind`` "encoder" / "decoder"), each with its FFN ``fc1`` / ``activation_fn`` / ``fc2``."""
     enc = list(getattr(model.encoder, "layers", []))
     dec = list(getattr(model.decoder, "layers", []))
     return [("encoder", i, l) for i, l in enumerate(enc)] + [("decoder", i, l) for i, l in enumerate(dec)]
@@ -45,7 +47,7 @@ def ffn_variance_ratios(model: nn.Module, batches: Iterable[dict], pad: int) -> 
     from .capture import check_transformer
 
     check_transformer(model, "ffn_variance_ratios")
-    layers = _layers(model)
+    layers = ffn_layers(model)
     if any(getattr(l, "normalize_before", False) for _, _, l in layers):
         raise ValueError("ffn_variance_ratios supports post-norm layers only (normalize_before=False)")
     sums = {(kind, i): [0.0, 0] for kind, i, _ in layers}
