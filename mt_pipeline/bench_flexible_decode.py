@@ -164,11 +164,37 @@ def run_info(checkpoint):
             f"BLEU (beam, tau = inf) {bleu}; train command `{(r.get('commands') or {}).get('train', '?')}`")
 
 
+def selected_tau(p, tau, tau_from):
+    """``(tau, where it came from)``: ``--tau``, the ``selected_tau`` of the sweep file
+    ``--tau-from`` (Flexible Table 1's selection rule, :func:`mt_pipeline.sweeps.select_tau`), or
+    the default 1.2.  A missing or unreadable sweep file, or one whose rule selected no tau, stops
+    with ``p.error`` before any model is loaded."""
+    import json
+
+    if tau_from is None:
+        return (1.2, "default") if tau is None else (tau, "--tau")
+    try:
+        with open(tau_from) as f:
+            sw = json.load(f)
+    except (OSError, ValueError) as err:
+        p.error(f"--tau-from {tau_from}: cannot read a sweep.json ({err}); it is written by `mt-flexible-sweep "
+                "table1 ...` or `mt-flexible-sweep sweep --run <run>`")
+    if "selected_tau" not in sw:
+        p.error(f"--tau-from {tau_from}: no `selected_tau` (not a sweep.json of mt-flexible-sweep)")
+    if sw["selected_tau"] is None:
+        p.error(f"--tau-from {tau_from}: no tau met the selection rule in that sweep; pass --tau explicitly")
+    return float(sw["selected_tau"]), f"selected by Table 1's rule (`{os.path.relpath(os.path.abspath(tau_from), ROOT)}`)"
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--flexible", required=True, help="flexible-attention rnnsearch checkpoint")
     p.add_argument("--global-checkpoint", help="global-attention rnnsearch checkpoint (baseline)")
-    p.add_argument("--tau", type=float, default=1.2, help="threshold of the flexible model (paper 1.0-1.2)")
+    taus = p.add_mutually_exclusive_group()
+    taus.add_argument("--tau", type=float, help="threshold of the flexible model (paper 1.0-1.2; default 1.2)")
+    taus.add_argument("--tau-from", metavar="SWEEP_JSON",
+                      help="take the threshold Table 1's rule selected: the `selected_tau` of a sweep.json written "
+                           "by `mt-flexible-sweep` (e.g. runs/flexible_table1_de_en/row3/sweep/sweep.json)")
     p.add_argument("--data-bin", required=True)
     p.add_argument("--src", required=True)
     p.add_argument("--tgt", required=True)
@@ -189,6 +215,7 @@ def main(argv=None):
     p.add_argument("--note", default="", help="a line added to the Markdown (e.g. what the data is)")
     p.add_argument("--out", help="also write a Markdown table here (atomically)")
     a = p.parse_args(argv)
+    a.tau, a.tau_source = selected_tau(p, a.tau, a.tau_from)
     concats = parse_concat(a.concat)
     for f in [a.flexible, a.global_checkpoint]:
         if f and not os.path.exists(f):
@@ -294,7 +321,7 @@ def main(argv=None):
             f"with cached keys and full output softmax, encoder included, one sentence at a time, {timing}; "
             f"{a.rounds} interleaved rounds (rotating order) over "
             f"{results[0]['n']} inputs per length, each input = K consecutive {a.subset} sentences joined "
-            f"({a.src}→{a.tgt}, >= {a.min_len} source positions).", "",
+            f"({a.src}→{a.tgt}, >= {a.min_len} source positions). tau = {a.tau:g}: {a.tau_source}.", "",
             *([a.note, ""] if a.note else []),
             "Models:", "", *legend, "",
             *summary, "", verdict + ".", "",

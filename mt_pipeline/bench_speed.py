@@ -208,6 +208,9 @@ def main():
     lines = [
         "# ReLA Table 2 on CPU: parameters and speed relative to stock fairseq `transformer`",
         "",
+        "**Regime: benchmark** -- speed and memory ratios against the baseline measured in the same run on this "
+        "machine's CPU; no GPU numbers (those wait for a lent GPU: `results/gpu/`).",
+        "",
         "Paper (Zhang et al. 2021, Table 2): WMT14 En-De Transformer base on a GTX 1080 Ti, TensorFlow; "
         "ΔTrain per training step, ΔDecode with batch size 1.",
         f"Ours: `*_small` preset (3+3 layers, d 256, 4 heads), Multi30k vocabulary, {hw['cpu']}, "
@@ -236,15 +239,15 @@ def main():
     for label, d in meas.items():
         lines.append(f"- {label}: train {[round(v) for v in d['train']]}; b1 {[round(v, 2) for v in d['dec1']]}; "
                      f"big {[round(v, 1) for v in d['decB']]}")
-    lines += ["", "## Provenance", "",
-              f"- command: `python scripts/bench_speed.py {' '.join(sys.argv[1:])}`".rstrip(),
-              f"- git commit: `{provenance.git_commit()}`",
-              f"- data: `{os.path.relpath(a.data_bin, ROOT)}` (data-prep/multi30k/prepare.sh defaults)",
-              f"- hardware: {hw}",
-              f"- wall time: {time.time() - t_start:.0f} s; measured {time.strftime('%Y-%m-%d %H:%M:%S')}",
-              ""]
+    dictionary = os.path.join(a.data_bin, f"dict.{a.src}.txt")
+    record = provenance.collect(
+        provenance.command_line("python scripts/bench_speed.py", sys.argv[1:]), regime="benchmark",
+        data={"data_bin": provenance.repo_relative(a.data_bin), "prepared_by": "data-prep/multi30k/prepare.sh defaults",
+              "dictionary_sha256": provenance.file_sha256(dictionary) if os.path.exists(dictionary) else "n/a"},
+        wall_s=round(time.time() - t_start, 1))
+    lines += ["", provenance.markdown(record)]
     os.makedirs(os.path.dirname(a.out), exist_ok=True)
-    with atomic_path(a.out) as tmp, open(tmp, "w") as f:
+    with atomic_path(a.out) as tmp, open(tmp, "w", encoding="utf-8") as f:
         f.write("\n".join(lines))
     print("\n".join(lines))
 

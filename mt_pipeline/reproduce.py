@@ -61,6 +61,13 @@ TABLES = {
                       "--max-tokens", "25000", "--train-batches", "500", "--out", "results/rela/table2_speed_wmt14.md"],
             "note": "speed ratios vs fairseq's stock transformer measured in the same run (scripts/bench_speed.py; "
                     "models at the *_small sizes -- bench_speed has no Transformer-base option yet)"}},
+        # Figure 2: decoding speed by source length (10 length groups of newstest2014, batch 1)
+        "figure2": {"benchmark": {
+            "small": [sys.executable, "-m", "mt_pipeline.bench_decode_length",
+                      "--out", "results/rela/figure2_decode_length_cpu.md"],
+            "note": "decoding speed at batch 1 by source-length group of newstest2014 (10 groups of equal size), "
+                    "ratios vs fairseq's stock transformer measured in the same run (mt-bench-decode-length; "
+                    "untrained *_small models, Multi30k BPE and vocabulary)"}},
         "table3": {"paper": ["configs/rela/wmt14_en_fr/table3.yaml", "configs/rela/wmt18_en_fi/table3.yaml",
                              "configs/rela/wmt18_zh_en/table3.yaml", "configs/rela/wmt16_ro_en/table3.yaml"]},
         # RMSNorm over the concatenated heads (released code) vs per head (paper text)
@@ -72,6 +79,8 @@ TABLES = {
         # T4/T5: the smoke specs keep the lambda = 1.0 they were run with (the committed smoke tables
         # stay reproducible); the converged specs train with the default lambda = 0.01 (the
         # --budget override alone would keep lambda = 1.0, which the lambda study rules out).
+        # Table 2: softmax / ReLU / ReLU + eq. 6 scale (rows 1, 3 reuse T4 row 1 and T5 row 3), + §4.1's ReLU + LN
+        "table2": {"small": ["configs/reluformer/table2_activation.yaml"]},
         # Figure 1 (FFN memory size d_h 32-4096) with Figures 2-3's slot statistics as analyses
         "figure1": {"small": ["configs/reluformer/figure1_ffn_size.yaml"]},
         "table4": {"small": ["configs/reluformer/table4_multi30k.yaml"],
@@ -133,7 +142,8 @@ TABLES = {
                    "paper": ["configs/flexible/aspec_en_ja/table3.yaml"],
                    "after": {
                        "small": [[sys.executable, "-m", "mt_pipeline.bench_flexible_decode",
-                                  "--flexible", "runs/flexible_table1_de_en/row4/average_last1.pt", "--tau", "1.2",
+                                  "--flexible", "runs/flexible_table1_de_en/row4/average_last1.pt",
+                                  "--tau-from", "runs/flexible_table1_de_en/row3/sweep/sweep.json",
                                   "--global-checkpoint", "runs/flexible_table1_de_en/row1/average_last3.pt",
                                   "--data-bin", "data-bin/multi30k_en_de/bin", "--src", "de", "--tgt", "en",
                                   "--concat", "10,20,40",
@@ -145,12 +155,13 @@ TABLES = {
                                   "--data-bin", "data-bin/aspec_en_ja_char/bin", "--src", "en", "--tgt", "ja",
                                   "--subset", "test", "--concat", "1", "--min-len", "1", "--n", "1812", "--rounds", "1",
                                   "--out", "results/flexible/table3_decode_time_aspec_char.md"]],
-                       "note": "CPU decoding time per sentence, global vs fine-tuned flexible attention, reference fed "
-                               "back (forced decoding), one thread, both models interleaved in the same run "
-                               "(scripts/bench_flexible_decode.py; the paper's GPU column is not measured)"}},
+                       "note": "CPU decoding time per sentence, global vs fine-tuned flexible attention at the tau "
+                               "Table 1's rule selected (small scale: its sweep.json, so `reproduce flexible table1` "
+                               "first), reference fed back (forced decoding), one thread, both models interleaved in "
+                               "the same run (scripts/bench_flexible_decode.py; the paper's GPU column is not measured)"}},
     },
 }
-# Run order matters for specs whose rows reuse another spec's runs (ReLUFormer T1/T5 reuse T4; E-ATT
+# Run order matters for specs whose rows reuse another spec's runs (ReLUFormer T1/T2/T5 reuse T4, T2 also T5; E-ATT
 # T4/T5 reuse T3's Vanilla and E-ATT rows, and small T3-T5 reuse ReLA T1's softmax row; Flexible T3
 # reuses T2's runs (paper) / T1's de-en runs (small): a reused row not yet run is trained by
 # whichever table comes first, in the shared run directory).  Within a spec the rows run in order,

@@ -16,8 +16,8 @@ from fairseq_plugins.attention import (
 )
 
 ALL = attention_fn_names()
-RELU_FAMILY = ["relu", "relu_rmsnorm", "rela_i", "rela_g", "rela_g_layernorm"]
-EXPECTED = {"softmax", "sparsemax", "entmax15", "relu", "relu_rmsnorm", "rela_i", "rela_g",
+RELU_FAMILY = ["relu", "relu_rmsnorm", "relu_layernorm", "rela_i", "rela_g", "rela_g_layernorm"]
+EXPECTED = {"softmax", "sparsemax", "entmax15", "relu", "relu_rmsnorm", "relu_layernorm", "rela_i", "rela_g",
             "rela_g_layernorm", "rela_g_gelu", "rela_g_leaky_relu"}
 
 C, H = 16, 4
@@ -213,7 +213,7 @@ def test_rela_g_matches_equation_5():
     torch.testing.assert_close(fn.post_aggregate(z), expected)
 
 
-@pytest.mark.parametrize("name", ["relu_rmsnorm", "rela_i", "rela_g", "rela_g_layernorm"])
+@pytest.mark.parametrize("name", ["relu_rmsnorm", "relu_layernorm", "rela_i", "rela_g", "rela_g_layernorm"])
 def test_norm_scope_head_normalises_each_head(name):
     """--rela-norm-scope head: statistics per head over d_h (the paper's text), gains of the
     same C-wide layout as the concat scope (the released code), so checkpoints interchange."""
@@ -226,8 +226,8 @@ def test_norm_scope_head_normalises_each_head(name):
     z = torch.randn(3, 2, C, dtype=torch.float64)
     concat.double(), head.double()
     d = C // H
-    if name == "rela_g_layernorm":
-        inner = head.norm.norm
+    if name in ("rela_g_layernorm", "relu_layernorm"):
+        inner = head.norm.norm if name == "rela_g_layernorm" else head.norm
         zh = z.view(3, 2, H, d)
         ref = ((zh - zh.mean(-1, keepdim=True)) / (zh.var(-1, unbiased=False, keepdim=True) + inner.eps).sqrt())
         ref = ref.view(3, 2, C) * inner.weight + inner.bias

@@ -299,6 +299,9 @@ def test_flexible_post_training_steps_use_the_tables_runs(table, scale):
             by_ckpt = {ckpt: r for r, _, ckpt in rows}
             flex, glob = by_ckpt[arg("--flexible")], by_ckpt[arg("--global-checkpoint")]
             assert "--finetune-from-model" in flex["extra"] and "--rnn-attention global" in glob["extra"]
+            if "--tau-from" in cmd:  # the tau Table 1's rule selected on the fine-tuned model's parent run
+                parent = flex["extra"].split("--finetune-from-model ")[1].split()[0]
+                assert arg("--tau-from") == os.path.join(ROOT, os.path.dirname(parent), "sweep", "sweep.json")
             assert arg("--data-bin") == os.path.join(REPRO.experiment.prep_dir(flex["_budget"]), "bin")
 
 

@@ -424,6 +424,35 @@ def test_bench_flexible_decode_gpu_refused_without_cuda(tmp_path):
     assert not out.exists()
 
 
+def test_bench_flexible_decode_takes_the_tau_table1_selected(tmp_path, capsys):
+    """``--tau-from sweep.json``: the threshold the selection rule chose (Table 3 is timed at Table
+    1's tau, issue 27); a sweep where no tau met the rule, an unreadable file or both options are
+    refused before any model is loaded, with no output file."""
+    import argparse
+    import json
+
+    from mt_pipeline import bench_flexible_decode as bfd
+
+    p = argparse.ArgumentParser()
+    sw = tmp_path / "sweep.json"
+    sw.write_text(json.dumps({"selected_tau": 1.6, "select_from": [0.8, 1.6]}))
+    tau, where = bfd.selected_tau(p, None, str(sw))
+    assert tau == 1.6 and "selected by Table 1's rule" in where and "sweep.json" in where
+    assert bfd.selected_tau(p, None, None) == (1.2, "default") and bfd.selected_tau(p, 0.9, None) == (0.9, "--tau")
+    ck = tmp_path / "flex.pt"
+    ck.write_bytes(b"not loaded")
+    out = tmp_path / "t3.md"
+    args = ["--flexible", str(ck), "--data-bin", str(tmp_path), "--src", "en", "--tgt", "de", "--out", str(out)]
+    sw.write_text(json.dumps({"selected_tau": None}))
+    for extra, msg in ((["--tau-from", str(sw)], "no tau met the selection rule in that sweep; pass --tau"),
+                       (["--tau-from", str(tmp_path / "nope.json")], "cannot read a sweep.json"),
+                       (["--tau", "1.0", "--tau-from", str(sw)], "not allowed with argument")):
+        with pytest.raises(SystemExit):
+            bfd.main(args + extra)
+        assert msg in capsys.readouterr().err
+        assert not out.exists()
+
+
 @pytest.mark.skipif(not os.path.isdir(RAW), reason=f"real data not found at {RAW}")
 def test_char_level_prep_round_trips(tmp_path):
     """prepare.sh --char (the long character-level inputs of Table 3): one symbol per character,

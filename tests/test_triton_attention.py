@@ -625,7 +625,7 @@ def test_eatt_torch_path_in_half_precision_on_cpu():
 # --------------------------------------------------------------------------------------------
 # the attention module: backend triton == backend torch, every function with a fused kernel
 # --------------------------------------------------------------------------------------------
-FUSED = ["relu", "relu_rmsnorm", "rela_i", "rela_g", "rela_g_layernorm", "rela_g_gelu",
+FUSED = ["relu", "relu_rmsnorm", "relu_layernorm", "rela_i", "rela_g", "rela_g_layernorm", "rela_g_gelu",
          "rela_g_leaky_relu", "reluformer", "reluformer_noscale", "eatt", "eatt_l1"]
 
 

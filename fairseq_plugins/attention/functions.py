@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from fairseq.dataclass import ChoiceEnum
 
 from ..modules.auxiliary import AuxiliaryBuffer
-from ..modules.norms import NORM_SCOPES, GatedNorm, RMSNorm
+from ..modules.norms import NORM_SCOPES, GatedNorm, GroupedLayerNorm, RMSNorm
 from ..options import OptionGroup, option
 from .backend import check_backend, resolve_backend
 from .masks import combined_mask
@@ -525,6 +525,18 @@ class ReluRMSNormAttention(_RectifiedAttention):
 
     def build_norm(self):
         return RMSNorm(self.embed_dim, eps=self.eps, groups=self.norm_groups)
+
+
+@register_attention_fn("relu_layernorm")
+class ReluLayerNormAttention(_RectifiedAttention):
+    """ReLU + LayerNorm on the attention output (ReLUFormer Section 4.1: "we add a layer
+    normalization layer succeeding to the SAN results to adjust the variance of SAN.
+    Unfortunately, there still occurs performance degradation"): ``LN(ReLU(Q K^T / sqrt(d_h)) V)``
+    over the concatenated heads (``--rela-norm-scope head``: per head), no gate, no
+    length-dependent scale (compare ``reluformer``, eq. 6).  LayerNorm eps is at least 1e-5."""
+
+    def build_norm(self):
+        return GroupedLayerNorm(self.embed_dim, eps=max(self.eps, 1e-5), groups=self.norm_groups)
 
 
 @register_attention_fn("rela_i")
