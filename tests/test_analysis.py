@@ -233,6 +233,42 @@ def test_capture_equals_need_head_weights_and_leaves_outputs(fn):
     assert torch.equal(rec[("encoder", 0)].mask[:, 0].all(-1), src_pad)
 
 
+@pytest.mark.parametrize("fn", ["relu", "softmax"])
+def test_zero_weight_rate_counts_exact_zeros_over_valid_positions(fn):
+    """ReLUFormer Section 4.2 ("94% weights are all zeros"): zeros / valid (query, key) pairs,
+    from the need_head_weights path by hand; padding and future keys are not counted; softmax
+    gives 0."""
+    from fairseq_plugins.analysis.zero_weights import zero_weight_rates
+
+    torch.manual_seed(0)
+    model, task = build("attention_transformer", encoder_attention_fn=fn, decoder_attention_fn=fn,
+                        cross_attention_fn=fn)
+    model.eval()
+    sample = _sample(task)
+    pad = task.target_dictionary.pad()
+    res = zero_weight_rates(model, [sample, sample], pad)  # the same batch twice: same rates
+    net = sample["net_input"]
+    src_pad, tgt_pad = net["src_tokens"].eq(pad), net["prev_output_tokens"].eq(pad)
+    T = tgt_pad.size(1)
+    future = torch.triu(torch.ones(T, T, dtype=torch.bool), 1)
+    zeros = valid = 0
+    for (kind, i), w in _head_weights(model, sample).items():  # (B, H, T, S)
+        q = src_pad if kind == "encoder" else tgt_pad
+        k = tgt_pad if kind == "decoder" else src_pad
+        ok = ~q[:, None, :, None] & ~k[:, None, None, :]
+        if kind == "decoder":
+            ok = ok & ~future
+        ok = ok.expand_as(w)
+        z, n = int((w[ok] == 0).sum()), int(ok.sum())
+        assert res[kind][i] == pytest.approx(z / n)
+        zeros, valid = zeros + z, valid + n
+    assert res["mean"][0] == pytest.approx(zeros / valid)
+    if fn == "softmax":
+        assert res["mean"][0] == 0.0
+    else:
+        assert 0.0 < res["mean"][0] < 1.0
+
+
 def test_stock_transformer_rebuilt_as_softmax_is_exact():
     import argparse
 

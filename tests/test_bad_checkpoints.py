@@ -104,6 +104,8 @@ def _tool(name, ck, f):
     return {
         "ffn_variance_ratio.py": ([PY, f"{s}/ffn_variance_ratio.py", "--checkpoint", ck, *d, "--json", f"{out}.json"],
                                   [f"{out}.json"]),
+        "attention_zero_rate.py": ([PY, f"{s}/attention_zero_rate.py", "--checkpoint", ck, *d, "--json", f"{out}.json"],
+                                   [f"{out}.json"]),
         "ffn_top_p.py": ([PY, f"{s}/ffn_top_p.py", "--checkpoint", ck, *d, "--json", f"{out}.json"], [f"{out}.json"]),
         "ffn_anisotropy.py": ([PY, f"{s}/ffn_anisotropy.py", "--checkpoint", ck, *d, "--json", f"{out}.json"],
                               [f"{out}.json"]),
@@ -125,7 +127,8 @@ def _tool(name, ck, f):
     }[name]
 
 
-TOOLS = ["ffn_variance_ratio.py", "ffn_top_p.py", "ffn_anisotropy.py", "source_reliance.py", "eatt_energy.py",
+TOOLS = ["ffn_variance_ratio.py", "ffn_top_p.py", "ffn_anisotropy.py", "attention_zero_rate.py", "source_reliance.py",
+         "eatt_energy.py",
          "fairseq-attention-analysis",
          "average_checkpoints.py", "bench_flexible_decode.py", "fairseq-generate", "fairseq-interactive"]
 
@@ -170,7 +173,8 @@ def test_fairseq_generate_names_a_cut_short_checkpoint(files):
 # ---------------------------------------------------------------------------------------------
 # Transformer-only analyses given an rnnsearch checkpoint (item 5)
 # ---------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("tool", ["ffn_variance_ratio.py", "ffn_top_p.py", "ffn_anisotropy.py", "eatt_energy.py",
+@pytest.mark.parametrize("tool", ["ffn_variance_ratio.py", "ffn_top_p.py", "ffn_anisotropy.py", "attention_zero_rate.py",
+                                  "eatt_energy.py",
                                   "fairseq-attention-analysis"])
 def test_transformer_analyses_refuse_an_rnnsearch_checkpoint(files, tool):
     cmd, outputs = _tool(tool, files["rnnsearch"], files)
