@@ -148,17 +148,12 @@ def test_render_reads_the_seed_of_runs_that_record_it_only_in_their_budget(tmp_p
     assert "Seeds: 7 (1 per row" in text and "(seed 7)" in text and "Seeds: ?" not in text
 
 
-def test_render_tests_every_row_against_each_listed_reference(tmp_path):
-    """``reference: [1, 2]``: one ``vs row R`` column per reference, each a real paired bootstrap
-    of the committed hypotheses (a study's baseline *and* its zero setting, e.g. λ = 0)."""
+def _finished_rows(tmp_path, ref_path, refs, hyps_by_row):
+    """A finished ``result.json`` with real sacreBLEU scores of ``hyps_by_row[id]`` against
+    ``refs`` under ``tmp_path/runs/row<id>``, for each row."""
     import sacrebleu
 
-    refs = [f"the cat number {i} sat on the mat today" for i in range(120)]
-    bad = [r if i % 3 else "a dog" for i, r in enumerate(refs)]
-    ref_path = tmp_path / "ref.txt"
-    ref_path.write_text("\n".join(refs) + "\n")
-    spec = _rela_table1_spec(tmp_path, 3, reference=[1, 2])
-    for rid, hyps in ((1, refs), (2, bad), (3, refs)):
+    for rid, hyps in hyps_by_row.items():
         d = tmp_path / "runs" / f"row{rid}"
         d.mkdir(parents=True)
         (d / "hyp.txt").write_text("\n".join(hyps) + "\n")
@@ -170,6 +165,17 @@ def test_render_tests_every_row_against_each_listed_reference(tmp_path):
             "scores": {s: {"bleu": sacrebleu.corpus_bleu(hyps, [refs]).score, "tok_bleu": 22.0, "chrf": 50.0,
                            "signature": "nrefs:1|sig", "hyp": str(d / "hyp.txt"), "ref": str(ref_path)}
                        for s in ("test", "test1")}}))
+
+
+def test_render_tests_every_row_against_each_listed_reference(tmp_path):
+    """``reference: [1, 2]``: one ``vs row R`` column per reference, each a real paired bootstrap
+    of the committed hypotheses (a study's baseline *and* its zero setting, e.g. λ = 0)."""
+    refs = [f"the cat number {i} sat on the mat today" for i in range(120)]
+    bad = [r if i % 3 else "a dog" for i, r in enumerate(refs)]
+    ref_path = tmp_path / "ref.txt"
+    ref_path.write_text("\n".join(refs) + "\n")
+    spec = _rela_table1_spec(tmp_path, 3, reference=[1, 2])
+    _finished_rows(tmp_path, ref_path, refs, {1: refs, 2: bad, 3: refs})
     run_table.render(spec)
     text = (tmp_path / "out.md").read_text()
     header, *rows = [[c.strip() for c in l.strip().strip("|").split("|")]
@@ -185,8 +191,6 @@ def test_a_row_tested_against_its_own_reference(tmp_path):
     """A row's ``vs`` (e.g. the ReLU row of the same FFN size in a sweep) fills one ``vs its
     reference`` column: "row R: <verdict>", "reference" on the rows others are tested against;
     ``reference: []`` drops the table-wide columns."""
-    import sacrebleu
-
     refs = [f"the cat number {i} sat on the mat today" for i in range(120)]
     bad = [r if i % 3 else "a dog" for i, r in enumerate(refs)]
     ref_path = tmp_path / "ref.txt"
@@ -198,18 +202,7 @@ def test_a_row_tested_against_its_own_reference(tmp_path):
     path = tmp_path / "t.yaml"
     path.write_text(yaml.safe_dump(spec))
     spec = run_table.load_table(str(path))
-    for rid, hyps in ((1, refs), (2, refs), (3, bad)):
-        d = tmp_path / "runs" / f"row{rid}"
-        d.mkdir(parents=True)
-        (d / "hyp.txt").write_text("\n".join(hyps) + "\n")
-        (d / "result.json").write_text(json.dumps({
-            "name": "x", "status": "done", "arch": "a", "attention_fns": "arch default",
-            "commands": {"train": "fairseq-train ..."}, "git_commit": "abc", "hardware": {"cpu": "c"},
-            "data": {"corpus": "multi30k"}, "updates": 400, "time": "t", "wall_s": {}, "seed": 1,
-            "valid_loss": [[400, 5.0]], "loss_curve": [[10, 9.0]],
-            "scores": {s: {"bleu": sacrebleu.corpus_bleu(hyps, [refs]).score, "tok_bleu": 22.0, "chrf": 50.0,
-                           "signature": "nrefs:1|sig", "hyp": str(d / "hyp.txt"), "ref": str(ref_path)}
-                       for s in ("test", "test1")}}))
+    _finished_rows(tmp_path, ref_path, refs, {1: refs, 2: refs, 3: bad})
     run_table.render(spec)
     text = (tmp_path / "out.md").read_text()
     header, *rows = [[c.strip() for c in l.strip().strip("|").split("|")]

@@ -25,7 +25,7 @@ from typing import Dict, Iterable, List, Sequence
 import torch
 import torch.nn as nn
 
-from .ffn_variance import ffn_layers
+from .ffn_variance import ffn_layers, forward_batches
 from .metrics import ffn_anisotropy, top_p_terms
 
 __all__ = ["DEFAULT_TOP_P", "ffn_top_p_score_sums", "ffn_anisotropies", "main_top_p", "main_anisotropy"]
@@ -106,18 +106,7 @@ def ffn_top_p_score_sums(model: nn.Module, batches: Iterable[dict], pad: int,
             acc[2] += float(mask.sum())
 
         handles.append(layer.fc2.register_forward_pre_hook(pre))
-    was_training = model.training
-    model.eval()
-    try:
-        for sample in batches:
-            net = sample["net_input"]
-            current["mask_encoder"] = net["src_tokens"].ne(pad).t()
-            current["mask_decoder"] = net["prev_output_tokens"].ne(pad).t()
-            model(**net)
-    finally:
-        for h in handles:
-            h.remove()
-        model.train(was_training)
+    forward_batches(model, batches, pad, current, handles)
     out = {"ps": ps, "d_ff": {"encoder": [], "decoder": []}, "encoder": [], "decoder": [],
            "dead": {"encoder": [], "decoder": []}}
     for kind, i, layer in layers:

@@ -15,7 +15,7 @@ from typing import Dict, Iterable, List
 import torch
 import torch.nn as nn
 
-__all__ = ["ffn_layers", "ffn_variance_ratios", "main"]
+__all__ = ["ffn_layers", "forward_batches", "ffn_variance_ratios", "main"]
 
 
 def ffn_layers(model: nn.Module):
@@ -24,6 +24,26 @@ def ffn_layers(model: nn.Module):
     enc = list(getattr(model.encoder, "layers", []))
     dec = list(getattr(model.decoder, "layers", []))
     return [("encoder", i, l) for i, l in enumerate(enc)] + [("decoder", i, l) for i, l in enumerate(dec)]
+
+
+@torch.no_grad()
+def forward_batches(model: nn.Module, batches: Iterable[dict], pad: int, current: dict, handles: list) -> None:
+    """Teacher-forced forward of every batch in eval mode for FFN hooks: before each batch,
+    ``current["mask_encoder"]`` / ``current["mask_decoder"]`` are set to the token masks ``(T, B)``
+    (True = token) of the source and the decoder input; afterwards every hook in ``handles`` is
+    removed and the model's training mode restored (also on an error)."""
+    was_training = model.training
+    model.eval()
+    try:
+        for sample in batches:
+            net = sample["net_input"]
+            current["mask_encoder"] = net["src_tokens"].ne(pad).t()
+            current["mask_decoder"] = net["prev_output_tokens"].ne(pad).t()
+            model(**net)
+    finally:
+        for h in handles:
+            h.remove()
+        model.train(was_training)
 
 
 @torch.no_grad()
@@ -64,18 +84,7 @@ def ffn_variance_ratios(model: nn.Module, batches: Iterable[dict], pad: int) -> 
             sums[key][1] += int(mask.sum())
 
         handles += [layer.fc1.register_forward_pre_hook(pre), layer.fc2.register_forward_hook(post)]
-    was_training = model.training
-    model.eval()
-    try:
-        for sample in batches:
-            net = sample["net_input"]
-            current["mask_encoder"] = net["src_tokens"].ne(pad).t()
-            current["mask_decoder"] = net["prev_output_tokens"].ne(pad).t()
-            model(**net)
-    finally:
-        for h in handles:
-            h.remove()
-        model.train(was_training)
+    forward_batches(model, batches, pad, current, handles)
     out = {"encoder": [], "decoder": []}
     for kind, i, _ in layers:
         s, n = sums[(kind, i)]
