@@ -108,6 +108,8 @@ TABLES = {
                                   "--plot", "results/eatt/figure2_rho_multi30k.png"]],
                        "note": "ratio of ones rho after binarisation per layer and attention type of the trained "
                                "E-ATT model on the validation set, with its energy accounting (paper Figure 2)"}},
+        # Figure 1: BLEU vs attention energy as d is halved (vanilla and E-ATT at d 256 ... 32)
+        "figure1": {"small": ["configs/eatt/figure1_dimension.yaml"]},
         "table5": {"small": ["configs/eatt/table5_hybrids_multi30k.yaml"],
                    "paper": ["configs/eatt/iwslt15_en_vi/table5.yaml"]},
     },

@@ -356,6 +356,9 @@ def test_end_to_end_train_generate_energy(tmp_path):
     assert len(res["rho"]) == 2 * 2 + 2 * 2 + 2 * 2  # enc/dec self (query, key) + cross (query, key)
     assert all(0.0 <= v <= 1.0 for v in res["rho"].values())
     assert 0.0 < res["energy_scores_asic_pct"][0] < 100.0
+    for part in ("scores", "block"):  # the absolute energies (E-ATT Figure 1) are the same counts in µJ
+        for hw in ("asic", "fpga"):
+            assert res[f"energy_{part}_{hw}_uJ"] == [pytest.approx(res[f"energy_{part}_{hw}_pJ_per_sentence"] / 1e6)]
     assert os.path.getsize(tmp_path / "rho.png") > 0
     md = (tmp_path / "energy.md").read_text()  # the Markdown names how to regenerate it
     assert "## Provenance" in md and "--max-sentences 50" in md and "- git commit: `" in md

@@ -14,7 +14,9 @@ Usage (``fairseq-attention-energy``; also ``python scripts/eatt_energy.py``):
 
 Counting conventions and assumptions: :mod:`fairseq_plugins.analysis.energy`.  The JSON holds
 ``energy_scores_asic_pct``, ``energy_scores_fpga_pct``, ``energy_block_asic_pct``,
-``energy_block_fpga_pct`` (each ``[value]``, the form ``mt-table`` analyses read),
+``energy_block_fpga_pct`` (each ``[value]``, the form ``mt-table`` analyses read), the same
+energies in µJ per sentence (``energy_scores_asic_uJ`` etc., ``[value]``: comparable across model
+sizes, E-ATT Figure 1),
 ``rho`` (``"type/layer/role" -> value``), ``l_src``, ``l_tgt``, the model's attention functions
 and ``model``: the checkpoint's training run, regime and committed evidence
 (:func:`fairseq_plugins.provenance.trained_model`), which the page states with its regime.
@@ -101,6 +103,8 @@ def measure(a):
         for hw in ("asic", "fpga"):
             res[f"energy_{part}_{hw}_pct"] = [100.0 * E.energy_pj(to, hw) / E.energy_pj(tb, hw)]
             res[f"energy_{part}_{hw}_pJ_per_sentence"] = E.energy_pj(to, hw)
+            # absolute, comparable across model sizes (E-ATT Figure 1: energy as d is halved)
+            res[f"energy_{part}_{hw}_uJ"] = [E.energy_pj(to, hw) / 1e6]
     return res
 
 
