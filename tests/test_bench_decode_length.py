@@ -1,7 +1,7 @@
 """mt-bench-decode-length (ReLA Figure 2 on CPU, :mod:`mt_pipeline.bench_decode_length`): the
 length groups, the Multi30k preprocessing of its sources, a tiny end-to-end run and the refusals
-of bad arguments (before any work, no output written).  The tests that need the prepared Multi30k
-data (``data-bin/multi30k_en_de``) skip without it."""
+of bad arguments (before any work, no output written).  The tests that need Multi30k prepare a
+slice of it from the shared raw data (``helpers.MULTI30K_RAW``; they skip without it)."""
 
 import gzip
 import os
@@ -10,12 +10,25 @@ import re
 
 import pytest
 
+from helpers import MULTI30K_RAW, run_cli
 from mt_pipeline import bench_decode_length as bdl
 from mt_pipeline.bench_speed import MODELS
 
-DATA = os.path.join(bdl.ROOT, "data-bin", "multi30k_en_de")
-needs_data = pytest.mark.skipif(not os.path.isfile(os.path.join(DATA, "bin", "dict.en.txt")),
-                                reason=f"prepared Multi30k data not found at {DATA} (data-prep/multi30k/prepare.sh)")
+needs_data = pytest.mark.skipif(not os.path.isdir(MULTI30K_RAW), reason=f"real data not found at {MULTI30K_RAW}")
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """A Multi30k preparation by the project's recipe (raw/, tok/, bpe/codes, bin/), on a slice of
+    the training set so that it is quick."""
+    out = tmp_path_factory.mktemp("m30k")
+    run_cli(["bash", "data-prep/multi30k/prepare.sh", "--raw-dir", MULTI30K_RAW, "--out", str(out),
+             "--train-lines", "3000", "--bpe-merges", "1000"])
+    return str(out)
+
+
+def _data_args(data):
+    return ["--data-bin", os.path.join(data, "bin"), "--bpe-codes", os.path.join(data, "bpe", "codes")]
 
 
 def _lines(path, n=None):
@@ -68,10 +81,10 @@ def test_overall_is_all_sentences_over_the_summed_time():
 # ---- preprocessing parity with the Multi30k preparation -------------------------------------
 
 @needs_data
-def test_preprocessing_gives_the_bpe_tokens_of_the_multi30k_preparation():
-    raw = _lines(os.path.join(DATA, "raw", "test.en"), 40)
-    want = _lines(os.path.join(DATA, "bpe", "test.en"), 40)
-    assert bdl.preprocess(raw, os.path.join(DATA, "bpe", "codes")) == want
+def test_preprocessing_gives_the_bpe_tokens_of_the_multi30k_preparation(data):
+    raw = _lines(os.path.join(data, "raw", "test.en"), 40)
+    want = _lines(os.path.join(data, "bpe", "test.en"), 40)
+    assert bdl.preprocess(raw, os.path.join(data, "bpe", "codes")) == want
 
 
 def test_read_source_reads_gzip_and_splits_on_newlines_only(tmp_path):
@@ -96,12 +109,12 @@ def _table(text):
 
 
 @needs_data
-def test_tiny_run_writes_the_page_and_the_plot(tmp_path, capsys):
+def test_tiny_run_writes_the_page_and_the_plot(data, tmp_path, capsys):
     src = tmp_path / "src.en.gz"  # a few real sentences (gzip, as newstest2014 is)
     with gzip.open(src, "wt", encoding="utf-8") as f:
-        f.write("\n".join(_lines(os.path.join(DATA, "raw", "test.en"), 12)) + "\n")
+        f.write("\n".join(_lines(os.path.join(data, "raw", "test.en"), 12)) + "\n")
     out = tmp_path / "res" / "fig2.md"
-    assert bdl.main(["--source", str(src), "--groups", "2", "--sents-per-group", "1", "--rounds", "1",
+    assert bdl.main(["--source", str(src), *_data_args(data), "--groups", "2", "--sents-per-group", "1", "--rounds", "1",
                      "--models", bdl.BASELINE, "ReLA-g", "--out", str(out)]) == 0
     text = out.read_text(encoding="utf-8")
     assert (tmp_path / "res" / "fig2.png").stat().st_size > 1000
@@ -166,8 +179,8 @@ def test_missing_inputs_are_refused(tmp_path, capsys):
 
 
 @needs_data
-def test_more_sentences_per_group_than_a_group_holds_is_refused(tmp_path, capsys):
+def test_more_sentences_per_group_than_a_group_holds_is_refused(data, tmp_path, capsys):
     src = tmp_path / "src.en"
-    src.write_text("\n".join(_lines(os.path.join(DATA, "raw", "test.en"), 5)) + "\n", encoding="utf-8")
-    err = _refused(tmp_path, capsys, "--source", str(src), "--groups", "2", "--sents-per-group", "3")
+    src.write_text("\n".join(_lines(os.path.join(data, "raw", "test.en"), 5)) + "\n", encoding="utf-8")
+    err = _refused(tmp_path, capsys, "--source", str(src), *_data_args(data), "--groups", "2", "--sents-per-group", "3")
     assert "--sents-per-group 3: the smallest of 2 groups has 2 sentences; choose 1..2" in err
