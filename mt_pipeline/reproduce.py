@@ -61,6 +61,8 @@ TABLES = {
                       "--max-tokens", "25000", "--train-batches", "500", "--out", "results/rela/table2_speed_wmt14.md"],
             "note": "speed ratios vs fairseq's stock transformer measured in the same run (scripts/bench_speed.py; "
                     "models at the *_small sizes -- bench_speed has no Transformer-base option yet)"}},
+        "table3": {"paper": ["configs/rela/wmt14_en_fr/table3.yaml", "configs/rela/wmt18_en_fi/table3.yaml",
+                             "configs/rela/wmt18_zh_en/table3.yaml", "configs/rela/wmt16_ro_en/table3.yaml"]},
         # Figure 2: decoding speed by source length (10 length groups of newstest2014, batch 1)
         "figure2": {"benchmark": {
             "small": [sys.executable, "-m", "mt_pipeline.bench_decode_length",
@@ -68,21 +70,17 @@ TABLES = {
             "note": "decoding speed at batch 1 by source-length group of newstest2014 (10 groups of equal size), "
                     "ratios vs fairseq's stock transformer measured in the same run (mt-bench-decode-length; "
                     "untrained *_small models, Multi30k BPE and vocabulary)"}},
-        "table3": {"paper": ["configs/rela/wmt14_en_fr/table3.yaml", "configs/rela/wmt18_en_fi/table3.yaml",
-                             "configs/rela/wmt18_zh_en/table3.yaml", "configs/rela/wmt16_ro_en/table3.yaml"]},
         # RMSNorm over the concatenated heads (released code) vs per head (paper text)
         "normscope": {"small": ["configs/rela/norm_scope.yaml"]},
     },
     "reluformer": {
         "table1": {"small": ["configs/reluformer/table1_ffn_memory.yaml"],
                    "paper": ["configs/reluformer/iwslt14_de_en/table1.yaml"]},
+        # Table 2: softmax / ReLU / ReLU + eq. 6 scale (rows 1, 3 reuse T4 row 1 and T5 row 3), + §4.1's ReLU + LN
+        "table2": {"small": ["configs/reluformer/table2_activation.yaml"]},
         # T4/T5: the smoke specs keep the lambda = 1.0 they were run with (the committed smoke tables
         # stay reproducible); the converged specs train with the default lambda = 0.01 (the
         # --budget override alone would keep lambda = 1.0, which the lambda study rules out).
-        # Table 2: softmax / ReLU / ReLU + eq. 6 scale (rows 1, 3 reuse T4 row 1 and T5 row 3), + §4.1's ReLU + LN
-        "table2": {"small": ["configs/reluformer/table2_activation.yaml"]},
-        # Figure 1 (FFN memory size d_h 32-4096) with Figures 2-3's slot statistics as analyses
-        "figure1": {"small": ["configs/reluformer/figure1_ffn_size.yaml"]},
         "table4": {"small": ["configs/reluformer/table4_multi30k.yaml"],
                    "converged": ["configs/reluformer/table4_multi30k_converged.yaml"],
                    "paper": ["configs/reluformer/iwslt14_de_en/table4.yaml", "configs/reluformer/wmt14_en_de/table4.yaml"]},
@@ -91,6 +89,8 @@ TABLES = {
                    "paper": ["configs/reluformer/iwslt14_de_en/table5.yaml"]},
         "table6": {"small": ["configs/reluformer/table6_long_documents.yaml"],
                    "paper": ["configs/reluformer/europarl7_doc/table6.yaml"]},
+        # Figure 1 (FFN memory size d_h 32-4096) with Figures 2-3's slot statistics as analyses
+        "figure1": {"small": ["configs/reluformer/figure1_ffn_size.yaml"]},
         # the eq. 7 weight the paper does not give (diagnostic budget on CPU; --scale converged on a GPU)
         "lambda": {"small": ["configs/reluformer/lambda_study.yaml"]},
     },
@@ -108,10 +108,10 @@ TABLES = {
                                   "--plot", "results/eatt/figure2_rho_multi30k.png"]],
                        "note": "ratio of ones rho after binarisation per layer and attention type of the trained "
                                "E-ATT model on the validation set, with its energy accounting (paper Figure 2)"}},
-        # Figure 1: BLEU vs attention energy as d is halved (vanilla and E-ATT at d 256 ... 32)
-        "figure1": {"small": ["configs/eatt/figure1_dimension.yaml"]},
         "table5": {"small": ["configs/eatt/table5_hybrids_multi30k.yaml"],
                    "paper": ["configs/eatt/iwslt15_en_vi/table5.yaml"]},
+        # Figure 1: BLEU vs attention energy as d is halved (vanilla and E-ATT at d 256 ... 32)
+        "figure1": {"small": ["configs/eatt/figure1_dimension.yaml"]},
     },
     "flexible": {
         # Table 1: the rows train the models (tau = inf); the window columns, the tau selected on the

@@ -307,10 +307,10 @@ def test_flexible_post_training_steps_use_the_tables_runs(table, scale):
 
 def test_every_eatt_table_is_registered_at_both_scales():
     """E-ATT Tables 3, 4, 5: a small (Multi30k) and a paper-scale spec each (so the dry-run test
-    above covers every E-ATT row at both scales); Table 4 at paper scale has the paper's three
-    datasets, each with the energy column."""
-    assert {(t, s) for p, t, s in CASES if p == "eatt" and s != "converged"} == {(t, s) for t in ("table3", "table4", "table5")
-                                                           for s in ("small", "paper")}
+    above covers every E-ATT row at both scales), Figure 1 a small one; Table 4 at paper scale has
+    the paper's three datasets, each with the energy column."""
+    assert {(t, s) for p, t, s in CASES if p == "eatt" and s != "converged"} == {
+        (t, s) for t in ("table3", "table4", "table5") for s in ("small", "paper")} | {("figure1", "small")}
     t4 = [yaml.safe_load(open(os.path.join(ROOT, s))) for s in REPRO.TABLES["eatt"]["table4"]["paper"]]
     assert [(t["src"], t["tgt"]) for t in t4] == [("en", "vi"), ("en", "de"), ("zh", "en")]
     assert all([a["script"] for a in t["analyses"]] == ["scripts/eatt_energy.py"] for t in t4)
@@ -352,15 +352,16 @@ def test_unknown_and_pending_tables_list_the_valid_ones(monkeypatch):
 
 def test_every_paper_table_is_documented_and_registered():
     """The paper pages (docs/<paper>.md) name every table of the four papers (ReLA 1-3, ReLUFormer
-    1, 4-6, E-ATT 3-5, Flexible 1-3) and our two studies with its `reproduce` command; each is
-    registered in mt_pipeline.reproduce, none pending, and every registered table is documented."""
+    1-2, 4-6, E-ATT 3-5, Flexible 1-3), the measured figures (ReLA 2, ReLUFormer 1, E-ATT 1) and
+    our two studies with its `reproduce` command; each is registered in mt_pipeline.reproduce, none
+    pending, and every registered table is documented."""
     named = set()
     for paper in ("rela", "reluformer", "eatt", "flexible"):
         text = open(os.path.join(ROOT, "docs", f"{paper}.md")).read()
         named |= set(re.findall(r"`reproduce (\w+) (\w+)[ `]", text))
-    want = {("rela", t) for t in ("table1", "table2", "table3", "normscope")} | {
-        ("reluformer", t) for t in ("table1", "table4", "table5", "table6", "lambda")} | {
-        ("eatt", t) for t in ("table3", "table4", "table5")} | {("flexible", t) for t in ("table1", "table2", "table3")}
+    want = {("rela", t) for t in ("table1", "table2", "table3", "figure2", "normscope")} | {
+        ("reluformer", t) for t in ("table1", "table2", "table4", "table5", "table6", "figure1", "lambda")} | {
+        ("eatt", t) for t in ("table3", "table4", "table5", "figure1")} | {("flexible", t) for t in ("table1", "table2", "table3")}
     registered = {(p, t) for p, ts in REPRO.TABLES.items() for t in ts}
     assert named == want == registered
     assert not [(p, t) for p, ts in REPRO.TABLES.items() for t, e in ts.items() if "pending" in e]
