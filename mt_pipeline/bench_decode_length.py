@@ -13,7 +13,7 @@ What this measures (a benchmark: it prints and writes numbers, it asserts nothin
   ``../shared/data/wmt/plain/newstest2014.de-en.en.gz``, 3,003 lines) preprocessed exactly as the
   Multi30k models' inputs -- the Multi30k recipe's sacremoses tokenisation
   (:func:`mt_pipeline.prep.tok.tokenize_lines` with ``data-prep/multi30k/corpus.yaml``'s recipe),
-  the Multi30k joint BPE codes (:func:`mt_pipeline.prep.bpe.apply_bpe`) -- and encoded with the
+  the Multi30k joint BPE codes (:func:`mt_pipeline.prep.bpe.apply_bpe_lines`) -- and encoded with the
   source dictionary of ``data-bin/multi30k_en_de/bin`` (words outside it become ``<unk>``);
 * **groups** (:func:`length_groups`): the sentences sorted by source length in BPE tokens and cut
   into ``--groups`` disjoint groups of equal size (±1): deciles by default.  This is our reading
@@ -42,11 +42,9 @@ Usage:  mt-bench-decode-length [--groups 10] [--sents-per-group 8] [--rounds 3] 
 """
 
 import argparse
-import gzip
 import os
 import statistics
 import sys
-import tempfile
 import time
 from typing import Dict, List, Sequence, Tuple
 
@@ -68,7 +66,8 @@ DEFAULT_SOURCE = os.path.join(prep_spec.SHARED_DATA, "wmt", "plain", "newstest20
 DEFAULT_DATA = os.path.join(ROOT, "data-bin", "multi30k_en_de")
 DEFAULT_OUT = os.path.join(ROOT, "results", "rela", "figure2_decode_length_cpu.md")
 REGIME_LINE = ("**Regime: benchmark** (CPU, untrained `*_small` models, Multi30k BPE and vocabulary; "
-               "not the paper's GPU/TensorFlow setting)")
+               "not the paper's GPU/TensorFlow setting): neither smoke, converged nor paper scale; no translation "
+               "quality, no seeds")
 PAPER_CLAIM = ("\"Curves in Figure 2 show consistent efficiency trend across different lengths: ReLA translates "
                "slightly slower than Baseline but at least 1.8 times faster than sparsemax and 1.5-entmax.\" "
                "(ReLA §5.1; Figure 2: \"Decoding speedup as source length increases on WMT14 En-De. We divide the "
@@ -88,15 +87,16 @@ def shown(path: str) -> str:
 # ---- sources ---------------------------------------------------------------------------------
 
 def read_source(path: str) -> List[str]:
-    """The lines of the raw source file ``path`` (UTF-8, ``.gz`` decompressed), split on ``\\n``
-    only as the data preparation reads text (:mod:`mt_pipeline.prep.textio`), without newlines.
+    """The lines of the raw source file ``path`` (UTF-8, ``.gz`` decompressed:
+    :func:`mt_pipeline.prep.fetch.read_content`), split on ``\\n`` only as the data preparation
+    reads text, without newlines.
 
     Raises:
         SystemExit: the file cannot be read or is not UTF-8 text (names the file)."""
+    from .prep.fetch import read_content
+
     try:
-        with (gzip.open if path.endswith(".gz") else open)(path, "rb") as f:
-            data = f.read()
-        text = data.decode("utf-8")
+        text = read_content(path).decode("utf-8")
     except (OSError, EOFError) as err:
         raise SystemExit(f"{PROG}: cannot read --source {path}: {err}") from None
     except UnicodeDecodeError as err:
@@ -115,20 +115,14 @@ def multi30k_recipe() -> dict:
 def preprocess(lines: Sequence[str], codes: str, lang: str = "en") -> List[str]:
     """Raw ``lines`` of language ``lang`` as the Multi30k models read them: tokenised by the
     Multi30k recipe (:func:`mt_pipeline.prep.tok.tokenize_lines`) and segmented with the BPE codes
-    file ``codes`` (:func:`mt_pipeline.prep.bpe.apply_bpe`, through a temporary directory: it
-    works on files).  One output line (space-separated BPE tokens) per input line.
+    file ``codes`` (:func:`mt_pipeline.prep.bpe.apply_bpe_lines`).  One output line (space-separated
+    BPE tokens) per input line.
 
     Raises:
-        SystemExit: a bad codes file, or a line break surviving tokenisation."""
+        SystemExit: a bad codes file."""
     from .prep import bpe, tok
-    from .prep.textio import read_lines, write_lines_atomic
 
-    tokenized = tok.tokenize_lines(list(lines), lang, multi30k_recipe())
-    with tempfile.TemporaryDirectory(prefix="bench_decode_length.") as d:
-        src, dst = os.path.join(d, f"tok.{lang}"), os.path.join(d, f"bpe.{lang}")
-        write_lines_atomic(src, tokenized)
-        bpe.apply_bpe([(src, dst)], codes)
-        return read_lines(dst)
+    return bpe.apply_bpe_lines(tok.tokenize_lines(list(lines), lang, multi30k_recipe()), codes)
 
 
 # ---- groups ----------------------------------------------------------------------------------

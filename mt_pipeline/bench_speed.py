@@ -209,7 +209,8 @@ def main():
         "# ReLA Table 2 on CPU: parameters and speed relative to stock fairseq `transformer`",
         "",
         "**Regime: benchmark** -- speed and memory ratios against the baseline measured in the same run on this "
-        "machine's CPU; no GPU numbers (those wait for a lent GPU: `results/gpu/`).",
+        "machine's CPU; neither smoke, converged nor paper scale (untrained models, no seeds); no GPU numbers "
+        "(those wait for a lent GPU: `results/gpu/`).",
         "",
         "Paper (Zhang et al. 2021, Table 2): WMT14 En-De Transformer base on a GTX 1080 Ti, TensorFlow; "
         "ΔTrain per training step, ΔDecode with batch size 1.",

@@ -26,6 +26,7 @@ import torch
 import torch.nn as nn
 
 from .ffn_variance import ffn_layers, forward_batches
+from .loading import run_checkpoint_analysis
 from .metrics import ffn_anisotropy, top_p_terms
 
 __all__ = ["DEFAULT_TOP_P", "ffn_top_p_score_sums", "ffn_anisotropies", "main_top_p", "main_anisotropy"]
@@ -152,40 +153,26 @@ def _percentages(text: str) -> List[float]:
     return ps
 
 
-def _run(argv, prog: str, description: str, measure, extra_args=None):
-    from ..checkpoint import CheckpointError
-    from .loading import analysis_parser, checkpoint_batches, emit_result
-
-    p = analysis_parser(description, prog=prog)
-    if extra_args:
-        extra_args(p)
-    a = p.parse_args(argv)
-    try:
-        model, task, itr = checkpoint_batches(a.checkpoint, a.data_bin, a.src, a.tgt, a.subset, a.max_tokens, tool=prog)
-        res = measure(a, model, task, itr)
-    except (FileNotFoundError, CheckpointError, ValueError) as e:  # names the file / the activation
-        p.error(str(e))
-    emit_result(res, a.checkpoint, a.subset, a.json, prog=prog, argv=argv)
-
-
 def main_top_p(argv=None):
     """``fairseq-attention-ffn-top-p --checkpoint CK --data-bin BIN --src de --tgt en [--subset valid]
     [--top-p 0.2,1,5,10] [--json OUT]``: :func:`ffn_top_p_score_sums` on a split, printed and
     written to ``--json`` atomically (``top_0.2`` etc.: the mean over layers)."""
-    _run(argv, "fairseq-attention-ffn-top-p",
-         "Top-p % score sum of the FFN slot distributions of a trained checkpoint (ReLUFormer Figure 2).",
-         lambda a, model, task, itr: ffn_top_p_score_sums(model, itr, task.target_dictionary.pad(), a.top_p),
-         lambda p: p.add_argument("--top-p", type=_percentages, default=list(DEFAULT_TOP_P),
-                                  help="comma-separated percentages in (0, 100] (default: 0.2,1,5,10)"))
+    run_checkpoint_analysis(
+        argv, "fairseq-attention-ffn-top-p",
+        "Top-p % score sum of the FFN slot distributions of a trained checkpoint (ReLUFormer Figure 2).",
+        lambda a, model, task, itr: ffn_top_p_score_sums(model, itr, task.target_dictionary.pad(), a.top_p),
+        lambda p: p.add_argument("--top-p", type=_percentages, default=list(DEFAULT_TOP_P),
+                                 help="comma-separated percentages in (0, 100] (default: 0.2,1,5,10)"))
 
 
 def main_anisotropy(argv=None):
     """``fairseq-attention-ffn-anisotropy --checkpoint CK --data-bin BIN --src de --tgt en [--json OUT]``:
     :func:`ffn_anisotropies` of the checkpoint's FFN value slots (weights only; the data arguments
     are the analyses' common contract and load the vocabulary)."""
-    _run(argv, "fairseq-attention-ffn-anisotropy",
-         "Anisotropy (ANI) of the FFN value slots of a trained checkpoint (ReLUFormer eq. 4, Figure 3).",
-         lambda a, model, task, itr: ffn_anisotropies(model))
+    run_checkpoint_analysis(
+        argv, "fairseq-attention-ffn-anisotropy",
+        "Anisotropy (ANI) of the FFN value slots of a trained checkpoint (ReLUFormer eq. 4, Figure 3).",
+        lambda a, model, task, itr: ffn_anisotropies(model))
 
 
 if __name__ == "__main__":  # python -m fairseq_plugins.analysis.ffn_memory: the top-p measurement

@@ -98,19 +98,11 @@ def main(argv=None):
     """``fairseq-attention-ffn-variance --checkpoint CK --data-bin BIN --src de --tgt en [--subset
     valid] [--json OUT]``: prints ``{"encoder": [...], "decoder": [...], "mean": [m]}`` of
     :func:`ffn_variance_ratios` on a split and writes it to ``--json`` atomically."""
-    from ..checkpoint import CheckpointError
-    from .loading import analysis_parser, checkpoint_batches, emit_result
+    from .loading import run_checkpoint_analysis
 
-    p = analysis_parser("Variance ratio Var(FFN output) / Var(residual) of a trained checkpoint "
-                        "(ReLUFormer Table 1).", prog="fairseq-attention-ffn-variance")
-    a = p.parse_args(argv)
-    try:
-        model, task, itr = checkpoint_batches(a.checkpoint, a.data_bin, a.src, a.tgt, a.subset, a.max_tokens,
-                                              tool="fairseq-attention-ffn-variance")
-    except (FileNotFoundError, CheckpointError) as e:  # names the file: empty, cut short, unsafe, wrong model
-        p.error(str(e))
-    res = ffn_variance_ratios(model, itr, task.target_dictionary.pad())
-    emit_result(res, a.checkpoint, a.subset, a.json, prog="fairseq-attention-ffn-variance", argv=argv)
+    run_checkpoint_analysis(argv, "fairseq-attention-ffn-variance",
+                            "Variance ratio Var(FFN output) / Var(residual) of a trained checkpoint (ReLUFormer Table 1).",
+                            lambda a, model, task, itr: ffn_variance_ratios(model, itr, task.target_dictionary.pad()))
 
 
 if __name__ == "__main__":

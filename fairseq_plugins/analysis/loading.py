@@ -1,6 +1,6 @@
 """Loading a trained checkpoint and a binarized split for the per-checkpoint analyses."""
 
-__all__ = ["checkpoint_batches"]
+__all__ = ["checkpoint_batches", "analysis_parser", "emit_result", "run_checkpoint_analysis"]
 
 
 def checkpoint_batches(checkpoint: str, data_bin: str, src: str, tgt: str, subset: str = "valid",
@@ -68,3 +68,25 @@ def emit_result(res: dict, checkpoint: str, subset: str, json_path=None, prog: s
         with atomic_path(json_path) as tmp, open(tmp, "w") as f:
             f.write(text + "\n")
     return res
+
+
+def run_checkpoint_analysis(argv, prog: str, description: str, measure, extra_args=None) -> dict:
+    """The body of a per-checkpoint analysis command: parse :func:`analysis_parser`'s arguments
+    (plus ``extra_args(parser)``), load the model and the split (:func:`checkpoint_batches`), run
+    ``measure(args, model, task, batches) -> dict`` and :func:`emit_result` it.
+
+    A missing file, a bad checkpoint (:class:`fairseq_plugins.checkpoint.CheckpointError`) or a
+    ``ValueError`` of ``measure`` (a model the analysis does not apply to) stops with the parser's
+    error, naming the problem, and writes nothing."""
+    from ..checkpoint import CheckpointError
+
+    p = analysis_parser(description, prog=prog)
+    if extra_args:
+        extra_args(p)
+    a = p.parse_args(argv)
+    try:
+        model, task, itr = checkpoint_batches(a.checkpoint, a.data_bin, a.src, a.tgt, a.subset, a.max_tokens, tool=prog)
+        res = measure(a, model, task, itr)
+    except (FileNotFoundError, CheckpointError, ValueError) as e:
+        p.error(str(e))
+    return emit_result(res, a.checkpoint, a.subset, a.json, prog=prog, argv=argv)

@@ -66,19 +66,12 @@ def main(argv=None):
     """``fairseq-attention-zero-rate --checkpoint CK --data-bin BIN --src de --tgt en [--subset valid]
     [--json OUT]``: :func:`zero_weight_rates` on a split, printed and written to ``--json``
     atomically (``mean``: pooled over every attention module)."""
-    from ..checkpoint import CheckpointError
-    from .loading import analysis_parser, checkpoint_batches, emit_result
+    from .loading import run_checkpoint_analysis
 
-    prog = "fairseq-attention-zero-rate"
-    p = analysis_parser("Fraction of exactly-zero attention weights of a trained checkpoint (ReLA sparsity rate; "
-                        "ReLUFormer Section 4.2).", prog=prog)
-    a = p.parse_args(argv)
-    try:
-        model, task, itr = checkpoint_batches(a.checkpoint, a.data_bin, a.src, a.tgt, a.subset, a.max_tokens, tool=prog)
-    except (FileNotFoundError, CheckpointError) as e:  # names the file: empty, cut short, unsafe, wrong model
-        p.error(str(e))
-    res = zero_weight_rates(model, itr, task.target_dictionary.pad())
-    emit_result(res, a.checkpoint, a.subset, a.json, prog=prog, argv=argv)
+    run_checkpoint_analysis(argv, "fairseq-attention-zero-rate",
+                            "Fraction of exactly-zero attention weights of a trained checkpoint (ReLA sparsity rate; "
+                            "ReLUFormer Section 4.2).",
+                            lambda a, model, task, itr: zero_weight_rates(model, itr, task.target_dictionary.pad()))
 
 
 if __name__ == "__main__":

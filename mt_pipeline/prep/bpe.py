@@ -105,6 +105,17 @@ def _apply_chunk(lines):
     return [_BPE.process_line(line) for line in lines]
 
 
+def apply_bpe_lines(lines, codes):
+    """``lines`` (tokenised text) segmented in memory with the codes file ``codes``, one output
+    line per input line, exactly as :func:`apply_bpe` segments files (single process).
+
+    Raises:
+        SystemExit: a bad codes file (:func:`check_codes`)."""
+    check_codes(codes)
+    _init_bpe(codes)
+    return _apply_chunk(list(lines))
+
+
 def apply_bpe(pairs, codes, workers=1):
     """Segment each ``(IN, OUT)`` of ``pairs`` with the codes file ``codes``, in chunks of
     ``APPLY_BPE_CHUNK`` lines (over a pool of ``workers`` processes when > 1); one output line
