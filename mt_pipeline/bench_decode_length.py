@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""ReLA Figure 2 on CPU: decoding speed vs source length, relative to stock fairseq.
+"""ReLA Figure 2: decoding speed vs source length, relative to stock fairseq, on CPU (default) or
+on a GPU (``--device cuda [--dtype bf16]``, the paper's setting).
 
 Paper (Zhang, Titov & Sennrich 2021, *Sparse Attention with Linear Units*, Figure 2 and §5.1
 "Efficiency Analysis"): "Decoding speedup as source length increases on WMT14 En-De. We divide the
@@ -33,12 +34,19 @@ What this measures (a benchmark: it prints and writes numbers, it asserts nothin
   the machine hits all models alike.  Per group and model: the median over rounds of sentences/s
   (sentences divided by the summed decode time); ratios of medians measured in the same run.
 
-Output: ``--out`` (Markdown, atomically; default ``results/rela/figure2_decode_length_cpu.md``)
-and the plot beside it (``.png``: speed relative to the stock model over the group's mean
-source length, the shape of the paper's figure).
+* **device** (``--device``, ``--dtype``): on ``cuda`` the models are converted to ``--dtype`` as
+  ``fairseq-generate --bf16`` / ``--fp16`` do, the samples are moved to the GPU before each timer
+  starts, and each timer brackets synchronised work (``torch.cuda.synchronize``).  At batch 1 a
+  GPU decoding step is mostly launch overhead: that is the setting the paper measured.
+
+Output: ``--out`` (Markdown, atomically; default ``results/rela/figure2_decode_length_cpu.md``,
+on cuda ``results/gpu/rela_figure2_decode_length_<gpu>_<dtype>.md``) and the plot beside it
+(``.png``: speed relative to the stock model over the group's mean source length, the shape of
+the paper's figure).
 
 Usage:  mt-bench-decode-length [--groups 10] [--sents-per-group 8] [--rounds 3] [--beam 4]
-            [--models LABEL ...] [--source FILE] [--out results/rela/figure2_decode_length_cpu.md]
+            [--models LABEL ...] [--source FILE] [--device cpu|cuda] [--dtype fp32|bf16|fp16]
+            [--out results/rela/figure2_decode_length_cpu.md]
 """
 
 import argparse
@@ -50,7 +58,7 @@ from typing import Dict, List, Sequence, Tuple
 
 from . import provenance
 from .atomic import atomic_path, writable_problem
-from .bench_speed import MODELS, build_models, time_decoding
+from .bench_speed import DEVICES, DTYPES, MODELS, build_models, device_problem, gpu_slug, time_decoding
 from .prep import spec as prep_spec
 from .prep.multi30k import TOKENIZER
 
@@ -65,9 +73,16 @@ FIGURE2_MODELS = (BASELINE, RELA) + RIVALS
 DEFAULT_SOURCE = os.path.join(prep_spec.SHARED_DATA, "wmt", "plain", "newstest2014.de-en.en.gz")
 DEFAULT_DATA = os.path.join(ROOT, "data-bin", "multi30k_en_de")
 DEFAULT_OUT = os.path.join(ROOT, "results", "rela", "figure2_decode_length_cpu.md")
-REGIME_LINE = ("**Regime: benchmark** (CPU, untrained `*_small` models, Multi30k BPE and vocabulary; "
-               "not the paper's GPU/TensorFlow setting): neither smoke, converged nor paper scale; no translation "
-               "quality, no seeds")
+
+
+def regime_line(where: str) -> str:
+    """The page's regime line; ``where``: ``"CPU"`` or the GPU's name and dtype."""
+    setting = ("not the paper's GPU/TensorFlow setting" if where == "CPU" else
+               "the paper's GPU setting, not its TensorFlow models")
+    return (f"**Regime: benchmark** ({where}, untrained `*_small` models, Multi30k BPE and vocabulary; {setting}): "
+            "neither smoke, converged nor paper scale; no translation quality, no seeds")
+
+
 PAPER_CLAIM = ("\"Curves in Figure 2 show consistent efficiency trend across different lengths: ReLA translates "
                "slightly slower than Baseline but at least 1.8 times faster than sparsemax and 1.5-entmax.\" "
                "(ReLA §5.1; Figure 2: \"Decoding speedup as source length increases on WMT14 En-De. We divide the "
@@ -242,19 +257,29 @@ def _ratio(x: float) -> str:
     return f"{x:.3f}×"
 
 
-def render(a, labels: Sequence[str], info: List[dict], meas, all_rounds, record) -> str:
+def where_label(device: str, dtype: str) -> str:
+    """``"CPU"``, or ``"GPU (<name>, <dtype>)"`` for ``device == "cuda"`` (the page's title words)."""
+    if device == "cpu":
+        return "CPU"
+    import torch
+
+    return f"GPU ({torch.cuda.get_device_name()}, {dtype})"
+
+
+def render(a, labels: Sequence[str], info: List[dict], meas, all_rounds, record, where: str = "CPU") -> str:
     """The Markdown page: regime line, the paper's claim, how it was measured, the table (one row
     per group and model, then the all-groups rows), the reading of the ReLA-vs-rivals ratios,
-    the per-round numbers and the provenance section (``record``: :func:`provenance.collect`)."""
+    the per-round numbers and the provenance section (``record``: :func:`provenance.collect`).
+    ``where``: :func:`where_label` (title, regime line)."""
     med = {k: [statistics.median(v) for v in meas[k]] for k in labels}
     med_all = {k: statistics.median(all_rounds[k]) for k in labels}
     png = os.path.basename(os.path.splitext(a.out)[0] + ".png")
     has_rela = RELA in labels
     data = record["data"]
     lines = [
-        "# ReLA Figure 2 on CPU: decoding speed vs source length, relative to stock fairseq `transformer`",
+        f"# ReLA Figure 2 on {where}: decoding speed vs source length, relative to stock fairseq `transformer`",
         "",
-        REGIME_LINE,
+        regime_line(where),
         "",
         f"Paper: {PAPER_CLAIM}",
         "",
@@ -270,7 +295,9 @@ def render(a, labels: Sequence[str], info: List[dict], meas, all_rounds, record)
         f"count is forced). One untimed warm-up decode per model, then {a.rounds} interleaved round(s) (every group, "
         "every model, model order rotated per round); sents/s = median over rounds of sentences / summed decode time; "
         "ratios of those medians, measured in the same run. All-groups rows: all decoded sentences over their summed "
-        "time per round, median over rounds.",
+        "time per round, median over rounds."
+        + ("" if where == "CPU" else " GPU: wall time between `torch.cuda.synchronize()` calls, models converted to "
+           "the dtype in the title as `fairseq-generate` does."),
         "",
         f"Sentences: {data['kept']} of the {data['source_lines']} source lines kept ({data['dropped_empty']} empty and "
         f"{data['dropped_too_long']} longer than the models' {data['max_positions']} positions dropped); "
@@ -324,7 +351,7 @@ def render(a, labels: Sequence[str], info: List[dict], meas, all_rounds, record)
     return "\n".join(lines)
 
 
-def plot(labels: Sequence[str], info: List[dict], meas, path: str) -> str:
+def plot(labels: Sequence[str], info: List[dict], meas, path: str, where: str = "CPU") -> str:
     """PNG of each model's median speed relative to the stock model (y) over the group's mean
     decoded source length in BPE tokens (x), the shape of ReLA Figure 2; written atomically
     (matplotlib, Agg backend).  Returns ``path``."""
@@ -345,7 +372,7 @@ def plot(labels: Sequence[str], info: List[dict], meas, path: str) -> str:
         ax.plot(xs, ys, "--" if label == BASELINE else "o-", color=f"C{n}", label=label, markersize=4)
     ax.set_xlabel("mean source length of the group (BPE tokens)")
     ax.set_ylabel("decoding speed ÷ stock (batch 1)")
-    ax.set_title("ReLA Figure 2 on CPU (untrained *_small models)", fontsize=9)
+    ax.set_title(f"ReLA Figure 2 on {where} (untrained *_small models)", fontsize=9)
     top = max(med[k][g] / med[BASELINE][g] for k in labels for g in range(len(info)))
     ax.set_ylim(0, max(1.25, 1.1 * top))
     ax.grid(alpha=0.3)
@@ -394,8 +421,13 @@ def parse_args(argv=None):
     p.add_argument("--sents-per-group", type=int, default=8, help="sentences decoded per group (default: 8)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds, median reported (default: 3)")
     p.add_argument("--beam", type=int, default=4)
-    p.add_argument("--out", default=DEFAULT_OUT, help="the Markdown page (the .png plot goes beside it; default: "
-                   "results/rela/figure2_decode_length_cpu.md)")
+    p.add_argument("--device", default="cpu", choices=DEVICES, help="cpu (default) or cuda (GPU wall time "
+                   "between synchronisations)")
+    p.add_argument("--dtype", default="fp32", choices=list(DTYPES), help="the models' precision (bf16 / fp16 on "
+                   "--device cuda only; default fp32)")
+    p.add_argument("--out", help="the Markdown page (the .png plot goes beside it; default: "
+                   "results/rela/figure2_decode_length_cpu.md, on cuda "
+                   "results/gpu/rela_figure2_decode_length_<gpu>_<dtype>.md)")
     a = p.parse_args(argv)
     for opt in ("groups", "sents_per_group", "rounds", "beam"):
         if getattr(a, opt) < 1:
@@ -408,6 +440,12 @@ def parse_args(argv=None):
                 "give the bin/ folder of a Multi30k preparation)")
     if not os.path.isfile(a.bpe_codes):
         p.error(f"--bpe-codes {a.bpe_codes}: no such file (run data-prep/multi30k/prepare.sh first)")
+    problem = device_problem(a.device, a.dtype)
+    if problem:
+        p.error(problem)
+    if a.out is None:
+        a.out = DEFAULT_OUT if a.device == "cpu" else os.path.join(
+            ROOT, "results", "gpu", f"rela_figure2_decode_length_{gpu_slug()}_{a.dtype}.md")
     if not a.out.endswith(".md"):
         p.error(f"--out {a.out}: must end in .md (the plot is written beside it as .png)")
     problem = writable_problem(a.out, is_dir=False)
@@ -428,7 +466,7 @@ def main(argv=None):
     bpe_lines = preprocess(raw, a.bpe_codes, a.src)
     lengths = [len(line.split()) for line in bpe_lines]
 
-    models, task = build_models(a.data_bin, a.src, a.tgt)
+    models, task = build_models(a.data_bin, a.src, a.tgt, device=a.device, dtype=a.dtype)
     models = {k: models[k] for k in a.models}
     max_src, max_tgt = resolve_max_positions(task.max_positions(), *(m.max_positions() for m in models.values()))
     # a source of L tokens is L + 1 positions with EOS; L forced steps need L + 1 decoder positions
@@ -471,9 +509,10 @@ def main(argv=None):
               "decoded_tokens": sum(sum(st) for _, st in batches)},
         models={k: f"{MODELS[k][0]} / {MODELS[k][1] or 'stock'}" for k in models},
         wall_s=round(time.time() - t_start, 1))
-    text = render(a, list(models), info, meas, all_rounds, record)
+    where = where_label(a.device, a.dtype)
+    text = render(a, list(models), info, meas, all_rounds, record, where)
     png = os.path.splitext(a.out)[0] + ".png"
-    plot(list(models), info, meas, png)  # the plot first: the page appears only once both are complete
+    plot(list(models), info, meas, png, where)  # the plot first: the page appears only once both are complete
     with atomic_path(a.out) as tmp, open(tmp, "w", encoding="utf-8") as f:
         f.write(text)
     print(text)

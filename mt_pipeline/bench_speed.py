@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""ReLA Table 2 on CPU: parameters, training-step throughput and decoding speed vs stock fairseq.
+"""ReLA Table 2: parameters, training-step throughput and decoding speed vs stock fairseq, on CPU
+(default) or on a GPU (``--device cuda [--dtype bf16]``: the paper's setting was a GTX 1080 Ti).
 
 Models (all at the ``*_small`` preset sizes, joined Multi30k vocabulary): fairseq's stock
 ``transformer`` (the reference), ours with ``softmax``, ReLA-g, sparsemax, 1.5-entmax and
@@ -14,8 +15,14 @@ all models alike; the median over rounds is reported.
   model decodes exactly the same number of steps (``min_len = max_len``) so that speed, not
   output length, is compared.  Throughput in sentences/s.
 
+On ``--device cuda`` every timer brackets synchronised work (``torch.cuda.synchronize`` before
+and after), batches are moved to the GPU before it starts, and peak memory is read from torch's
+CUDA allocator in the same process (:func:`peak_cuda`); on CPU each model's peak resident memory is
+measured in a fresh process (:func:`peak_memory`).
+
 Usage:  python scripts/bench_speed.py [--rounds 3] [--train-batches 6] [--decode-sents 24]
-            [--big-batch 128] [--out results/rela/table2_speed_cpu.md]
+            [--big-batch 128] [--device cpu|cuda] [--dtype fp32|bf16|fp16]
+            [--out results/rela/table2_speed_cpu.md]
 
 This is a benchmark, not a test: it prints and writes numbers; it asserts nothing.
 """
@@ -47,7 +54,31 @@ PAPER = {"ours: softmax": ("1.00×", "1.00×"), "ReLA-g": ("0.93×", "0.98×"),
          "ReLUFormer": ("n/a", "1.01×"), "E-ATT": ("n/a", "n/a")}  # ReLUFormer paper: decoding speed 1.01x of softmax
 
 
-def build_models(data_bin, src, tgt, extra_archs=()):
+#: where the speed benchmarks run (``--device``) and in which precision (``--dtype``: the model's
+#: parameters and activations, as ``fairseq-train --bf16`` / ``--fp16`` convert the model)
+DEVICES = ("cpu", "cuda")
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def device_problem(device: str, dtype: str):
+    """Why ``--device device --dtype dtype`` cannot run here, or None.  Half precision is measured on
+    a GPU only (no paper's setting and no user's runs half precision on CPU); ``cuda`` needs torch to
+    see a CUDA device.  Every message names the valid choices."""
+    if device not in DEVICES:
+        return f"--device {device}: valid choices: {', '.join(DEVICES)}"
+    if dtype not in DTYPES:
+        return f"--dtype {dtype}: valid choices: {', '.join(DTYPES)}"
+    if device == "cpu" and dtype != "fp32":
+        return f"--dtype {dtype} needs --device cuda (on cpu the benchmark runs fp32)"
+    if device == "cuda" and not torch.cuda.is_available():
+        return "--device cuda: torch sees no CUDA device here; use --device cpu"
+    return None
+
+
+def build_models(data_bin, src, tgt, extra_archs=(), device="cpu", dtype="fp32"):
+    """Every model of :data:`MODELS` (same seed, untrained), on ``device`` in ``dtype`` (a key of
+    :data:`DTYPES`), with the translation task that loaded the ``train`` and ``test`` splits of
+    ``data_bin``.  Returns ``(models, task)``: ``{label: model}`` in :data:`MODELS` order."""
     from fairseq import options, tasks
 
     import fairseq_plugins  # noqa: F401
@@ -64,8 +95,27 @@ def build_models(data_bin, src, tgt, extra_archs=()):
             task.load_dataset("train")
             task.load_dataset("test")
         torch.manual_seed(1)
-        models[label] = task.build_model(args)
+        models[label] = task.build_model(args).to(device=torch.device(device), dtype=DTYPES[dtype])
     return models, task
+
+
+def _device_of(model):
+    return next(model.parameters()).device
+
+
+def _sync(device):
+    """Wait for the device's queued kernels (a no-op on CPU), so a timer brackets finished work."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def on_device(sample, device):
+    """``sample`` (a fairseq batch dict) with its tensors on ``device`` (unchanged on CPU)."""
+    if device.type != "cuda":
+        return sample
+    from fairseq.utils import move_to_cuda
+
+    return move_to_cuda(sample, device)
 
 
 def train_batches(task, max_tokens, n):
@@ -76,12 +126,17 @@ def train_batches(task, max_tokens, n):
 
 
 def time_training(model, batches, criterion):
+    """Target tokens per second of forward + backward + Adam step over ``batches`` on the model's
+    device (one untimed warm-up step first; on a GPU the timer brackets synchronised work)."""
+    device = _device_of(model)
+    batches = [on_device(b, device) for b in batches]
     model.train()
     opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98))
     # warm-up step (allocations, lazy init) not timed
     loss, _, _ = criterion(model, batches[0])
     loss.backward()
     opt.zero_grad()
+    _sync(device)
     tokens, t0 = 0, time.perf_counter()
     for b in batches:
         loss, _, _ = criterion(model, b)
@@ -89,20 +144,28 @@ def time_training(model, batches, criterion):
         opt.step()
         opt.zero_grad()
         tokens += b["ntokens"]
+    _sync(device)
     return tokens / (time.perf_counter() - t0)
 
 
 def time_decoding(model, task, samples, beam, steps):
+    """Sentences per second of beam search (``beam``) over ``samples`` with exactly ``steps``
+    steps each (``min_len = max_len``), on the model's device: the samples are moved there and the
+    generator built before the timer starts; on a GPU the timer brackets synchronised work."""
     from fairseq.sequence_generator import SequenceGenerator
 
+    device = _device_of(model)
+    samples = [on_device(s, device) for s in samples]
     model.eval()
     gen = SequenceGenerator([model], task.target_dictionary, beam_size=beam, min_len=steps,
                             max_len_a=0, max_len_b=steps)
+    _sync(device)
     n, t0 = 0, time.perf_counter()
     with torch.no_grad():
         for s in samples:
             gen.forward(s)
             n += s["nsentences"]
+    _sync(device)
     return n / (time.perf_counter() - t0)
 
 
@@ -162,7 +225,36 @@ def peak_memory(a, label):
     return float("nan")
 
 
-def main():
+def peak_cuda(model, task, batches, big, criterion, beam, steps):
+    """Extra peak CUDA memory (MiB) of the training batches + one big-batch decode of ``model``,
+    over what was allocated before (the model and its optimizer-free state): the same-process GPU
+    counterpart of :func:`peak_memory`, from ``torch.cuda.max_memory_allocated`` after
+    ``reset_peak_memory_stats`` (the allocator counts per device, so models measured one after
+    the other do not mix)."""
+    device = _device_of(model)
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
+    base = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    time_training(model, batches, criterion)
+    time_decoding(model, task, big, beam, steps)
+    torch.cuda.synchronize(device)
+    return (torch.cuda.max_memory_allocated(device) - base) / 2 ** 20
+
+
+def gpu_slug():
+    """The CUDA device's name in lower case with ``_`` for spaces (``nvidia_h100_80gb_hbm3``), for
+    default file names; ``"cpu"`` without CUDA."""
+    if not torch.cuda.is_available():
+        return "cpu"
+    import re
+
+    return re.sub(r"[^a-z0-9_]", "", torch.cuda.get_device_name().lower().replace(" ", "_"))
+
+
+def main(argv=None):
+    """``mt-bench-speed`` (ReLA Table 2): see the module docstring.  Bad options stop with
+    ``p.error`` (exit 2) before any model is built."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data-bin", default=os.path.join(ROOT, "data-bin", "multi30k_en_de", "bin"))
     p.add_argument("--src", default="en")
@@ -174,19 +266,31 @@ def main():
     p.add_argument("--big-batch", type=int, default=128, help="sentences in the large-batch decode")
     p.add_argument("--steps", type=int, default=20, help="decoding steps per sentence (forced)")
     p.add_argument("--beam", type=int, default=4)
-    p.add_argument("--out", default=os.path.join(ROOT, "results", "rela", "table2_speed_cpu.md"))
-    p.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
+    p.add_argument("--device", default="cpu", choices=DEVICES,
+                   help="cpu (default; fp32, one process per model for peak memory) or cuda (the paper's setting: "
+                   "GPU wall time between synchronisations, peak memory from torch's CUDA allocator)")
+    p.add_argument("--dtype", default="fp32", choices=list(DTYPES),
+                   help="the models' precision (bf16 / fp16 on --device cuda only; default fp32)")
+    p.add_argument("--out", help="the Markdown page (default: results/rela/table2_speed_cpu.md, on cuda "
+                   "results/gpu/rela_table2_speed_<gpu>_<dtype>.md)")
+    p.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")
     p.add_argument("--_peak", help=argparse.SUPPRESS)
-    a = p.parse_args()
+    a = p.parse_args(argv)
     if a._peak:
         peak_child(a)
         return 0
     if not os.path.isdir(a.data_bin):
         p.error(f"{a.data_bin} not found: run data-prep/multi30k/prepare.sh first")
+    problem = device_problem(a.device, a.dtype)
+    if problem:
+        p.error(problem)
+    if a.out is None:
+        a.out = (os.path.join(ROOT, "results", "rela", "table2_speed_cpu.md") if a.device == "cpu" else
+                 os.path.join(ROOT, "results", "gpu", f"rela_table2_speed_{gpu_slug()}_{a.dtype}.md"))
     from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEntropyCriterion
 
     t_start = time.time()
-    models, task = build_models(a.data_bin, a.src, a.tgt)
+    models, task = build_models(a.data_bin, a.src, a.tgt, device=a.device, dtype=a.dtype)
     crit = LabelSmoothedCrossEntropyCriterion(task, sentence_avg=False, label_smoothing=0.1)
     batches = train_batches(task, a.max_tokens, a.train_batches)
     one = decode_samples(task, a.decode_sents, 1)
@@ -202,27 +306,38 @@ def main():
                   f"decode b1 {meas[label]['dec1'][-1]:.2f} sent/s, b{a.big_batch} {meas[label]['decB'][-1]:.1f} sent/s",
                   flush=True)
     med = {k: {m: statistics.median(v) for m, v in d.items()} for k, d in meas.items()}
-    peak = {k: float("nan") if a.no_memory else peak_memory(a, k) for k in models}
+    if a.no_memory:
+        peak = {k: float("nan") for k in models}
+    elif a.device == "cuda":
+        peak = {k: peak_cuda(m, task, batches, big, crit, a.beam, a.steps) for k, m in models.items()}
+    else:
+        peak = {k: peak_memory(a, k) for k in models}
     ref = med["stock transformer (fairseq)"]
     hw = provenance.hardware()
+    where = "CPU" if a.device == "cpu" else f"GPU ({torch.cuda.get_device_name()}, {a.dtype})"
     lines = [
-        "# ReLA Table 2 on CPU: parameters and speed relative to stock fairseq `transformer`",
+        f"# ReLA Table 2 on {where}: parameters and speed relative to stock fairseq `transformer`",
         "",
         "**Regime: benchmark** -- speed and memory ratios against the baseline measured in the same run on this "
-        "machine's CPU; neither smoke, converged nor paper scale (untrained models, no seeds); no GPU numbers "
-        "(those wait for a lent GPU: `results/gpu/`).",
+        f"machine's {where}; neither smoke, converged nor paper scale (untrained models, no seeds)"
+        + ("; no GPU numbers (those wait for a lent GPU: `results/gpu/`)." if a.device == "cpu" else
+           "; GPU wall time between `torch.cuda.synchronize()` calls."),
         "",
         "Paper (Zhang et al. 2021, Table 2): WMT14 En-De Transformer base on a GTX 1080 Ti, TensorFlow; "
         "ΔTrain per training step, ΔDecode with batch size 1.",
-        f"Ours: `*_small` preset (3+3 layers, d 256, 4 heads), Multi30k vocabulary, {hw['cpu']}, "
-        f"{hw['torch_threads']} torch threads, torch {hw['torch']}. Median of {a.rounds} interleaved rounds; "
+        f"Ours: `*_small` preset (3+3 layers, d 256, 4 heads), Multi30k vocabulary, "
+        + (f"{hw['cpu']}, {hw['torch_threads']} torch threads" if a.device == "cpu" else where)
+        + f", torch {hw['torch']}. Median of {a.rounds} interleaved rounds; "
         f"training = {a.train_batches} real batches of ≤{a.max_tokens} tokens (fwd+bwd+Adam); decoding = beam "
         f"{a.beam}, exactly {a.steps} steps per sentence, {a.decode_sents} test_2016 sentences at batch 1 and "
         f"{a.big_batch} at batch {a.big_batch}.",
         "",
         "Targets (issue): ours-softmax ≥ 0.98×; ReLA-g ≥ 0.97× training and ≥ 0.98× decoding. "
-        "Peak MiB: extra peak resident memory of the training batches + one big-batch decode, each model in a "
-        "fresh process (Δpeak: ratio to the stock model, same run).",
+        + ("Peak MiB: extra peak resident memory of the training batches + one big-batch decode, each model in a "
+         "fresh process (Δpeak: ratio to the stock model, same run)." if a.device == "cpu" else
+         "Peak MiB: peak CUDA memory allocated by the training batches + one big-batch decode over what the model "
+         "and its batches held before (`torch.cuda.max_memory_allocated`; Δpeak: ratio to the stock model, same "
+         "run)."),
         "",
         "| model | #params | train tok/s | ΔTrain | decode b=1 sent/s | ΔDecode b=1 | "
         f"decode b={a.big_batch} sent/s | ΔDecode b={a.big_batch} | peak MiB | Δpeak | paper ΔTrain / ΔDecode |",
@@ -242,12 +357,12 @@ def main():
                      f"big {[round(v, 1) for v in d['decB']]}")
     dictionary = os.path.join(a.data_bin, f"dict.{a.src}.txt")
     record = provenance.collect(
-        provenance.command_line("python scripts/bench_speed.py", sys.argv[1:]), regime="benchmark",
+        provenance.command_line("python scripts/bench_speed.py", sys.argv[1:] if argv is None else argv), regime="benchmark",
         data={"data_bin": provenance.repo_relative(a.data_bin), "prepared_by": "data-prep/multi30k/prepare.sh defaults",
               "dictionary_sha256": provenance.file_sha256(dictionary) if os.path.exists(dictionary) else "n/a"},
         wall_s=round(time.time() - t_start, 1))
     lines += ["", provenance.markdown(record)]
-    os.makedirs(os.path.dirname(a.out), exist_ok=True)
+    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     with atomic_path(a.out) as tmp, open(tmp, "w", encoding="utf-8") as f:
         f.write("\n".join(lines))
     print("\n".join(lines))

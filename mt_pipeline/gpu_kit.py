@@ -8,7 +8,8 @@ of this project's dependencies.  :func:`write_kit` writes a git-ignored folder (
   sdist-only pure-Python ones are built into wheels here) and fairseq-fixed's sdist (built in
   place there: its Cython extensions need the machine's compiler);
 * ``data/<corpus>/`` -- the raw corpus files of the plan's corpus (from ``../shared/data``), so
-  ``mt-prep`` prepares the same data there (same BPE, same binarisation);
+  ``mt-prep`` prepares the same data there (same BPE, same binarisation), and the few files of
+  :data:`EXTRA_DATA` (newstest2014's English side, for ReLA Figure 2 on the GPU);
 * ``KIT.json`` -- what is in it and the command that wrote it.
 
 ``scripts/device_setup.sh .device`` installs it there; docs/gpu.md has the commands that set up,
@@ -26,7 +27,7 @@ from typing import Dict, List
 
 from .provenance import ROOT, collect
 
-__all__ = ["PACKAGES", "SDIST_ONLY", "write_kit"]
+__all__ = ["PACKAGES", "SDIST_ONLY", "EXTRA_DATA", "copy_extra_data", "write_kit"]
 
 #: dependencies missing from the GPU image (its package list: /work/.library/device/KINDS.md),
 #: at the versions installed here (the ones the tests ran with)
@@ -38,6 +39,9 @@ FAIRSEQ = "fairseq-fixed==0.12.3.1"
 PLATFORM = ["--python-version", "3.12", "--implementation", "cp", "--only-binary=:all:"] + [
     x for p in ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64") for x in ("--platform", p)]
 LIMIT_MIB = 60
+#: files of ../shared/data every kit carries besides the plan's corpora (paths under that folder):
+#: the source side of ReLA Figure 2's benchmark (``mt-bench-decode-length --device cuda``)
+EXTRA_DATA = ["wmt/plain/newstest2014.de-en.en.gz"]
 
 
 def _pinned(names: List[str]) -> List[str]:
@@ -59,6 +63,26 @@ def _pip(args: List[str]) -> None:
 
 def _size_mib(path: str) -> float:
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs) / 2 ** 20
+
+
+def copy_extra_data(data_dir: str, shared_data: str = "") -> List[str]:
+    """Copy :data:`EXTRA_DATA` from ``shared_data`` (default ``../shared/data``) into ``data_dir``
+    under the same relative paths (``scripts/device_setup.sh`` puts ``data/*`` back where the
+    tools look).  Returns the copied paths.
+
+    Raises:
+        SystemExit: one of the files is missing (named, with the folder searched)."""
+    shared_data = shared_data or os.path.join(os.path.dirname(ROOT), "shared", "data")
+    copied = []
+    for rel in EXTRA_DATA:
+        src = os.path.join(shared_data, rel)
+        if not os.path.isfile(src):
+            raise SystemExit(f"{rel} not found under {shared_data} (the kit carries it for mt-bench-decode-length)")
+        dst = os.path.join(data_dir, rel)
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        shutil.copyfile(src, dst)
+        copied.append(dst)
+    return copied
 
 
 def write_kit(out: str, plan: Dict) -> str:
@@ -99,6 +123,7 @@ def write_kit(out: str, plan: Dict) -> str:
         raise SystemExit(f"pip could not fetch the kit's packages ({err}); {out} is incomplete: re-run") from None
     for src in srcs:
         shutil.copytree(src, os.path.join(out, "data", os.path.basename(src)))
+    copy_extra_data(os.path.join(out, "data"))
     size = _size_mib(out)
     if size > LIMIT_MIB:
         raise SystemExit(f"the kit is {size:.1f} MiB, over the {LIMIT_MIB} MiB that may travel to the GPU machine")

@@ -119,7 +119,8 @@ def test_tiny_run_writes_the_page_and_the_plot(data, tmp_path, capsys):
     text = out.read_text(encoding="utf-8")
     assert (tmp_path / "res" / "fig2.png").stat().st_size > 1000
     assert sorted(os.listdir(tmp_path / "res")) == ["fig2.md", "fig2.png"]  # no temp leftovers
-    assert bdl.REGIME_LINE in text and "at least 1.8 times faster than sparsemax" in text
+    assert bdl.regime_line("CPU") in text and "at least 1.8 times faster than sparsemax" in text
+    assert text.startswith("# ReLA Figure 2 on CPU:")
     header, rows = _table(text)
     assert "× stock" in header and "ReLA-g ÷ model" in header
     assert [r[0] for r in rows] == ["1", "1", "2", "2", "all", "all"]
@@ -184,3 +185,41 @@ def test_more_sentences_per_group_than_a_group_holds_is_refused(data, tmp_path, 
     src.write_text("\n".join(_lines(os.path.join(data, "raw", "test.en"), 5)) + "\n", encoding="utf-8")
     err = _refused(tmp_path, capsys, "--source", str(src), *_data_args(data), "--groups", "2", "--sents-per-group", "3")
     assert "--sents-per-group 3: the smallest of 2 groups has 2 sentences; choose 1..2" in err
+
+
+def test_half_precision_is_refused_on_cpu(tmp_path, capsys):
+    for dtype in ("bf16", "fp16"):
+        err = _refused(tmp_path, capsys, "--dtype", dtype)
+        assert f"--dtype {dtype} needs --device cuda" in err
+
+
+def test_an_unknown_device_or_dtype_names_the_valid_ones(tmp_path, capsys):
+    err = _refused(tmp_path, capsys, "--device", "tpu")
+    assert "'cpu', 'cuda'" in err
+    err = _refused(tmp_path, capsys, "--dtype", "fp8")
+    assert "'fp32', 'bf16', 'fp16'" in err
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has CUDA")
+def test_cuda_without_a_gpu_is_refused(tmp_path, capsys):
+    err = _refused(tmp_path, capsys, "--device", "cuda", "--dtype", "bf16")
+    assert "--device cuda: torch sees no CUDA device here; use --device cpu" in err
+
+
+@needs_data
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA device")
+def test_tiny_run_on_the_gpu_in_bf16(data, tmp_path):
+    """The GPU path end to end (runs in a lent-GPU window): models in bf16 on the device, the page
+    titled with the GPU and dtype, every model's speed measured."""
+    import torch
+
+    src = tmp_path / "src.en"
+    src.write_text("\n".join(_lines(os.path.join(data, "raw", "test.en"), 12)) + "\n", encoding="utf-8")
+    out = tmp_path / "fig2_gpu.md"
+    assert bdl.main(["--source", str(src), *_data_args(data), "--groups", "2", "--sents-per-group", "1", "--rounds",
+                     "1", "--device", "cuda", "--dtype", "bf16", "--out", str(out)]) == 0
+    text = out.read_text(encoding="utf-8")
+    assert text.startswith(f"# ReLA Figure 2 on GPU ({torch.cuda.get_device_name()}, bf16):")
+    assert bdl.regime_line(f"GPU ({torch.cuda.get_device_name()}, bf16)") in text
+    _, rows = _table(text)
+    assert {r[3] for r in rows} == set(bdl.FIGURE2_MODELS) and all(float(r[4]) > 0 for r in rows)

@@ -1,0 +1,80 @@
+"""mt-bench-speed (ReLA Table 2, :mod:`mt_pipeline.bench_speed`): the device / dtype choices are
+checked before any work, and on a GPU (lent-GPU windows; skipped here) the benchmark runs end to
+end in bf16 with every model on the device."""
+
+import os
+
+import pytest
+import torch
+
+from helpers import MULTI30K_RAW, run_cli
+from mt_pipeline import bench_speed
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.mark.parametrize("device,dtype,msg", [
+    ("tpu", "fp32", "--device tpu: valid choices: cpu, cuda"),
+    ("cpu", "fp8", "--dtype fp8: valid choices: fp32, bf16, fp16"),
+    ("cpu", "bf16", "--dtype bf16 needs --device cuda"),
+    ("cpu", "fp16", "--dtype fp16 needs --device cuda"),
+])
+def test_device_problem_names_the_valid_choices(device, dtype, msg):
+    assert msg in bench_speed.device_problem(device, dtype)
+
+
+def test_cpu_fp32_is_fine():
+    assert bench_speed.device_problem("cpu", "fp32") is None
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_cuda_without_a_gpu_is_refused_before_any_work(tmp_path, capsys):
+    out = tmp_path / "o" / "t2.md"
+    with pytest.raises(SystemExit) as e:
+        bench_speed.main(["--data-bin", str(tmp_path), "--device", "cuda", "--out", str(out)])
+    assert e.value.code == 2
+    assert "--device cuda: torch sees no CUDA device here; use --device cpu" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_on_device_leaves_cpu_samples_alone():
+    sample = {"net_input": {"src_tokens": torch.ones(1, 3, dtype=torch.long)}}
+    assert bench_speed.on_device(sample, torch.device("cpu")) is sample
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """A quick Multi30k preparation by the project's recipe (a slice of the training set)."""
+    if not os.path.isdir(MULTI30K_RAW):
+        pytest.skip(f"real data not found at {MULTI30K_RAW}")
+    out = tmp_path_factory.mktemp("m30k")
+    run_cli(["bash", "data-prep/multi30k/prepare.sh", "--raw-dir", MULTI30K_RAW, "--out", str(out),
+             "--train-lines", "2000", "--bpe-merges", "1000"])
+    return out
+
+
+@pytest.mark.parametrize("device,dtype", [
+    ("cpu", "fp32"), pytest.param("cuda", "bf16", marks=needs_cuda)])
+def test_tiny_run_measures_every_model(data, tmp_path, device, dtype):
+    """End to end on real data (the GPU case runs in a lent-GPU window): one row per model, the
+    stock model the 1.000× reference, the page titled with where it ran; on the GPU every model's
+    peak CUDA memory is measured (on CPU the memory subprocesses are skipped: --no-memory)."""
+    out = tmp_path / "t2.md"
+    argv = ["--data-bin", str(data / "bin"), "--device", device, "--dtype", dtype, "--rounds", "1",
+            "--train-batches", "1", "--max-tokens", "512", "--decode-sents", "2", "--big-batch", "4", "--steps", "3",
+            "--out", str(out)]
+    bench_speed.main(argv + (["--no-memory"] if device == "cpu" else []))
+    text = out.read_text(encoding="utf-8")
+    where = "CPU" if device == "cpu" else f"GPU ({torch.cuda.get_device_name()}, {dtype})"
+    assert text.startswith(f"# ReLA Table 2 on {where}:")
+    assert "neither smoke, converged nor paper scale" in text
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in text.splitlines()
+            if line.startswith("| ") and line.count("×") >= 3]
+    assert [r[0] for r in rows] == list(bench_speed.MODELS)
+    stock = rows[0]
+    assert stock[3] == stock[5] == stock[7] == "1.000×"
+    for r in rows:
+        assert float(r[2]) > 0 and float(r[4]) > 0 and float(r[6]) > 0  # tok/s, sents/s
+        if device == "cuda":
+            assert float(r[8]) > 0  # peak MiB
+    assert "command: `python scripts/bench_speed.py" in text and f"--device {device}" in text
