@@ -322,3 +322,44 @@ def test_cuda_compiled_kernel_matches_torch(dtype):
             scale = float(b.abs().max())
             torch.testing.assert_close(a.double() / scale, b.double() / scale, **tol)
     assert tk.self_test("norm", "cuda", dtype) is None
+
+
+# --------------------------------------------------------------------------------------------
+# the inference path (no gradient wanted): torch's rms_norm and the gate, no autograd node
+# --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype,tol", [(F64, 1e-13), (F32, 2e-6)])
+@pytest.mark.parametrize("gated", [True, False])
+@pytest.mark.parametrize("groups", [1, 4])
+def test_inference_path_equals_the_training_op(groups, gated, dtype, tol):
+    from fairseq_plugins.modules import norms
+
+    z, w, gt, _ = inputs(dtype=dtype)
+    gate = gt if gated else None
+    trained = norms._GatedRMSNorm.apply(z, w, gate, 1e-8, groups)  # the op with autograd
+    with torch.no_grad():
+        y = gated_rms_norm(z, w, gate, 1e-8, groups)
+    assert y.grad_fn is None and y.dtype == dtype and not y.requires_grad
+    torch.testing.assert_close(y, trained.detach(), rtol=tol, atol=tol)
+    assert (y[1, 0] == 0).all()  # null attention stays exactly zero
+    # the same without no_grad, for inputs that require no gradient
+    y2 = gated_rms_norm(z.detach(), w.detach(), None if gate is None else gate.detach(), 1e-8, groups)
+    assert y2.grad_fn is None
+    torch.testing.assert_close(y2, y, rtol=0, atol=0)
+
+
+def test_inference_path_only_when_no_gradient_is_wanted_and_dtypes_agree(monkeypatch):
+    from fairseq_plugins.modules import norms
+
+    calls = []
+    real = norms._gated_rms_norm_inference
+    monkeypatch.setattr(norms, "_gated_rms_norm_inference", lambda *a: calls.append(1) or real(*a))
+    z, w, gt, _ = inputs(dtype=F32)
+    y = gated_rms_norm(z, w, gt)  # training: the autograd op
+    assert calls == [] and type(y.grad_fn).__name__.startswith("_GatedRMSNorm")
+    zb, wb, gb, _ = inputs(dtype=BF16)
+    with torch.no_grad():
+        gated_rms_norm(zb, wb, gb)  # bfloat16: float32 statistics, the op's path
+        gated_rms_norm(z, w.double(), gt)  # mixed dtypes: promoted by the op
+        assert calls == []
+        gated_rms_norm(z, w, gt)
+    assert calls == [1]
