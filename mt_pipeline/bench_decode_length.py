@@ -433,6 +433,9 @@ def parse_args(argv=None):
         if getattr(a, opt) < 1:
             p.error(f"--{opt.replace('_', '-')} must be an integer >= 1, got {getattr(a, opt)}")
     a.models = _models_arg(p, a.models)
+    problem = device_problem(a.device, a.dtype)  # before the input files: a fresh checkout has no data-bin
+    if problem:
+        p.error(problem)
     if not os.path.isfile(a.source):
         p.error(f"--source {a.source}: no such file (the raw newstest2014 English side, default {DEFAULT_SOURCE})")
     if not os.path.isfile(os.path.join(a.data_bin, f"dict.{a.src}.txt")):
@@ -440,9 +443,6 @@ def parse_args(argv=None):
                 "give the bin/ folder of a Multi30k preparation)")
     if not os.path.isfile(a.bpe_codes):
         p.error(f"--bpe-codes {a.bpe_codes}: no such file (run data-prep/multi30k/prepare.sh first)")
-    problem = device_problem(a.device, a.dtype)
-    if problem:
-        p.error(problem)
     if a.out is None:
         a.out = DEFAULT_OUT if a.device == "cpu" else os.path.join(
             ROOT, "results", "gpu", f"rela_figure2_decode_length_{gpu_slug()}_{a.dtype}.md")

@@ -279,11 +279,11 @@ def main(argv=None):
     if a._peak:
         peak_child(a)
         return 0
-    if not os.path.isdir(a.data_bin):
-        p.error(f"{a.data_bin} not found: run data-prep/multi30k/prepare.sh first")
     problem = device_problem(a.device, a.dtype)
     if problem:
         p.error(problem)
+    if not os.path.isdir(a.data_bin):
+        p.error(f"{a.data_bin} not found: run data-prep/multi30k/prepare.sh first")
     if a.out is None:
         a.out = (os.path.join(ROOT, "results", "rela", "table2_speed_cpu.md") if a.device == "cpu" else
                  os.path.join(ROOT, "results", "gpu", f"rela_table2_speed_{gpu_slug()}_{a.dtype}.md"))

@@ -189,7 +189,7 @@ def test_more_sentences_per_group_than_a_group_holds_is_refused(data, tmp_path, 
 
 def test_half_precision_is_refused_on_cpu(tmp_path, capsys):
     for dtype in ("bf16", "fp16"):
-        err = _refused(tmp_path, capsys, "--dtype", dtype)
+        err = _refused(tmp_path, capsys, "--dtype", dtype, "--data-bin", str(tmp_path / "no-data-bin"))
         assert f"--dtype {dtype} needs --device cuda" in err
 
 
@@ -202,7 +202,7 @@ def test_an_unknown_device_or_dtype_names_the_valid_ones(tmp_path, capsys):
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has CUDA")
 def test_cuda_without_a_gpu_is_refused(tmp_path, capsys):
-    err = _refused(tmp_path, capsys, "--device", "cuda", "--dtype", "bf16")
+    err = _refused(tmp_path, capsys, "--device", "cuda", "--dtype", "bf16", "--data-bin", str(tmp_path / "no-data-bin"))
     assert "--device cuda: torch sees no CUDA device here; use --device cpu" in err
 
 

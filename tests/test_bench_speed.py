@@ -31,7 +31,7 @@ def test_cpu_fp32_is_fine():
 def test_cuda_without_a_gpu_is_refused_before_any_work(tmp_path, capsys):
     out = tmp_path / "o" / "t2.md"
     with pytest.raises(SystemExit) as e:
-        bench_speed.main(["--data-bin", str(tmp_path), "--device", "cuda", "--out", str(out)])
+        bench_speed.main(["--data-bin", str(tmp_path / "no-data-bin"), "--device", "cuda", "--out", str(out)])
     assert e.value.code == 2
     assert "--device cuda: torch sees no CUDA device here; use --device cpu" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
