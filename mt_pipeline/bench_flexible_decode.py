@@ -36,10 +36,7 @@ import time
 
 from .provenance import ROOT
 from .atomic import atomic_path
-
-
-#: devices ``--device`` accepts
-DEVICES = ("cpu", "cuda")
+from .bench_speed import DEVICES, device_problem  # the devices ``--device`` accepts, one check for all benchmarks
 
 
 def load(path, data_bin, src, tgt, tau=None, device="cpu"):
@@ -222,8 +219,9 @@ def main(argv=None):
             raise SystemExit(f"checkpoint not found: {f}")
     import torch
 
-    if a.device == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("--device cuda: torch sees no CUDA device here; use --device cpu")
+    problem = device_problem(a.device, "fp32")
+    if problem:
+        raise SystemExit(problem)
     wall0 = time.time()
     torch.set_num_threads(1)
     dev = a.device
