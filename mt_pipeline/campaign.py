@@ -448,6 +448,14 @@ def claim_verdict(plan: Dict, claim: Dict) -> Dict:
     delta = statistics.fmean(sys_s) - statistics.fmean(ref_s)
     ours = (f"{tables._mean_cell(sys_s)} vs {tables._mean_cell(ref_s)} "  # mean ± sd over seeds
             f"(Δ {delta:+.2f}, {len(common)} seed{'s' if len(common) > 1 else ''}, {reg})")
+    labels = {tables.hardware_label(x) for x in [sys_by[s] for s in common] + [ref_by[s] for s in common]}
+    if len(labels) > 1:  # e.g. CPU fp32 seeds beside GPU fp16 ones: say so beside the numbers
+        def on(label, rid, by):
+            seeds = [str(s) for s in common if tables.hardware_label(by[s]) == label]
+            return [f"row {rid} seed{'s' if len(seeds) > 1 else ''} {', '.join(seeds)}"] if seeds else []
+        ours += "; mixed hardware: " + "; ".join(
+            f"{label}: {' and '.join(on(label, claim['row'], sys_by) + on(label, claim['vs'], ref_by))}"
+            for label in sorted(labels))
     tests = [tables._significance(ref_by[s], sys_by[s], first) for s in common]
     if any(t is None for t in tests):
         return {"ours": ours, "verdict": "hypotheses missing: cannot test", "seeds": len(common)}

@@ -238,6 +238,35 @@ def train_seconds(res: Dict, rdir: str) -> float:
     return res["wall_s"].get("train", 0.0)
 
 
+def hardware_label(res: Dict) -> str:
+    """A run's compute in a few words: the accelerator (or CPU and its cores), torch and the training
+    precision read from its ``fairseq-train`` command (``fp16`` / ``bf16`` / ``fp32``) -- e.g.
+    ``"NVIDIA H200, torch 2.11.0+cu130, fp16"``.  Runs of one table row or claim on different labels
+    differ in more than their seed (half-precision training, kernels), which the pages say."""
+    hw = res.get("hardware") or {}
+    acc = hw.get("accelerator") or "?"
+    where = f"CPU ({hw.get('cpu', '?')}, {hw.get('cores', '?')} cores)" if acc == "cpu only" else acc
+    train = ((res.get("commands") or {}).get("train") or "").split()
+    prec = "fp16" if "--fp16" in train else "bf16" if "--bf16" in train else "fp32"
+    return f"{where}, torch {hw.get('torch', '?')}, {prec}"
+
+
+def hardware_lines(rows: List[Dict], results: Dict[int, List[Dict]]) -> List[str]:
+    """The provenance page's hardware: one label when every finished run shares it, else one line
+    per label naming its rows and seeds (``rows``: the spec's rows; ``results``: row id -> results)."""
+    where: Dict[str, List[str]] = {}
+    for r in rows:
+        for res in results.get(r["id"], []):
+            if res.get("status") == "done" and res.get("scores"):
+                seed = _seed(res)
+                where.setdefault(hardware_label(res), []).append(
+                    f"row {r['id']}" + (f" seed {seed}" if seed is not None else ""))
+    if len(where) <= 1:
+        return [f"- hardware: {label}" for label in where]
+    return ["- hardware: **mixed** -- the runs of this page did not all train on the same compute:"] + [
+        f"  - {label}: {', '.join(runs)}" for label, runs in where.items()]
+
+
 def _wall_cell(results: List[Dict]) -> str:
     """The ``train wall`` cell of a row: fairseq's cumulative training time in minutes, the mean per
     run when the row has several seeds (each seed's time is in its provenance section)."""
@@ -301,19 +330,23 @@ def run_analyses(spec: Dict, row: Dict, seed: Optional[int] = None) -> List[str]
     return written
 
 
-def _analysis_cells(spec: Dict, row: Dict, res: Dict) -> List[str]:
-    """The spec's ``analyses`` columns of ``row``, read from ``res["_dir"]`` -- the directory its
-    ``result.json`` came from (:func:`row_results`): the run directory, or the committed evidence
-    where the run is not on this machine (a row that reuses another table's run, whose checkpoint
-    is gone, keeps the number its evidence holds); "n/a" where the analysis did not run."""
+def _analysis_cells(spec: Dict, row: Dict, res) -> List[str]:
+    """The spec's ``analyses`` columns of ``row``, read from each result's ``res["_dir"]`` -- the
+    directory its ``result.json`` came from (:func:`row_results`): the run directory, or the committed
+    evidence where the run is not on this machine (a row that reuses another table's run, whose
+    checkpoint is gone, keeps the number its evidence holds).  ``res``: one result or the row's results
+    (one per seed): several seeds give mean ± sd over those that have the analysis; "n/a" where none
+    did."""
+    results = res if isinstance(res, list) else [res]
     cells = []
     for an in spec.get("analyses") or []:
-        path = os.path.join(res.get("_dir") or run_dir(spec, row), f"analysis_{an['name']}.json")
-        if os.path.exists(path):
-            with open(path) as f:
-                cells.append(f"{json.load(f)[an['key']][0]:.3f}")
-        else:
-            cells.append("n/a")
+        values = []
+        for x in results:
+            path = os.path.join(x.get("_dir") or run_dir(spec, row), f"analysis_{an['name']}.json")
+            if os.path.exists(path):
+                with open(path) as f:
+                    values.append(json.load(f)[an["key"]][0])
+        cells.append(_mean_cell(values, 3) if values else "n/a")
     return cells
 
 
@@ -332,13 +365,21 @@ def _score_cell(score: Dict, spec: Dict) -> str:
     return cell
 
 
-def _mean_cell(values: List[float]) -> str:
+def _mean_cell(values: List[float], digits: int = 2) -> str:
+    """One value as it is; several (one per seed) as mean ± sample sd, ``digits`` decimals."""
     if len(values) == 1:
-        return f"{values[0]:.2f}"
+        return f"{values[0]:.{digits}f}"
     from .significance import seed_summary
 
     s = seed_summary(values)
-    return f"{s['mean']:.2f} ± {s['sd']:.2f}"
+    return f"{s['mean']:.{digits}f} ± {s['sd']:.{digits}f}"
+
+
+def _metric_cell(results: List[Dict], metric: str) -> str:
+    """A validation metric of a row (``valid_last[metric]``): over several seeds mean ± sd, like the
+    BLEU cells beside it (the seeds that logged it); "n/a" where none did."""
+    values = [x["valid_last"][metric] for x in results if metric in (x.get("valid_last") or {})]
+    return _mean_cell(values, 3) if values else "n/a"
 
 
 def _read(path: str) -> List[str]:
@@ -485,12 +526,11 @@ def render(spec: Dict, seeds: Optional[List[int]] = None) -> None:
                      + ["reference" if r["id"] == i else _verdict_cell(spec, r, ok, ref_ok[i], first)
                         for i in ref_ids]
                      + ([_pair_cell(spec, r, ok, pair_ref, ref_ok, first)] if pair_ref else []))
-        last = res[0].get("valid_last") or {}
-        mcells = [f"{last[m]:.3f}" if m in last else "n/a" for m in metrics]
+        mcells = [_metric_cell(ok or res, m) for m in metrics]
         reasons = sorted({failure_reason(x, vocab[r["id"]]) for x in res} - {None})
         status = "done" if len(ok) == len(res) else (
             ("failed: " if not ok else f"{len(res) - len(ok)} seed(s) failed: ") + "; ".join(reasons))
-        lines.append("| " + " | ".join([str(r["id"]), r["name"], paper] + cells + mcells + _analysis_cells(spec, r, res[0]) + [
+        lines.append("| " + " | ".join([str(r["id"]), r["name"], paper] + cells + mcells + _analysis_cells(spec, r, ok or res) + [
             str(len(res)), str(res[0].get("updates", 0)), _wall_cell(res), status]) + " |")
     lines += ["", "SacreBLEU (detokenised) with tokenized BLEU in brackets"
               + ("; RIBES (Isozaki et al. 2010, nltk, tokenized text) after the slash" if spec.get("ribes") else "")
@@ -508,8 +548,8 @@ def render(spec: Dict, seeds: Optional[List[int]] = None) -> None:
     done_res = [x for v in results.values() for x in v if x.get("status") == "done" and x.get("scores")]
     if done_res:  # a failed run records no scores and no data
         any_res = done_res[0]
-        lines += [f"- SacreBLEU signature: `{any_res['scores'][first]['signature']}`",
-                  f"- hardware: {any_res['hardware']}", f"- data: {any_res['data']}", ""]
+        lines += [f"- SacreBLEU signature: `{any_res['scores'][first]['signature']}`"] + hardware_lines(rows, results) + [
+                  f"- data: {any_res['data']}", ""]
     for r in rows:
         for res in results.get(r["id"], []):
             rdir = res["_dir"]
@@ -529,6 +569,7 @@ def render(spec: Dict, seeds: Optional[List[int]] = None) -> None:
                       + "; "
                       f"finished {res['time']}",
                       f"- attention functions: {res.get('attention_fns')}",
+                      f"- hardware: {hardware_label(res)}",
                       f"- command: `{res['commands']['train']}`",
                       f"- updates: {res['updates']}; training time {train_seconds(res, rdir):.0f} s (fairseq "
                       f"cumulative); resumed {resumes(rdir)} time(s); runner-timed stages of the last invocation (s): "

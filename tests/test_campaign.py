@@ -315,6 +315,26 @@ def test_claim_verdicts_follow_the_rule_of_the_results_page(tmp_path):
     assert v_worse["seeds"] == 3
     assert re.fullmatch(r"\d+\.\d\d ± \d+\.\d\d vs \d+\.\d\d ± \d+\.\d\d \(Δ [-+]\d+\.\d\d, 3 seeds, converged\)",
                         v_worse["ours"]), v_worse  # mean ± sd over seeds, both rows
+    # runs on different compute (CPU fp32 beside GPU fp16) are named beside the numbers, by row and seed;
+    # the table page's provenance lists each compute with its runs
+    gpu_run = by_key["t row3 seed2"].dir
+    res = json.loads(open(os.path.join(gpu_run, "result.json")).read())
+    res["hardware"] = {"accelerator": "NVIDIA H200", "torch": "2.11.0+cu130"}
+    res["commands"]["train"] = "fairseq-train bin --arch a --fp16"
+    with open(os.path.join(gpu_run, "result.json"), "w") as f:
+        json.dump(res, f)
+    mixed = campaign.claim_verdict(plan, claims[1])
+    assert mixed["verdict"] == v_worse["verdict"]
+    assert mixed["ours"] == v_worse["ours"] + (
+        "; mixed hardware: CPU (c, 2 cores), torch ?, fp32: row 3 seeds 1, 3 and row 1 seeds 1, 2, 3; "
+        "NVIDIA H200, torch 2.11.0+cu130, fp16: row 3 seed 2"), mixed["ours"]
+    assert "mixed" not in campaign.claim_verdict(plan, claims[0])["ours"]  # rows 1 and 2: all on one CPU
+    spec_rows = plan["_specs"][str(tmp_path / "t.yaml")]["rows"]
+    results = {r["id"]: run_table.row_results(plan["_specs"][str(tmp_path / "t.yaml")], r) for r in spec_rows}
+    lines = run_table.hardware_lines(spec_rows, results)
+    assert lines[0].startswith("- hardware: **mixed**") and len(lines) == 3, lines
+    assert lines[2] == "  - NVIDIA H200, torch 2.11.0+cu130, fp16: row 3 seed 2", lines
+    assert run_table.hardware_lines(spec_rows[:2], results) == ["- hardware: CPU (c, 2 cores), torch ?, fp32"]
     # the verdicts land between the page's markers, and a second render replaces them
     page = tmp_path / "README.md"
     page.write_text(f"# Results\n\nintro\n\n{campaign.BEGIN}\nold\n{campaign.END}\n\nafter\n")
