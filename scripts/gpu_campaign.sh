@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The converged campaign in a lent GPU window (docs/gpu.md, "Running the campaign on a lent GPU machine").
+#
+# Usage (on the GPU machine, from the checkout root, with the kit of `mt-campaign gpu-kit` carried):
+#   bash scripts/gpu_campaign.sh KIT OUT SECONDS [mt-campaign run options...]
+# e.g. bash scripts/gpu_campaign.sh .device $OUT 540 --jobs 12 --minutes 11
+#
+# Every call may be the first or a later one on the same warm machine:
+# * the first copies this checkout (with .git, the kit and a carried data-bin/) to $GPU_CAMPAIGN_DIR
+#   (default /root/mt-campaign-checkout) and works there: the device tool re-syncs the working tree at
+#   the start of every call, which deletes the untracked evidence and reverts the re-rendered pages
+#   that a campaign writes into results/ between calls (seen on 2026-11-28);
+# * it installs the kit there (scripts/device_setup.sh, idempotent) and starts
+#   `mt-campaign run --nice 0 OPTIONS` in its own session, once per machine;
+# * it then waits until the campaign ends or SECONDS (counted from this call's start) pass, and
+#   writes to OUT: evidence.tgz (results/runs/ and every rendered converged page of the copy, all of
+#   it, so the last call's archive holds every run finished on this machine), run.log, status.txt,
+#   gpu_util.txt (GPU use and load every 15 s) and runlogs.tgz (the run directories' logs and JSON,
+#   no checkpoints).
+# Here afterwards: `tar xzf <files_at>/evidence.tgz && mt-campaign render`, then commit.
+set -u
+KIT=$(cd "${1:?usage: bash scripts/gpu_campaign.sh KIT OUT SECONDS [mt-campaign run options]}" && pwd)
+OUT=${2:?OUT folder}
+SECONDS_LEFT=${3:?SECONDS to wait}
+shift 3
+END=$(( $(date +%s) + SECONDS_LEFT ))
+WORK=${GPU_CAMPAIGN_DIR:-/root/mt-campaign-checkout}
+mkdir -p "$OUT"
+if [ ! -d "$WORK/.git" ]; then
+  mkdir -p "$(dirname "$WORK")" && cp -a . "$WORK" || { echo "could not copy the checkout to $WORK" >&2; exit 1; }
+fi
+cd "$WORK" || exit 1
+{ date; nvidia-smi; nproc; free -g; } >> "$OUT/env.txt" 2>&1
+bash scripts/device_setup.sh "$KIT" > "$OUT/setup.log" 2>&1 || { tail -30 "$OUT/setup.log"; exit 1; }
+tail -1 "$OUT/setup.log"
+mkdir -p runs/campaign
+if [ ! -f runs/campaign/gpu_started ]; then
+  date > runs/campaign/gpu_started
+  setsid nohup python3 -m mt_pipeline.campaign run --nice 0 "$@" > runs/campaign/gpu_run.log 2>&1 < /dev/null &
+  sleep 5
+fi
+while [ "$(date +%s)" -lt "$END" ] && pgrep -f "mt_pipeline.campaign run" > /dev/null; do
+  echo "$(date +%T) $(nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader) $(cut -d' ' -f1-3 /proc/loadavg)" \
+    >> runs/campaign/gpu_util.txt
+  sleep 15
+done
+python3 -m mt_pipeline.campaign status > "$OUT/status.txt" 2>/dev/null
+grep -v " pending " "$OUT/status.txt" | head -40
+cp runs/campaign/gpu_run.log "$OUT/run.log"; cp runs/campaign/gpu_util.txt "$OUT/" 2>/dev/null
+tar czf "$OUT/evidence.tgz" results/runs $(ls results/*/*_converged* results/README.md 2>/dev/null)
+find runs -path runs/campaign -prune -o \( -name "*.log" -o -name "*.json" \) -size -5M -print 2>/dev/null \
+  | tar czf "$OUT/runlogs.tgz" -T -
+ls -la "$OUT"
