@@ -76,7 +76,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import yaml
 
@@ -306,10 +306,33 @@ def device_name(hw: Optional[Dict] = None) -> str:
     return f"cpu: {hw.get('cpu')} ({hw.get('cores')} cores)"
 
 
+def _model_key(arch: Optional[str], fns) -> Tuple[Optional[str], Optional[Tuple[str, ...]]]:
+    """Which model a run trains, for throughput: its architecture and attention functions
+    (encoder, decoder, cross; None for the architecture's defaults).  ``fns``: a run row's list or a
+    ``result.json``'s ``attention_fns`` mapping."""
+    if isinstance(fns, dict):
+        fns = [fns.get(k) for k in ("encoder", "decoder", "cross")]
+    return arch, (tuple(fns) if isinstance(fns, (list, tuple)) and fns else None)
+
+
+def _seconds_between(started: Optional[str], finished: Optional[str]) -> Optional[float]:
+    """Seconds from ``started`` to ``finished`` (``campaign.json``'s ``%Y-%m-%d %H:%M:%S`` stamps);
+    None when either is missing or unreadable."""
+    try:
+        fmt = "%Y-%m-%d %H:%M:%S"
+        return time.mktime(time.strptime(finished, fmt)) - time.mktime(time.strptime(started, fmt))
+    except (TypeError, ValueError):
+        return None
+
+
 def throughput_records(extra_dirs: Optional[List[str]] = None) -> List[Dict]:
-    """Every finished run's measured speed: ``{"budget", "device", "jobs", "s_per_update",
+    """Every finished run's measured speed: ``{"budget", "device", "jobs", "model", "s_per_update",
     "overhead_s"}`` from the ``result.json`` (+ ``campaign.json``) of committed evidence and of
-    ``extra_dirs`` (run directories)."""
+    ``extra_dirs`` (run directories).  ``model``: :func:`_model_key`.  ``overhead_s``: everything
+    but training -- the launcher's wall time of the run's last invocation (``campaign.json``'s
+    ``started`` to ``finished``: process start, data check, averaging, decoding, scoring) less
+    that invocation's training, where the launcher recorded both; else the runner-timed averaging
+    and evaluation alone."""
     paths = evidence.committed_results() + [os.path.join(d, "result.json") for d in extra_dirs or []]
     out, seen = [], set()
     for p in paths:
@@ -325,10 +348,14 @@ def throughput_records(extra_dirs: Optional[List[str]] = None) -> List[Dict]:
         if not train:
             continue
         meta = res.get("campaign") or _read_json(os.path.join(os.path.dirname(p), "campaign.json")) or {}
+        overhead = float(wall.get("average", 0.0)) + float(wall.get("evaluate", 0.0))
+        total = _seconds_between(meta.get("started"), meta.get("finished"))
+        if total is not None and wall.get("train") and total - float(wall["train"]) > overhead:
+            overhead = total - float(wall["train"])
         out.append({"budget": os.path.realpath(evidence.resolve(res.get("config", {}).get("budget_file", "?"))),
                     "device": device_name(res.get("hardware") or {}), "jobs": int(meta.get("jobs", 1)),
-                    "s_per_update": float(train) / float(res["updates"]),
-                    "overhead_s": float(wall.get("average", 0.0)) + float(wall.get("evaluate", 0.0))})
+                    "model": _model_key(res.get("arch"), res.get("attention_fns")),
+                    "s_per_update": float(train) / float(res["updates"]), "overhead_s": overhead})
     return out
 
 
@@ -336,13 +363,18 @@ def estimate_minutes(run: Run, records: List[Dict], device: str, jobs: int,
                      budget: str, updates_done: int = 0) -> Optional[float]:
     """Minutes the run still needs on ``device`` with ``jobs`` runs at once: the median
     seconds per update of finished runs of the same budget and device (same concurrency if any,
-    else the slowest concurrency measured), times the updates left, plus their median
-    averaging + evaluation time.  None without such a measurement."""
+    else the slowest concurrency measured; among those, runs of the same model -- architecture and
+    attention functions -- if any, else of the same architecture, else all), times the updates
+    left, plus their median time outside training (:func:`throughput_records`).  None without
+    such a measurement."""
     same = [r for r in records if r["budget"] == os.path.realpath(budget) and r["device"] == device]
     if not same or not run.target_updates:
         return None
     exact = [r for r in same if r["jobs"] == jobs]
     pool = exact or [r for r in same if r["jobs"] == max(x["jobs"] for x in same)]
+    model = _model_key(run.row.get("arch"), run.row.get("fns"))
+    pool = ([r for r in pool if r.get("model") == model]
+            or [r for r in pool if (r.get("model") or (None,))[0] == model[0]] or pool)
     spu = statistics.median(r["s_per_update"] for r in pool)
     overhead = statistics.median(r["overhead_s"] for r in pool)
     left = max(0, run.target_updates - updates_done)

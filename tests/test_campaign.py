@@ -510,3 +510,48 @@ def test_an_analysed_checkpoint_is_traced_to_its_run_and_committed_evidence(tmp_
     assert provenance.models_markdown({"a": dict(m, regime="converged"), "b": m})[0].startswith("**Regime: smoke**")
     with pytest.raises(FileNotFoundError, match="checkpoint not found"):
         provenance.trained_model(str(tmp_path / "missing.pt"))
+
+
+def test_the_minutes_estimate_is_per_model_and_counts_everything_but_training(tmp_path, monkeypatch):
+    """``--minutes`` estimates from finished runs of the same model where there are any (ReLUFormer
+    runs train slower than softmax ones on the same budget and device), and the time outside
+    training is the launcher's wall time less training (process start, decoding, scoring), not only
+    the runner-timed averaging + evaluation."""
+    plan = campaign.load_plan(campaign.DEFAULT_PLAN)
+    by_key = {r.key: r for r in plan["_runs"]}
+    softmax_run, reluformer_run = by_key["reluformer_lambda_study row1 seed1"], by_key["reluformer_lambda_study row3 seed1"]
+    budget = os.path.realpath(softmax_run.budget)
+
+    def result(d, arch, fns, train_s, started, finished):
+        os.makedirs(d)
+        res = {"status": "done", "updates": 3000, "name": d.name, "time": finished, "git_commit": "x", "arch": arch,
+               "attention_fns": fns, "config": {"budget_file": budget},
+               "hardware": {"accelerator": "GPU X", "cpu": "c", "cores": 16},
+               "wall_s": {"train": train_s + 10, "train_fairseq_cumulative": train_s, "average": 8, "evaluate": 100},
+               "campaign": {"jobs": 12, "started": started, "finished": finished}}
+        (d / "result.json").write_text(json.dumps(res))
+        return str(d)
+
+    monkeypatch.setattr(evidence, "committed_results", lambda root=None: [])
+    dirs = [result(tmp_path / "soft", "rela_transformer_small", {"encoder": "softmax", "decoder": "softmax",
+                                                                  "cross": "softmax"}, 300, "2026-01-01 10:00:00",
+                   "2026-01-01 10:08:10"),
+            result(tmp_path / "relu", "reluformer_small", "arch default", 600, "2026-01-01 10:00:00",
+                   "2026-01-01 10:14:10")]
+    recs = campaign.throughput_records(dirs)
+    assert [r["model"] for r in recs] == [("rela_transformer_small", ("softmax",) * 3), ("reluformer_small", None)]
+    # wall 490 s less 310 s of training: 180 s outside it (the runner timed 108 of them)
+    assert recs[0]["overhead_s"] == 180 and recs[1]["overhead_s"] == 850 - 610
+    est = lambda run: campaign.estimate_minutes(run, recs, "GPU X", 12, run.budget)  # noqa: E731
+    assert est(softmax_run) == pytest.approx((300 + 180) / 60)
+    assert est(reluformer_run) == pytest.approx((600 + 240) / 60)
+    # a model with no finished run of its own: the same architecture's runs, else all of them
+    other_fns = by_key["rela_table1 row2 seed1"]  # rela_transformer_small with sparsemax
+    assert est(other_fns) == pytest.approx((300 + 180) / 60)
+    eatt = by_key["eatt_table4 row2 seed2"]
+    assert est(eatt) == pytest.approx(((300 + 600) / 2 + (180 + 240) / 2) / 60)
+    # without the launcher's stamps the runner-timed stages are all there is
+    res = json.loads((tmp_path / "soft" / "result.json").read_text())
+    res["campaign"] = {"jobs": 12}
+    (tmp_path / "soft" / "result.json").write_text(json.dumps(res))
+    assert campaign.throughput_records(dirs[:1])[0]["overhead_s"] == 108
