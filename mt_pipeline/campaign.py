@@ -403,27 +403,40 @@ def analyse(plan: Dict, run: Run) -> List[str]:
     return written
 
 
+def _export_if_stale(run: Run) -> Optional[str]:
+    """Export the run's evidence (:func:`mt_pipeline.evidence.export`) unless the committed evidence
+    is newer than its ``result.json`` and every ``analysis_*.json`` beside it; returns the evidence
+    directory written, else None."""
+    ev = os.path.join(evidence.evidence_dir(run.dir, run.regime), "result.json")
+    newest = max(os.path.getmtime(os.path.join(run.dir, n)) for n in os.listdir(run.dir)
+                 if n == "result.json" or (n.startswith("analysis_") and n.endswith(".json")))
+    if os.path.exists(ev) and os.path.getmtime(ev) >= newest:
+        return None
+    d = evidence.export(run.dir, run.regime)
+    if d:
+        log(f"evidence of {run.key}: {repo_relative(d)}")
+    return d
+
+
 def collect(plan: Dict, runs: Optional[List[Run]] = None) -> List[str]:
-    """Run the missing analyses (:func:`analyse`) of every finished run (of ``runs``, default the
-    whole plan) whose run directory is here and export its evidence, unless the committed
-    evidence is newer than the run's ``result.json`` and every ``analysis_*.json`` beside it;
-    returns the evidence directories written."""
+    """Export the evidence of every finished run (of ``runs``, default the whole plan) whose run
+    directory is here, then run its missing analyses (:func:`analyse`) and export again if they
+    wrote anything -- the scores are committed-ready first, so a machine that is taken away during
+    an analysis (a lent GPU window ending) still leaves the run's evidence; returns the evidence
+    directories written."""
     out = []
     for run in runs or plan["_runs"]:
         res = _read_json(os.path.join(run.dir, "result.json"))
         if res is None:
             continue
+        d = _export_if_stale(run)
         if res.get("status") == "done":
-            for path in analyse(plan, run):
+            written = analyse(plan, run)
+            for path in written:
                 log(f"analysis of {run.key}: {repo_relative(path)}")
-        ev = os.path.join(evidence.evidence_dir(run.dir, run.regime), "result.json")
-        newest = max(os.path.getmtime(os.path.join(run.dir, n)) for n in os.listdir(run.dir)
-                     if n == "result.json" or (n.startswith("analysis_") and n.endswith(".json")))
-        if os.path.exists(ev) and os.path.getmtime(ev) >= newest:
-            continue
-        d = evidence.export(run.dir, run.regime)
-        if d:
-            log(f"evidence of {run.key}: {repo_relative(d)}")
+            if written:
+                d = _export_if_stale(run) or d
+        if d and d not in out:
             out.append(d)
     return out
 

@@ -407,6 +407,8 @@ def test_a_finished_run_gets_the_analyses_of_every_table_that_shows_it(tmp_path,
         "    p.add_argument(k)\n"
         "a = p.parse_args()\n"
         f"open({str(calls)!r}, 'a').write(a.checkpoint + '\\n')\n"
+        "import os\n"  # the run's scores were exported before its analysis started
+        f"open({str(calls) + '.evidence'!r}, 'a').write(str(os.path.exists(os.environ['FAKE_EVIDENCE'])) + '\\n')\n"
         "json.dump({'e': [42.0]}, open(a.json, 'w'))\n")
     budget = "configs/multi30k/small_cpu.yaml"
     base = {"src": "en", "tgt": "de", "subsets": {"test": "test2016", "test1": "test2017"}, "paper_label": "paper",
@@ -438,9 +440,12 @@ def test_a_finished_run_gets_the_analyses_of_every_table_that_shows_it(tmp_path,
     pathlib.Path(ckpt).write_bytes(b"model")
     os.utime(ckpt, (time.time() - 60,) * 2)
 
+    monkeypatch.setenv("FAKE_EVIDENCE", os.path.join(evidence.evidence_dir(run1.dir, run1.regime), "result.json"))
     written = campaign.collect(plan)
     assert len(written) == 2
     assert calls.read_text().splitlines() == [ckpt]  # run 2 is shown by no table with analyses
+    # the scores' evidence existed when the analysis started (a window closing mid-analysis keeps it)
+    assert (tmp_path / "calls.txt.evidence").read_text().splitlines() == ["True"]
     ev1 = pathlib.Path(evidence.evidence_dir(run1.dir, run1.regime))
     assert json.loads((ev1 / "analysis_energy.json").read_text()) == {"e": [42.0]}
     assert not (pathlib.Path(evidence.evidence_dir(run2.dir, run2.regime)) / "analysis_energy.json").exists()
