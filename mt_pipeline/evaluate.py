@@ -36,6 +36,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from typing import Dict, List, Optional
 
 from .atomic import (NotOwnedError, OwnedFiles, atomic_path, remove_leftovers, writable_problem, write_json_atomic,
@@ -325,7 +326,9 @@ def evaluate(a) -> List[Dict]:
         n = len(scoring.read_lines(ref))
         print(f"[evaluate] {s} ({testset_name(a.prep_dir, s)}): generating {n} sentences ...", file=sys.stderr)
         log = os.path.join(out, f"{s}.generate.log")
+        t0 = time.perf_counter()
         _generate(a, s, log)
+        t1 = time.perf_counter()
         hyp_tok, hyp_detok = os.path.join(out, f"{s}.hyp.tok"), os.path.join(out, f"{s}.hyp.detok")
         argv = [log, "--expected", str(n), "--lang", a.tgt, "--tok-out", hyp_tok, "--detok-out", hyp_detok]
         if truecased:
@@ -336,6 +339,11 @@ def evaluate(a) -> List[Dict]:
             res = scoring.score_files(hyp_detok, ref, hyp_tok, tok_ref, ribes=a.ribes)
         except (scoring.LineCountError, scoring.TextError) as err:
             raise EvaluateError(f"scoring failed for subset {s}: {err}") from err
+        # wall seconds of this subset's steps: the fairseq-generate process (start-up, model load,
+        # decoding) and extraction + scoring -- where a slow evaluation spends its time
+        res["seconds"] = {"generate": round(t1 - t0, 2), "extract_and_score": round(time.perf_counter() - t1, 2)}
+        print(f"[evaluate] {s}: fairseq-generate {t1 - t0:.1f} s, extraction and scoring "
+              f"{time.perf_counter() - t1:.1f} s", file=sys.stderr)
         res.update(subset=s, testset=testset_name(a.prep_dir, s), src=a.src, tgt=a.tgt,
                    checkpoint=os.path.abspath(a.checkpoint), checkpoint_sha256=sha, beam=str(a.beam),
                    lenpen=str(a.lenpen), extra=a.extra, postprocess=post)

@@ -8,6 +8,7 @@ pipeline runs and learns, not the BLEU of a trained model.
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -91,6 +92,9 @@ def test_average_generate_score(trained, prepared, tmp_path):
     assert res["signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
     assert 0.0 < res["bleu"] < 100.0 and res["tok_bleu"] > 0.0
     assert "BLEU" in out
+    # where the evaluation's time went: the generate process (start-up, loading, decoding), then scoring
+    assert res["seconds"]["generate"] > 0.5 and res["seconds"]["extract_and_score"] > 0, res["seconds"]
+    assert re.search(r"\[evaluate\] test: fairseq-generate \d+\.\d s, extraction and scoring", out), out
 
 
 def test_fairseq_interactive_loads_plugin_checkpoint(trained, prepared):
