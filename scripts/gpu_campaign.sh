@@ -23,6 +23,8 @@ KIT=$(cd "${1:?usage: bash scripts/gpu_campaign.sh KIT OUT SECONDS [mt-campaign 
 OUT=${2:?OUT folder}
 SECONDS_LEFT=${3:?SECONDS to wait}
 shift 3
+case "$SECONDS_LEFT" in ''|*[!0-9]*) echo "SECONDS must be a whole number of seconds, got '$SECONDS_LEFT'" >&2; exit 2;; esac
+[ -f "$KIT/KIT.json" ] || { echo "$KIT is not a GPU kit (no KIT.json): run mt-campaign gpu-kit here first" >&2; exit 2; }
 END=$(( $(date +%s) + SECONDS_LEFT ))
 WORK=${GPU_CAMPAIGN_DIR:-/root/mt-campaign-checkout}
 mkdir -p "$OUT"

@@ -2,7 +2,9 @@
 under the relative paths the tools read them from, byte for byte, and a missing one is named."""
 
 import filecmp
+import glob
 import os
+import subprocess
 
 import pytest
 
@@ -24,3 +26,38 @@ def test_a_missing_extra_file_is_named(tmp_path):
     with pytest.raises(SystemExit, match="wmt/plain/newstest2014.de-en.en.gz not found under"):
         gpu_kit.copy_extra_data(str(tmp_path / "data"), shared_data=str(tmp_path / "nowhere"))
     assert not (tmp_path / "data").exists()
+
+
+SHELL_SCRIPTS = sorted(glob.glob(os.path.join(gpu_kit.ROOT, "scripts", "*.sh"))
+                       + glob.glob(os.path.join(gpu_kit.ROOT, "data-prep", "*", "*.sh")))
+
+
+@pytest.mark.parametrize("script", SHELL_SCRIPTS, ids=lambda p: os.path.relpath(p, gpu_kit.ROOT))
+def test_every_shell_script_parses(script):
+    """``bash -n``: the scripts that run only on a lent GPU machine (gpu_window.sh, gpu_campaign.sh,
+    device_setup.sh) meet no other syntax check before a window's minutes are spent on them."""
+    out = subprocess.run(["bash", "-n", script], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+
+
+def test_gpu_campaign_refuses_bad_input_before_copying_anything(tmp_path):
+    """scripts/gpu_campaign.sh: a folder that is not a kit, or SECONDS that is not a number, is
+    refused with the reason before the checkout is copied or anything is installed."""
+    work = tmp_path / "copy"
+    env = dict(os.environ, GPU_CAMPAIGN_DIR=str(work))
+    script = os.path.join(gpu_kit.ROOT, "scripts", "gpu_campaign.sh")
+
+    def run(*args):
+        return subprocess.run(["bash", script, *args], cwd=gpu_kit.ROOT, env=env, capture_output=True, text=True)
+
+    (tmp_path / "notakit").mkdir()
+    out = run(str(tmp_path / "notakit"), str(tmp_path / "out"), "60")
+    assert out.returncode == 2 and "is not a GPU kit (no KIT.json)" in out.stderr, out.stderr
+    kit = tmp_path / "kit"
+    kit.mkdir()
+    (kit / "KIT.json").write_text("{}")
+    out = run(str(kit), str(tmp_path / "out"), "ten")
+    assert out.returncode == 2 and "SECONDS must be a whole number of seconds, got 'ten'" in out.stderr
+    out = run(str(kit))
+    assert out.returncode != 0 and "OUT folder" in out.stderr
+    assert not work.exists() and not (tmp_path / "out").exists()
