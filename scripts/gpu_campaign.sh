@@ -27,7 +27,7 @@ case "$SECONDS_LEFT" in ''|*[!0-9]*) echo "SECONDS must be a whole number of sec
 [ -f "$KIT/KIT.json" ] || { echo "$KIT is not a GPU kit (no KIT.json): run mt-campaign gpu-kit here first" >&2; exit 2; }
 END=$(( $(date +%s) + SECONDS_LEFT ))
 WORK=${GPU_CAMPAIGN_DIR:-/root/mt-campaign-checkout}
-mkdir -p "$OUT"
+mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)   # absolute: the script works from the copy
 if [ ! -d "$WORK/.git" ]; then
   mkdir -p "$(dirname "$WORK")" && cp -a . "$WORK" || { echo "could not copy the checkout to $WORK" >&2; exit 1; }
 fi
