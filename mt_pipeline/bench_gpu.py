@@ -135,6 +135,11 @@ def relu_flex(q, k, v, scale: float, flex=None):
 CORE_ROWS = 2 ** 20
 
 
+# the labels core_cases gives its steps (``--core-cases`` selects among them)
+CORE_CASES = ("sdpa flash", "sdpa (default)", "relu torch", "reluformer+eq.7 torch", "eatt torch", "relu flex",
+              "relu triton", "reluformer+eq.7 triton", "eatt triton")
+
+
 def core_cases(T: int, dtype: torch.dtype, device, rows: int = CORE_ROWS, heads: int = 8,
                head_dim: int = 64, with_triton: bool = True, with_flex: bool = True) -> Dict[str, Step]:
     """Attention-core steps at ``B*H*T = rows`` (``B = rows / (H T)``, at least 1), ``S = T``;
@@ -694,6 +699,8 @@ def main(argv=None) -> int:
     p.add_argument("--dtypes", default="bf16,fp32", help=f"comma list of {', '.join(DTYPES)}")
     p.add_argument("--sections", default="core,layer,decode",
                    help=f"comma list of {', '.join(SECTIONS)} (train also needs --train-data)")
+    p.add_argument("--core-cases", default=None,
+                   help=f"core section: comma list of cases to time, '_' for ' ' (default all: {', '.join(CORE_CASES)})")
     p.add_argument("--core-rows", type=int, default=CORE_ROWS, help="B*H*T of the core section")
     p.add_argument("--tokens", type=int, default=16384, help="tokens per batch of the layer section")
     p.add_argument("--functions", default=None,
@@ -726,6 +733,11 @@ def main(argv=None) -> int:
     bad = [x for x in dtypes if x not in DTYPES] + [x for x in sections if x not in SECTIONS]
     if bad:
         p.error(f"unknown {bad}; valid dtypes: {', '.join(DTYPES)}; valid sections: {', '.join(SECTIONS)}")
+    # underscores stand for spaces, so the labels survive an unquoted shell variable (scripts/gpu_window.sh)
+    core_only = [x.strip().replace("_", " ") for x in a.core_cases.split(",") if x.strip()] if a.core_cases else None
+    if core_only is not None and (not core_only or any(x not in CORE_CASES for x in core_only)):
+        p.error(f"unknown core cases {[x for x in core_only if x not in CORE_CASES] or core_only}; "
+                f"valid: {', '.join(CORE_CASES)}")
     kinds = [x for x in a.layer_kinds.split(",") if x]
     if not kinds or any(x not in LAYER_KINDS for x in kinds):
         p.error(f"unknown layer kinds {[x for x in kinds if x not in LAYER_KINDS] or kinds}; "
@@ -784,6 +796,8 @@ def main(argv=None) -> int:
                 for t in ([int(x) for x in a.decode_S.split(",") if x] if section == "decode" else lengths):
                     if section == "core":
                         cases = core_cases(t, DTYPES[dt], dev, rows=a.core_rows)
+                        if core_only:
+                            cases = {k: v for k, v in cases.items() if k in core_only}
                     elif section == "layer":
                         cases = layer_cases(t, DTYPES[dt], dev, tokens=a.tokens, names=names,
                                             dropout=rate, kind=kind)

@@ -27,6 +27,9 @@ def test_bad_options_name_the_choices(capsys):
     with pytest.raises(SystemExit):
         bench_gpu.main(["--layer-kinds", "enc,decoder"])
     assert "unknown layer kinds ['decoder']; valid: enc, dec, cross" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench_gpu.main(["--core-cases", "relu_triton,eatt"])
+    assert "unknown core cases ['eatt']; valid: sdpa flash," in capsys.readouterr().err
     for bad in ("0,1.5", "0.1,x", ""):
         with pytest.raises(SystemExit):
             bench_gpu.main(["--attention-dropout", bad])
@@ -38,6 +41,8 @@ def test_steps_run_on_cpu_with_the_torch_backend():
     cases = bench_gpu.core_cases(8, torch.float32, "cpu", rows=64, heads=2, head_dim=16, with_triton=False,
                                  with_flex=False)
     assert set(cases) == {"sdpa (default)", "relu torch", "reluformer+eq.7 torch", "eatt torch"}
+    every = bench_gpu.core_cases(8, torch.float32, "cpu", rows=64, heads=2, head_dim=16)  # built, not run
+    assert set(every) - set(bench_gpu.CORE_CASES) == set()  # --core-cases can select every label
     for run in cases.values():
         run()
     for kind in bench_gpu.LAYER_KINDS:
