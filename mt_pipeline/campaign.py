@@ -41,6 +41,15 @@ Commands (``mt-campaign``)::
 * ``run --launcher slurm``: one job per run through submitit (``submitit.AutoExecutor``;
   ``--partition``, ``--gpus-per-node``, ``--cpus-per-task``, ``--timeout-min``); ``--cluster local``
   uses submitit's local executor (what the tests run).  Needs the ``[cluster]`` extra.
+* ``after:`` (optional) names post-training steps of :data:`mt_pipeline.reproduce.TABLES`
+  (``- {paper: flexible, table: table1, why: ...}``: Flexible Attention's tau sweep and decoding
+  benchmark), which need the trained checkpoints of the plan's runs of that table's small-scale
+  specs.  A step is *done* when every page it writes exists without "Evidence: none committed."
+  (:func:`mt_pipeline.evidence.predates_evidence`); until then a run it needs whose result is only
+  in committed evidence (its git-ignored run directory gone with an earlier machine) trains again
+  (its evidence is then re-exported), and once all of them have finished here the step's commands
+  run, niced, in plan order (log: ``runs/campaign/after/<paper>_<table>.log``), once per set of
+  finished runs (:func:`after_state`).
 * After every finished run the ``analyses`` of every table showing it are run (:func:`analyse`:
   E-ATT Table 4's energy of ReLA Table 1's softmax run too), its evidence is committed-ready under
   ``results/runs/`` (:mod:`mt_pipeline.evidence`) and its tables are re-rendered; ``render`` does the same for every
@@ -87,10 +96,12 @@ from .budget import load_budget, regime
 from .locks import lock_held
 from .provenance import ROOT, hardware, repo_relative
 
-__all__ = ["Run", "load_plan", "run_state", "estimate_minutes", "device_name", "main"]
+__all__ = ["Run", "AfterStep", "load_plan", "run_state", "after_state", "estimate_minutes", "device_name", "main"]
 
 DEFAULT_PLAN = "configs/campaign/converged.yaml"
-PLAN_KEYS = ("title", "budget", "runs", "claims", "gpu", "intro")
+PLAN_KEYS = ("title", "budget", "runs", "claims", "gpu", "intro", "after")
+AFTER_KEYS = ("paper", "table", "why")
+AFTER_LOGS = os.path.join("runs", "campaign", "after")  # git-ignored: logs and "ran" markers of after steps
 ENTRY_KEYS = ("table", "rows", "seeds", "why")
 CLAIM_KEYS = ("id", "claim", "table", "row", "vs", "expect", "margin", "paper")
 EXPECT = ("equal", "better", "worse")
@@ -127,6 +138,20 @@ class Run:
     def target_updates(self) -> Optional[int]:
         value = self.row["_budget"]["train"].get("max-update")
         return int(value) if value else None
+
+
+@dataclass
+class AfterStep:
+    """A post-training step of the plan (``after:``): the commands of
+    ``mt_pipeline.reproduce.TABLES[paper][table]["after"]["small"]`` on the plan's runs of that
+    table's small-scale specs."""
+    key: str                 # "flexible table1"
+    paper: str
+    table: str
+    commands: List[List[str]]
+    pages: List[str]         # the Markdown pages the commands write (repo-relative)
+    runs: List[Run]          # the plan's runs whose checkpoints the commands read
+    why: str = ""
 
 
 def _abs(path: str) -> str:
@@ -227,7 +252,132 @@ def load_plan(path: str) -> Dict:
             if claim[k] not in ids:
                 raise SystemExit(f"{where}: {k} {claim[k]!r} is not a row of {claim['table']}; valid: {ids}")
     plan["_path"], plan["_budget"], plan["_runs"], plan["_specs"] = path, budget, runs, specs
+    plan["_after"] = _load_after(path, plan.get("after"), runs, specs)
     return plan
+
+
+def _load_after(path: str, entries, runs: List[Run], specs: Dict[str, Dict]) -> List[AfterStep]:
+    """The plan's ``after:`` entries as :class:`AfterStep` s (see the module docstring).
+
+    Raises:
+        SystemExit: not a list, unknown keys, a paper / table without post-training steps at small
+            scale (the valid ones are named), or a table whose specs the plan does not run.
+    """
+    from .reproduce import TABLES, after_steps, step_outputs  # reproduce imports the table machinery: import late
+
+    if entries is None:
+        return []
+    if not isinstance(entries, list):
+        raise SystemExit(f"{path}: 'after' must be a list of {{paper, table}} entries")
+    valid = [f"{p} {t}" for p, ts in TABLES.items() for t, e in ts.items() if after_steps(e, "small")]
+    plan_specs = {os.path.normpath(_abs(t)) for t in specs}
+    steps = []
+    for i, entry in enumerate(entries):
+        where = f"{path}: after[{i}]"
+        _check_keys(where, entry, AFTER_KEYS)
+        key = f"{entry.get('paper')} {entry.get('table')}"
+        if key not in valid:
+            raise SystemExit(f"{where}: {key!r} has no post-training steps at small scale; valid: {valid}")
+        table = TABLES[entry["paper"]][entry["table"]]
+        missing = [t for t in table["small"] if os.path.normpath(_abs(t)) not in plan_specs]
+        if missing:
+            raise SystemExit(f"{where}: the plan does not run {missing}, whose checkpoints {key}'s steps read: "
+                             "add them to 'runs'")
+        wanted = {os.path.normpath(_abs(t)) for t in table["small"]}
+        commands = after_steps(table, "small")
+        steps.append(AfterStep(
+            key=key, paper=entry["paper"], table=entry["table"], commands=commands,
+            pages=[o for c in commands for o in step_outputs(c) if o.endswith(".md")],
+            runs=[r for r in runs if any(os.path.normpath(_abs(t)) in wanted for t in r.tables)],
+            why=entry.get("why", "")))
+    return steps
+
+
+def _after_marker(step: AfterStep) -> str:
+    return os.path.join(ROOT, AFTER_LOGS, f"{step.paper}_{step.table}.json")
+
+
+def after_state(step: AfterStep) -> Dict:
+    """``{"state", "reason"}`` of a post-training step: ``done`` (every page it writes exists without
+    :data:`mt_pipeline.evidence.NO_EVIDENCE`), ``ran`` (its commands ran on exactly the runs that are
+    here now, and a page still lacks evidence: see its log; it runs again when a run it needs
+    finishes again), ``ready`` (every run it needs has finished in its run directory here) or
+    ``waiting`` (with how many have)."""
+    pages = [_abs(p) for p in step.pages]
+    if pages and all(os.path.exists(p) and not evidence.predates_evidence(p) for p in pages):
+        return {"state": "done", "reason": None}
+    here = [r for r in step.runs if (_read_json(os.path.join(r.dir, "result.json")) or {}).get("status") == "done"]
+    if len(here) < len(step.runs):
+        return {"state": "waiting", "reason": f"{len(here)} of {len(step.runs)} runs it needs finished here"}
+    marker = _read_json(_after_marker(step)) or {}
+    if marker.get("runs") == _finished_fingerprint(step):
+        return {"state": "ran", "reason": f"ran at {marker.get('finished')} (exit status {marker.get('returncode')}); "
+                                          f"a page still lacks evidence: {repo_relative(_after_log(step))}"}
+    return {"state": "ready", "reason": None}
+
+
+def _after_log(step: AfterStep) -> str:
+    return os.path.join(ROOT, AFTER_LOGS, f"{step.paper}_{step.table}.log")
+
+
+def _finished_fingerprint(step: AfterStep) -> Dict[str, float]:
+    """When each run the step needs last finished here (its ``result.json``'s mtime)."""
+    out = {}
+    for r in step.runs:
+        res = os.path.join(r.dir, "result.json")
+        out[repo_relative(r.dir)] = os.path.getmtime(res) if os.path.exists(res) else None
+    return out
+
+
+def _retrain_for_after(plan: Dict) -> List[Run]:
+    """Runs a step that is not done needs, whose result is only in committed evidence (their run
+    directories, with the checkpoints, are not here): they train again, in plan order."""
+    want = []
+    for step in plan.get("_after", []):
+        if after_state(step)["state"] == "done":
+            continue
+        for r in step.runs:
+            if r.dir not in want and not os.path.exists(os.path.join(r.dir, "result.json")) \
+                    and run_state(r)["state"] == "done":
+                want.append(r.dir)
+    return [r for r in plan["_runs"] if r.dir in want]
+
+
+def run_after_steps(plan: Dict, nice: int = 10) -> List[str]:
+    """Run every ``ready`` post-training step of the plan (:func:`after_state`), in plan order, each
+    command niced and logged to ``runs/campaign/after/<paper>_<table>.log``; a step stops at its
+    first failing command.  Then the table's index file (``results/<paper>/<table>.md``) is
+    re-written.  Returns the keys of the steps that ran; a failure is logged, never raised."""
+    from .reproduce import TABLES, write_index  # import late, as above
+
+    ran = []
+    for step in plan.get("_after", []):
+        if after_state(step)["state"] != "ready":
+            continue
+        fingerprint = _finished_fingerprint(step)
+        os.makedirs(os.path.dirname(_after_log(step)), exist_ok=True)
+        rc = 0
+        with open(_after_log(step), "a") as logf:
+            for cmd in step.commands:
+                log(f"after {step.key}: {' '.join(shlex.quote(c) for c in cmd)}")
+                logf.write(f"\n[campaign] {time.strftime('%Y-%m-%d %H:%M:%S')} $ "
+                           f"{' '.join(shlex.quote(c) for c in cmd)}\n")
+                logf.flush()
+                rc = subprocess.call(cmd, cwd=ROOT, stdout=logf, stderr=subprocess.STDOUT,
+                                     preexec_fn=(lambda: os.nice(nice)) if nice else None)
+                if rc:
+                    log(f"after {step.key}: exit status {rc} (log: {repo_relative(_after_log(step))})")
+                    break
+        write_json_atomic(_after_marker(step), {"finished": time.strftime("%Y-%m-%d %H:%M:%S"),
+                                                "returncode": rc, "runs": fingerprint})
+        if not rc:
+            try:
+                write_index(step.paper, step.table, TABLES[step.paper][step.table])
+            except (Exception, SystemExit) as err:  # noqa: BLE001 - never stop the campaign
+                log(f"after {step.key}: rewriting the index file failed: {type(err).__name__}: {err}")
+        log(f"after {step.key}: {after_state(step)['state']}")
+        ran.append(step.key)
+    return ran
 
 
 # ---------------------------------------------------------------------------------------------
@@ -668,15 +818,17 @@ def _finish(plan: Dict, run: Run, rc: int) -> None:
 
 
 def _candidates(plan: Dict, retry_failed: bool) -> List[Run]:
-    """The runs to start, in plan order: pending and partial ones (and, with ``retry_failed``,
-    failed ones, whose ``result.json`` is moved aside first)."""
+    """The runs to start, in plan order: pending and partial ones, those a post-training step needs
+    trained here (:func:`_retrain_for_after`) and, with ``retry_failed``, failed ones (whose
+    ``result.json`` is moved aside first)."""
     todo = []
+    retrain = {r.dir for r in _retrain_for_after(plan)}
     for run in plan["_runs"]:
         st = run_state(run)["state"]
         if st == "failed" and retry_failed:
             tables.retire_failed(run.dir)
             st = "pending"
-        if st in ("pending", "partial"):
+        if st in ("pending", "partial") or run.dir in retrain:
             todo.append(run)
     return todo
 
@@ -731,6 +883,8 @@ def run_local(plan: Dict, a) -> int:
                    and (a.max_runs is None or started < a.max_runs)):
                 run = queue.pop(0)
                 now = run_state(run)["state"]
+                if now == "done" and any(r.dir == run.dir for r in _retrain_for_after(plan)):
+                    now = "pending"  # its result is only in committed evidence; an after step needs it here
                 if now in ("running", "done", "submitted") or (now == "failed" and not a.retry_failed):
                     continue  # another campaign took it meanwhile
                 if not _fits(run, a, records, device, jobs, deadline):
@@ -744,6 +898,7 @@ def run_local(plan: Dict, a) -> int:
                 break
             run, rc = launcher.wait_one()
             _finish(plan, run, rc)
+            run_after_steps(plan, a.nice)
             records = throughput_records([r.dir for r in plan["_runs"]])
     finally:
         for s, h in old.items():
@@ -897,6 +1052,9 @@ def main(argv=None) -> int:
             print(json.dumps(rows, indent=1))
         else:
             _print_status(rows)
+            for step in plan["_after"]:
+                st = after_state(step)
+                print(f"{'after ' + step.key:<42} {st['state']:<10} {'':>11} {'':>9}  {st['reason'] or ''}")
         return 0
     if a.cmd == "render":
         render(plan)
@@ -905,8 +1063,14 @@ def main(argv=None) -> int:
         for run in _candidates(plan, False):
             print(f"{run.key}: python -m mt_pipeline.experiment "
                   + " ".join(shlex.quote(repo_relative(x)) for x in tables.experiment_argv(run.spec, run.row, run.seed)))
+        for step in plan["_after"]:
+            if after_state(step)["state"] != "done":
+                for cmd in step.commands:
+                    print(f"after {step.key}: " + " ".join(shlex.quote(c) for c in cmd))
         return 0
     collect(plan)  # runs that finished while no campaign watched them
+    if a.launcher == "local":
+        run_after_steps(plan, a.nice)  # steps whose runs finished while no campaign watched them
     n = run_slurm(plan, a) if a.launcher == "slurm" else run_local(plan, a)
     log(f"started {n} run(s)")
     return 0

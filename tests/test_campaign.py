@@ -10,6 +10,7 @@ Real data: the 3,000-pair Multi30k slice and the tiny budget of tests/test_pipel
 import gzip
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -560,3 +561,113 @@ def test_the_minutes_estimate_is_per_model_and_counts_everything_but_training(tm
     res["campaign"] = {"jobs": 12}
     (tmp_path / "soft" / "result.json").write_text(json.dumps(res))
     assert campaign.throughput_records(dirs[:1])[0]["overhead_s"] == 108
+
+
+@needs_data
+def test_a_plan_names_post_training_steps_and_is_refused_when_they_cannot_run(tmp_path):
+    """``after:``: the smoke plan's Flexible steps need the plan's Table 1 runs (both directions for the
+    tau sweep; de-en rows 1, 3, 4 for Table 3's benchmark); an unknown step or one whose table the
+    plan does not train is refused with the valid choices."""
+    smoke = campaign.load_plan("configs/campaign/smoke.yaml")
+    steps = {s.key: s for s in smoke["_after"]}
+    assert list(steps) == ["flexible table1", "flexible table3"]
+    assert sorted(r.key for r in steps["flexible table1"].runs) == sorted(
+        f"flexible_table1_{d} row{i} seed1" for d in ("de_en", "en_de") for i in (1, 2, 3, 4))
+    assert sorted(r.key for r in steps["flexible table3"].runs) == [
+        f"flexible_table1_de_en row{i} seed1" for i in (1, 3, 4)]
+    assert steps["flexible table1"].pages == ["results/flexible/table1_multi30k.md"]
+    assert steps["flexible table3"].pages == ["results/flexible/table3_decode_time_multi30k.md"]
+
+    good = {"runs": [{"table": "configs/flexible/table1_multi30k_de_en.yaml", "rows": [1, 2, 3, 4]}]}
+
+    def refused(after, *words):
+        path = tmp_path / "p.yaml"
+        path.write_text(yaml.safe_dump(dict(good, after=after)))
+        with pytest.raises(SystemExit) as err:
+            campaign.load_plan(str(path))
+        for w in words:
+            assert w in str(err.value), str(err.value)
+
+    refused({"paper": "flexible"}, "'after' must be a list")
+    refused([{"paper": "flexible", "tabel": "table1"}], "unknown keys")
+    refused([{"paper": "rela", "table": "table1"}], "'rela table1' has no post-training steps", "'flexible table1'")
+    refused([{"paper": "flexible", "table": "table1"}], "does not run ['configs/flexible/table1_multi30k_en_de.yaml']")
+    path = tmp_path / "p.yaml"
+    refused([{"paper": "flexible", "table": "table3"}], "does not run ['configs/flexible/table3_multi30k_de_en.yaml']")
+    t3 = {"runs": [{"table": "configs/flexible/table3_multi30k_de_en.yaml", "rows": [1, 3, 4]}],
+          "after": [{"paper": "flexible", "table": "table3"}]}
+    path.write_text(yaml.safe_dump(t3))
+    assert [r.key for r in campaign.load_plan(str(path))["_after"][0].runs] == [
+        f"flexible_table1_de_en row{i} seed1" for i in (1, 3, 4)]
+
+
+def test_post_training_steps_retrain_evidence_only_runs_then_run_once_until_the_page_has_evidence(
+        tmp_path, monkeypatch):
+    """A step not done makes its runs that exist only as committed evidence train again; once all have
+    finished here it runs (niced, logged), and its marker keeps it from running again on the same
+    runs while its page still lacks evidence; a run finishing again makes it ready again; a page
+    with evidence is done, and nothing retrains for it."""
+    import mt_pipeline.reproduce as rp
+
+    monkeypatch.setattr(campaign, "AFTER_LOGS", str(tmp_path / "after"))
+    monkeypatch.setattr(rp, "write_index", lambda *a: None)  # never into results/
+    page = tmp_path / "page.md"
+    counter = tmp_path / "count"
+    # the step's command writes the page: without evidence while FLAG exists, with it afterwards
+    flag = tmp_path / "flag"
+    script = (f"import os; c = {str(counter)!r}; n = int(open(c).read()) + 1 if os.path.exists(c) else 1; "
+              f"open(c, 'w').write(str(n)); "
+              f"open({str(page)!r}, 'w').write('# T\\n' + ({evidence.NO_EVIDENCE!r} if os.path.exists({str(flag)!r}) "
+              f"else 'evidence: results/runs/x\\n'))")
+    runs = [campaign.Run(key=f"t row{i} seed1", table="t.yaml", spec={}, row={"id": i}, seed=1,
+                         dir=str(tmp_path / "runs" / f"row{i}"), tables=["t.yaml"]) for i in (1, 2)]
+    step = campaign.AfterStep(key="flexible table1", paper="flexible", table="table1",
+                              commands=[[sys.executable, "-c", script]], pages=[str(page)], runs=runs)
+    plan = {"_runs": runs, "_after": [step]}
+    committed = {runs[0].dir}  # row 1's result is only in committed evidence; row 2 has never run
+    monkeypatch.setattr(campaign, "run_state", lambda r: {"state": "done" if r.dir in committed else "pending"})
+
+    finishes = []
+
+    def finish(run):
+        os.makedirs(run.dir, exist_ok=True)
+        res = os.path.join(run.dir, "result.json")
+        with open(res, "w") as f:
+            json.dump({"status": "done"}, f)
+        finishes.append(run.key)
+        t = 1.7e9 + 10 * len(finishes)
+        os.utime(res, (t, t))  # a later finish is seen as later even within the same second
+
+    assert campaign.after_state(step) == {"state": "waiting", "reason": "0 of 2 runs it needs finished here"}
+    assert [r.key for r in campaign._retrain_for_after(plan)] == ["t row1 seed1"]
+    assert [r.key for r in campaign._candidates(plan, False)] == ["t row1 seed1", "t row2 seed1"]
+    assert campaign.run_after_steps(plan) == []  # waiting: nothing runs
+    finish(runs[0])
+    assert campaign._retrain_for_after(plan) == []  # trained here now
+    finish(runs[1])
+    assert campaign.after_state(step)["state"] == "ready"
+    flag.write_text("")
+    assert campaign.run_after_steps(plan, nice=1) == ["flexible table1"]
+    assert counter.read_text() == "1" and evidence.predates_evidence(str(page))
+    st = campaign.after_state(step)
+    assert st["state"] == "ran" and "exit status 0" in st["reason"]
+    assert campaign.run_after_steps(plan) == []  # the same runs: not again
+    finish(runs[1])  # row 2 finished again (re-trained): the step is ready again
+    flag.unlink()
+    assert campaign.after_state(step)["state"] == "ready"
+    assert campaign.run_after_steps(plan) == ["flexible table1"]
+    assert counter.read_text() == "2" and campaign.after_state(step)["state"] == "done"
+    shutil.rmtree(runs[0].dir)  # a fresh machine: the page has evidence, nothing retrains
+    assert campaign._retrain_for_after(plan) == [] and campaign.run_after_steps(plan) == []
+    log = (tmp_path / "after" / "flexible_table1.log").read_text()
+    assert log.count("[campaign]") == 2
+    # a failing command is logged with its exit status, stops the step and marks the runs it ran on
+    page.write_text(f"# T\n{evidence.NO_EVIDENCE}\n")
+    assert [r.key for r in campaign._retrain_for_after(plan)] == ["t row1 seed1"]
+    finish(runs[0])
+    step.commands = [[sys.executable, "-c", "raise SystemExit(3)"], [sys.executable, "-c", script]]
+    assert campaign.run_after_steps(plan) == ["flexible table1"]
+    assert counter.read_text() == "2"  # the second command did not run after the first failed
+    assert json.loads((tmp_path / "after" / "flexible_table1.json").read_text())["returncode"] == 3
+    st = campaign.after_state(step)
+    assert st["state"] == "ran" and "exit status 3" in st["reason"]
