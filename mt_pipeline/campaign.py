@@ -964,9 +964,12 @@ def status(plan: Dict) -> List[Dict]:
     partial and pending runs, when a throughput is known), ``reason``, ``where``, ``why``."""
     device = device_name()
     records = throughput_records([r.dir for r in plan["_runs"]])
+    retrain = {r.dir for r in _retrain_for_after(plan)}
     out = []
     for run in plan["_runs"]:
         st = run_state(run)
+        if run.dir in retrain:
+            st = dict(st, reason="trains again here: a post-training step (after:) needs its checkpoints")
         meta = _read_json(os.path.join(run.dir, "campaign.json")) or {}
         eta = None
         if st["state"] in ("running", "partial", "pending", "submitted"):

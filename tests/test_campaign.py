@@ -619,13 +619,14 @@ def test_post_training_steps_retrain_evidence_only_runs_then_run_once_until_the_
               f"open(c, 'w').write(str(n)); "
               f"open({str(page)!r}, 'w').write('# T\\n' + ({evidence.NO_EVIDENCE!r} if os.path.exists({str(flag)!r}) "
               f"else 'evidence: results/runs/x\\n'))")
-    runs = [campaign.Run(key=f"t row{i} seed1", table="t.yaml", spec={}, row={"id": i}, seed=1,
+    runs = [campaign.Run(key=f"t row{i} seed1", table="t.yaml", spec={}, row={"id": i, "_budget": {"train": {}}}, seed=1,
                          dir=str(tmp_path / "runs" / f"row{i}"), tables=["t.yaml"]) for i in (1, 2)]
     step = campaign.AfterStep(key="flexible table1", paper="flexible", table="table1",
                               commands=[[sys.executable, "-c", script]], pages=[str(page)], runs=runs)
     plan = {"_runs": runs, "_after": [step]}
     committed = {runs[0].dir}  # row 1's result is only in committed evidence; row 2 has never run
-    monkeypatch.setattr(campaign, "run_state", lambda r: {"state": "done" if r.dir in committed else "pending"})
+    monkeypatch.setattr(campaign, "run_state", lambda r: {"state": "done" if r.dir in committed else "pending",
+                                                          "reason": None, "updates": 0, "where": None})
 
     finishes = []
 
@@ -642,6 +643,11 @@ def test_post_training_steps_retrain_evidence_only_runs_then_run_once_until_the_
     assert [r.key for r in campaign._retrain_for_after(plan)] == ["t row1 seed1"]
     assert [r.key for r in campaign._candidates(plan, False)] == ["t row1 seed1", "t row2 seed1"]
     assert campaign.run_after_steps(plan) == []  # waiting: nothing runs
+    monkeypatch.setattr(campaign, "throughput_records", lambda dirs: [])
+    monkeypatch.setattr(campaign, "estimate_minutes", lambda *a: None)
+    monkeypatch.setattr(run_table, "row_budget", lambda spec, row: "budget.yaml")
+    assert [r["reason"] for r in campaign.status(plan)] == [
+        "trains again here: a post-training step (after:) needs its checkpoints", None]
     finish(runs[0])
     assert campaign._retrain_for_after(plan) == []  # trained here now
     finish(runs[1])
