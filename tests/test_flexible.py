@@ -122,6 +122,48 @@ def test_one_hypothesis_step_equals_batched_step(kind, tau):
     assert (both.window < lengths).any()
 
 
+@pytest.mark.parametrize("kind,tau", [("local_p", math.inf), ("flexible", 0.8), ("flexible", 2.0)])
+def test_training_masks_the_window_with_the_gathered_windows_results(kind, tau):
+    """In training the windowed variants score every position and mask the window (no gather);
+    context, weights, focus, window and every gradient equal those of the gathered window that
+    inference scores, and weights stay exactly zero outside the window."""
+    torch.manual_seed(0)
+    att = AdditiveAttention(6, 5, 7, 3, kind=kind, threshold=tau, local_d=2)
+    if kind == "flexible":
+        torch.nn.init.constant_(att.gate_out.bias, 1.0)
+    B, S = 4, 25
+    lengths = torch.tensor([25, 18, 9, 22])
+    pad = torch.arange(S).unsqueeze(0) >= lengths.unsqueeze(1)
+    vals0 = torch.randn(B, S, 5).masked_fill(pad.unsqueeze(-1), 0.0)
+    q0, e0, p = torch.randn(B, 6), torch.randn(B, 3), torch.tensor([3.2, 10.0, 8.0, 21.4])
+    go = torch.randn(B, 5)
+    results = {}
+    for training in (True, False):
+        att.train(training)
+        att.zero_grad()
+        vals, q, e = (x.clone().requires_grad_() for x in (vals0, q0, e0))
+        seen = []
+        orig = att.score
+        att.score = lambda q_, k_: seen.append(k_.shape[:-1].numel()) or orig(q_, k_)
+        step = att(q, e, att.keys(vals), vals, pad, lengths, p)
+        del att.score
+        loss = (step.context * go).sum() + (step.focus * torch.arange(1.0, B + 1)).sum()
+        loss.backward()
+        grads = [vals.grad, q.grad, e.grad] + [w.grad if w.grad is not None else torch.zeros_like(w)
+                                                for w in att.parameters()]
+        results[training] = (step, grads, sum(seen))
+    (dense, g_dense, n_dense), (gathered, g_gathered, n_gathered) = results[True], results[False]
+    assert n_dense == B * S and n_gathered == int(gathered.window.sum()) < B * S
+    assert torch.equal(dense.window, gathered.window)
+    for a, b in zip(dense[:4], gathered[:4]):
+        if a is not None:
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    outside = dense.weights[gathered.weights == 0]
+    assert float(outside.abs().max()) == 0.0
+    for a, b in zip(g_dense, g_gathered):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
 def test_local_p_window_hand_example():
     lo, hi = local_p_window(torch.tensor([12.3, 12.3, 0.4, 29.0]), 10, torch.tensor([30, 15, 30, 30]))
     assert lo.tolist() == [3, 3, 0, 19] and hi.tolist() == [22, 14, 10, 29]
