@@ -49,7 +49,9 @@ Commands (``mt-campaign``)::
   in committed evidence (its git-ignored run directory gone with an earlier machine) trains again
   (its evidence is then re-exported), and once all of them have finished here the step's commands
   run, niced, in plan order (log: ``runs/campaign/after/<paper>_<table>.log``), once per set of
-  finished runs (:func:`after_state`).
+  finished runs (:func:`after_state`).  The local launcher runs them (at its start and after each
+  run); with ``--launcher slurm`` the re-training is submitted and a later local ``mt-campaign run``
+  runs the steps.
 * After every finished run the ``analyses`` of every table showing it are run (:func:`analyse`:
   E-ATT Table 4's energy of ReLA Table 1's softmax run too), its evidence is committed-ready under
   ``results/runs/`` (:mod:`mt_pipeline.evidence`) and its tables are re-rendered; ``render`` does the same for every

@@ -25,7 +25,7 @@ Attention", Section 2-3):
 * ``flexible``: eqs. 4-8, ``a_t = softmax(score - g(t) (s - p_{t-1})^2 / (2 sigma^2))``,
   ``p_t = sum_s a_t(s) s``, ``g(t) = sigmoid(v_g^T tanh(W_g [h_{t-1}; i_t]) + b_g)``.  With a
   finite threshold ``tau`` only the positions of :func:`flexible_window` are scored (Section 3.1);
-  the rest are never passed to :meth:`score`;
+  at inference the rest are never passed to :meth:`score` (training masks them instead: below);
 * ``local_p``: Luong et al. 2015 (eqs. 10-11 of the paper): ``p_t = (len - 1) sigmoid(v_p^T tanh(W_p h_{t-1}))``
   (0-based form of ``S sigmoid(.)``), softmax over the window ``[p_t - D, p_t + D]`` only (scored by
   gathering it, like the flexible window), multiplied by ``exp(-(s - p_t)^2 / (2 (D/2)^2))``
@@ -35,10 +35,9 @@ Attention", Section 2-3):
 The windowed variants score only the window at inference (validation, generation, the decoding
 benchmarks): that is the computation the paper saves.  In training (``module.training`` with
 gradients on) they score every position and mask those outside the window instead, which gives the
-same weights and gradients without the per-step gather bookkeeping and, on a GPU, without its two
-host syncs per step (``int(width.max())``, ``nonzero``); on one CPU core an ``rnnsearch_small``
-step (B 64, S 16, T 16) took 1.15x as long with the gathered window for local-p and the same for
-flexible at tau 1.2 (measured 2026-11-28).
+same weights and gradients (``tests/test_flexible.py`` compares the two paths) without the per-step
+gather bookkeeping and, on a GPU, without its two host syncs per step (``int(width.max())``,
+``nonzero``).
 
 Decoding one hypothesis (``B = 1``, e.g. the paper's sentence-by-sentence timing of Table 3) takes a
 lean path (:meth:`AdditiveAttention._single_window_step`): the window bounds are Python numbers
