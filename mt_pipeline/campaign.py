@@ -1031,7 +1031,8 @@ def main(argv=None) -> int:
     sub.add_parser("rescore", help="re-score every committed run from its hypotheses; exit 1 on a mismatch")
     kit = sub.add_parser("gpu-kit", help="write the folder an offline GPU machine needs (docs/gpu.md)")
     kit.add_argument("--out", default=".device", help="git-ignored folder to write (default .device)")
-    kit.add_argument("--plan", default=DEFAULT_PLAN)
+    kit.add_argument("--plan", action="append", dest="plans", metavar="PLAN",
+                     help=f"a plan whose corpora the kit carries; repeat for several (default {DEFAULT_PLAN})")
     a = p.parse_args(argv)
 
     if a.cmd == "rescore":
@@ -1039,7 +1040,7 @@ def main(argv=None) -> int:
     if a.cmd == "gpu-kit":
         from .gpu_kit import write_kit
 
-        write_kit(a.out, load_plan(a.plan))
+        write_kit(a.out, [load_plan(path) for path in (a.plans or [DEFAULT_PLAN])])
         return 0
     if a.cmd == "run":
         if a.jobs != "auto" and (not a.jobs.isdigit() or int(a.jobs) < 1):

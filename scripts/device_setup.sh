@@ -26,7 +26,6 @@ for c in train generate preprocess interactive score hydra_train; do
 done
 printf '#!/bin/bash\nexec %s -m mt_pipeline.campaign "$@"\n' "$BINDIR/$(basename $PY)" > "$BINDIR/mt-campaign"; chmod +x "$BINDIR/mt-campaign"
 mkdir -p "$ROOT/../shared/data"
-for d in "$KIT"/data/*; do
-  [ -e "$ROOT/../shared/data/$(basename "$d")" ] || cp -a "$d" "$ROOT/../shared/data/"
-done
+# merged into what is there (a kit's wmt/plain beside another's wmt/sgm); files already there are kept
+cp -a -n "$KIT"/data/. "$ROOT/../shared/data/"
 $PY -c 'import fairseq, torch, fairseq_plugins, mt_pipeline; print("fairseq", fairseq.__version__, "torch", torch.__version__, torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU")'

@@ -13,8 +13,8 @@
 # * it installs the kit there (scripts/device_setup.sh, idempotent) and starts
 #   `mt-campaign run --nice 0 OPTIONS` in its own session, once per machine;
 # * it then waits until the campaign ends or SECONDS (counted from this call's start) pass, and
-#   writes to OUT: evidence.tgz (results/runs/ and every rendered converged page of the copy, all of
-#   it, so the last call's archive holds every run finished on this machine), run.log, status.txt,
+#   writes to OUT: evidence.tgz (results/runs/ and every page under results/ the campaign changed in the
+#   copy, all of it, so the last call's archive holds every run finished on this machine), run.log, status.txt,
 #   gpu_util.txt (GPU use and load every 15 s) and runlogs.tgz (the run directories' logs and JSON,
 #   no checkpoints).
 # Here afterwards: `tar xzf <files_at>/evidence.tgz && mt-campaign render`, then commit.
@@ -49,7 +49,8 @@ done
 python3 -m mt_pipeline.campaign status > "$OUT/status.txt" 2>/dev/null
 grep -v " pending " "$OUT/status.txt" | head -40
 cp runs/campaign/gpu_run.log "$OUT/run.log"; cp runs/campaign/gpu_util.txt "$OUT/" 2>/dev/null
-tar czf "$OUT/evidence.tgz" results/runs $(ls results/*/*_converged* results/README.md 2>/dev/null)
+# every page the campaign (re-)rendered, and its after: steps' pages: what git sees changed under results/
+tar czf "$OUT/evidence.tgz" results/runs $(git ls-files -m -o --exclude-standard results | grep -v '^results/runs/')
 find runs -path runs/campaign -prune -o \( -name "*.log" -o -name "*.json" \) -size -5M -print 2>/dev/null \
   | tar czf "$OUT/runlogs.tgz" -T -
 ls -la "$OUT"

@@ -230,8 +230,9 @@ def test_a_bad_plan_is_refused_before_anything_runs(tmp_path):
     assert by_key["reluformer_lambda_study row1 seed1"].regime == "diagnostic"
     assert "configs/eatt/table4_multi30k.yaml" in row1.tables  # E-ATT T4 row 1 is this run
     assert len(set(r.dir for r in smoke["_runs"])) == len(smoke["_runs"])
-    long_docs = campaign.load_plan("configs/campaign/smoke_long_documents.yaml")["_runs"]
-    assert len({r.budget for r in long_docs}) > 1  # rows with their own budgets (L128 ... L2048)
+    long_docs = [r for r in smoke["_runs"] if r.key.startswith("reluformer_table6 ")]
+    assert len(long_docs) == 13 and len({r.budget for r in long_docs}) == 5  # own budgets (L128 ... L2048)
+    assert all(r.dir == os.path.join(th.ROOT, "runs", "reluformer_table6", r.key.split()[1]) for r in long_docs)
 
 
 def _fake_run(d, bleu_hyp, ref_path, seed, tmp_path):

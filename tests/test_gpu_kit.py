@@ -61,3 +61,33 @@ def test_gpu_campaign_refuses_bad_input_before_copying_anything(tmp_path):
     out = run(str(kit))
     assert out.returncode != 0 and "OUT folder" in out.stderr
     assert not work.exists() and not (tmp_path / "out").exists()
+
+
+@pytest.mark.skipif(not os.path.isdir(SHARED), reason=f"shared data not found at {SHARED}")
+def test_the_kit_carries_what_mt_prep_reads_of_every_smoke_and_converged_corpus(tmp_path):
+    """The smoke plan trains on Multi30k and on the long documents (ReLUFormer T6), whose inputs are
+    three folders of the shared data: the kit's copy holds each under its own path, and the
+    long-document sources read from it are those read from ../shared/data (sha256-checked)."""
+    from mt_pipeline import campaign
+    from mt_pipeline.prep.longdoc import sources
+
+    plans = [campaign.load_plan(p) for p in ("configs/campaign/smoke.yaml", "configs/campaign/converged.yaml")]
+    inputs = gpu_kit.corpus_inputs(plans)
+    assert inputs == {"long_documents": list(sources.SHARED_INPUTS), "multi30k": ["multi30k_en_de/raw"]}
+    data = tmp_path / "data"
+    got = gpu_kit.copy_corpus_data(str(data), inputs, SHARED)
+    assert got == sorted(str(data / r) for r in ["multi30k_en_de/raw", *sources.SHARED_INPUTS])
+    for rel in ["multi30k_en_de/raw", *sources.SHARED_INPUTS]:
+        cmp = filecmp.dircmp(os.path.join(SHARED, rel), data / rel)
+        assert not (cmp.left_only or cmp.right_only or cmp.diff_files), rel
+    assert sources.load_all(str(data), log=lambda *a: None) == sources.load_all(SHARED, log=lambda *a: None)
+
+
+def test_missing_corpus_files_are_named_before_anything_is_copied(tmp_path):
+    inputs = {"long_documents": ["docmt_maruf2019_en_de", "wmt/sgm"], "x": []}
+    (tmp_path / "shared" / "wmt" / "sgm").mkdir(parents=True)
+    with pytest.raises(SystemExit) as err:
+        gpu_kit.copy_corpus_data(str(tmp_path / "data"), inputs, str(tmp_path / "shared"))
+    assert "docmt_maruf2019_en_de (corpus long_documents)" in str(err.value)
+    assert "x: its spec names no local folder" in str(err.value) and "wmt/sgm" not in str(err.value)
+    assert not (tmp_path / "data").exists()

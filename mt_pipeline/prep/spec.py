@@ -175,6 +175,20 @@ def load_spec(corpus):
     return spec
 
 
+def shared_inputs(spec):
+    """The paths under the shared data folder (:data:`SHARED_DATA`, ``../shared/data``) that ``mt-prep``
+    reads for ``spec`` without ``--download``: ``local.default_dir`` for a sentence-level or Multi30k
+    corpus (none when it has no local folder), the document-bounded sources for ``long_documents``
+    (:data:`mt_pipeline.prep.longdoc.sources.SHARED_INPUTS`).  What the GPU kit carries of a corpus
+    (:mod:`mt_pipeline.gpu_kit`)."""
+    if spec["pipeline"] == "long_documents":
+        from .longdoc.sources import SHARED_INPUTS
+
+        return list(SHARED_INPUTS)
+    default = (spec.get("local") or {}).get("default_dir")
+    return [default] if default else []
+
+
 def spec_digest(spec):
     """Digest of the spec (recorded in the raw stamp) without its ``variants``: they change nothing
     up to tok/.  (The default ``pipeline: sentence`` is left out too, so that the digest -- and the

@@ -23,6 +23,10 @@ SPLITS = ("train", "valid", "test")
 LANGS = ("en", "de")
 # IWSLT14 TED talks (raw XML, de-en release; talk boundaries), in the order of fairseq's test set.
 IWSLT14_SETS = ("TED.dev2010", "TEDX.dev2012", "TED.tst2010", "TED.tst2011", "TED.tst2012")
+#: the folders of the shared data folder (``--data-dir``) the sources are read from: the Maruf et al.
+#: dev/test sets (required), the IWSLT14 TED XML and newstest2014's sgm files (each optional)
+MARUF_DIR, IWSLT14_XML_DIR, NEWSTEST_DIR = "docmt_maruf2019_en_de", "iwslt14_de_en/orig_xml", "wmt/sgm"
+SHARED_INPUTS = (MARUF_DIR, IWSLT14_XML_DIR, NEWSTEST_DIR)
 
 
 @functools.lru_cache(maxsize=None)
@@ -234,7 +238,7 @@ def load_all(data_dir=None, maruf_dir=None, train_dir=None, check=True, log=prin
 
     Raises:
         DataError: no Maruf files, or a bad source."""
-    if not maruf_dir and not _has_shared_layout(data_dir, "docmt_maruf2019_en_de"):
+    if not maruf_dir and not _has_shared_layout(data_dir, MARUF_DIR):
         raise DataError(f"no Maruf document-level files: neither --data-dir {data_dir!r} has "
                         "docmt_maruf2019_en_de/ nor was --maruf-dir given")
 
@@ -251,13 +255,13 @@ def load_all(data_dir=None, maruf_dir=None, train_dir=None, check=True, log=prin
     for subset in ("iwslt2017_ted", "nc2016"):
         for split in ("dev", "test"):
             pool.append((f"maruf_{subset}_{split}", maruf_docs(subset, split)))
-    if _has_shared_layout(data_dir, "iwslt14_de_en/orig_xml"):
+    if _has_shared_layout(data_dir, IWSLT14_XML_DIR):
         for name in IWSLT14_SETS:
             src = f"iwslt14_xml_{name.split('.')[1]}"
             pool.append((src, [(f"{src}:{docid}", p) for docid, p in load_iwslt14_xml(data_dir, name, check)]))
     else:
         log(f"WARNING: no {data_dir}/iwslt14_de_en/orig_xml: the IWSLT14 TED talks are not in the pool")
-    if _has_shared_layout(data_dir, "wmt/sgm"):
+    if _has_shared_layout(data_dir, NEWSTEST_DIR):
         pool.append(("newstest2014", [(f"newstest2014:{docid}", p) for docid, p in load_newstest2014(data_dir, check)]))
     else:
         log(f"WARNING: no {data_dir}/wmt/sgm: newstest2014 is not in the pool")
