@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# The converged campaign in a lent GPU window (docs/gpu.md, "Running the campaign on a lent GPU machine").
+# A campaign in a lent GPU window (docs/gpu.md, "Running the campaign on a lent GPU machine"): the
+# converged plan, or the plan its options name (--plan configs/campaign/smoke.yaml).
 #
 # Usage (on the GPU machine, from the checkout root, with the kit of `mt-campaign gpu-kit` carried):
 #   bash scripts/gpu_campaign.sh KIT OUT SECONDS [mt-campaign run options...]
 # e.g. bash scripts/gpu_campaign.sh .device $OUT 540 --jobs 12 --minutes 11
+#      bash scripts/gpu_campaign.sh .device $OUT 540 --jobs 12 --plan configs/campaign/smoke.yaml
 #
 # Every call may be the first or a later one on the same warm machine:
 # * the first copies this checkout (with .git, the kit and a carried data-bin/) to $GPU_CAMPAIGN_DIR
@@ -46,7 +48,9 @@ while [ "$(date +%s)" -lt "$END" ] && pgrep -f "mt_pipeline.campaign run" > /dev
     >> runs/campaign/gpu_util.txt
   sleep 15
 done
-python3 -m mt_pipeline.campaign status > "$OUT/status.txt" 2>/dev/null
+PLAN_ARGS=(); prev=""   # the status of the plan the campaign runs (its --plan, else the default)
+for a in "$@"; do [ "$prev" = "--plan" ] && PLAN_ARGS=(--plan "$a"); case "$a" in --plan=*) PLAN_ARGS=("$a");; esac; prev=$a; done
+python3 -m mt_pipeline.campaign status "${PLAN_ARGS[@]}" > "$OUT/status.txt" 2>/dev/null
 grep -v " pending " "$OUT/status.txt" | head -40
 cp runs/campaign/gpu_run.log "$OUT/run.log"; cp runs/campaign/gpu_util.txt "$OUT/" 2>/dev/null
 # every page the campaign (re-)rendered, and its after: steps' pages: what git sees changed under results/
