@@ -18,7 +18,7 @@ import time
 import json
 from typing import Dict, Iterable, Optional, Tuple
 
-__all__ = ["ROOT", "CODE_DIRS", "git_commit", "hardware", "command_line", "repo_relative", "collect",
+__all__ = ["ROOT", "CODE_DIRS", "git_commit", "hardware", "load_average", "command_line", "repo_relative", "collect",
            "markdown", "file_sha256", "REGIMES", "weakest_regime", "NO_EVIDENCE", "evidence_root", "evidence_dir",
            "trained_model", "models_markdown"]
 
@@ -67,6 +67,17 @@ def hardware() -> Dict[str, object]:
     dev = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu only"
     return {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
             "accelerator": dev, "torch": torch.__version__, "python": platform.python_version()}
+
+
+def load_average() -> str:
+    """The machine's load average over 1, 5 and 15 minutes (runnable processes, all cores
+    together), e.g. ``"2.05 2.10 1.98"``; ``"n/a"`` where the OS has none.  Benchmarks record it
+    at their start and end beside the core count, so a page timed while other jobs ran (the
+    background campaigns here) says so."""
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except (AttributeError, OSError):
+        return "n/a"
 
 
 def repo_relative(word: str, root: str = ROOT) -> str:

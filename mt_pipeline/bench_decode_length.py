@@ -460,7 +460,7 @@ def main(argv=None):
 
     p, a = parse_args(argv)
     argv = sys.argv[1:] if argv is None else list(argv)
-    t_start = time.time()
+    t_start, load_start = time.time(), provenance.load_average()
     raw = read_source(a.source)
     print(f"[bench] preprocessing {len(raw)} lines of {a.source} (Multi30k tokenisation + BPE)", flush=True)
     bpe_lines = preprocess(raw, a.bpe_codes, a.src)
@@ -508,7 +508,8 @@ def main(argv=None):
               "decoded_sentences": decoded, "unk_tokens_decoded": unks,
               "decoded_tokens": sum(sum(st) for _, st in batches)},
         models={k: f"{MODELS[k][0]} / {MODELS[k][1] or 'stock'}" for k in models},
-        wall_s=round(time.time() - t_start, 1))
+        wall_s=round(time.time() - t_start, 1),
+        load_average_1_5_15_min={"start": load_start, "end": provenance.load_average(), "cores": os.cpu_count()})
     where = where_label(a.device, a.dtype)
     text = render(a, list(models), info, meas, all_rounds, record, where)
     png = os.path.splitext(a.out)[0] + ".png"

@@ -34,7 +34,7 @@ import platform
 import sys
 import time
 
-from .provenance import ROOT
+from .provenance import ROOT, load_average
 from .atomic import atomic_path
 from .bench_speed import DEVICES, device_problem  # the devices ``--device`` accepts, one check for all benchmarks
 
@@ -222,7 +222,7 @@ def main(argv=None):
     problem = device_problem(a.device, "fp32")
     if problem:
         raise SystemExit(problem)
-    wall0 = time.time()
+    wall0, load_start = time.time(), load_average()
     torch.set_num_threads(1)
     dev = a.device
     flex, task = load(a.flexible, a.data_bin, a.src, a.tgt, tau=a.tau, device=dev)
@@ -262,7 +262,7 @@ def main(argv=None):
     from mt_pipeline.provenance import git_commit
 
     commit = git_commit()
-    wall = time.time() - wall0
+    wall, load_end = time.time() - wall0, load_average()
     for r, ratio in zip(results, ratios):
         print(f"concat {r['concat']}: {r['n']} inputs x {a.rounds} rounds, avg source length {r['src_len']:.1f}, "
               f"avg steps {r['steps']:.1f}")
@@ -326,7 +326,8 @@ def main(argv=None):
             "Provenance:", "",
             f"- command: `python scripts/bench_flexible_decode.py {cmd}`",
             f"- code: git {commit}; torch {torch.__version__}; {hardware}; "
-            f"bench wall {wall:.0f} s",
+            f"bench wall {wall:.0f} s; load average (1/5/15 min) {load_start} at the start, {load_end} at the end "
+            f"({os.cpu_count()} cores; above 1, other jobs ran beside the benchmark)",
             f"- data: `{os.path.relpath(a.data_bin, ROOT)}` (bin stamp: {stamp})",
             *[f"- model: {x}" for x in runs], "", section])
         os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)

@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from .atomic import write_lines_atomic
-from .provenance import git_commit
+from .provenance import git_commit, load_average
 
 from fairseq_plugins.attention.kernels import (
     MIN_SCORES,
@@ -58,14 +58,6 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or "unknown"
-
-
-def load_average() -> str:
-    try:
-        with open("/proc/loadavg") as f:
-            return " ".join(f.read().split()[:3])
-    except OSError:
-        return "n/a"
 
 
 def make_methods(q, k, v, g, g_row):

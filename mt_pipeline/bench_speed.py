@@ -289,7 +289,7 @@ def main(argv=None):
                  os.path.join(ROOT, "results", "gpu", f"rela_table2_speed_{gpu_slug()}_{a.dtype}.md"))
     from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEntropyCriterion
 
-    t_start = time.time()
+    t_start, load_start = time.time(), provenance.load_average()
     models, task = build_models(a.data_bin, a.src, a.tgt, device=a.device, dtype=a.dtype)
     crit = LabelSmoothedCrossEntropyCriterion(task, sentence_avg=False, label_smoothing=0.1)
     batches = train_batches(task, a.max_tokens, a.train_batches)
@@ -360,7 +360,8 @@ def main(argv=None):
         provenance.command_line("python scripts/bench_speed.py", sys.argv[1:] if argv is None else argv), regime="benchmark",
         data={"data_bin": provenance.repo_relative(a.data_bin), "prepared_by": "data-prep/multi30k/prepare.sh defaults",
               "dictionary_sha256": provenance.file_sha256(dictionary) if os.path.exists(dictionary) else "n/a"},
-        wall_s=round(time.time() - t_start, 1))
+        wall_s=round(time.time() - t_start, 1),
+        load_average_1_5_15_min={"start": load_start, "end": provenance.load_average(), "cores": os.cpu_count()})
     lines += ["", provenance.markdown(record)]
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     with atomic_path(a.out) as tmp, open(tmp, "w", encoding="utf-8") as f:

@@ -131,7 +131,7 @@ def test_tiny_run_writes_the_page_and_the_plot(data, tmp_path, capsys):
     assert all(r[3] in (bdl.BASELINE, "ReLA-g") for r in rows)
     assert re.search(r"^## Provenance", text, re.M)
     for key in ("command: `mt-bench-decode-length", "git commit:", "source_sha256", "bpe_codes_sha256",
-                "hardware:", "wall s:", "time:"):
+                "hardware:", "wall s:", "time:", "load average 1 5 15 min: start "):
         assert key in text, key
 
 

@@ -3,6 +3,7 @@ checked before any work, and on a GPU (lent-GPU windows; skipped here) the bench
 end in bf16 with every model on the device."""
 
 import os
+import re
 
 import pytest
 import torch
@@ -78,3 +79,6 @@ def test_tiny_run_measures_every_model(data, tmp_path, device, dtype):
         if device == "cuda":
             assert float(r[8]) > 0  # peak MiB
     assert "command: `python scripts/bench_speed.py" in text and f"--device {device}" in text
+    # the machine's load at the start and end: a page timed beside other jobs says so
+    assert re.search(r"^- load average 1 5 15 min: start (\d+\.\d\d ){2}\d+\.\d\d; end (\d+\.\d\d ){2}\d+\.\d\d; "
+                     r"cores \d+$", text, re.M), text

@@ -443,6 +443,8 @@ def test_end_to_end_train_generate_finetune(tmp_path):
     text = md.read_text()  # the page says what its models are and whether their evidence is committed
     assert "**Regime: unstated**" in text and "### Model flex: `" in text and "- checkpoint sha256: `" in text
     assert "**Evidence: none committed.**" in text  # a checkpoint outside any table run
+    assert re.search(r"load average \(1/5/15 min\) [\d.]+ [\d.]+ [\d.]+ at the start, [\d.]+ [\d.]+ [\d.]+ at the end "
+                     r"\(\d+ cores", text), text  # timed beside other jobs, the page says so
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
