@@ -77,6 +77,7 @@ runs (SystemExit naming the valid choices).
 
 import argparse
 import contextlib
+import glob
 import json
 import math
 import os
@@ -182,7 +183,9 @@ def load_plan(path: str) -> Dict:
     """
     path = _abs(path)
     if not os.path.exists(path):
-        raise SystemExit(f"campaign plan not found: {path}")
+        plans = sorted(glob.glob(os.path.join(ROOT, "configs", "campaign", "*.yaml")))
+        raise SystemExit(f"campaign plan not found: {path}; the plans here: "
+                         + ", ".join(repo_relative(p) for p in plans))
     with open(path) as f:
         try:
             plan = yaml.safe_load(f)

@@ -205,6 +205,9 @@ def test_a_bad_plan_is_refused_before_anything_runs(tmp_path):
     refused({**good, "runs": [{"table": "configs/rela/table1.yaml", "rows": [99]}]}, "[99]", "valid: [1, 2")
     refused({**good, "runs": [{"table": "configs/rela/table1.yaml", "rows": [1], "seeds": [0]}]}, "positive integers")
     refused({**good, "runs": [{"table": "configs/rela/nope.yaml", "rows": [1]}]}, "table spec not found")
+    with pytest.raises(SystemExit) as err:  # a plan that is not there: the plans that are
+        campaign.load_plan("configs/campaign/nope.yaml")
+    assert "campaign plan not found" in str(err.value) and "configs/campaign/smoke.yaml" in str(err.value)
     refused({**good, "claims": [{"id": "x", "claim": "c", "table": "configs/rela/table1.yaml", "row": 7, "vs": 1,
                                  "expect": "same"}]}, "'same' is not one of ['equal', 'better', 'worse']")
     refused({**good, "claims": [{"id": "x", "claim": "c", "table": "configs/eatt/table4_multi30k.yaml", "row": 2,
