@@ -69,7 +69,10 @@ reproduced when it lies inside ± margin, not reproduced when it lies wholly out
 difference is beyond seed noise), else inconclusive -- no difference found is not by itself
 equivalence, and a difference beyond seed noise whose interval reaches inside the margin is not
 by itself non-equivalence (the verdict then says which way it goes).  Fewer seeds or another regime: "not tested yet"
-with the direction so far.
+with the direction so far.  Beside each verdict, not part of it, :func:`gap_trend` reads the runs'
+training logs: how the rows' validation-NLL gap moved during training (closing, widening or no
+consistent direction), and how fast each run was still improving at the budget's end -- whether a
+longer budget could plausibly move the verdict.
 
 Errors: a plan with unknown keys, missing tables or rows, or bad seeds is refused before anything
 runs (SystemExit naming the valid choices).
@@ -629,9 +632,72 @@ def _seed_scores(results: List[Dict], subset: str) -> Dict[object, Dict]:
     return {tables._seed(r): r for r in results if r.get("scores", {}).get(subset)}
 
 
+def gap_trend(pairs: List[Tuple[str, str]], row_id, ref_id) -> Dict:
+    """How the two rows of a claim drift apart or together during training -- context for a
+    verdict, not part of it.
+
+    Args:
+        pairs: one ``(row run directory, reference run directory)`` per seed-matched seed; each
+            holds ``train.log`` or the evidence's ``train.log.gz`` (:func:`mt_pipeline.curves.run_train_log`).
+        row_id, ref_id: the rows' ids, for the words.
+
+    Returns:
+        ``{"cell": str, "own": {run directory: float}}``: ``cell`` says the seed-mean difference row - reference of
+        the validation NLL (fairseq's ``valid_nll_loss``: bits per target token, no label smoothing
+        and no auxiliary loss such as ReLUFormer's eq. 7 term, so rows of one target dictionary
+        compare) at a third, two thirds and the end of the shorter run's updates (linear between
+        validations), and the gap's least-squares slope over the last third, per 1,000 updates:
+        "closing" or "widening" only when it points toward the same row in every seed and its
+        seed mean exceeds 2 standard errors (the verdicts' seed-noise rule, applied to the slope).
+        ``own``: each run's own validation-NLL slope over its last third, per 1,000 updates
+        (negative: still improving).  A seed without logs gives ``cell`` "training logs missing"
+        and no ``own``.
+    """
+    from .curves import interpolate, run_train_log, slope_per_1000, valid_curve
+
+    gaps, slopes, own = [], [], {}
+    end_u = None
+    for row_dir, ref_dir in pairs:
+        a, b = valid_curve(run_train_log(row_dir)), valid_curve(run_train_log(ref_dir))
+        if len(a) < 3 or len(b) < 3:
+            return {"cell": "training logs missing", "own": {}}
+        end = min(a[-1][0], b[-1][0])
+        end_u = end if end_u is None else min(end_u, end)
+        at = [interpolate(a, u * end / 3) for u in (1, 2, 3)], [interpolate(b, u * end / 3) for u in (1, 2, 3)]
+        if None in at[0] or None in at[1]:
+            return {"cell": "training logs missing", "own": {}}
+        gaps.append([x - y for x, y in zip(*at)])
+        last = [(u, interpolate(a, u) - y) for u, y in b if 2 * end / 3 <= u <= end and interpolate(a, u) is not None]
+        slopes.append(slope_per_1000(last))
+        for d, c in ((row_dir, a), (ref_dir, b)):
+            own[os.path.abspath(d)] = slope_per_1000([p for p in c if p[0] >= 2 * c[-1][0] / 3])
+    if not gaps or None in slopes:
+        return {"cell": "training logs missing", "own": {}}
+    n = len(gaps)
+    mean = [statistics.fmean(g[i] for g in gaps) for i in range(3)]
+    slope = statistics.fmean(slopes)
+    at_u = " / ".join(f"{round(k * end_u / 3):,}" for k in (1, 2, 3))
+    toward_row = sum(s_ < 0 for s_ in slopes)  # row's NLL falls relative to the reference's
+    toward_ref = sum(s_ > 0 for s_ in slopes)
+    two_se = 2 * statistics.stdev(slopes) / math.sqrt(n) if n > 1 else math.inf
+    if n < 2:
+        words = "one seed: no direction claimed"
+    elif (toward_row == n or toward_ref == n) and abs(slope) > two_se:
+        fav = row_id if toward_row == n else ref_id
+        behind = row_id if mean[2] > 0 else ref_id
+        words = f"toward row {fav} in {n} of {n} seeds: {'closing' if fav == behind else 'widening'}"
+    else:
+        words = (f"no consistent direction (toward row {row_id} in {toward_row} of {n} seeds, "
+                 f"mean slope within 2 standard errors: {two_se:.3f})")
+    cell = (f"row {row_id} − row {ref_id}: {mean[0]:+.2f}, {mean[1]:+.2f}, {mean[2]:+.2f} bits/token at {at_u} "
+            f"updates; last third {slope:+.3f} per 1,000 updates, {words}")
+    return {"cell": cell, "own": {d: x for d, x in own.items() if x is not None}}
+
+
 def claim_verdict(plan: Dict, claim: Dict) -> Dict:
     """The verdict of one plan claim by the page's rule (module docstring): ``{"ours", "verdict",
-    "seeds"}``."""
+    "seeds", "trend"}`` (``trend``: :func:`gap_trend` of the seed-matched runs, context beside the
+    verdict)."""
     spec = plan["_specs"][claim["table"]]
     by_id = {r["id"]: r for r in spec["rows"]}
     row, ref = by_id[claim["row"]], by_id[claim["vs"]]
@@ -642,7 +708,8 @@ def claim_verdict(plan: Dict, claim: Dict) -> Dict:
     common = sorted((s for s in sys_by if s in ref_by), key=str)
     reg = tables.row_regime(row)
     if not common:
-        return {"ours": "not run yet", "verdict": f"not tested yet (0/{MIN_SEEDS} seeds)", "seeds": 0}
+        return {"ours": "not run yet", "verdict": f"not tested yet (0/{MIN_SEEDS} seeds)", "seeds": 0,
+                "trend": {"cell": "", "own": {}}}
     sys_s = [sys_by[s]["scores"][first]["bleu"] for s in common]
     ref_s = [ref_by[s]["scores"][first]["bleu"] for s in common]
     delta = statistics.fmean(sys_s) - statistics.fmean(ref_s)
@@ -656,15 +723,16 @@ def claim_verdict(plan: Dict, claim: Dict) -> Dict:
         ours += "; mixed hardware: " + "; ".join(
             f"{label}: {' and '.join(on(label, claim['row'], sys_by) + on(label, claim['vs'], ref_by))}"
             for label in sorted(labels))
+    trend = gap_trend([(sys_by[s]["_dir"], ref_by[s]["_dir"]) for s in common], claim["row"], claim["vs"])
     tests = [tables._significance(ref_by[s], sys_by[s], first) for s in common]
     if any(t is None for t in tests):
-        return {"ours": ours, "verdict": "hypotheses missing: cannot test", "seeds": len(common)}
+        return {"ours": ours, "verdict": "hypotheses missing: cannot test", "seeds": len(common), "trend": trend}
     from .significance import seed_summary, verdict
 
     words = verdict(ref_s, sys_s, [t["bleu_p"] for t in tests])
     if reg != "converged" or len(common) < MIN_SEEDS:
         direction = "better" if delta > 0 else "worse" if delta < 0 else "equal"
-        return {"ours": ours, "seeds": len(common),
+        return {"ours": ours, "seeds": len(common), "trend": trend,
                 "verdict": f"not tested yet ({len(common)}/{MIN_SEEDS} seeds, {reg}): so far {direction}; {words}"}
     beyond = words.startswith("exceeds")
     a, b = seed_summary(sys_s), seed_summary(ref_s)
@@ -687,7 +755,7 @@ def claim_verdict(plan: Dict, claim: Dict) -> Dict:
         v = "not reproduced: the opposite direction, beyond seed noise"
     else:
         v = f"inconclusive: no difference beyond seed noise (expected {claim['expect']})"
-    return {"ours": ours, "verdict": f"{v} ({words})", "seeds": len(common)}
+    return {"ours": ours, "verdict": f"{v} ({words})", "seeds": len(common), "trend": trend}
 
 
 def render_verdicts(plan: Dict, page: Optional[str] = None) -> Optional[str]:
@@ -705,10 +773,28 @@ def render_verdicts(plan: Dict, page: Optional[str] = None) -> Optional[str]:
              "is an equivalence test on Δ ± 2 standard errors: reproduced when it lies inside ± the claim's margin, "
              "not reproduced when it lies wholly outside it (beyond seed noise), else inconclusive. "
              "Evidence of every run: `results/runs/`.", "",
-             "| claim | paper | ours | seeds | verdict |", "|---|---|---|---|---|"]
+             "| claim | paper | ours | seeds | verdict | validation NLL gap during training (not part of the verdict) |",
+             "|---|---|---|---|---|---|"]
+    own: Dict[str, float] = {}  # run directory -> its own slope (a run shared by two claims counts once)
     for claim in claims:
         v = claim_verdict(plan, claim)
-        lines.append(f"| {claim['claim']} | {claim.get('paper', '')} | {v['ours']} | {v['seeds']} | {v['verdict']} |")
+        own.update(v["trend"]["own"])
+        lines.append(f"| {claim['claim']} | {claim.get('paper', '')} | {v['ours']} | {v['seeds']} | {v['verdict']} "
+                     f"| {v['trend']['cell']} |")
+    lines += ["", "Last column: the seed-mean difference of validation NLL (fairseq's `valid_nll_loss`, bits per "
+              "target token: no label smoothing, no auxiliary loss) between the claim's rows at a third, two thirds "
+              "and the end of training, and its least-squares slope over the last third; \"closing\" / "
+              "\"widening\" only when that slope points toward the same row in every seed and its mean exceeds 2 "
+              "standard errors "
+              "(`mt_pipeline.campaign.gap_trend`, from the committed `train.log.gz`)."]
+    if own:
+        falling = sorted(-x for x in own.values() if x < 0)
+        lines[-1] += (f" The budget is called converged, but at its end {len(falling)} of these {len(own)} runs' own "
+                      "validation NLL was still falling"
+                      + (f", by {falling[0]:.3f} to {falling[-1]:.3f} bits/token per 1,000 updates over their last "
+                         "third" if falling else "")
+                      + ": each verdict holds for this budget, and a gap closing in every seed may close further "
+                      "with a longer one.")
     lines += ["", END]
     block = "\n".join(lines)
     text = open(page, encoding="utf-8").read() if os.path.exists(page) else "# Results\n"

@@ -11,12 +11,14 @@ validation (``valid``).  Budgets log ``--log-format json``::
 so a table can mix runs of both.  Losses are fairseq's: base 2, per target token.
 """
 
+import gzip
 import json
 import os
 import re
 from typing import Dict, List, Optional, Tuple
 
-__all__ = ["progress_stats", "loss_curves", "last_valid_metrics", "Curve"]
+__all__ = ["progress_stats", "loss_curves", "last_valid_metrics", "valid_curve", "run_train_log", "interpolate",
+           "slope_per_1000", "Curve"]
 
 Curve = List[Tuple[int, float]]
 
@@ -85,3 +87,65 @@ def last_valid_metrics(train_log: str) -> Dict[str, float]:
                     last = line
     st = progress_stats(last, "valid") if last else None
     return {k: v for k, v in (st or {}).items() if isinstance(v, float)}
+
+
+def run_train_log(run_dir: str) -> Optional[str]:
+    """The fairseq training log of a run: ``train.log`` in its run directory, else the gzipped
+    ``train.log.gz`` of its committed evidence (:mod:`mt_pipeline.evidence`); None without either."""
+    for name in ("train.log", "train.log.gz"):
+        path = os.path.join(run_dir, name)
+        if os.path.exists(path):
+            return path
+    return None
+
+
+def valid_curve(train_log: Optional[str], metric: str = "nll_loss") -> Curve:
+    """``(num_updates, value)`` of ``metric`` on every validation line of a fairseq training log.
+
+    Args:
+        train_log: ``train.log`` or the evidence's ``train.log.gz`` (read as gzip by its suffix);
+            None or a missing file gives ``[]``.
+        metric: a validation statistic without its ``valid_`` prefix: ``nll_loss`` (base 2, per
+            target token, no label smoothing and no auxiliary loss: comparable across models that
+            share a target dictionary), ``loss`` (what the criterion optimises, e.g. with ReLUFormer's
+            eq. 7 term), ``attn_entropy``, ...
+
+    Returns:
+        Points sorted by updates; a validation repeated at the same update (a resumed run's log
+        holds every invocation) keeps its last value.
+    """
+    if not train_log or not os.path.exists(train_log):
+        return []
+    opener = gzip.open if train_log.endswith(".gz") else open
+    points: Dict[int, float] = {}
+    with opener(train_log, "rt", errors="replace") as f:
+        for line in f:
+            st = progress_stats(line, "valid")
+            if st and isinstance(st.get(metric), float) and isinstance(st.get("num_updates"), float):
+                points[int(st["num_updates"])] = st[metric]
+    return sorted(points.items())
+
+
+def interpolate(curve: Curve, update: float) -> Optional[float]:
+    """The curve's value at ``update``, linear between its two neighbouring points; None outside
+    ``[first, last]`` update of the curve (no extrapolation)."""
+    if not curve or update < curve[0][0] or update > curve[-1][0]:
+        return None
+    for (u0, v0), (u1, v1) in zip(curve, curve[1:]):
+        if u0 <= update <= u1:
+            return v0 if u1 == u0 else v0 + (v1 - v0) * (update - u0) / (u1 - u0)
+    return curve[-1][1]  # a one-point curve, update == its update
+
+
+def slope_per_1000(points: Curve) -> Optional[float]:
+    """Least-squares slope of ``(num_updates, value)`` points, in value units per 1,000 updates;
+    None with fewer than 3 points or a single update."""
+    if len(points) < 3:
+        return None
+    xs = [u / 1000.0 for u, _ in points]
+    ys = [v for _, v in points]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    if sxx == 0:
+        return None
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx

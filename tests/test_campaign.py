@@ -348,6 +348,58 @@ def test_claim_verdicts_follow_the_rule_of_the_results_page(tmp_path):
     text = page.read_text()
     assert text.count(campaign.BEGIN) == 1 and "old" not in text and text.endswith("after\n")
     assert "| row 3 is worse |" in text and "reproduced: worse beyond seed noise" in text
+    assert "| training logs missing |" in text and "Last column: the seed-mean difference of validation NLL" in text
+
+
+def _valid_log(path, nll, updates):
+    """A fairseq JSON training log whose validations at ``updates`` report ``nll(u)`` as
+    ``valid_nll_loss`` (``valid_loss`` 1 higher: label smoothing), gzipped by the path's suffix."""
+    lines = "".join(f'2026 | INFO | valid | {{"epoch": {i + 1}, "valid_loss": "{nll(u) + 1:.6f}", '
+                    f'"valid_nll_loss": "{nll(u):.6f}", "valid_num_updates": "{u}"}}\n'
+                    for i, u in enumerate(updates))
+    if str(path).endswith(".gz"):
+        with gzip.open(path, "wt") as f:
+            f.write(lines)
+    else:
+        path.write_text(lines)
+
+
+def test_gap_trend_says_whether_the_rows_drift_apart_or_together(tmp_path):
+    """The verdict table's context column: the validation-NLL gap row - reference at a third, two
+    thirds and the end of training (interpolated between validations that fall at different updates
+    in the two runs), its slope over the last third, and "closing"/"widening" only when every seed
+    agrees and the mean slope exceeds 2 standard errors."""
+    ref_u = list(range(140, 3000, 140)) + [3000]
+    row_u = list(range(150, 3000, 150)) + [3000]
+    pairs = []
+    for seed, wobble in ((1, 0.004), (2, -0.003), (3, 0.001)):
+        row, ref = tmp_path / f"row{seed}", tmp_path / f"ref{seed}"
+        row.mkdir(), ref.mkdir()
+        # reference: 5 - u/1000; row: 0.3 - 0.06 u/1000 (+ a per-seed slope wobble) above it -> closing
+        _valid_log(ref / "train.log.gz", lambda u: 5 - u / 1000, ref_u)
+        _valid_log(row / "train.log", lambda u, w=wobble: 5 - u / 1000 + 0.3 - (0.06 + w) * u / 1000, row_u)
+        pairs.append((str(row), str(ref)))
+    t = campaign.gap_trend(pairs, 2, 1)
+    assert t["cell"] == ("row 2 − row 1: +0.24, +0.18, +0.12 bits/token at 1,000 / 2,000 / 3,000 updates; "
+                         "last third -0.061 per 1,000 updates, toward row 2 in 3 of 3 seeds: closing"), t
+    assert [round(t["own"][os.path.abspath(r)], 6) for _, r in pairs] == [-1.0] * 3  # the references' own slope
+    assert round(t["own"][os.path.abspath(pairs[0][0])], 6) == -1.064
+    # the same gap seen from the other row: it is the reference that falls behind -> widening toward row 1
+    flipped = campaign.gap_trend([(b, a) for a, b in pairs], 1, 2)
+    assert flipped["cell"].startswith("row 1 − row 2: -0.24, -0.18, -0.12") and flipped["cell"].endswith(
+        "toward row 2 in 3 of 3 seeds: closing"), flipped
+    # a seed whose gap moves the other way: no direction claimed
+    _valid_log(tmp_path / "row3" / "train.log", lambda u: 5 - u / 1000 + 0.1 + 0.05 * u / 1000, row_u)
+    mixed = campaign.gap_trend(pairs, 2, 1)["cell"]
+    assert "no consistent direction (toward row 2 in 2 of 3 seeds" in mixed, mixed
+    # signs agree but the slopes scatter more than their mean: no direction either
+    for seed, k in ((1, 0.001), (2, 0.3), (3, 0.002)):
+        _valid_log(tmp_path / f"row{seed}" / "train.log", lambda u, k=k: 5 - u / 1000 + 0.3 - k * u / 1000, row_u)
+    assert "no consistent direction (toward row 2 in 3 of 3 seeds, mean slope within" in campaign.gap_trend(
+        pairs, 2, 1)["cell"]
+    assert campaign.gap_trend(pairs[:1], 2, 1)["cell"].endswith("one seed: no direction claimed")
+    os.remove(tmp_path / "ref2" / "train.log.gz")
+    assert campaign.gap_trend(pairs, 2, 1) == {"cell": "training logs missing", "own": {}}
 
 
 @pytest.mark.parametrize("path", evidence.committed_results() or [pytest.param(None, marks=pytest.mark.skip(

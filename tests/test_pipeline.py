@@ -52,6 +52,31 @@ def test_simple_and_json_logs_mix_in_one_run(tmp_path):
     assert curves.loss_curves(str(tmp_path / "missing.log")) == ([], [])
 
 
+def test_validation_curve_of_a_metric_from_plain_and_gzipped_logs(tmp_path):
+    """valid_curve reads one metric (nll_loss by default) from either log, sorted, a validation
+    repeated at the same update by a resumed run keeping its last value; interpolate is linear
+    and never extrapolates; slope_per_1000 is the least-squares slope."""
+    import gzip
+
+    text = JSON_LOG.replace('"valid_nll_loss": "7.9", ', '"valid_nll_loss": "8.3", ') + JSON_LOG  # resumed: again
+    (tmp_path / "train.log").write_text(text)
+    with gzip.open(tmp_path / "train.log.gz", "wt") as f:
+        f.write(text)
+    for name in ("train.log", "train.log.gz"):
+        assert curves.valid_curve(str(tmp_path / name)) == [(60, 10.1), (120, 7.9)]
+        assert curves.valid_curve(str(tmp_path / name), "loss") == [(60, 10.5), (120, 8.25)]
+    assert curves.run_train_log(str(tmp_path)) == str(tmp_path / "train.log")  # the run directory's own first
+    os.remove(tmp_path / "train.log")
+    assert curves.run_train_log(str(tmp_path)) == str(tmp_path / "train.log.gz")
+    assert curves.valid_curve(None) == [] and curves.valid_curve(str(tmp_path / "missing.log")) == []
+    line = [(100, 4.0), (300, 3.0), (400, 3.5)]
+    assert curves.interpolate(line, 200) == pytest.approx(3.5) and curves.interpolate(line, 350) == pytest.approx(3.25)
+    assert curves.interpolate(line, 400) == 3.5 and curves.interpolate(line, 99) is None
+    assert curves.interpolate(line, 401) is None
+    assert curves.slope_per_1000([(u, 2.0 - 0.25 * u / 1000) for u in (1000, 1700, 3000)]) == pytest.approx(-0.25)
+    assert curves.slope_per_1000(line[:2]) is None  # fewer than 3 points
+
+
 def _args(**kw):
     base = dict(arch="rela_transformer_small", fns=["rela_g", "rela_g", "softmax"], src="en", tgt="de",
                 extra="--encoder-layers 1", ribes=False)
