@@ -149,9 +149,8 @@ REGIMES = {
     "smoke": "early-training smoke test (a few hundred updates): shows the pipeline runs, never a replication",
     "diagnostic": "early training (the first updates of the converged budget): compares rows of one study, "
                   "not a paper's claim",
-    "converged": "the converged budget at reduced scale (small model, Multi30k, 3,000 updates; the validation "
-                 "NLL still falls at its end: results/README.md's campaign block): tests a claim's direction at "
-                 "that budget",
+    "converged": "the converged budget at reduced scale (small model, Multi30k; the validation NLL still falls "
+                 "at its end: results/README.md's campaign block): tests a claim's direction at that budget",
     "paper": "the paper's data, model size and budget",
 }
 #: the line a page carries when its numbers predate committed evidence (issue 27): they can be

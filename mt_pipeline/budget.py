@@ -4,6 +4,8 @@ A budget is a YAML mapping::
 
     base: configs/multi30k/small_cpu.yaml   # optional: loaded first, then overridden key by key
     regime: smoke | diagnostic | converged | paper   # what its numbers can claim
+    tag: converged_6k                                # optional: names its run directories (runs/<tag>/...) and
+                                                     # pages (<out>_<tag>.md) instead of the regime; "<regime>_..."
     train: {fairseq-train flag: value, ...}          # without "--"; true = bare flag, null/false = off
     train-gpu: {fp16: true}                          # added to `train` when CUDA is available
     average: {num-update-checkpoints: N} | {num-epoch-checkpoints: N} | {checkpoint: best}
@@ -20,6 +22,7 @@ The command builders return argument lists (no shell): data preparation
 import difflib
 import math
 import os
+import re
 import shlex
 import sys
 from typing import Dict, List, Optional, Tuple
@@ -28,7 +31,7 @@ import yaml
 
 from .provenance import REGIMES, ROOT  # REGIMES: what a budget's numbers can claim
 
-__all__ = ["REGIMES", "SCHEMA", "flags", "merge", "load_budget", "check_budget", "nearest", "regime", "train_flags", "prep_dir", "prep_cmd",
+__all__ = ["REGIMES", "SCHEMA", "flags", "merge", "load_budget", "check_budget", "nearest", "regime", "run_tag", "train_flags", "prep_dir", "prep_cmd",
            "build_train_cmd", "average_cmd", "decode_checkpoint", "eval_cmd"]
 
 BIN = os.path.dirname(sys.executable)
@@ -57,7 +60,7 @@ def merge(base: Dict, over: Dict) -> Dict:
 
 #: the keys of a budget and of each of its sections (``train``/``train-gpu``/``bleu`` hold free keys)
 SCHEMA = {
-    None: ("base", "regime", "train", "train-gpu", "average", "generate", "data", "batch", "bleu"),
+    None: ("base", "regime", "tag", "train", "train-gpu", "average", "generate", "data", "batch", "bleu"),
     "average": ("num-update-checkpoints", "num-epoch-checkpoints", "checkpoint"),
     "generate": ("beam", "lenpen", "batch-size", "extra"),
     "data": ("corpus", "out", "bpe-merges", "subsets", "variant", "prep-flags", "train-lines"),
@@ -109,6 +112,10 @@ def check_budget(budget, where: str = "budget") -> None:
     r = budget.get("regime", "unstated")
     if r != "unstated" and r not in REGIMES:
         problems.append(f"regime {r!r}{nearest(r, REGIMES)}; valid: {', '.join(REGIMES)}")
+    tag = budget.get("tag")
+    if tag is not None and not (isinstance(tag, str) and re.fullmatch(rf"{re.escape(r)}_[a-z0-9_]+", tag)):
+        problems.append(f"tag {tag!r}: a budget's tag is its regime, an underscore and lower-case letters, digits "
+                        f"or underscores (e.g. {r}_6k), so its run directories sort beside the regime's")
     avg = budget.get("average")
     if isinstance(avg, dict):
         given = [k for k in SCHEMA["average"] if avg.get(k) is not None]  # null: a base's choice switched off
@@ -189,6 +196,12 @@ def regime(budget: Dict) -> str:
     if r != "unstated" and r not in REGIMES:
         raise SystemExit(f"budget regime {r!r}; valid: {', '.join(REGIMES)}")
     return r
+
+
+def run_tag(budget: Dict) -> str:
+    """The name a budget gives its run directories and pages: its ``tag`` (a variant of its regime,
+    e.g. ``converged_6k`` for the converged budget trained twice as long), else its regime."""
+    return budget.get("tag") or regime(budget)
 
 
 def train_flags(budget: Dict, cuda: bool, max_update: Optional[int] = None) -> Dict:

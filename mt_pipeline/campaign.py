@@ -10,6 +10,9 @@ its own budget(s) (``configs/campaign/smoke.yaml``: the smoke tables with commit
       - {table: configs/rela/table1.yaml, rows: [1, 7], seeds: [1, 2, 3], why: "ReLA's main claim"}
     claims:                                     # optional: verdicts rendered on results/README.md
       - {id: rela-main, claim: "...", table: configs/rela/table1.yaml, row: 7, vs: 1, expect: equal}
+    section: converged_6k                       # optional: the verdicts' own block on the page (a second
+                                                # plan's, e.g. configs/campaign/converged_6k.yaml: the same
+                                                # claims at twice the converged budget), after the first
 
 Each entry expands seed-major (row 1 seed 1, row 7 seed 1, row 1 seed 2, ...), so the first
 finished runs already pair up; a run is one :mod:`mt_pipeline.experiment` run in the table
@@ -105,7 +108,7 @@ from .provenance import ROOT, hardware, repo_relative
 __all__ = ["Run", "AfterStep", "load_plan", "run_state", "after_state", "estimate_minutes", "device_name", "main"]
 
 DEFAULT_PLAN = "configs/campaign/converged.yaml"
-PLAN_KEYS = ("title", "budget", "runs", "claims", "gpu", "intro", "after")
+PLAN_KEYS = ("title", "budget", "runs", "claims", "gpu", "intro", "after", "section")
 AFTER_KEYS = ("paper", "table", "why")
 AFTER_LOGS = os.path.join("runs", "campaign", "after")  # git-ignored: logs and "ran" markers of after steps
 ENTRY_KEYS = ("table", "rows", "seeds", "why")
@@ -113,6 +116,15 @@ CLAIM_KEYS = ("id", "claim", "table", "row", "vs", "expect", "margin", "paper")
 EXPECT = ("equal", "better", "worse")
 MIN_SEEDS = 3
 BEGIN, END = "<!-- mt-campaign:begin -->", "<!-- mt-campaign:end -->"
+
+
+def markers(plan: Dict) -> Tuple[str, str]:
+    """The begin / end markers of the plan's verdict block on the results page: :data:`BEGIN` /
+    :data:`END`, or, for a plan with a ``section``, ``<!-- mt-campaign:begin <section> -->`` / ``...end...``."""
+    section = plan.get("section")
+    if not section:
+        return BEGIN, END
+    return f"<!-- mt-campaign:begin {section} -->", f"<!-- mt-campaign:end {section} -->"
 
 
 def log(msg: str) -> None:
@@ -200,6 +212,10 @@ def load_plan(path: str) -> Dict:
     budget = _abs(plan["budget"]) if plan.get("budget") else None
     if budget:
         load_budget(budget)  # raises on a missing budget
+    section = plan.get("section")
+    if section is not None and not (isinstance(section, str) and section.replace("_", "").replace("-", "").isalnum()):
+        raise SystemExit(f"{path}: section {section!r} must be a name of letters, digits, '_' or '-' (it names the "
+                         "plan's verdict block on results/README.md)")
     if not isinstance(plan["runs"], list) or not plan["runs"]:
         raise SystemExit(f"{path}: 'runs' must be a non-empty list of {{table, rows, seeds}} entries")
     specs: Dict[str, Dict] = {}
@@ -517,15 +533,35 @@ def throughput_records(extra_dirs: Optional[List[str]] = None) -> List[Dict]:
     return out
 
 
+def _same_training(budget_a: str, budget_b: str) -> bool:
+    """Whether two budgets train alike per update: the same ``train`` / ``train-gpu`` flags except
+    ``max-update`` (and the same averaging and decoding: the time outside training); False when
+    either cannot be loaded."""
+    def key(path):
+        try:
+            b = load_budget(path)
+        except SystemExit:
+            return None
+        train = {k: v for k, v in b.get("train", {}).items() if k != "max-update"}
+        return train, b.get("train-gpu"), b.get("average"), b.get("generate"), b.get("data")
+
+    ka = key(budget_a)
+    return ka is not None and ka == key(budget_b)
+
+
 def estimate_minutes(run: Run, records: List[Dict], device: str, jobs: int,
                      budget: str, updates_done: int = 0) -> Optional[float]:
     """Minutes the run still needs on ``device`` with ``jobs`` runs at once: the median
     seconds per update of finished runs of the same budget and device (same concurrency if any,
     else the slowest concurrency measured; among those, runs of the same model -- architecture and
     attention functions -- if any, else of the same architecture, else all), times the updates
-    left, plus their median time outside training (:func:`throughput_records`).  None without
-    such a measurement."""
+    left, plus their median time outside training (:func:`throughput_records`).  Without a run of
+    this budget, runs of a budget that trains the same way for another number of updates stand in
+    (:func:`_same_training`: e.g. the converged budget's for ``converged_6k``).  None without such
+    a measurement."""
     same = [r for r in records if r["budget"] == os.path.realpath(budget) and r["device"] == device]
+    if not same:
+        same = [r for r in records if r["device"] == device and _same_training(r["budget"], budget)]
     if not same or not run.target_updates:
         return None
     exact = [r for r in same if r["jobs"] == jobs]
@@ -707,6 +743,7 @@ def claim_verdict(plan: Dict, claim: Dict) -> Dict:
     ref_by = _seed_scores(ok(tables.row_results(spec, ref), ref), first)
     common = sorted((s for s in sys_by if s in ref_by), key=str)
     reg = tables.row_regime(row)
+    tag = spec.get("_tag") or reg  # e.g. converged_6k: the converged regime at twice the updates
     if not common:
         return {"ours": "not run yet", "verdict": f"not tested yet (0/{MIN_SEEDS} seeds)", "seeds": 0,
                 "trend": {"cell": "", "own": {}}}
@@ -714,7 +751,7 @@ def claim_verdict(plan: Dict, claim: Dict) -> Dict:
     ref_s = [ref_by[s]["scores"][first]["bleu"] for s in common]
     delta = statistics.fmean(sys_s) - statistics.fmean(ref_s)
     ours = (f"{tables._mean_cell(sys_s)} vs {tables._mean_cell(ref_s)} "  # mean ± sd over seeds
-            f"(Δ {delta:+.2f}, {len(common)} seed{'s' if len(common) > 1 else ''}, {reg})")
+            f"(Δ {delta:+.2f}, {len(common)} seed{'s' if len(common) > 1 else ''}, {tag})")
     labels = {tables.hardware_label(x) for x in [sys_by[s] for s in common] + [ref_by[s] for s in common]}
     if len(labels) > 1:  # e.g. CPU fp32 seeds beside GPU fp16 ones: say so beside the numbers
         def on(label, rid, by):
@@ -759,14 +796,18 @@ def claim_verdict(plan: Dict, claim: Dict) -> Dict:
 
 
 def render_verdicts(plan: Dict, page: Optional[str] = None) -> Optional[str]:
-    """Write the claims' verdicts between the markers of ``results/README.md`` (appended as a
-    section when the page has no markers).  Returns the page path, or None without claims."""
+    """Write the claims' verdicts between the plan's markers (:func:`markers`) of
+    ``results/README.md``; without them on the page, a ``section`` plan's block goes right after the
+    first plan's block, any other is appended.  Returns the page path, or None without claims."""
     claims = plan.get("claims") or []
     if not claims:
         return None
     page = page or os.path.join(ROOT, "results", "README.md")
     plan_rel = repo_relative(plan["_path"])
-    lines = [BEGIN, "", f"### Converged campaign verdicts (`mt-campaign render --plan {plan_rel}`)", "",
+    begin, end = markers(plan)
+    heading = (f"{plan.get('title') or plan['section']}: verdicts" if plan.get("section")
+               else "Converged campaign verdicts")
+    lines = [begin, "", f"### {heading} (`mt-campaign render --plan {plan_rel}`)", "",
              f"Rule (this page's): a verdict needs the converged budget and ≥ {MIN_SEEDS} seed-matched runs of both "
              "rows; first test subset, SacreBLEU mean over seeds; \"beyond seed noise\" = |Δ mean| > 2 standard "
              "errors and every seed-matched paired bootstrap p < 0.05; within it: inconclusive. A \"matches\" claim "
@@ -795,12 +836,15 @@ def render_verdicts(plan: Dict, page: Optional[str] = None) -> Optional[str]:
                          "third" if falling else "")
                       + ": each verdict holds for this budget, and a gap closing in every seed may close further "
                       "with a longer one.")
-    lines += ["", END]
+    lines += ["", end]
     block = "\n".join(lines)
     text = open(page, encoding="utf-8").read() if os.path.exists(page) else "# Results\n"
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        text = head + block + rest.split(END, 1)[1]
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        text = head + block + rest.split(end, 1)[1]
+    elif begin != BEGIN and END in text:  # a section's first render: right after the first plan's block
+        head, rest = text.split(END, 1)
+        text = head + END + "\n\n" + block + rest
     else:
         text = text.rstrip("\n") + "\n\n" + block + "\n"
     with atomic_path(page) as tmp, open(tmp, "w", encoding="utf-8") as f:

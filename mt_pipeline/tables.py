@@ -13,7 +13,9 @@ Usage (``mt-table``; also ``python scripts/run_table.py``)::
         [--budget configs/multi30k/converged.yaml] [--seeds 1,2,3] [--render-only]
 
 ``--budget`` runs the whole table under another budget (e.g. the converged one): its runs go to
-``runs/<regime>/...`` and its table to ``<out>_<regime>.md``, so the smoke-test runs are kept.
+``runs/<regime>/...`` and its table to ``<out>_<regime>.md``, so the smoke-test runs are kept (a
+budget with a ``tag``, e.g. ``converged_6k`` for twice the converged updates, uses the tag instead, so
+its runs are kept apart from the regime's).
 ``--seeds`` trains every row once per seed (the budget's own seed in the row's directory, seed
 ``k`` in ``<dir>-seed<k>``); the table then shows mean ± sd over seeds and says whether each
 row's difference to the reference row exceeds seed noise (:mod:`mt_pipeline.significance`).
@@ -47,7 +49,7 @@ import yaml
 
 from . import experiment
 from .atomic import atomic_path, remove_leftovers, write_json_atomic
-from .budget import REGIMES, load_budget, regime
+from .budget import REGIMES, load_budget, regime, run_tag
 from .provenance import ROOT
 
 REQUIRED = ("title", "out", "runs", "budget", "src", "tgt", "subsets", "paper_label", "rows")
@@ -55,7 +57,7 @@ REQUIRED = ("title", "out", "runs", "budget", "src", "tgt", "subsets", "paper_la
 
 def load_table(path: str, budget: Optional[str] = None) -> Dict:
     """Read and check a table spec; with ``budget``, run it under that budget instead (see the
-    module docstring: ``runs/<regime>/`` and ``<out>_<regime>.md``).
+    module docstring: ``runs/<regime>/`` and ``<out>_<regime>.md``, or the budget's ``tag``).
 
     Raises:
         SystemExit: missing file or keys, duplicate row ids, subsets that differ from the
@@ -84,10 +86,10 @@ def load_table(path: str, budget: Optional[str] = None) -> Dict:
         if own:
             raise SystemExit(f"{path}: rows {own} have their own budgets; --budget applies to tables whose rows "
                              "all use the table's budget")
-        reg = regime(load_budget(budget))
+        tag = run_tag(load_budget(budget))  # the regime, or the budget's own tag (e.g. converged_6k)
         spec["budget"] = os.path.relpath(budget, ROOT) if os.path.isabs(budget) else budget
-        spec["out"] = spec["out"][:-3] + f"_{reg}.md" if spec["out"].endswith(".md") else spec["out"] + f"_{reg}"
-        spec["_regime"] = reg
+        spec["out"] = spec["out"][:-3] + f"_{tag}.md" if spec["out"].endswith(".md") else spec["out"] + f"_{tag}"
+        spec["_tag"] = tag
     for row in spec["rows"]:
         b = load_budget(row_budget(spec, row))
         if list(spec["subsets"]) != list(b["data"]["subsets"]):
@@ -114,9 +116,10 @@ def row_budget(spec: Dict, row: Dict) -> str:
 def run_dir(spec: Dict, row: Dict, seed: Optional[int] = None) -> str:
     """The run directory of ``row`` (for ``seed``: the budget's own seed, or None, is the row's
     directory; seed ``k`` is ``<dir>-seed<k>``).  Under a ``--budget`` override the leading
-    ``runs/`` becomes ``runs/<regime>/`` (an absolute ``.../rowN``: ``.../<regime>/rowN``)."""
+    ``runs/`` becomes ``runs/<tag>/`` (an absolute ``.../rowN``: ``.../<tag>/rowN``), the tag
+    being the budget's regime or its own ``tag`` (:func:`mt_pipeline.budget.run_tag`)."""
     rel = row.get("run") or os.path.join(spec["runs"], f"row{row['id']}")
-    reg = spec.get("_regime")
+    reg = spec.get("_tag")
     if reg:  # runs/<x>/rowN -> runs/<regime>/<x>/rowN; an absolute /a/b/rowN -> /a/b/<regime>/rowN
         parts = rel.split(os.sep)
         if os.path.isabs(rel):
@@ -489,7 +492,7 @@ def render(spec: Dict, seeds: Optional[List[int]] = None) -> None:
     reg = regime(load_budget(spec["budget"]))
     n_seeds = sorted({len(v) for v in results.values()}) or [0]
     seed_list = sorted({str(_seed(x) if _seed(x) is not None else "?") for v in results.values() for x in v})
-    override = f" --budget {spec['budget']}" if spec.get("_regime") else ""
+    override = f" --budget {spec['budget']}" if spec.get("_tag") else ""
     lines = [f"# {spec['title']}", "", spec.get("intro", "").strip(), "",
              f"**Regime: {reg}** -- {REGIMES.get(reg, 'not stated by the budget')}. "
              f"Seeds: {', '.join(seed_list) or 'none yet'} ({'/'.join(map(str, n_seeds))} per row"

@@ -222,6 +222,14 @@ def test_a_bad_plan_is_refused_before_anything_runs(tmp_path):
     assert "configs/eatt/table4_multi30k.yaml" in shared.tables
     assert all(r.regime == "converged" for r in plan["_runs"])
     refused({"runs": good["runs"][:0]}, "'runs' must be a non-empty list")
+    refused(dict(good, section="two words"), "section 'two words' must be a name of letters")
+    # the budget check plan: the converged claims at 6,000 updates, in their own directories and block
+    long = campaign.load_plan("configs/campaign/converged_6k.yaml")
+    assert {c["id"] for c in long["claims"]} == {c["id"] + "-6k" for c in plan["claims"]}
+    assert all(r.regime == "converged" and r.target_updates == 6000 and
+               r.dir.startswith(os.path.join(th.ROOT, "runs", "converged_6k") + os.sep) for r in long["_runs"])
+    assert not {r.dir for r in long["_runs"]} & {r.dir for r in plan["_runs"]}
+    assert campaign.markers(long) == ("<!-- mt-campaign:begin converged_6k -->", "<!-- mt-campaign:end converged_6k -->")
     refused({"title": "t"}, "missing key 'runs'")
     # without `budget:` every table trains under its own budget(s): the smoke plans, in the tables'
     # own run directories (runs/<table>/row<id>), the regime and target of each row's budget
@@ -347,6 +355,20 @@ def test_claim_verdicts_follow_the_rule_of_the_results_page(tmp_path):
     campaign.render_verdicts(plan, str(page))
     text = page.read_text()
     assert text.count(campaign.BEGIN) == 1 and "old" not in text and text.endswith("after\n")
+    # a second plan with a `section` (e.g. the same claims at twice the budget) gets its own block,
+    # right after the first plan's, and its renders never touch the first block
+    long_plan = dict(plan, section="twice", title="Twice the budget")
+    begin, end = campaign.markers(long_plan)
+    assert (begin, end) == ("<!-- mt-campaign:begin twice -->", "<!-- mt-campaign:end twice -->")
+    campaign.render_verdicts(long_plan, str(page))
+    campaign.render_verdicts(long_plan, str(page))
+    both = page.read_text()
+    assert both.count(begin) == 1 and both.count(campaign.BEGIN) == 1 and both.endswith("after\n")
+    assert both.index(campaign.END) < both.index(begin) < both.index(end) < both.index("after")
+    assert "### Twice the budget: verdicts" in both and both.split(campaign.BEGIN)[1].split(campaign.END)[0] == \
+        text.split(campaign.BEGIN)[1].split(campaign.END)[0]
+    campaign.render_verdicts(plan, str(page))
+    assert page.read_text() == both
     assert "| row 3 is worse |" in text and "reproduced: worse beyond seed noise" in text
     assert "| training logs missing |" in text and "Last column: the seed-mean difference of validation NLL" in text
 
@@ -612,6 +634,13 @@ def test_the_minutes_estimate_is_per_model_and_counts_everything_but_training(tm
     assert est(other_fns) == pytest.approx((300 + 180) / 60)
     eatt = by_key["eatt_table4 row2 seed2"]
     assert est(eatt) == pytest.approx(((300 + 600) / 2 + (180 + 240) / 2) / 60)
+    # a budget with no run of its own that trains the same way for twice the updates (converged_6k):
+    # the converged runs' seconds per update, times 6,000; a budget that trains otherwise: no estimate
+    long = {r.key: r for r in campaign.load_plan("configs/campaign/converged_6k.yaml")["_runs"]}
+    assert est(long["reluformer_lambda_study row1 seed1"]) == pytest.approx((600 + 180) / 60)
+    assert est(long["reluformer_lambda_study row4 seed1"]) == pytest.approx((1200 + 240) / 60)
+    smoke = {r.key: r for r in campaign.load_plan("configs/campaign/smoke.yaml")["_runs"]}
+    assert est(smoke["reluformer_lambda_study row1 seed1"]) is None  # the diagnostic budget: another schedule
     # without the launcher's stamps the runner-timed stages are all there is
     res = json.loads((tmp_path / "soft" / "result.json").read_text())
     res["campaign"] = {"jobs": 12}

@@ -241,6 +241,31 @@ def test_budget_override_is_refused_for_rows_with_their_own_budget():
                              os.path.join(CONFIGS, "multi30k", "converged.yaml"))
 
 
+def test_a_tagged_budget_keeps_its_runs_pages_and_evidence_apart_from_its_regime():
+    """configs/multi30k/converged_6k.yaml: the converged budget at 6,000 updates, regime converged,
+    tag converged_6k -- its runs, full tables and evidence never mix with the 3,000-update ones."""
+    from mt_pipeline.budget import load_budget, regime, run_tag
+    from mt_pipeline.evidence import evidence_dir
+
+    conv, long = (os.path.join(CONFIGS, "multi30k", f"{n}.yaml") for n in ("converged", "converged_6k"))
+    b = load_budget(long)
+    assert regime(b) == "converged" and run_tag(b) == "converged_6k" and run_tag(load_budget(conv)) == "converged"
+    assert b["train"]["max-update"] == 6000
+    assert {k: v for k, v in b["train"].items() if k != "max-update"} == \
+        {k: v for k, v in load_budget(conv)["train"].items() if k != "max-update"}
+    table = os.path.join(CONFIGS, "rela", "table1.yaml")
+    spec6, spec3 = run_table.load_table(table, long), run_table.load_table(table, conv)
+    row6, row3 = spec6["rows"][6], spec3["rows"][6]
+    assert spec6["out"].endswith("table1_multi30k_converged_6k.md") and spec3["out"].endswith("table1_multi30k_converged.md")
+    d6, d3 = run_table.run_dir(spec6, row6, 2), run_table.run_dir(spec3, row3, 2)
+    assert d6 == os.path.join(ROOT, "runs", "converged_6k", "rela_table1", "row7-seed2")
+    assert d3 == os.path.join(ROOT, "runs", "converged", "rela_table1", "row7-seed2")
+    assert run_table.row_regime(row6) == "converged"
+    assert evidence_dir(d6, "converged").endswith(os.path.join("results", "runs", "converged", "converged_6k",
+                                                               "rela_table1", "row7-seed2"))
+    assert evidence_dir(d3, "converged").endswith(os.path.join("results", "runs", "converged", "rela_table1", "row7-seed2"))
+
+
 def test_every_multi30k_budget_states_its_regime():
     from mt_pipeline.budget import REGIMES, load_budget, regime
 

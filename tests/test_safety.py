@@ -227,6 +227,9 @@ BAD_BUDGETS = {
     "a list": ("- train\n- generate\n", "is a YAML list, not a mapping"),
     "empty": ("", "is empty"),
     "no train": ("regime: smoke\ngenerate: {beam: 4, lenpen: 0.6, batch-size: 8}\n", "no `train:` section"),
+    "tag of another regime": (f"base: {SMALL}\ntag: converged_6k\n", "tag 'converged_6k': a budget's tag is its regime, an "
+                              "underscore and"),
+    "tag with spaces": (f"base: {SMALL}\ntag: smoke 2\n", "(e.g. smoke_6k)"),
 }
 
 
