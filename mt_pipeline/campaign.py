@@ -170,6 +170,7 @@ class AfterStep:
     pages: List[str]         # the Markdown pages the commands write (repo-relative)
     runs: List[Run]          # the plan's runs whose checkpoints the commands read
     why: str = ""
+    inputs: List[str] = field(default_factory=list)  # files under runs/ the commands read (reproduce.step_inputs)
 
 
 def _abs(path: str) -> str:
@@ -287,7 +288,7 @@ def _load_after(path: str, entries, runs: List[Run], specs: Dict[str, Dict]) -> 
         SystemExit: not a list, unknown keys, a paper / table without post-training steps at small
             scale (the valid ones are named), or a table whose specs the plan does not run.
     """
-    from .reproduce import TABLES, after_steps, step_outputs  # reproduce imports the table machinery: import late
+    from .reproduce import TABLES, after_steps, step_inputs, step_outputs  # reproduce imports the table machinery: import late
 
     if entries is None:
         return []
@@ -313,7 +314,7 @@ def _load_after(path: str, entries, runs: List[Run], specs: Dict[str, Dict]) -> 
             key=key, paper=entry["paper"], table=entry["table"], commands=commands,
             pages=[o for c in commands for o in step_outputs(c) if o.endswith(".md")],
             runs=[r for r in runs if any(os.path.normpath(_abs(t)) in wanted for t in r.tables)],
-            why=entry.get("why", "")))
+            why=entry.get("why", ""), inputs=list(dict.fromkeys(i for c in commands for i in step_inputs(c)))))
     return steps
 
 
@@ -325,14 +326,20 @@ def after_state(step: AfterStep) -> Dict:
     """``{"state", "reason"}`` of a post-training step: ``done`` (every page it writes exists without
     :data:`mt_pipeline.evidence.NO_EVIDENCE`), ``ran`` (its commands ran on exactly the runs that are
     here now, and a page still lacks evidence: see its log; it runs again when a run it needs
-    finishes again), ``ready`` (every run it needs has finished in its run directory here) or
-    ``waiting`` (with how many have)."""
+    finishes again, or an input file changes), ``ready`` (every run it needs has finished in its run
+    directory here and every file it reads is there) or ``waiting`` (with how many runs have finished,
+    or the first input file missing: one an earlier step writes, e.g. Table 1's tau sweep for Table 3's
+    benchmark)."""
     pages = [_abs(p) for p in step.pages]
     if pages and all(os.path.exists(p) and not evidence.predates_evidence(p) for p in pages):
         return {"state": "done", "reason": None}
     here = [r for r in step.runs if (_read_json(os.path.join(r.dir, "result.json")) or {}).get("status") == "done"]
     if len(here) < len(step.runs):
         return {"state": "waiting", "reason": f"{len(here)} of {len(step.runs)} runs it needs finished here"}
+    missing = [p for p in step.inputs if not os.path.exists(_abs(p))]
+    if missing:
+        return {"state": "waiting", "reason": f"needs {missing[0]}, which is not there yet (an earlier step or "
+                                              "a run writes it)"}
     marker = _read_json(_after_marker(step)) or {}
     if marker.get("runs") == _finished_fingerprint(step):
         return {"state": "ran", "reason": f"ran at {marker.get('finished')} (exit status {marker.get('returncode')}); "
@@ -345,11 +352,14 @@ def _after_log(step: AfterStep) -> str:
 
 
 def _finished_fingerprint(step: AfterStep) -> Dict[str, float]:
-    """When each run the step needs last finished here (its ``result.json``'s mtime)."""
+    """When each run the step needs last finished here (its ``result.json``'s mtime) and when each
+    file it reads last changed: a step that ran (or failed) runs again when either changes."""
     out = {}
     for r in step.runs:
         res = os.path.join(r.dir, "result.json")
         out[repo_relative(r.dir)] = os.path.getmtime(res) if os.path.exists(res) else None
+    for p in step.inputs:
+        out[p] = os.path.getmtime(_abs(p)) if os.path.exists(_abs(p)) else None
     return out
 
 

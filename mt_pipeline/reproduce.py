@@ -686,6 +686,14 @@ def step_outputs(cmd):
     return [cmd[i + 1] for i, c in enumerate(cmd[:-1]) if c in ("--out", "--figure", "--md", "--plot")]
 
 
+def step_inputs(cmd):
+    """Files a post-training command reads that runs or earlier steps write: its arguments under
+    ``runs/`` that name a file (a checkpoint ``.pt``, a ``sweep.json``), not a run directory --
+    e.g. Table 3's ``--tau-from runs/flexible_table1_de_en/row3/sweep/sweep.json``, which Table 1's
+    tau sweep writes."""
+    return [c for c in cmd[1:] if c.startswith("runs/") and os.path.splitext(c)[1]]
+
+
 def _resolve_in(tmpdir, spec_path, gpus):
     """resolve_spec writing into ``tmpdir`` instead of the runs dir (dry runs write nothing)."""
     spec = yaml.safe_load(open(os.path.join(ROOT, spec_path)))

@@ -762,3 +762,34 @@ def test_post_training_steps_retrain_evidence_only_runs_then_run_once_until_the_
     assert json.loads((tmp_path / "after" / "flexible_table1.json").read_text())["returncode"] == 3
     st = campaign.after_state(step)
     assert st["state"] == "ran" and "exit status 3" in st["reason"]
+    # a step reading a file an earlier step writes (Table 3's --tau-from <Table 1's sweep.json>) waits
+    # for it, then runs; a file it reads changing makes it ready again, like a run finishing again
+    sweep = tmp_path / "runs" / "row1" / "sweep" / "sweep.json"
+    monkeypatch.setattr(campaign, "ROOT", str(tmp_path))
+    step.inputs = ["runs/row1/sweep/sweep.json"]
+    step.commands = [[sys.executable, "-c", script]]
+    assert campaign.after_state(step) == {"state": "waiting", "reason": "needs runs/row1/sweep/sweep.json, which is "
+                                                                         "not there yet (an earlier step or a run writes it)"}
+    assert campaign.run_after_steps(plan) == []
+    sweep.parent.mkdir(parents=True)
+    sweep.write_text("{}")
+    assert campaign.after_state(step)["state"] == "ready"  # the failed run's marker does not hold it back
+    flag.write_text("")
+    assert campaign.run_after_steps(plan) == ["flexible table1"] and counter.read_text() == "3"
+    assert campaign.after_state(step)["state"] == "ran"
+    os.utime(sweep, (1.8e9, 1.8e9))  # the sweep re-written
+    assert campaign.after_state(step)["state"] == "ready"
+
+
+def test_post_training_commands_name_the_files_they_read():
+    """reproduce.step_inputs: the files under runs/ a post-training command reads (checkpoints, a
+    sweep.json), not run directories nor what it writes; the smoke plan's Table 3 step reads Table
+    1's de-en sweep, so it waits for Table 1's step."""
+    from mt_pipeline.reproduce import step_inputs
+
+    assert step_inputs(["py", "-m", "x", "--runs", "runs/a", "runs/b", "--tau-from", "runs/a/row3/sweep/sweep.json",
+                        "--flexible", "runs/a/row4/average_last1.pt", "--out", "results/x.md"]) == [
+        "runs/a/row3/sweep/sweep.json", "runs/a/row4/average_last1.pt"]
+    steps = {s.key: s for s in campaign.load_plan("configs/campaign/smoke.yaml")["_after"]}
+    assert "runs/flexible_table1_de_en/row3/sweep/sweep.json" in steps["flexible table3"].inputs
+    assert steps["flexible table1"].inputs == []
