@@ -4,8 +4,10 @@ A budget is a YAML mapping::
 
     base: configs/multi30k/small_cpu.yaml   # optional: loaded first, then overridden key by key
     regime: smoke | diagnostic | converged | paper   # what its numbers can claim
-    tag: converged_6k                                # optional: names its run directories (runs/<tag>/...) and
-                                                     # pages (<out>_<tag>.md) instead of the regime; "<regime>_..."
+    tag: converged_6k                                # optional, for a budget tables run under (mt-table --budget,
+                                                     # a plan's budget:): names their run directories (runs/<tag>/...)
+                                                     # and pages (<out>_<tag>.md) instead of the regime; "<regime>_...";
+                                                     # not inherited by a budget that names this one as its base
     train: {fairseq-train flag: value, ...}          # without "--"; true = bare flag, null/false = off
     train-gpu: {fp16: true}                          # added to `train` when CUDA is available
     average: {num-update-checkpoints: N} | {num-epoch-checkpoints: N} | {checkpoint: best}
@@ -180,8 +182,8 @@ def load_budget(path: str) -> Dict:
         chain.append(cfg)
         path = cfg.get("base")
     budget: Dict = {}
-    for cfg in reversed(chain):
-        budget = merge(budget, {k: v for k, v in cfg.items() if k != "base"})
+    for cfg in reversed(chain):  # a base's tag is not inherited: it names the base's own runs
+        budget = merge(budget, {k: v for k, v in cfg.items() if k != "base" and (k != "tag" or cfg is chain[0])})
     check_budget(budget, f"budget {seen[0]}")
     return budget
 

@@ -16,7 +16,8 @@ its own budget(s) (``configs/campaign/smoke.yaml``: the smoke tables with commit
 
 Each entry expands seed-major (row 1 seed 1, row 7 seed 1, row 1 seed 2, ...), so the first
 finished runs already pair up; a run is one :mod:`mt_pipeline.experiment` run in the table
-machinery's own run directory (``runs/<regime>/<table>/row<id>[-seed<k>]``): resume, the
+machinery's own run directory (``runs/<regime>/<table>/row<id>[-seed<k>]``, or ``runs/<tag>/...``
+for a budget with a ``tag``: :func:`mt_pipeline.budget.run_tag`): resume, the
 configuration fingerprint and provenance are the table's, and ``mt-table`` renders the same runs.
 A run shared by two tables (a spec's ``run:``) is trained once.
 
@@ -37,7 +38,8 @@ Commands (``mt-campaign``)::
   GPU memory, ``gpu.mem_per_run_gib`` of the plan, and the CPU cores), each pinned to its share
   of cores (``sched_setaffinity``, ``OMP_NUM_THREADS``); the budget's ``train-gpu`` (fp16) applies.
 * ``--minutes M`` starts only runs that can finish in M minutes, from the throughput of finished
-  runs of the same budget on the same device (and concurrency) -- read from their ``result.json``
+  runs of the same budget (else of one that trains the same way for another number of updates) on
+  the same device (and concurrency) -- read from their ``result.json``
   and ``campaign.json``, in run directories or committed evidence -- so a short GPU window ends
   with finished rows, not half-trained ones.  A run with no such measurement is refused (give
   ``--per-run-minutes`` to state an estimate).
@@ -51,15 +53,18 @@ Commands (``mt-campaign``)::
   (:func:`mt_pipeline.evidence.predates_evidence`); until then a run it needs whose result is only
   in committed evidence (its git-ignored run directory gone with an earlier machine) trains again
   (its evidence is then re-exported), and once all of them have finished here the step's commands
-  run, niced, in plan order (log: ``runs/campaign/after/<paper>_<table>.log``), once per set of
-  finished runs (:func:`after_state`).  The local launcher runs them (at its start and after each
+  run, niced, in plan order (log: ``runs/campaign/after/<paper>_<table>.log``), once every file
+  they read under ``runs/`` is there (``reproduce.step_inputs``: Table 3's benchmark reads Table 1's
+  tau sweep), and again only when a run they need finishes again or such a file changes
+  (:func:`after_state`).  The local launcher runs them (at its start and after each
   run); with ``--launcher slurm`` the re-training is submitted and a later local ``mt-campaign run``
   runs the steps.
 * After every finished run the ``analyses`` of every table showing it are run (:func:`analyse`:
   E-ATT Table 4's energy of ReLA Table 1's softmax run too), its evidence is committed-ready under
   ``results/runs/`` (:mod:`mt_pipeline.evidence`) and its tables are re-rendered; ``render`` does the same for every
   finished run and writes the claims' verdicts between ``<!-- mt-campaign:begin -->`` and
-  ``<!-- mt-campaign:end -->`` in ``results/README.md``.
+  ``<!-- mt-campaign:end -->`` in ``results/README.md`` (a plan with a ``section``: between its own
+  markers, :func:`markers`).
 
 Verdict rule (results/README.md's): a claim is "reproduced" or "not reproduced" only with a
 converged budget and at least 3 seed-matched runs of both rows; "beyond seed noise" is
@@ -691,38 +696,39 @@ def gap_trend(pairs: List[Tuple[str, str]], row_id, ref_id) -> Dict:
         ``{"cell": str, "own": {run directory: float}}``: ``cell`` says the seed-mean difference row - reference of
         the validation NLL (fairseq's ``valid_nll_loss``: bits per target token, no label smoothing
         and no auxiliary loss such as ReLUFormer's eq. 7 term, so rows of one target dictionary
-        compare) at a third, two thirds and the end of the shorter run's updates (linear between
-        validations), and the gap's least-squares slope over the last third, per 1,000 updates:
+        compare) at a third, two thirds and the end of the shortest run's updates, the same
+        updates for every seed (linear between validations), and the gap's least-squares slope over the last third, per 1,000 updates:
         "closing" or "widening" only when it points toward the same row in every seed and its
         seed mean exceeds 2 standard errors (the verdicts' seed-noise rule, applied to the slope).
         ``own``: each run's own validation-NLL slope over its last third, per 1,000 updates
-        (negative: still improving).  A seed without logs gives ``cell`` "training logs missing"
-        and no ``own``.
+        (negative: still improving).  A seed without logs gives ``cell`` "training logs missing",
+        one with fewer than 3 validations in that last third "too few validations ...", and no ``own``.
     """
     from .curves import interpolate, run_train_log, slope_per_1000, valid_curve
 
+    curves = [(row_dir, ref_dir, valid_curve(run_train_log(row_dir)), valid_curve(run_train_log(ref_dir)))
+              for row_dir, ref_dir in pairs]
+    if not curves or any(not a or not b for _, _, a, b in curves):
+        return {"cell": "training logs missing", "own": {}}
+    end = min(min(a[-1][0], b[-1][0]) for _, _, a, b in curves)  # every seed's gap at the same updates
+    thin = {"cell": "too few validations to compare (3 in the last third of training needed)", "own": {}}
     gaps, slopes, own = [], [], {}
-    end_u = None
-    for row_dir, ref_dir in pairs:
-        a, b = valid_curve(run_train_log(row_dir)), valid_curve(run_train_log(ref_dir))
-        if len(a) < 3 or len(b) < 3:
-            return {"cell": "training logs missing", "own": {}}
-        end = min(a[-1][0], b[-1][0])
-        end_u = end if end_u is None else min(end_u, end)
-        at = [interpolate(a, u * end / 3) for u in (1, 2, 3)], [interpolate(b, u * end / 3) for u in (1, 2, 3)]
+    for row_dir, ref_dir, a, b in curves:
+        at = [interpolate(a, k * end / 3) for k in (1, 2, 3)], [interpolate(b, k * end / 3) for k in (1, 2, 3)]
         if None in at[0] or None in at[1]:
-            return {"cell": "training logs missing", "own": {}}
+            return thin
         gaps.append([x - y for x, y in zip(*at)])
         last = [(u, interpolate(a, u) - y) for u, y in b if 2 * end / 3 <= u <= end and interpolate(a, u) is not None]
-        slopes.append(slope_per_1000(last))
+        slope = slope_per_1000(last)
+        if slope is None:
+            return thin
+        slopes.append(slope)
         for d, c in ((row_dir, a), (ref_dir, b)):
             own[os.path.abspath(d)] = slope_per_1000([p for p in c if p[0] >= 2 * c[-1][0] / 3])
-    if not gaps or None in slopes:
-        return {"cell": "training logs missing", "own": {}}
     n = len(gaps)
     mean = [statistics.fmean(g[i] for g in gaps) for i in range(3)]
     slope = statistics.fmean(slopes)
-    at_u = " / ".join(f"{round(k * end_u / 3):,}" for k in (1, 2, 3))
+    at_u = " / ".join(f"{round(k * end / 3):,}" for k in (1, 2, 3))
     toward_row = sum(s_ < 0 for s_ in slopes)  # row's NLL falls relative to the reference's
     toward_ref = sum(s_ > 0 for s_ in slopes)
     two_se = 2 * statistics.stdev(slopes) / math.sqrt(n) if n > 1 else math.inf

@@ -688,10 +688,15 @@ def step_outputs(cmd):
 
 def step_inputs(cmd):
     """Files a post-training command reads that runs or earlier steps write: its arguments under
-    ``runs/`` that name a file (a checkpoint ``.pt``, a ``sweep.json``), not a run directory --
+    ``runs/`` that name a file (a suffix of :data:`INPUT_SUFFIXES`: a checkpoint ``.pt``, a
+    ``sweep.json``), not a run directory --
     e.g. Table 3's ``--tau-from runs/flexible_table1_de_en/row3/sweep/sweep.json``, which Table 1's
     tau sweep writes."""
-    return [c for c in cmd[1:] if c.startswith("runs/") and os.path.splitext(c)[1]]
+    return [c for c in cmd[1:] if c.startswith("runs/") and os.path.splitext(c)[1] in INPUT_SUFFIXES]
+
+
+#: what :func:`step_inputs` counts as a file (a run directory may have a dot in its name: row5-lambda0.01)
+INPUT_SUFFIXES = (".pt", ".json", ".gz", ".txt", ".tsv")
 
 
 def _resolve_in(tmpdir, spec_path, gpus):

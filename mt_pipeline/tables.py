@@ -92,6 +92,11 @@ def load_table(path: str, budget: Optional[str] = None) -> Dict:
         spec["_tag"] = tag
     for row in spec["rows"]:
         b = load_budget(row_budget(spec, row))
+        if not budget and run_tag(b) != regime(b):  # its runs would land in (and its evidence mix with) the regime's
+            raise SystemExit(f"{path}: row {row['id']} trains under {row_budget(spec, row)}, whose tag "
+                             f"{run_tag(b)!r} names the directories of tables run under it with --budget "
+                             "(mt-table --budget, a campaign plan's budget:); give it that way, not as the "
+                             "table's or a row's own budget")
         if list(spec["subsets"]) != list(b["data"]["subsets"]):
             raise SystemExit(f"{path}: subsets {list(spec['subsets'])} differ from those of budget "
                              f"{row_budget(spec, row)}: {b['data']['subsets']}")
@@ -120,7 +125,7 @@ def run_dir(spec: Dict, row: Dict, seed: Optional[int] = None) -> str:
     being the budget's regime or its own ``tag`` (:func:`mt_pipeline.budget.run_tag`)."""
     rel = row.get("run") or os.path.join(spec["runs"], f"row{row['id']}")
     reg = spec.get("_tag")
-    if reg:  # runs/<x>/rowN -> runs/<regime>/<x>/rowN; an absolute /a/b/rowN -> /a/b/<regime>/rowN
+    if reg:  # runs/<x>/rowN -> runs/<tag>/<x>/rowN; an absolute /a/b/rowN -> /a/b/<tag>/rowN
         parts = rel.split(os.sep)
         if os.path.isabs(rel):
             rel = os.path.join(os.path.dirname(rel), reg, os.path.basename(rel))

@@ -223,6 +223,17 @@ def test_a_bad_plan_is_refused_before_anything_runs(tmp_path):
     assert all(r.regime == "converged" for r in plan["_runs"])
     refused({"runs": good["runs"][:0]}, "'runs' must be a non-empty list")
     refused(dict(good, section="two words"), "section 'two words' must be a name of letters")
+    # a tagged budget is for runs under --budget / a plan's budget: as a table's own budget its runs would
+    # land in the regime's directories; and a budget built on it does not inherit its tag
+    spec = yaml.safe_load(open(os.path.join(th.ROOT, "configs", "rela", "table1.yaml")))
+    spec["budget"] = "configs/multi30k/converged_6k.yaml"
+    (tmp_path / "t6k.yaml").write_text(yaml.safe_dump(spec, allow_unicode=True))
+    with pytest.raises(SystemExit) as err:
+        run_table.load_table(str(tmp_path / "t6k.yaml"))
+    assert "whose tag 'converged_6k' names the directories of tables run under it with --budget" in str(err.value)
+    (tmp_path / "b9k.yaml").write_text("base: configs/multi30k/converged_6k.yaml\ntrain: {max-update: 9000}\n")
+    from mt_pipeline.budget import load_budget, run_tag
+    assert run_tag(load_budget(str(tmp_path / "b9k.yaml"))) == "converged"
     # the budget check plan: the converged claims at 6,000 updates, in their own directories and block
     long = campaign.load_plan("configs/campaign/converged_6k.yaml")
     assert {c["id"] for c in long["claims"]} == {c["id"] + "-6k" for c in plan["claims"]}
@@ -406,10 +417,28 @@ def test_gap_trend_says_whether_the_rows_drift_apart_or_together(tmp_path):
                          "last third -0.061 per 1,000 updates, toward row 2 in 3 of 3 seeds: closing"), t
     assert [round(t["own"][os.path.abspath(r)], 6) for _, r in pairs] == [-1.0] * 3  # the references' own slope
     assert round(t["own"][os.path.abspath(pairs[0][0])], 6) == -1.064
-    # the same gap seen from the other row: it is the reference that falls behind -> widening toward row 1
+    # the same gap seen from the other row: row 1 is ahead and row 2, behind, gains on it -> still closing
     flipped = campaign.gap_trend([(b, a) for a, b in pairs], 1, 2)
     assert flipped["cell"].startswith("row 1 − row 2: -0.24, -0.18, -0.12") and flipped["cell"].endswith(
         "toward row 2 in 3 of 3 seeds: closing"), flipped
+    # a row ahead that pulls further ahead: widening, toward the row ahead
+    for seed in (1, 2, 3):
+        _valid_log(tmp_path / f"row{seed}" / "train.log", lambda u, s=seed: 5 - u / 1000 - (0.05 + 0.002 * s) * u / 1000,
+                   row_u)
+    wide = campaign.gap_trend(pairs, 2, 1)["cell"]
+    assert wide.startswith("row 2 − row 1: -0.05, -0.11, -0.16") and wide.endswith(
+        "toward row 2 in 3 of 3 seeds: widening"), wide
+    for seed, wobble in ((1, 0.004), (2, -0.003), (3, 0.001)):  # back to the closing rows
+        _valid_log(tmp_path / f"row{seed}" / "train.log",
+                   lambda u, w=wobble: 5 - u / 1000 + 0.3 - (0.06 + w) * u / 1000, row_u)
+    # a seed that trained longer is compared at the shortest run's updates, like the others
+    _valid_log(tmp_path / "ref1" / "train.log.gz", lambda u: 5 - u / 1000, ref_u + [3140, 3280])
+    _valid_log(tmp_path / "row1" / "train.log", lambda u: 5 - u / 1000 + 0.3 - 0.064 * u / 1000, row_u + [3150, 3300])
+    assert campaign.gap_trend(pairs, 2, 1)["cell"] == t["cell"]
+    # too few validations in the last third to fit a slope: said so, not "logs missing"
+    _valid_log(tmp_path / "ref2" / "train.log.gz", lambda u: 5 - u / 1000, [150, 1000, 1500, 2500, 3000])
+    assert campaign.gap_trend(pairs, 2, 1)["cell"].startswith("too few validations to compare")
+    _valid_log(tmp_path / "ref2" / "train.log.gz", lambda u: 5 - u / 1000, ref_u)
     # a seed whose gap moves the other way: no direction claimed
     _valid_log(tmp_path / "row3" / "train.log", lambda u: 5 - u / 1000 + 0.1 + 0.05 * u / 1000, row_u)
     mixed = campaign.gap_trend(pairs, 2, 1)["cell"]
@@ -788,8 +817,9 @@ def test_post_training_commands_name_the_files_they_read():
     from mt_pipeline.reproduce import step_inputs
 
     assert step_inputs(["py", "-m", "x", "--runs", "runs/a", "runs/b", "--tau-from", "runs/a/row3/sweep/sweep.json",
-                        "--flexible", "runs/a/row4/average_last1.pt", "--out", "results/x.md"]) == [
-        "runs/a/row3/sweep/sweep.json", "runs/a/row4/average_last1.pt"]
+                        "--flexible", "runs/a/row4/average_last1.pt", "--out", "results/x.md",
+                        "--run", "runs/converged/t/row5-lambda0.01"]) == [
+        "runs/a/row3/sweep/sweep.json", "runs/a/row4/average_last1.pt"]  # a dotted run directory is no file
     steps = {s.key: s for s in campaign.load_plan("configs/campaign/smoke.yaml")["_after"]}
     assert "runs/flexible_table1_de_en/row3/sweep/sweep.json" in steps["flexible table3"].inputs
     assert steps["flexible table1"].inputs == []
