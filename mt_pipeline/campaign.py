@@ -88,6 +88,7 @@ runs (SystemExit naming the valid choices).
 
 import argparse
 import contextlib
+import functools
 import glob
 import json
 import math
@@ -548,20 +549,25 @@ def throughput_records(extra_dirs: Optional[List[str]] = None) -> List[Dict]:
     return out
 
 
+@functools.lru_cache(maxsize=None)
+def _training_key(path: str) -> Optional[str]:
+    """What makes a budget's per-update time and its time outside training (JSON of its ``train``
+    flags without ``max-update``, ``train-gpu``, ``average``, ``generate``, ``data``); None when it
+    cannot be loaded.  Cached: ``status`` asks it for every record x run."""
+    try:
+        b = load_budget(path)
+    except SystemExit:
+        return None
+    train = {k: v for k, v in b.get("train", {}).items() if k != "max-update"}
+    return json.dumps([train, b.get("train-gpu"), b.get("average"), b.get("generate"), b.get("data")], sort_keys=True)
+
+
 def _same_training(budget_a: str, budget_b: str) -> bool:
     """Whether two budgets train alike per update: the same ``train`` / ``train-gpu`` flags except
     ``max-update`` (and the same averaging and decoding: the time outside training); False when
     either cannot be loaded."""
-    def key(path):
-        try:
-            b = load_budget(path)
-        except SystemExit:
-            return None
-        train = {k: v for k, v in b.get("train", {}).items() if k != "max-update"}
-        return train, b.get("train-gpu"), b.get("average"), b.get("generate"), b.get("data")
-
-    ka = key(budget_a)
-    return ka is not None and ka == key(budget_b)
+    ka = _training_key(os.path.realpath(budget_a))
+    return ka is not None and ka == _training_key(os.path.realpath(budget_b))
 
 
 def estimate_minutes(run: Run, records: List[Dict], device: str, jobs: int,
@@ -725,13 +731,16 @@ def gap_trend(pairs: List[Tuple[str, str]], row_id, ref_id) -> Dict:
         slopes.append(slope)
         for d, c in ((row_dir, a), (ref_dir, b)):
             own[os.path.abspath(d)] = slope_per_1000([p for p in c if p[0] >= 2 * c[-1][0] / 3])
+    from .significance import seed_summary
+
     n = len(gaps)
     mean = [statistics.fmean(g[i] for g in gaps) for i in range(3)]
-    slope = statistics.fmean(slopes)
+    summary = seed_summary(slopes)  # the verdicts' seed statistics, applied to the slope
+    slope = summary["mean"]
     at_u = " / ".join(f"{round(k * end / 3):,}" for k in (1, 2, 3))
     toward_row = sum(s_ < 0 for s_ in slopes)  # row's NLL falls relative to the reference's
     toward_ref = sum(s_ > 0 for s_ in slopes)
-    two_se = 2 * statistics.stdev(slopes) / math.sqrt(n) if n > 1 else math.inf
+    two_se = 2 * summary["sd"] / math.sqrt(n) if n > 1 else math.inf
     if n < 2:
         words = "one seed: no direction claimed"
     elif (toward_row == n or toward_ref == n) and abs(slope) > two_se:
