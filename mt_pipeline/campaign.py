@@ -50,7 +50,9 @@ Commands (``mt-campaign``)::
   (``- {paper: flexible, table: table1, why: ...}``: Flexible Attention's tau sweep and decoding
   benchmark), which need the trained checkpoints of the plan's runs of that table's small-scale
   specs.  A step is *done* when every page it writes exists without "Evidence: none committed."
-  (:func:`mt_pipeline.evidence.predates_evidence`); until then a run it needs whose result is only
+  (:func:`mt_pipeline.evidence.predates_evidence`) and no step that is not done reads a file it
+  writes (``reproduce.after_writes``) that is missing -- on a fresh machine Table 1's committed page
+  does not stand in for its git-ignored ``sweep.json``, which Table 3's benchmark reads; until then a run it needs whose result is only
   in committed evidence (its git-ignored run directory gone with an earlier machine) trains again
   (its evidence is then re-exported), and once all of them have finished here the step's commands
   run, niced, in plan order (log: ``runs/campaign/after/<paper>_<table>.log``), once every file
@@ -177,6 +179,7 @@ class AfterStep:
     runs: List[Run]          # the plan's runs whose checkpoints the commands read
     why: str = ""
     inputs: List[str] = field(default_factory=list)  # files under runs/ the commands read (reproduce.step_inputs)
+    writes: List[str] = field(default_factory=list)  # files under runs/ they write besides pages (reproduce.after_writes)
 
 
 def _abs(path: str) -> str:
@@ -294,7 +297,7 @@ def _load_after(path: str, entries, runs: List[Run], specs: Dict[str, Dict]) -> 
         SystemExit: not a list, unknown keys, a paper / table without post-training steps at small
             scale (the valid ones are named), or a table whose specs the plan does not run.
     """
-    from .reproduce import TABLES, after_steps, step_inputs, step_outputs  # reproduce imports the table machinery: import late
+    from .reproduce import TABLES, after_steps, after_writes, step_inputs, step_outputs  # reproduce imports the table machinery: import late
 
     if entries is None:
         return []
@@ -320,7 +323,8 @@ def _load_after(path: str, entries, runs: List[Run], specs: Dict[str, Dict]) -> 
             key=key, paper=entry["paper"], table=entry["table"], commands=commands,
             pages=[o for c in commands for o in step_outputs(c) if o.endswith(".md")],
             runs=[r for r in runs if any(os.path.normpath(_abs(t)) in wanted for t in r.tables)],
-            why=entry.get("why", ""), inputs=list(dict.fromkeys(i for c in commands for i in step_inputs(c)))))
+            why=entry.get("why", ""), inputs=list(dict.fromkeys(i for c in commands for i in step_inputs(c))),
+            writes=list(after_writes(table, "small"))))
     return steps
 
 
@@ -328,20 +332,40 @@ def _after_marker(step: AfterStep) -> str:
     return os.path.join(ROOT, AFTER_LOGS, f"{step.paper}_{step.table}.json")
 
 
-def after_state(step: AfterStep) -> Dict:
+def _pages_done(step: AfterStep) -> bool:
+    """Every page the step writes exists without :data:`mt_pipeline.evidence.NO_EVIDENCE`."""
+    pages = [_abs(p) for p in step.pages]
+    return bool(pages) and all(os.path.exists(p) and not evidence.predates_evidence(p) for p in pages)
+
+
+def _writes_wanted(step: AfterStep, plan: Optional[Dict]) -> List[str]:
+    """Files the step writes besides its pages (``AfterStep.writes``) that are not here and that
+    another step of ``plan`` whose pages are not done reads -- on a fresh machine, Table 1's
+    ``sweep.json`` (git-ignored, under ``runs/``) for Table 3's benchmark although Table 1's page is
+    committed with evidence."""
+    if not plan or not step.writes:
+        return []
+    read = {i for other in plan.get("_after", []) if other is not step and not _pages_done(other)
+            for i in other.inputs}
+    return [w for w in step.writes if w in read and not os.path.exists(_abs(w))]
+
+
+def after_state(step: AfterStep, plan: Optional[Dict] = None) -> Dict:
     """``{"state", "reason"}`` of a post-training step: ``done`` (every page it writes exists without
-    :data:`mt_pipeline.evidence.NO_EVIDENCE`), ``ran`` (its commands ran on exactly the runs that are
+    :data:`mt_pipeline.evidence.NO_EVIDENCE` and, given the ``plan``, no other step of it that is not
+    done reads a file this one writes that is missing: :func:`_writes_wanted`), ``ran`` (its commands ran on exactly the runs that are
     here now, and a page still lacks evidence: see its log; it runs again when a run it needs
     finishes again, or an input file changes), ``ready`` (every run it needs has finished in its run
     directory here and every file it reads is there) or ``waiting`` (with how many runs have finished,
     or the first input file missing: one an earlier step writes, e.g. Table 1's tau sweep for Table 3's
     benchmark)."""
-    pages = [_abs(p) for p in step.pages]
-    if pages and all(os.path.exists(p) and not evidence.predates_evidence(p) for p in pages):
+    wanted = _writes_wanted(step, plan)
+    if _pages_done(step) and not wanted:
         return {"state": "done", "reason": None}
+    again = f" (its pages are done, but another step reads {wanted[0]}, which it writes)" if wanted else ""
     here = [r for r in step.runs if (_read_json(os.path.join(r.dir, "result.json")) or {}).get("status") == "done"]
     if len(here) < len(step.runs):
-        return {"state": "waiting", "reason": f"{len(here)} of {len(step.runs)} runs it needs finished here"}
+        return {"state": "waiting", "reason": f"{len(here)} of {len(step.runs)} runs it needs finished here{again}"}
     missing = [p for p in step.inputs if not os.path.exists(_abs(p))]
     if missing:
         return {"state": "waiting", "reason": f"needs {missing[0]}, which is not there yet (an earlier step or "
@@ -349,7 +373,8 @@ def after_state(step: AfterStep) -> Dict:
     marker = _read_json(_after_marker(step)) or {}
     if marker.get("runs") == _finished_fingerprint(step):
         return {"state": "ran", "reason": f"ran at {marker.get('finished')} (exit status {marker.get('returncode')}); "
-                                          f"a page still lacks evidence: {repo_relative(_after_log(step))}"}
+                                          + (f"{wanted[0]} is still missing" if wanted else "a page still lacks evidence")
+                                          + f": {repo_relative(_after_log(step))}"}
     return {"state": "ready", "reason": None}
 
 
@@ -374,7 +399,7 @@ def _retrain_for_after(plan: Dict) -> List[Run]:
     directories, with the checkpoints, are not here): they train again, in plan order."""
     want = []
     for step in plan.get("_after", []):
-        if after_state(step)["state"] == "done":
+        if after_state(step, plan)["state"] == "done":
             continue
         for r in step.runs:
             if r.dir not in want and not os.path.exists(os.path.join(r.dir, "result.json")) \
@@ -392,7 +417,7 @@ def run_after_steps(plan: Dict, nice: int = 10) -> List[str]:
 
     ran = []
     for step in plan.get("_after", []):
-        if after_state(step)["state"] != "ready":
+        if after_state(step, plan)["state"] != "ready":
             continue
         fingerprint = _finished_fingerprint(step)
         os.makedirs(os.path.dirname(_after_log(step)), exist_ok=True)
@@ -415,7 +440,7 @@ def run_after_steps(plan: Dict, nice: int = 10) -> List[str]:
                 write_index(step.paper, step.table, TABLES[step.paper][step.table])
             except (Exception, SystemExit) as err:  # noqa: BLE001 - never stop the campaign
                 log(f"after {step.key}: rewriting the index file failed: {type(err).__name__}: {err}")
-        log(f"after {step.key}: {after_state(step)['state']}")
+        log(f"after {step.key}: {after_state(step, plan)['state']}")
         ran.append(step.key)
     return ran
 
@@ -1217,7 +1242,7 @@ def main(argv=None) -> int:
         else:
             _print_status(rows)
             for step in plan["_after"]:
-                st = after_state(step)
+                st = after_state(step, plan)
                 print(f"{'after ' + step.key:<42} {st['state']:<10} {'':>11} {'':>9}  {st['reason'] or ''}")
         return 0
     if a.cmd == "render":
@@ -1228,7 +1253,7 @@ def main(argv=None) -> int:
             print(f"{run.key}: python -m mt_pipeline.experiment "
                   + " ".join(shlex.quote(repo_relative(x)) for x in tables.experiment_argv(run.spec, run.row, run.seed)))
         for step in plan["_after"]:
-            if after_state(step)["state"] != "done":
+            if after_state(step, plan)["state"] != "done":
                 for cmd in step.commands:
                     print(f"after {step.key}: " + " ".join(shlex.quote(c) for c in cmd))
         return 0

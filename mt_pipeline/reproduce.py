@@ -126,6 +126,12 @@ TABLES = {
                                   "runs/paper/flexible_table1_en_ja", "--out", "results/flexible/table1_paper.md",
                                   "--title", "Flexible Attention Table 1 at paper scale (WMT15 De-En, ASPEC En-Ja; `rnnsearch`)",
                                   "--figure", "results/flexible/figure3_tradeoff_paper.png"]],
+                       # besides its pages the sweep writes each direction's <runs>/row3/sweep/sweep.json,
+                       # which Table 3's benchmark reads (--tau-from)
+                       "writes": {"small": ["runs/flexible_table1_en_de/row3/sweep/sweep.json",
+                                            "runs/flexible_table1_de_en/row3/sweep/sweep.json"],
+                                  "paper": ["runs/paper/flexible_table1_de_en/row3/sweep/sweep.json",
+                                            "runs/paper/flexible_table1_en_ja/row3/sweep/sweep.json"]},
                        "note": "tau sweep (0.3 ... 999 and inf) on valid + test of each direction's flexible row, tau chosen by "
                                "the paper's rule (smallest of 0.8-1.6 losing <= 0.5 validation BLEU vs tau = inf), windows "
                                "and BLEU of every model at that tau, the trade-off figure (paper Figure 3)"}},
@@ -679,6 +685,15 @@ def after_steps(entry, scale):
     """The table's post-training commands at ``scale`` (sweeps, analyses, benchmarks on the trained
     runs; run after every spec, in order), ``[]`` if none."""
     return (entry.get("after") or {}).get(scale, [])
+
+
+def after_writes(entry, scale):
+    """Files under ``runs/`` the table's post-training commands at ``scale`` write besides their
+    pages (``after: {writes: {scale: [...]}}``), ``[]`` if none declared -- e.g. Table 1's tau sweep
+    writes ``runs/flexible_table1_de_en/row3/sweep/sweep.json``, which Table 3's benchmark reads
+    (:func:`step_inputs`).  ``mt_pipeline.campaign`` runs a step again when such a file is missing
+    and a step that is not done reads it."""
+    return ((entry.get("after") or {}).get("writes") or {}).get(scale, [])
 
 
 def step_outputs(cmd):

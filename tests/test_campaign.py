@@ -823,3 +823,47 @@ def test_post_training_commands_name_the_files_they_read():
     steps = {s.key: s for s in campaign.load_plan("configs/campaign/smoke.yaml")["_after"]}
     assert "runs/flexible_table1_de_en/row3/sweep/sweep.json" in steps["flexible table3"].inputs
     assert steps["flexible table1"].inputs == []
+    # and Table 1's step declares that it writes it (reproduce.after_writes), so on a fresh machine
+    # its committed page does not stand in for the missing file (test below)
+    assert "runs/flexible_table1_de_en/row3/sweep/sweep.json" in steps["flexible table1"].writes
+
+
+def test_a_done_step_runs_again_when_a_step_not_done_reads_a_file_it_writes_that_is_missing(tmp_path, monkeypatch):
+    """A fresh machine: Table 1's page is committed with evidence, its git-ignored sweep.json is gone
+    and Table 3's page still lacks evidence.  Table 1's step is then not done: its runs train again
+    (not only Table 3's), it becomes ready once they have finished, and done again once the file is
+    there; without a step that reads the file (Table 3's page done) the committed page suffices."""
+    monkeypatch.setattr(campaign, "ROOT", str(tmp_path))
+    monkeypatch.setattr(campaign, "AFTER_LOGS", str(tmp_path / "after"))
+    runs = [campaign.Run(key=f"t row{i} seed1", table="t.yaml", spec={}, row={"id": i, "_budget": {"train": {}}},
+                         seed=1, dir=str(tmp_path / "runs" / f"row{i}"), tables=["t.yaml"]) for i in (1, 3)]
+    p1, p3 = tmp_path / "t1.md", tmp_path / "t3.md"
+    p1.write_text("# T1\nevidence: results/runs/x\n")
+    p3.write_text(f"# T3\n{evidence.NO_EVIDENCE}\n")
+    sweep = "runs/row3/sweep/sweep.json"
+    t1 = campaign.AfterStep(key="flexible table1", paper="flexible", table="table1", commands=[], pages=[str(p1)],
+                            runs=runs, writes=[sweep])
+    t3 = campaign.AfterStep(key="flexible table3", paper="flexible", table="table3", commands=[], pages=[str(p3)],
+                            runs=runs[1:], inputs=[sweep])
+    plan = {"_runs": runs, "_after": [t1, t3]}
+    monkeypatch.setattr(campaign, "run_state", lambda r: {"state": "done", "reason": None, "updates": 0, "where": None})
+
+    assert campaign.after_state(t1) == {"state": "done", "reason": None}  # without the plan: its pages only
+    st = campaign.after_state(t1, plan)
+    assert st["state"] == "waiting" and f"another step reads {sweep}" in st["reason"], st
+    assert [r.key for r in campaign._retrain_for_after(plan)] == ["t row1 seed1", "t row3 seed1"]
+    for r in runs:  # re-trained here
+        os.makedirs(r.dir)
+        with open(os.path.join(r.dir, "result.json"), "w") as f:
+            json.dump({"status": "done"}, f)
+    assert campaign.after_state(t1, plan)["state"] == "ready"
+    assert campaign.after_state(t3, plan)["state"] == "waiting"  # for Table 1's step
+    os.makedirs(tmp_path / "runs" / "row3" / "sweep")
+    (tmp_path / sweep).write_text("{}")
+    assert campaign.after_state(t1, plan) == {"state": "done", "reason": None}
+    assert campaign.after_state(t3, plan)["state"] == "ready"
+    (tmp_path / sweep).unlink()
+    p3.write_text("# T3\nevidence: results/runs/y\n")  # nothing not done reads it: the page suffices
+    assert campaign.after_state(t1, plan) == {"state": "done", "reason": None}
+    shutil.rmtree(tmp_path / "runs")  # another fresh machine: both pages have evidence, nothing retrains
+    assert campaign._retrain_for_after(plan) == []
