@@ -359,10 +359,10 @@ def after_state(step: AfterStep, plan: Optional[Dict] = None) -> Dict:
     directory here and every file it reads is there) or ``waiting`` (with how many runs have finished,
     or the first input file missing: one an earlier step writes, e.g. Table 1's tau sweep for Table 3's
     benchmark)."""
-    wanted = _writes_wanted(step, plan)
-    if _pages_done(step) and not wanted:
+    pages_done, wanted = _pages_done(step), _writes_wanted(step, plan)
+    if pages_done and not wanted:
         return {"state": "done", "reason": None}
-    again = f" (its pages are done, but another step reads {wanted[0]}, which it writes)" if wanted else ""
+    again = f" (its pages are done, but another step reads {wanted[0]}, which it writes)" if pages_done else ""
     here = [r for r in step.runs if (_read_json(os.path.join(r.dir, "result.json")) or {}).get("status") == "done"]
     if len(here) < len(step.runs):
         return {"state": "waiting", "reason": f"{len(here)} of {len(step.runs)} runs it needs finished here{again}"}
@@ -373,7 +373,7 @@ def after_state(step: AfterStep, plan: Optional[Dict] = None) -> Dict:
     marker = _read_json(_after_marker(step)) or {}
     if marker.get("runs") == _finished_fingerprint(step):
         return {"state": "ran", "reason": f"ran at {marker.get('finished')} (exit status {marker.get('returncode')}); "
-                                          + (f"{wanted[0]} is still missing" if wanted else "a page still lacks evidence")
+                                          + (f"{wanted[0]} is still missing" if pages_done else "a page still lacks evidence")
                                           + f": {repo_relative(_after_log(step))}"}
     return {"state": "ready", "reason": None}
 
