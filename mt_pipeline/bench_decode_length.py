@@ -22,7 +22,8 @@ What this measures (a benchmark: it prints and writes numbers, it asserts nothin
   intervals).  ``--sents-per-group`` sentences of each group, evenly spaced within it
   (:func:`pick_evenly`), are decoded;
 * **models** (``--models``, default the four curves of Figure 2): the (arch, attention function)
-  pairs of :data:`mt_pipeline.bench_speed.MODELS`, untrained ``*_small`` models built by
+  pairs of :data:`mt_pipeline.bench_speed.MODELS`, untrained ``*_small`` models (``--size base``:
+  Transformer base, the paper's size; :data:`mt_pipeline.bench_speed.SIZES`) built by
   :func:`mt_pipeline.bench_speed.build_models` (speed does not depend on the trained values: every
   op of these models -- dense matmuls, ReLU, sort-based sparsemax / 1.5-entmax, beam top-k -- costs
   the same for any values, and the step count is forced);
@@ -58,7 +59,8 @@ from typing import Dict, List, Sequence, Tuple
 
 from . import provenance
 from .atomic import atomic_path, writable_problem
-from .bench_speed import DEVICES, DTYPES, MODELS, build_models, device_problem, gpu_slug, time_decoding
+from .bench_speed import (DEVICES, DTYPES, MODELS, SIZES, arch_of, build_models, device_problem, gpu_slug,
+                          size_suffix, time_decoding)
 from .prep import spec as prep_spec
 from .prep.multi30k import TOKENIZER
 
@@ -75,11 +77,16 @@ DEFAULT_DATA = os.path.join(ROOT, "data-bin", "multi30k_en_de")
 DEFAULT_OUT = os.path.join(ROOT, "results", "rela", "figure2_decode_length_cpu.md")
 
 
-def regime_line(where: str) -> str:
-    """The page's regime line; ``where``: ``"CPU"`` or the GPU's name and dtype."""
+def size_words(size: str = "small") -> str:
+    """How the page names the models of ``--size size``: ``untrained `*_small` models``."""
+    return "untrained `*_small` models" if size == "small" else f"untrained {size}-size models"
+
+
+def regime_line(where: str, size: str = "small") -> str:
+    """The page's regime line; ``where``: ``"CPU"`` or the GPU's name and dtype; ``size``: ``--size``."""
     setting = ("not the paper's GPU/TensorFlow setting" if where == "CPU" else
                "the paper's GPU setting, not its TensorFlow models")
-    return (f"**Regime: benchmark** ({where}, untrained `*_small` models, Multi30k BPE and vocabulary; {setting}): "
+    return (f"**Regime: benchmark** ({where}, {size_words(size)}, Multi30k BPE and vocabulary; {setting}): "
             "neither smoke, converged nor paper scale; no translation quality, no seeds")
 
 
@@ -279,7 +286,7 @@ def render(a, labels: Sequence[str], info: List[dict], meas, all_rounds, record,
     lines = [
         f"# ReLA Figure 2 on {where}: decoding speed vs source length, relative to stock fairseq `transformer`",
         "",
-        regime_line(where),
+        regime_line(where, a.size),
         "",
         f"Paper: {PAPER_CLAIM}",
         "",
@@ -289,8 +296,8 @@ def render(a, labels: Sequence[str], info: List[dict], meas, all_rounds, record,
         "\"10 disjoint groups uniformly according to source length\": equal counts, not equal length intervals; "
         "groups are cut by rank, so neighbouring groups can share their boundary length); "
         f"{a.sents_per_group} sentence(s) per group, evenly spaced within it, decoded at batch 1 with beam {a.beam} "
-        "and exactly as many steps as the source has BPE tokens (forced `min_len = max_len`). Untrained `*_small` "
-        "models (3+3 layers, d 256, 4 heads; speed does not depend on the trained values: every op -- dense "
+        "and exactly as many steps as the source has BPE tokens (forced `min_len = max_len`). Untrained "
+        f"models, {SIZES[a.size][0]} (speed does not depend on the trained values: every op -- dense "
         "matmuls, ReLU, sort-based sparsemax / 1.5-entmax, beam top-k -- costs the same for any values, and the step "
         f"count is forced). One untimed warm-up decode per model, then {a.rounds} interleaved round(s) (every group, "
         "every model, model order rotated per round); sents/s = median over rounds of sentences / summed decode time; "
@@ -351,7 +358,7 @@ def render(a, labels: Sequence[str], info: List[dict], meas, all_rounds, record,
     return "\n".join(lines)
 
 
-def plot(labels: Sequence[str], info: List[dict], meas, path: str, where: str = "CPU") -> str:
+def plot(labels: Sequence[str], info: List[dict], meas, path: str, where: str = "CPU", size: str = "small") -> str:
     """PNG of each model's median speed relative to the stock model (y) over the group's mean
     decoded source length in BPE tokens (x), the shape of ReLA Figure 2; written atomically
     (matplotlib, Agg backend).  Returns ``path``."""
@@ -372,7 +379,7 @@ def plot(labels: Sequence[str], info: List[dict], meas, path: str, where: str = 
         ax.plot(xs, ys, "--" if label == BASELINE else "o-", color=f"C{n}", label=label, markersize=4)
     ax.set_xlabel("mean source length of the group (BPE tokens)")
     ax.set_ylabel("decoding speed ÷ stock (batch 1)")
-    ax.set_title(f"ReLA Figure 2 on {where} (untrained *_small models)", fontsize=9)
+    ax.set_title(f"ReLA Figure 2 on {where} ({size_words(size).replace('`', '')})", fontsize=9)
     top = max(med[k][g] / med[BASELINE][g] for k in labels for g in range(len(info)))
     ax.set_ylim(0, max(1.25, 1.1 * top))
     ax.grid(alpha=0.3)
@@ -425,9 +432,11 @@ def parse_args(argv=None):
                    "between synchronisations)")
     p.add_argument("--dtype", default="fp32", choices=list(DTYPES), help="the models' precision (bf16 / fp16 on "
                    "--device cuda only; default fp32)")
+    p.add_argument("--size", default="small", choices=list(SIZES),
+                   help="model size: small (default; the *_small presets) or base (Transformer base, the paper's)")
     p.add_argument("--out", help="the Markdown page (the .png plot goes beside it; default: "
                    "results/rela/figure2_decode_length_cpu.md, on cuda "
-                   "results/gpu/rela_figure2_decode_length_<gpu>_<dtype>.md)")
+                   "results/gpu/rela_figure2_decode_length_<gpu>_<dtype>.md; with --size base, _base before .md)")
     a = p.parse_args(argv)
     for opt in ("groups", "sents_per_group", "rounds", "beam"):
         if getattr(a, opt) < 1:
@@ -444,8 +453,8 @@ def parse_args(argv=None):
     if not os.path.isfile(a.bpe_codes):
         p.error(f"--bpe-codes {a.bpe_codes}: no such file (run data-prep/multi30k/prepare.sh first)")
     if a.out is None:
-        a.out = DEFAULT_OUT if a.device == "cpu" else os.path.join(
-            ROOT, "results", "gpu", f"rela_figure2_decode_length_{gpu_slug()}_{a.dtype}.md")
+        a.out = (DEFAULT_OUT.replace(".md", f"{size_suffix(a.size)}.md") if a.device == "cpu" else os.path.join(
+            ROOT, "results", "gpu", f"rela_figure2_decode_length_{gpu_slug()}_{a.dtype}{size_suffix(a.size)}.md"))
     if not a.out.endswith(".md"):
         p.error(f"--out {a.out}: must end in .md (the plot is written beside it as .png)")
     problem = writable_problem(a.out, is_dir=False)
@@ -466,7 +475,7 @@ def main(argv=None):
     bpe_lines = preprocess(raw, a.bpe_codes, a.src)
     lengths = [len(line.split()) for line in bpe_lines]
 
-    models, task = build_models(a.data_bin, a.src, a.tgt, device=a.device, dtype=a.dtype)
+    models, task = build_models(a.data_bin, a.src, a.tgt, device=a.device, dtype=a.dtype, size=a.size)
     models = {k: models[k] for k in a.models}
     max_src, max_tgt = resolve_max_positions(task.max_positions(), *(m.max_positions() for m in models.values()))
     # a source of L tokens is L + 1 positions with EOS; L forced steps need L + 1 decoder positions
@@ -507,13 +516,13 @@ def main(argv=None):
               "dictionary": shown(os.path.join(a.data_bin, f"dict.{a.src}.txt")),
               "decoded_sentences": decoded, "unk_tokens_decoded": unks,
               "decoded_tokens": sum(sum(st) for _, st in batches)},
-        models={k: f"{MODELS[k][0]} / {MODELS[k][1] or 'stock'}" for k in models},
+        models={k: f"{arch_of(k, a.size)} / {MODELS[k][1] or 'stock'}" for k in models},
         wall_s=round(time.time() - t_start, 1),
         load_average_1_5_15_min={"start": load_start, "end": provenance.load_average(), "cores": os.cpu_count()})
     where = where_label(a.device, a.dtype)
     text = render(a, list(models), info, meas, all_rounds, record, where)
     png = os.path.splitext(a.out)[0] + ".png"
-    plot(list(models), info, meas, png, where)  # the plot first: the page appears only once both are complete
+    plot(list(models), info, meas, png, where, a.size)  # the plot first: the page appears only once both are complete
     with atomic_path(a.out) as tmp, open(tmp, "w", encoding="utf-8") as f:
         f.write(text)
     print(text)

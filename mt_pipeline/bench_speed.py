@@ -2,8 +2,9 @@
 """ReLA Table 2: parameters, training-step throughput and decoding speed vs stock fairseq, on CPU
 (default) or on a GPU (``--device cuda [--dtype bf16]``: the paper's setting was a GTX 1080 Ti).
 
-Models (all at the ``*_small`` preset sizes, joined Multi30k vocabulary): fairseq's stock
-``transformer`` (the reference), ours with ``softmax``, ReLA-g, sparsemax, 1.5-entmax and
+Models (at the ``*_small`` preset sizes, or with ``--size base`` at Transformer base, the
+paper's size: :data:`SIZES`; joined Multi30k vocabulary unless ``--data-bin`` names another):
+fairseq's stock ``transformer`` (the reference), ours with ``softmax``, ReLA-g, sparsemax, 1.5-entmax and
 ReLUFormer (eq. 6; ReLUFormer paper: decoding 1.01x of softmax) and E-ATT (binarised selection +
 L1 scores; no speed number in its paper) in all three attention types.  Every measurement is a ratio against the stock model *measured in the
 same run*, interleaved round-robin over ``--rounds`` rounds so that drift of the machine hits
@@ -21,7 +22,7 @@ CUDA allocator in the same process (:func:`peak_cuda`); on CPU each model's peak
 measured in a fresh process (:func:`peak_memory`).
 
 Usage:  python scripts/bench_speed.py [--rounds 3] [--train-batches 6] [--decode-sents 24]
-            [--big-batch 128] [--device cpu|cuda] [--dtype fp32|bf16|fp16]
+            [--big-batch 128] [--device cpu|cuda] [--dtype fp32|bf16|fp16] [--size small|base]
             [--out results/rela/table2_speed_cpu.md]
 
 This is a benchmark, not a test: it prints and writes numbers; it asserts nothing.
@@ -39,6 +40,7 @@ from . import experiment, provenance
 from .atomic import atomic_path
 
 ROOT = experiment.ROOT
+DEFAULT_DATA_BIN = os.path.join(ROOT, "data-bin", "multi30k_en_de", "bin")
 
 MODELS = {
     "stock transformer (fairseq)": ("stock_transformer_small", None),
@@ -49,6 +51,26 @@ MODELS = {
     "ReLUFormer": ("reluformer_small", "reluformer"),
     "E-ATT": ("eatt_transformer_small", "eatt"),
 }
+#: model sizes (``--size``): how the page describes them, and the architecture each
+#: :data:`MODELS` architecture is replaced by at that size ("small": as in MODELS)
+SIZES = {
+    "small": ("`*_small` preset (3+3 layers, d 256, 4 heads)", {}),
+    "base": ("Transformer base (6+6 layers, d 512, 8 heads, FFN 2048: fairseq's `transformer`, our "
+             "`rela_transformer` / `reluformer` / `eatt_transformer`; the paper's size)",
+             {"stock_transformer_small": "transformer", "rela_transformer_small": "rela_transformer",
+              "reluformer_small": "reluformer", "eatt_transformer_small": "eatt_transformer"}),
+}
+
+
+def arch_of(label: str, size: str = "small") -> str:
+    """The fairseq architecture of the :data:`MODELS` entry ``label`` at ``size`` (a key of :data:`SIZES`).
+
+    Raises:
+        KeyError: an unknown label or size."""
+    arch = MODELS[label][0]
+    return SIZES[size][1].get(arch, arch)
+
+
 PAPER = {"ours: softmax": ("1.00×", "1.00×"), "ReLA-g": ("0.93×", "0.98×"),
          "sparsemax": ("0.26×", "0.54×"), "1.5-entmax": ("0.27×", "0.49×"),
          "ReLUFormer": ("n/a", "1.01×"), "E-ATT": ("n/a", "n/a")}  # ReLUFormer paper: decoding speed 1.01x of softmax
@@ -75,17 +97,18 @@ def device_problem(device: str, dtype: str):
     return None
 
 
-def build_models(data_bin, src, tgt, extra_archs=(), device="cpu", dtype="fp32"):
-    """Every model of :data:`MODELS` (same seed, untrained), on ``device`` in ``dtype`` (a key of
-    :data:`DTYPES`), with the translation task that loaded the ``train`` and ``test`` splits of
-    ``data_bin``.  Returns ``(models, task)``: ``{label: model}`` in :data:`MODELS` order."""
+def build_models(data_bin, src, tgt, extra_archs=(), device="cpu", dtype="fp32", size="small"):
+    """Every model of :data:`MODELS` (same seed, untrained) at ``size`` (a key of :data:`SIZES`), on
+    ``device`` in ``dtype`` (a key of :data:`DTYPES`), with the translation task that loaded the
+    ``train`` and ``test`` splits of ``data_bin``.  Returns ``(models, task)``: ``{label: model}`` in
+    :data:`MODELS` order."""
     from fairseq import options, tasks
 
     import fairseq_plugins  # noqa: F401
 
     models, task = {}, None
-    for label, (arch, fn) in MODELS.items():
-        argv = [data_bin, "--arch", arch, "--task", "translation", "--source-lang", src, "--target-lang", tgt,
+    for label, (_, fn) in MODELS.items():
+        argv = [data_bin, "--arch", arch_of(label, size), "--task", "translation", "--source-lang", src, "--target-lang", tgt,
                 "--user-dir", os.path.join(ROOT, "fairseq_plugins"), "--dropout", "0.1"]
         if fn:
             argv += ["--encoder-attention-fn", fn, "--decoder-attention-fn", fn, "--cross-attention-fn", fn]
@@ -252,11 +275,17 @@ def gpu_slug():
     return re.sub(r"[^a-z0-9_]", "", torch.cuda.get_device_name().lower().replace(" ", "_"))
 
 
+def size_suffix(size: str) -> str:
+    """What a default output name gets for ``--size size``: ``""`` for small (the names the pages
+    have always had), else ``"_<size>"``."""
+    return "" if size == "small" else f"_{size}"
+
+
 def main(argv=None):
     """``mt-bench-speed`` (ReLA Table 2): see the module docstring.  Bad options stop with
     ``p.error`` (exit 2) before any model is built."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--data-bin", default=os.path.join(ROOT, "data-bin", "multi30k_en_de", "bin"))
+    p.add_argument("--data-bin", default=DEFAULT_DATA_BIN)
     p.add_argument("--src", default="en")
     p.add_argument("--tgt", default="de")
     p.add_argument("--rounds", type=int, default=3)
@@ -271,8 +300,10 @@ def main(argv=None):
                    "GPU wall time between synchronisations, peak memory from torch's CUDA allocator)")
     p.add_argument("--dtype", default="fp32", choices=list(DTYPES),
                    help="the models' precision (bf16 / fp16 on --device cuda only; default fp32)")
+    p.add_argument("--size", default="small", choices=list(SIZES),
+                   help="model size: small (default; the *_small presets) or base (Transformer base, the paper's)")
     p.add_argument("--out", help="the Markdown page (default: results/rela/table2_speed_cpu.md, on cuda "
-                   "results/gpu/rela_table2_speed_<gpu>_<dtype>.md)")
+                   "results/gpu/rela_table2_speed_<gpu>_<dtype>.md; with --size base, _base before .md)")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")
     p.add_argument("--_peak", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
@@ -285,12 +316,12 @@ def main(argv=None):
     if not os.path.isdir(a.data_bin):
         p.error(f"{a.data_bin} not found: run data-prep/multi30k/prepare.sh first")
     if a.out is None:
-        a.out = (os.path.join(ROOT, "results", "rela", "table2_speed_cpu.md") if a.device == "cpu" else
-                 os.path.join(ROOT, "results", "gpu", f"rela_table2_speed_{gpu_slug()}_{a.dtype}.md"))
+        a.out = (os.path.join(ROOT, "results", "rela", f"table2_speed_cpu{size_suffix(a.size)}.md") if a.device == "cpu"
+                 else os.path.join(ROOT, "results", "gpu", f"rela_table2_speed_{gpu_slug()}_{a.dtype}{size_suffix(a.size)}.md"))
     from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEntropyCriterion
 
     t_start, load_start = time.time(), provenance.load_average()
-    models, task = build_models(a.data_bin, a.src, a.tgt, device=a.device, dtype=a.dtype)
+    models, task = build_models(a.data_bin, a.src, a.tgt, device=a.device, dtype=a.dtype, size=a.size)
     crit = LabelSmoothedCrossEntropyCriterion(task, sentence_avg=False, label_smoothing=0.1)
     batches = train_batches(task, a.max_tokens, a.train_batches)
     one = decode_samples(task, a.decode_sents, 1)
@@ -325,7 +356,7 @@ def main(argv=None):
         "",
         "Paper (Zhang et al. 2021, Table 2): WMT14 En-De Transformer base on a GTX 1080 Ti, TensorFlow; "
         "ΔTrain per training step, ΔDecode with batch size 1.",
-        f"Ours: `*_small` preset (3+3 layers, d 256, 4 heads), Multi30k vocabulary, "
+        f"Ours: {SIZES[a.size][0]}, vocabulary of `{provenance.repo_relative(a.data_bin)}`, "
         + (f"{hw['cpu']}, {hw['torch_threads']} torch threads" if a.device == "cpu" else where)
         + f", torch {hw['torch']}. Median of {a.rounds} interleaved rounds; "
         f"training = {a.train_batches} real batches of ≤{a.max_tokens} tokens (fwd+bwd+Adam); decoding = beam "
@@ -358,7 +389,8 @@ def main(argv=None):
     dictionary = os.path.join(a.data_bin, f"dict.{a.src}.txt")
     record = provenance.collect(
         provenance.command_line("python scripts/bench_speed.py", sys.argv[1:] if argv is None else argv), regime="benchmark",
-        data={"data_bin": provenance.repo_relative(a.data_bin), "prepared_by": "data-prep/multi30k/prepare.sh defaults",
+        data={"data_bin": provenance.repo_relative(a.data_bin), "prepared_by": ("data-prep/multi30k/prepare.sh defaults" if os.path.abspath(a.data_bin) == DEFAULT_DATA_BIN
+                                else "--data-bin (its preparation is not recorded here)"),
               "dictionary_sha256": provenance.file_sha256(dictionary) if os.path.exists(dictionary) else "n/a"},
         wall_s=round(time.time() - t_start, 1),
         load_average_1_5_15_min={"start": load_start, "end": provenance.load_average(), "cores": os.cpu_count()})

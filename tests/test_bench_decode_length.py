@@ -109,6 +109,23 @@ def _table(text):
 
 
 @needs_data
+def test_base_size_decodes_transformer_base_models(data, tmp_path):
+    """--size base: the page's regime line, method text and provenance name the base-size models
+    (fairseq's `transformer` for the stock row), and the default page name gets _base."""
+    src = tmp_path / "src.en"
+    src.write_text("\n".join(_lines(os.path.join(data, "raw", "test.en"), 4)) + "\n", encoding="utf-8")
+    out = tmp_path / "fig2_base.md"
+    assert bdl.main(["--source", str(src), *_data_args(data), "--groups", "1", "--sents-per-group", "1",
+                     "--rounds", "1", "--models", bdl.BASELINE, "ReLA-g", "--size", "base", "--out", str(out)]) == 0
+    text = out.read_text(encoding="utf-8")
+    assert bdl.regime_line("CPU", "base") in text and "untrained base-size models" in text
+    assert "Transformer base (6+6 layers, d 512" in text
+    assert "transformer / stock" in text and "rela_transformer / rela_g" in text
+    _, a = bdl.parse_args(["--source", str(src), *_data_args(data), "--size", "base"])
+    assert a.out.endswith(os.path.join("results", "rela", "figure2_decode_length_cpu_base.md"))
+
+
+@needs_data
 def test_tiny_run_writes_the_page_and_the_plot(data, tmp_path, capsys):
     src = tmp_path / "src.en.gz"  # a few real sentences (gzip, as newstest2014 is)
     with gzip.open(src, "wt", encoding="utf-8") as f:

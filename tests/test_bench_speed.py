@@ -54,16 +54,29 @@ def data(tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("device,dtype", [
-    ("cpu", "fp32"), pytest.param("cuda", "bf16", marks=needs_cuda)])
-def test_tiny_run_measures_every_model(data, tmp_path, device, dtype):
+def test_sizes_name_an_architecture_for_every_model():
+    """--size base replaces every *_small architecture by its Transformer-base one (fairseq's stock
+    `transformer` for the reference); small keeps MODELS as it is; an unknown size is a KeyError."""
+    for label, (arch, _) in bench_speed.MODELS.items():
+        assert bench_speed.arch_of(label, "small") == arch
+        base = bench_speed.arch_of(label, "base")
+        assert base == ("transformer" if arch == "stock_transformer_small" else arch[:-len("_small")]), (label, base)
+    with pytest.raises(KeyError):
+        bench_speed.arch_of("ReLA-g", "large")
+
+
+@pytest.mark.parametrize("device,dtype,size", [
+    ("cpu", "fp32", "small"), ("cpu", "fp32", "base"), pytest.param("cuda", "bf16", "small", marks=needs_cuda),
+    pytest.param("cuda", "bf16", "base", marks=needs_cuda)])
+def test_tiny_run_measures_every_model(data, tmp_path, device, dtype, size):
     """End to end on real data (the GPU case runs in a lent-GPU window): one row per model, the
-    stock model the 1.000× reference, the page titled with where it ran; on the GPU every model's
+    stock model the 1.000× reference, the page titled with where it ran and naming the size (base:
+    the models have Transformer base's parameter count, ~4x small's); on the GPU every model's
     peak CUDA memory is measured (on CPU the memory subprocesses are skipped: --no-memory)."""
     out = tmp_path / "t2.md"
     argv = ["--data-bin", str(data / "bin"), "--device", device, "--dtype", dtype, "--rounds", "1",
             "--train-batches", "1", "--max-tokens", "512", "--decode-sents", "2", "--big-batch", "4", "--steps", "3",
-            "--out", str(out)]
+            "--size", size, "--out", str(out)]
     bench_speed.main(argv + (["--no-memory"] if device == "cpu" else []))
     text = out.read_text(encoding="utf-8")
     where = "CPU" if device == "cpu" else f"GPU ({torch.cuda.get_device_name()}, {dtype})"
@@ -79,6 +92,9 @@ def test_tiny_run_measures_every_model(data, tmp_path, device, dtype):
         if device == "cuda":
             assert float(r[8]) > 0  # peak MiB
     assert "command: `python scripts/bench_speed.py" in text and f"--device {device}" in text
+    assert f"Ours: {bench_speed.SIZES[size][0]}, vocabulary of " in text
+    stock_params = float(stock[1].rstrip("M"))  # small: ~3M + embeddings; base: 44M + embeddings
+    assert (stock_params > 40) == (size == "base"), stock_params
     # the machine's load at the start and end: a page timed beside other jobs says so
     assert re.search(r"^- load average 1 5 15 min: start (\d+\.\d\d ){2}\d+\.\d\d; end (\d+\.\d\d ){2}\d+\.\d\d; "
                      r"cores \d+$", text, re.M), text
