@@ -10,9 +10,10 @@ L1 scores; no speed number in its paper) in all three attention types.  Every me
 same run*, interleaved round-robin over ``--rounds`` rounds so that drift of the machine hits
 all models alike; the median over rounds is reported.
 
-* training: forward + backward + Adam step on the same real Multi30k training batches
-  (``--max-tokens`` per batch), throughput in target tokens/s;
-* decoding: beam search (beam 4) on real test_2016 sources, batch 1 and a large batch; every
+* training: forward + backward + Adam step on the same real training batches of ``--data-bin``
+  (Multi30k by default; ``--max-tokens`` per batch), throughput in target tokens/s;
+* decoding: beam search (beam 4) on real sources of its ``test`` split (Multi30k: test_2016),
+  batch 1 and a large batch; every
   model decodes exactly the same number of steps (``min_len = max_len``) so that speed, not
   output length, is compared.  Throughput in sentences/s.
 
@@ -54,9 +55,10 @@ MODELS = {
 #: model sizes (``--size``): how the page describes them, and the architecture each
 #: :data:`MODELS` architecture is replaced by at that size ("small": as in MODELS)
 SIZES = {
-    "small": ("`*_small` preset (3+3 layers, d 256, 4 heads)", {}),
+    "small": ("`*_small` preset (3+3 layers, d 256, 4 heads, FFN 1024, all embeddings shared)", {}),
     "base": ("Transformer base (6+6 layers, d 512, 8 heads, FFN 2048: fairseq's `transformer`, our "
-             "`rela_transformer` / `reluformer` / `eatt_transformer`; the paper's size)",
+             "`rela_transformer` / `reluformer` / `eatt_transformer`; the paper's size; all embeddings shared "
+             "when the dictionary is joined)",
              {"stock_transformer_small": "transformer", "rela_transformer_small": "rela_transformer",
               "reluformer_small": "reluformer", "eatt_transformer_small": "eatt_transformer"}),
 }
@@ -107,9 +109,14 @@ def build_models(data_bin, src, tgt, extra_archs=(), device="cpu", dtype="fp32",
     import fairseq_plugins  # noqa: F401
 
     models, task = {}, None
+    # the small presets share all embeddings; base does so too when the dictionary is joined (as
+    # for Transformer base on WMT14 En-De's joint BPE), so the sizes differ in width and depth only
+    share = size != "small" and _joined(data_bin, src, tgt)
     for label, (_, fn) in MODELS.items():
         argv = [data_bin, "--arch", arch_of(label, size), "--task", "translation", "--source-lang", src, "--target-lang", tgt,
                 "--user-dir", os.path.join(ROOT, "fairseq_plugins"), "--dropout", "0.1"]
+        if share:
+            argv.append("--share-all-embeddings")
         if fn:
             argv += ["--encoder-attention-fn", fn, "--decoder-attention-fn", fn, "--cross-attention-fn", fn]
         args = options.parse_args_and_arch(options.get_training_parser(), argv)
@@ -120,6 +127,15 @@ def build_models(data_bin, src, tgt, extra_archs=(), device="cpu", dtype="fp32",
         torch.manual_seed(1)
         models[label] = task.build_model(args).to(device=torch.device(device), dtype=DTYPES[dtype])
     return models, task
+
+
+def _joined(data_bin: str, src: str, tgt: str) -> bool:
+    """Whether ``data_bin``'s source and target dictionaries are one (``--joined-dictionary``)."""
+    paths = [os.path.join(data_bin, f"dict.{lang}.txt") for lang in (src, tgt)]
+    if not all(os.path.isfile(p) for p in paths):
+        return False
+    with open(paths[0], "rb") as f1, open(paths[1], "rb") as f2:
+        return f1.read() == f2.read()
 
 
 def _device_of(model):
@@ -211,10 +227,11 @@ def peak_child(a):
     keep = {a._peak: MODELS[a._peak]}
     MODELS.clear()
     MODELS.update(keep)
-    models, task = build_models(a.data_bin, a.src, a.tgt)
+    models, task = build_models(a.data_bin, a.src, a.tgt, size=a.size)
     crit = LabelSmoothedCrossEntropyCriterion(task, sentence_avg=False, label_smoothing=0.1)
     batches = train_batches(task, a.max_tokens, a.train_batches)
     big = decode_samples(task, a.big_batch, a.big_batch)
+
     def status_mib(field):
         with open("/proc/self/status") as f:
             return next(int(l.split()[1]) for l in f if l.startswith(field + ":")) / 1024
@@ -240,7 +257,7 @@ def peak_memory(a, label):
 
     argv = [sys.executable, "-m", "mt_pipeline.bench_speed", "--_peak", label, "--data-bin", a.data_bin, "--src", a.src,
             "--tgt", a.tgt, "--train-batches", str(a.train_batches), "--max-tokens", str(a.max_tokens),
-            "--big-batch", str(a.big_batch), "--steps", str(a.steps), "--beam", str(a.beam)]
+            "--big-batch", str(a.big_batch), "--steps", str(a.steps), "--beam", str(a.beam), "--size", a.size]
     out = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT)
     for line in out.stdout.splitlines():
         if line.startswith("PEAK "):
@@ -360,7 +377,7 @@ def main(argv=None):
         + (f"{hw['cpu']}, {hw['torch_threads']} torch threads" if a.device == "cpu" else where)
         + f", torch {hw['torch']}. Median of {a.rounds} interleaved rounds; "
         f"training = {a.train_batches} real batches of ≤{a.max_tokens} tokens (fwd+bwd+Adam); decoding = beam "
-        f"{a.beam}, exactly {a.steps} steps per sentence, {a.decode_sents} test_2016 sentences at batch 1 and "
+        f"{a.beam}, exactly {a.steps} steps per sentence, {a.decode_sents} sentences of its test split at batch 1 and "
         f"{a.big_batch} at batch {a.big_batch}.",
         "",
         "Targets (issue): ours-softmax ≥ 0.98×; ReLA-g ≥ 0.97× training and ≥ 0.98× decoding. "

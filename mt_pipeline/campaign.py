@@ -50,8 +50,8 @@ Commands (``mt-campaign``)::
   (``- {paper: flexible, table: table1, why: ...}``: Flexible Attention's tau sweep and decoding
   benchmark), which need the trained checkpoints of the plan's runs of that table's small-scale
   specs.  A step is *done* when every page it writes exists without "Evidence: none committed."
-  (:func:`mt_pipeline.evidence.predates_evidence`) and no step that is not done reads a file it
-  writes (``reproduce.after_writes``) that is missing -- on a fresh machine Table 1's committed page
+  (:func:`mt_pipeline.evidence.predates_evidence`) and no step whose pages are not done reads a
+  file it writes (``reproduce.after_writes``) that is missing -- on a fresh machine Table 1's committed page
   does not stand in for its git-ignored ``sweep.json``, which Table 3's benchmark reads; until then a run it needs whose result is only
   in committed evidence (its git-ignored run directory gone with an earlier machine) trains again
   (its evidence is then re-exported), and once all of them have finished here the step's commands
@@ -352,9 +352,10 @@ def _writes_wanted(step: AfterStep, plan: Optional[Dict]) -> List[str]:
 
 def after_state(step: AfterStep, plan: Optional[Dict] = None) -> Dict:
     """``{"state", "reason"}`` of a post-training step: ``done`` (every page it writes exists without
-    :data:`mt_pipeline.evidence.NO_EVIDENCE` and, given the ``plan``, no other step of it that is not
-    done reads a file this one writes that is missing: :func:`_writes_wanted`), ``ran`` (its commands ran on exactly the runs that are
-    here now, and a page still lacks evidence: see its log; it runs again when a run it needs
+    :data:`mt_pipeline.evidence.NO_EVIDENCE` and, given the ``plan``, no other step of it whose pages
+    are not done reads a file this one writes that is missing: :func:`_writes_wanted`), ``ran`` (its
+    commands ran on exactly the runs that are here now, and a page still lacks evidence or such a
+    file is still missing: see its log; it runs again when a run it needs
     finishes again, or an input file changes), ``ready`` (every run it needs has finished in its run
     directory here and every file it reads is there) or ``waiting`` (with how many runs have finished,
     or the first input file missing: one an earlier step writes, e.g. Table 1's tau sweep for Table 3's
@@ -369,13 +370,13 @@ def after_state(step: AfterStep, plan: Optional[Dict] = None) -> Dict:
     missing = [p for p in step.inputs if not os.path.exists(_abs(p))]
     if missing:
         return {"state": "waiting", "reason": f"needs {missing[0]}, which is not there yet (an earlier step or "
-                                              "a run writes it)"}
+                                              f"a run writes it){again}"}
     marker = _read_json(_after_marker(step)) or {}
     if marker.get("runs") == _finished_fingerprint(step):
         return {"state": "ran", "reason": f"ran at {marker.get('finished')} (exit status {marker.get('returncode')}); "
                                           + (f"{wanted[0]} is still missing" if pages_done else "a page still lacks evidence")
                                           + f": {repo_relative(_after_log(step))}"}
-    return {"state": "ready", "reason": None}
+    return {"state": "ready", "reason": again.strip(" ()") or None}
 
 
 def _after_log(step: AfterStep) -> str:

@@ -43,6 +43,26 @@ def test_on_device_leaves_cpu_samples_alone():
     assert bench_speed.on_device(sample, torch.device("cpu")) is sample
 
 
+def test_peak_memory_child_builds_the_size_measured(monkeypatch):
+    """On CPU each model's peak memory is measured in a child process: it gets --size (a base run
+    measured the small models' memory before), and its PEAK line is read back."""
+    import argparse
+    import subprocess
+
+    seen = {}
+
+    def fake_run(argv, **kw):
+        seen["argv"] = argv
+        return subprocess.CompletedProcess(argv, 0, stdout='PEAK {"peak_mib": 12.5}\n', stderr="")
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    a = argparse.Namespace(data_bin="d", src="en", tgt="de", train_batches=1, max_tokens=512, big_batch=4, steps=3,
+                           beam=4, size="base")
+    assert bench_speed.peak_memory(a, "ReLA-g") == 12.5
+    argv = seen["argv"]
+    assert argv[argv.index("--size") + 1] == "base" and argv[argv.index("--_peak") + 1] == "ReLA-g"
+
+
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     """A quick Multi30k preparation by the project's recipe (a slice of the training set)."""
@@ -95,6 +115,11 @@ def test_tiny_run_measures_every_model(data, tmp_path, device, dtype, size):
     assert f"Ours: {bench_speed.SIZES[size][0]}, vocabulary of " in text
     stock_params = float(stock[1].rstrip("M"))  # small: ~3M + embeddings; base: 44M + embeddings
     assert (stock_params > 40) == (size == "base"), stock_params
+    # the fixture's dictionary is joined: both sizes share all embeddings (one V x d matrix)
+    assert bench_speed._joined(str(data / "bin"), "en", "de")
+    models, _ = bench_speed.build_models(str(data / "bin"), "en", "de", size=size) if device == "cpu" else ({}, None)
+    for m in models.values():
+        assert m.encoder.embed_tokens.weight is m.decoder.embed_tokens.weight
     # the machine's load at the start and end: a page timed beside other jobs says so
     assert re.search(r"^- load average 1 5 15 min: start (\d+\.\d\d ){2}\d+\.\d\d; end (\d+\.\d\d ){2}\d+\.\d\d; "
                      r"cores \d+$", text, re.M), text

@@ -856,8 +856,19 @@ def test_a_done_step_runs_again_when_a_step_not_done_reads_a_file_it_writes_that
         os.makedirs(r.dir)
         with open(os.path.join(r.dir, "result.json"), "w") as f:
             json.dump({"status": "done"}, f)
-    assert campaign.after_state(t1, plan)["state"] == "ready"
-    assert campaign.after_state(t3, plan)["state"] == "waiting"  # for Table 1's step
+    st = campaign.after_state(t1, plan)
+    assert st["state"] == "ready" and st["reason"].startswith("its pages are done, but another step reads"), st
+    st = campaign.after_state(t3, plan)
+    assert st["state"] == "waiting" and st["reason"].startswith(f"needs {sweep}"), st  # for Table 1's step
+    # a command that does not write the file runs once on these runs, not again and again
+    import mt_pipeline.reproduce as rp
+
+    monkeypatch.setattr(rp, "write_index", lambda *a: None)  # never into results/
+    t1.commands = [[sys.executable, "-c", "pass"]]
+    assert campaign.run_after_steps(plan) == ["flexible table1"]  # Table 3 still waits
+    st = campaign.after_state(t1, plan)
+    assert st["state"] == "ran" and f"{sweep} is still missing" in st["reason"], st
+    assert campaign.run_after_steps(plan) == [] and campaign._retrain_for_after(plan) == []
     os.makedirs(tmp_path / "runs" / "row3" / "sweep")
     (tmp_path / sweep).write_text("{}")
     assert campaign.after_state(t1, plan) == {"state": "done", "reason": None}
