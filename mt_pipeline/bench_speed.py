@@ -404,10 +404,12 @@ def main(argv=None):
         lines.append(f"- {label}: train {[round(v) for v in d['train']]}; b1 {[round(v, 2) for v in d['dec1']]}; "
                      f"big {[round(v, 1) for v in d['decB']]}")
     dictionary = os.path.join(a.data_bin, f"dict.{a.src}.txt")
+    stamp = os.path.join(a.data_bin, ".done")
     record = provenance.collect(
         provenance.command_line("python scripts/bench_speed.py", sys.argv[1:] if argv is None else argv), regime="benchmark",
-        data={"data_bin": provenance.repo_relative(a.data_bin), "prepared_by": ("data-prep/multi30k/prepare.sh defaults" if os.path.abspath(a.data_bin) == DEFAULT_DATA_BIN
-                                else "--data-bin (its preparation is not recorded here)"),
+        data={"data_bin": provenance.repo_relative(a.data_bin),
+              # how it was prepared: the stamp the data-prep recipe leaves in bin/ (None: not prepared by it)
+              "prep_stamp": open(stamp).read().strip().replace("\n", "; ") if os.path.exists(stamp) else None,
               "dictionary_sha256": provenance.file_sha256(dictionary) if os.path.exists(dictionary) else "n/a"},
         wall_s=round(time.time() - t_start, 1),
         load_average_1_5_15_min={"start": load_start, "end": provenance.load_average(), "cores": os.cpu_count()})

@@ -363,20 +363,21 @@ def after_state(step: AfterStep, plan: Optional[Dict] = None) -> Dict:
     pages_done, wanted = _pages_done(step), _writes_wanted(step, plan)
     if pages_done and not wanted:
         return {"state": "done", "reason": None}
-    again = f" (its pages are done, but another step reads {wanted[0]}, which it writes)" if pages_done else ""
+    again = f"its pages are done, but another step reads {wanted[0]}, which it writes" if pages_done else None
+    also = f" ({again})" if again else ""
     here = [r for r in step.runs if (_read_json(os.path.join(r.dir, "result.json")) or {}).get("status") == "done"]
     if len(here) < len(step.runs):
-        return {"state": "waiting", "reason": f"{len(here)} of {len(step.runs)} runs it needs finished here{again}"}
+        return {"state": "waiting", "reason": f"{len(here)} of {len(step.runs)} runs it needs finished here{also}"}
     missing = [p for p in step.inputs if not os.path.exists(_abs(p))]
     if missing:
         return {"state": "waiting", "reason": f"needs {missing[0]}, which is not there yet (an earlier step or "
-                                              f"a run writes it){again}"}
+                                              f"a run writes it){also}"}
     marker = _read_json(_after_marker(step)) or {}
     if marker.get("runs") == _finished_fingerprint(step):
         return {"state": "ran", "reason": f"ran at {marker.get('finished')} (exit status {marker.get('returncode')}); "
                                           + (f"{wanted[0]} is still missing" if pages_done else "a page still lacks evidence")
                                           + f": {repo_relative(_after_log(step))}"}
-    return {"state": "ready", "reason": again.strip(" ()") or None}
+    return {"state": "ready", "reason": again}
 
 
 def _after_log(step: AfterStep) -> str:

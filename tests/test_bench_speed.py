@@ -113,6 +113,7 @@ def test_tiny_run_measures_every_model(data, tmp_path, device, dtype, size):
             assert float(r[8]) > 0  # peak MiB
     assert "command: `python scripts/bench_speed.py" in text and f"--device {device}" in text
     assert f"Ours: {bench_speed.SIZES[size][0]}, vocabulary of " in text
+    assert "prep_stamp stage=bin; " in text  # the data-bin's own record of its preparation
     stock_params = float(stock[1].rstrip("M"))  # small: ~3M + embeddings; base: 44M + embeddings
     assert (stock_params > 40) == (size == "base"), stock_params
     # the fixture's dictionary is joined: both sizes share all embeddings (one V x d matrix)
