@@ -120,15 +120,13 @@ BWDS = ("fused", "split")
 #: d 32 and 128 since the head-dimension-aware tile pruning and E-ATT's chunked distance (issue 28)
 MAIN = dict(arch=90, dtypes=("fp16", "bf16"), head_dims=(32, 64, 128), tiles="first",
             variants=("rela_enc", "rela_causal", "reluformer_enc", "eatt_enc", "eatt_causal"))
-_D128_FUSED = ("rect_bwd", "the fused backward spills at d 128 with dropout in every tile of _RECT_BWD; the "
-               "split pair does not, at 1.4-2x its PTX per score: which is faster waits for a GPU (issue 28; "
-               "MT_RECT_BACKWARD=split selects the split pair)")
 #: main configurations known to break the targets, ``(variant, head_dim, dropout) -> (kernel, why)``
 #: (sm_90a, :data:`MAIN`'s dtypes): only that kernel may break them there.  The report lists them as
 #: known, ``--check`` passes them, and tests/test_kernel_report.py fails when one of them meets the
-#: targets (so the list cannot outlive its reason) or another kernel breaks them
-KNOWN = {("rela_enc", 128, 0.1): _D128_FUSED, ("rela_causal", 128, 0.1): _D128_FUSED,
-         ("reluformer_enc", 128, 0.1): _D128_FUSED}
+#: targets (so the list cannot outlive its reason) or another kernel breaks them.  Empty since the
+#: fused rectified backward's spill-free tile at d 128 with dropout (16x128 w8 s1; issue 28), which
+#: had been the one entry (rect_bwd of rela_enc / rela_causal / reluformer_enc at d 128, p 0.1)
+KNOWN: Dict[Tuple[str, int, float], Tuple[str, str]] = {}
 #: the H100 SXM5's instruction issue rate: 132 SMs x 4 schedulers x 32 lanes (one warp
 #: instruction per scheduler and clock: 128 thread-instructions per SM and clock) x 1.98 GHz boost
 #: clock (NVIDIA's H100 datasheet) -- an upper bound no kernel exceeds; :func:`issue_bound`

@@ -73,9 +73,14 @@ _RECT_BWD_Q = [(64, 64, 4, 2), (64, 128, 8, 2), (128, 64, 8, 2), (32, 64, 4, 2),
 # registers); 3 stages spill 8 B there; 64 x 128 w8 s2 spills with dropout (rela_causal 40 B) and
 # with the eq. 7 statistics (40-132 B), 64 x 64 w4 too (24-308 B): not in the table; 64 x 128 w8
 # with 1 stage spills only with dropout (16-96 B): tried without it (ReLA 21.25 vs 28.06 PTX/score,
-# ReLUFormer 53.84 vs 60.0, fp16 d 64; _SPILL_WITH_DROPOUT).  At d 128 the 32-query tiles spill
-# with dropout (24-224 B; the split pair's first tiles too: 148-228 B)
-_RECT_BWD = [(32, 128, 8, 2), (32, 64, 4, 2), (64, 128, 8, 1), (32, 32, 4, 1), (16, 32, 4, 1)]
+# ReLUFormer 53.84 vs 60.0, fp16 d 64; _SPILL_WITH_DROPOUT).  At d 128 with dropout 32x128 w8 s2
+# and 32x64 w4 s2 spill (32-156 B; _SPILL_AT_D128_WITH_DROPOUT), 64x128 w8 s1 also without it
+# (28-132 B; _SPILL_AT_D128): there 16 queries x 128 keys with 8 warps and 1 stage spills nothing
+# (sm_90a fp16/bf16, rela_enc / rela_causal / reluformer_enc: 241-246 registers) at 1.27-1.29x the
+# PTX per score of the spilling 32x128 w8 s2 and 0.63-0.65x the split pair's (rela_enc 59.75 vs
+# 46.19 and 94.94; 16x128 w8 s2 66.88, 32x64 w8 s1 79.38 (spills 12-84 B with rela_causal /
+# ReLUFormer), 16x64 w8 s1 104.5, 32x32 w4 s1 75.38: not added or already there)
+_RECT_BWD = [(32, 128, 8, 2), (16, 128, 8, 1), (32, 64, 4, 2), (64, 128, 8, 1), (32, 32, 4, 1), (16, 32, 4, 1)]
 #: rectified tiles that spill with ReLUFormer's eq. 7 statistics (``STATS``: ``s log s`` per score;
 #: sm_90a d 64: rect_fwd 128x64 w4 s3 20-148 B, rect_bwd_kv 64x64 w4 s1 212 B with dropout);
 #: the autotuner does not try them there (``_tried``); none is in ``_RECT_BWD_Q``
@@ -133,12 +138,23 @@ _SPILL_AT_D128 = [
                     (32, 128, 4, 3), (32, 128, 8, 3), (128, 128, 8, 2)}),
     (_RECT_BWD_Q, {(64, 64, 4, 2), (64, 128, 8, 2), (128, 64, 8, 2), (32, 64, 4, 2), (32, 32, 4, 1),
                    (128, 32, 4, 3), (128, 128, 8, 2)}),
+    # rect_bwd (fused): 64x128 w8 s1 28-132 B without dropout (with dropout: _SPILL_WITH_DROPOUT)
+    (_RECT_BWD, {(64, 128, 8, 1)}),
     # E-ATT (chunk 2; worst of eatt_enc / eatt_causal): l1_bwd_kv 64x64 w8 248 B, 16x64 w4 320 B,
     # 32x32 w4 20 B; l1_bwd_q 64x32 w4 208 B (l1_fwd: none)
     (_L1_BWD_KV, {(64, 64, 8, 1), (16, 64, 4, 1), (32, 32, 4, 1)}),
     (_L1_BWD_Q, {(64, 32, 4, 1)}),
     # l1_bwd (fused, 16 sign lanes): 16x64 w4 4 B with dropout; 64x64 w8 and 32x64 w8: none
     (_L1_BWD, {(16, 64, 4, 1)}),
+]
+#: tiles that spill at head dimension 128 only with attention dropout, per table (both
+#: conditions; the autotuner does not try them there, ``_tried``).  Measured with ``mt-kernel-report
+#: --arch 90 --dtypes fp16,bf16 --head-dims 128 --variants rela_enc,rela_causal,reluformer_enc
+#: --dropouts 0.1 --bwd fused --tiles all``, spill stores: rect_bwd 32x128 w8 s2 32 / 48 / 156 B
+#: (rela_enc / rela_causal / reluformer_enc), 32x64 w4 s2 132 B (rela_enc); without dropout they
+#: spill nothing
+_SPILL_AT_D128_WITH_DROPOUT = [
+    (_RECT_BWD, {(32, 128, 8, 2), (32, 64, 4, 2)}),
 ]
 _RECT_KEY = ["T_KEY", "S_KEY", "BLOCK_D", "ACT", "MASK_MODE", "CAUSAL", "STATS", "DROPOUT", "PREC"]
 _L1_KEY = ["T_KEY", "S_KEY", "BLOCK_D", "MASK_MODE", "CAUSAL", "DROPOUT", "PREC"]
@@ -148,7 +164,7 @@ def _tried(table, meta):
     """The tiles of ``table`` the autotuner tries for a launch with constexprs ``meta`` before
     the size pruning of :func:`_prune` (no ``_SPILL_WITH_STATS`` tile with ``STATS``, none of the
     table's ``_SPILL_WITH_DROPOUT`` tiles with ``DROPOUT``, none of its ``_SPILL_AT_D128`` tiles
-    when ``BLOCK_D >= 128``); never empty: the table's last tile stays when all would go."""
+    when ``BLOCK_D >= 128``, nor its ``_SPILL_AT_D128_WITH_DROPOUT`` tiles when both hold); never empty: the table's last tile stays when all would go."""
     def of(per_table):
         return next((sp for tb, sp in per_table if tb is table), ())
 
@@ -159,6 +175,8 @@ def _tried(table, meta):
         out = [t for t in out if tuple(t) not in of(_SPILL_WITH_DROPOUT)]
     if (meta.get("BLOCK_D") or 0) >= 128:
         out = [t for t in out if tuple(t) not in of(_SPILL_AT_D128)]
+        if meta.get("DROPOUT"):
+            out = [t for t in out if tuple(t) not in of(_SPILL_AT_D128_WITH_DROPOUT)]
     return out or list(table)[-1:]
 
 
