@@ -405,15 +405,17 @@ def test_dropout_keep_mask_bad_arguments(monkeypatch):
 @needs_triton
 @pytest.mark.parametrize("dtype", [F64, torch.float16], ids=["f64", "f16"])
 @pytest.mark.parametrize("stats", [True, False], ids=["stats", "plain"])
-def test_rectified_dropout_against_its_mask_with_wide_key_tiles(interp, bwd, monkeypatch, stats, dtype):
+@pytest.mark.parametrize("blocks,S", [((32, 64), 100), ((16, 128), 150)], ids=["32x64", "16x128"])
+def test_rectified_dropout_against_its_mask_with_wide_key_tiles(interp, bwd, monkeypatch, stats, dtype, blocks, S):
     """Output and gradients against autograd through the mask :func:`dropout_keep_mask` writes,
-    with 64-wide key tiles: the transposed backward kernels then load each key tile in the
-    reordered (packed) order -- K, V, dK, dV, the key padding and the causal test all follow it;
-    the forward and dQ kernels generate the mask per score (float16: the tensor-core path) or
-    compactly (float64: IEEE products).  Causal + left padding, S = 100 (a partial second
-    tile), T = 40 (T != S)."""
-    monkeypatch.setattr(tk._kernels(True), "INTERPRET_BLOCKS", {"BLOCK_M": 32, "BLOCK_N": 64})
-    B, H, T, S, d, p = 2, 2, 40, 100, 16, 0.25
+    with 64- and 128-wide key tiles: the transposed backward kernels then load each key tile in
+    the reordered (packed) order -- K, V, dK, dV, the key padding and the causal test all follow
+    it; the forward and dQ kernels generate the mask per score (float16: the tensor-core path) or
+    compactly (float64: IEEE products).  Causal + left padding, S = 100 / 150 (a partial second
+    key tile), T = 40 (T != S); 16 x 128 is the fused backward's first tile at d 128 with dropout
+    (issue 28), 8 query tiles per key tile."""
+    monkeypatch.setattr(tk._kernels(True), "INTERPRET_BLOCKS", {"BLOCK_M": blocks[0], "BLOCK_N": blocks[1]})
+    B, H, T, d, p = 2, 2, 40, 16, 0.25
     tol = {} if dtype == F64 else dict(rtol=2e-2, atol=2e-2)
     q, k, v = qkv(B, H, T, S, d, dtype, seed=4)
     mask = make_mask("left", B, H, T, S)  # (B, 1, 1, S): the key-padding mode, with causal=True
