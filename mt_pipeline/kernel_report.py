@@ -45,8 +45,9 @@ binder (``tt.divisibility = 16`` of pointers, strides and sizes divisible by 16,
 arguments equal to 1 -- the unit strides -- as constants) and compiled for the target with each
 autotuning tile asked for (``--tiles first``: the first of the kernel's table that the autotuner
 tries for that launch -- ``_tried``: tiles known to spill with ReLUFormer's statistics, with
-dropout (``_SPILL_WITH_DROPOUT``, per table) or at head dimension 128 (``_SPILL_AT_D128``, per
-table, keyed on the launch's ``BLOCK_D``) are not tried there).  Which tile the autotuner picks on a GPU is not known here.
+dropout (``_SPILL_WITH_DROPOUT``, per table), at head dimension 128 (``_SPILL_AT_D128``, per
+table, keyed on the launch's ``BLOCK_D``) or at head dimension 128 with dropout
+(``_SPILL_AT_D128_WITH_DROPOUT``) are not tried there).  Which tile the autotuner picks on a GPU is not known here.
 
 Writes ``results/gpu/kernel_report.md`` (``--out``; ``--json`` also a JSON list of the rows) with
 a provenance section (:mod:`mt_pipeline.provenance`), atomically (:mod:`mt_pipeline.atomic`).
