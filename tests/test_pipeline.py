@@ -164,13 +164,21 @@ def test_verdict_uses_seed_noise():
     assert significance.verdict([30.0, 30.2, 29.9], [31.5, 31.7, 31.4], [0.01, 0.02, 0.001]).startswith("exceeds")
     # a mean difference inside two standard errors of noisy seeds
     assert significance.verdict([30.0, 31.5, 29.0], [30.6, 29.8, 31.6], [0.01, 0.2, 0.01]).startswith("within")
-    # a large difference whose bootstrap is not significant in one seed
-    assert significance.verdict([30.0, 30.1], [32.0, 32.1], [0.01, 0.2]).startswith("within")
+    # a large difference whose bootstrap is not significant in one seed: the words say which test failed
+    assert significance.verdict([30.0, 30.1], [32.0, 32.1], [0.01, 0.2]) == \
+        "not beyond seed noise: Δ exceeds 2 SE, but bootstrap p ≥ 0.05 in a seed (Δ +2.00 ± 0.14, bootstrap p ≤ 0.200 in each of 2 seeds)"
     assert "seed noise unknown" in significance.verdict([30.0], [31.0], [0.03])
     # the words carry the largest seed-matched p-value (the test behind "exceeds")
     assert significance.verdict([30.0, 30.2, 29.9], [31.5, 31.7, 31.4], [0.01, 0.02, 0.001]) == \
         "exceeds seed noise (Δ +1.50 ± 0.25, bootstrap p ≤ 0.020 in each of 3 seeds)"
-    assert significance.verdict([30.0, 30.1], [32.0, 32.1], []) == "within seed noise (Δ +2.00 ± 0.14)"
+    assert significance.verdict([30.0, 30.1], [32.0, 32.1], []) == \
+        "not beyond seed noise: Δ exceeds 2 SE, but no seed-matched bootstrap (Δ +2.00 ± 0.14)"
+    assert significance.verdict([30.0, 31.5, 29.0], [30.6, 29.8, 31.6], []) == "within seed noise (Δ +0.50 ± 1.79)"
+    # the words go into markdown table cells: no "|"
+    for args in [([30.0, 30.1], [32.0, 32.1], [0.01, 0.2]), ([30.0, 30.1], [32.0, 32.1], []),
+                 ([30.0, 31.5, 29.0], [30.6, 29.8, 31.6], [0.01, 0.2, 0.01]), ([30.0], [31.0], [0.03]),
+                 ([30.0, 30.2, 29.9], [31.5, 31.7, 31.4], [0.01, 0.02, 0.001])]:
+        assert "|" not in significance.verdict(*args), args
 
 
 def _result(tmp_path, rdir, seed, bleu, hyp_lines):
