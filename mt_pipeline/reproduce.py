@@ -72,7 +72,7 @@ TABLES = {
             "note": "decoding speed at batch 1 by source-length group of newstest2014 (10 groups of equal size), "
                     "ratios vs fairseq's stock transformer measured in the same run (mt-bench-decode-length; "
                     "untrained *_small models, Multi30k BPE and vocabulary)"}},
-        # RMSNorm over the concatenated heads (released code) vs per head (paper text)
+        # RMSNorm over the concatenated heads (paper §4, released code) vs per head (a variant)
         "normscope": {"small": ["configs/rela/norm_scope.yaml"]},
     },
     "reluformer": {

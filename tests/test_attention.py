@@ -215,8 +215,9 @@ def test_rela_g_matches_equation_5():
 
 @pytest.mark.parametrize("name", ["relu_rmsnorm", "relu_layernorm", "rela_i", "rela_g", "rela_g_layernorm"])
 def test_norm_scope_head_normalises_each_head(name):
-    """--rela-norm-scope head: statistics per head over d_h (the paper's text), gains of the
-    same C-wide layout as the concat scope (the released code), so checkpoints interchange."""
+    """--rela-norm-scope head: statistics per head over d_h (eq. 4's one-head notation read per
+    head, a variant), gains of the same C-wide layout as the concat scope (ReLA section 4's method
+    and the released code), so checkpoints interchange."""
     import argparse
 
     torch.manual_seed(0)

@@ -435,8 +435,8 @@ class RelaNormOptions(OptionGroup):
     eps: float = option(1e-8, "epsilon of ReLA's (gated) RMSNorm / LayerNorm (released code: 1e-8)", gt=0)
     scope: ChoiceEnum(NORM_SCOPES) = option(
         "concat", "statistics of ReLA's (gated) RMSNorm/LayerNorm: over the concatenated heads "
-                  "('concat', the released code; default) or per head ('head', the paper's text: "
-                  "z, g in R^{d_h})")
+                  "('concat', ReLA section 4 and the released code; default) or per head ('head', "
+                  "eq. 4's one-head notation read per head: a variant, not the paper's method)")
 
 
 class _RectifiedAttention(AttentionFunction):
@@ -450,9 +450,9 @@ class _RectifiedAttention(AttentionFunction):
 
     Hyper-parameters: :class:`RelaNormOptions` -- ``--rela-norm-eps`` (default 1e-8, the
     released code's) and ``--rela-norm-scope`` (:data:`~fairseq_plugins.modules.norms.NORM_SCOPES`;
-    default ``concat``): the norm's statistics over the concatenated heads (the released code)
-    or per head (``head``: the paper's text, ``z in R^{d_h}``); :attr:`norm_groups` is 1 or
-    ``H`` accordingly.
+    default ``concat``): the norm's statistics over the concatenated heads (ReLA section 4's
+    method and the released code) or per head (``head``: eq. 4's one-head notation, ``z in
+    R^{d_h}``, read per head -- a variant); :attr:`norm_groups` is 1 or ``H`` accordingly.
 
     Raises:
         ValueError: an invalid option (:meth:`RelaNormOptions.validate`; names the flag and the

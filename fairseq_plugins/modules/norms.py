@@ -27,9 +27,11 @@ import torch.nn.functional as F
 __all__ = ["RMSNorm", "GatedNorm", "GroupedLayerNorm", "NORM_SCOPES", "gated_rms_norm", "NORM_BACKENDS"]
 
 #: Where ReLA's norm computes its statistics (``--rela-norm-scope``): ``concat`` over the
-#: concatenated heads (``C`` wide; the released code, bzhangGo/zero ``modules/rela.py``) or
-#: ``head`` over each head's ``d_h`` values (the paper's text, Section 4: ``z in R^{d_h}``,
-#: ``g in R^{d_h}`` per head).  Both have ``C`` gains, so their checkpoints have the same layout.
+#: concatenated heads (``C`` wide; ReLA Section 4: "In the multihead ReLA, we impose the
+#: normalization LN(.) on the concatenated head representation rather than each single head
+#: separately", and the released code, bzhangGo/zero ``modules/rela.py``) or ``head`` over each
+#: head's ``d_h`` values (eq. 4's one-head notation, ``z, g in R^{d_h}``, read per head: a variant,
+#: not the paper's method).  Both have ``C`` gains, so their checkpoints have the same layout.
 NORM_SCOPES = ("concat", "head")
 #: kernels of :func:`gated_rms_norm`: the PyTorch ops (any device) or the fused Triton kernels
 NORM_BACKENDS = ("torch", "triton")
