@@ -4,7 +4,8 @@ Shape legend: T target subword positions (decoder steps), S source subword posit
 I target words, J source words.  Alignment links are ``(j, i)`` = (source word, target word),
 0-based; the gold files are 1-based ``j-i`` (sure) / ``jpi`` (possible), source first.
 
-Conventions (ReLA Section 5.2, Figure 4, Table 5):
+Conventions (AER and the normal / shifted attention of ReLA Section 5.2, Figure 4, Table 5; the
+subword merging and the hard alignment below are our choices, stated where they differ):
 
 * AER (Och & Ney 2000): ``AER = 1 - (|A & S| + |A & P|) / (|A| + |S|)`` with hypothesis
   links ``A``, sure links ``S`` and possible links ``P``, ``S`` a subset of ``P``; counts are

@@ -6,7 +6,10 @@ case), ``d`` model size, ``h`` heads (``d_h = d / h``, the paper's ``k_h``), ``r
 ``rho_k`` the ratio of ones in the binarised query / key inputs (Figure 2), ``k = d`` the width
 of ``W_Q`` / ``W_K`` (Transformer base; fairseq's ``q_proj`` / ``k_proj``).
 
-Counts (``convention="paper"``, which reproduces the paper's Table 2 formulas):
+Counts (``convention="paper"``, which reproduces the paper's Table 2 formulas for vanilla and
+Dense; the E-ATT row is our count of eqs. 9-12 -- the paper's E-ATT cell, garbled in our copy,
+reads ``1/2 l d rho + l^2 d``, which taken as printed gives about 0.44 % of vanilla with the ASIC
+costs of Table 1 for any ``rho``):
 
 ============ ======================================= =======================================
 kind         additions (scores)                      multiplications (scores)
@@ -22,7 +25,8 @@ _dot         ``+ l_q l_k d``
 ============ ======================================= =======================================
 
 With ``l_q = l_k = l``, ``rho_q = rho_k = rho``: vanilla ``2 l d^2 + l^2 d`` (Table 2), Dense
-``l d^2 + l^2 d`` (Table 2), E-ATT ``2 rho l d^2 + l^2 d`` additions and no multiplication.
+``l d^2 + l^2 d`` (Table 2), E-ATT ``2 rho l d^2 + l^2 d`` additions and no multiplication (ours,
+see above).
 
 Assumptions (stated because the paper does not):
 

@@ -186,8 +186,8 @@ class AttentionFunction(nn.Module):
     :class:`~fairseq_plugins.modules.auxiliary.AuxiliaryBuffer`), which the criterion
     ``label_smoothed_cross_entropy_with_reg`` collects.  With ``args.attention_entropy`` set
     (``--attention-entropy``) every function logs, in evaluation mode, the mean entropy of its
-    (renormalised) weights ``attn_entropy`` and its null-attention rate ``attn_null_rate``
-    (ReLUFormer Tables 3 and 5); the fused path is then skipped so the weights exist.  Nothing
+    (renormalised) weights ``attn_entropy`` (ReLUFormer Tables 3 and 5) and its null-attention
+    rate ``attn_null_rate`` (ReLA Section 5.2, Figure 6); the fused path is then skipped so the weights exist.  Nothing
     is recorded unless the buffer is enabled (the criterion enables it), so generation is
     not slowed down.
 
@@ -201,7 +201,8 @@ class AttentionFunction(nn.Module):
     is_distribution = True
     #: Padded *query* rows of the current call, ``(B, T)`` bool (True = padding) or None, set by
     #: the attention module while recording is on (training/validation with the criterion):
-    #: statistics and eq. 7 terms average over real tokens only, as the papers do.  Key padding
+    #: statistics and eq. 7 terms average over real tokens only (our choice: the papers do not
+    #: say how padding is treated).  Key padding
     #: is in the mask; query padding is not (a padded query still sees real keys).
     query_padding = None
     #: Analysis slot: ``None`` (off, the default: no cost) or a callable ``capture(weights, mask)``
@@ -529,7 +530,8 @@ class ReluRMSNormAttention(_RectifiedAttention):
 
 @register_attention_fn("relu_layernorm")
 class ReluLayerNormAttention(_RectifiedAttention):
-    """ReLU + LayerNorm on the attention output (ReLUFormer Section 4.1: "we add a layer
+    """ReLU + LayerNorm on the attention output (ReLUFormer Section 4, its opening, repeated in
+    Section 4.1: "we add a layer
     normalization layer succeeding to the SAN results to adjust the variance of SAN.
     Unfortunately, there still occurs performance degradation"): ``LN(ReLU(Q K^T / sqrt(d_h)) V)``
     over the concatenated heads (``--rela-norm-scope head``: per head), no gate, no
@@ -607,7 +609,9 @@ class _ReluFormerBase(AttentionFunction):
     """ReLU attention with ReLUFormer's variance-reduction factor and regulariser.
 
     ReLUFormer (Shen et al. 2023), eq. 6: ``s_ij = ReLU(q_i . k_j) / (gamma sqrt(n_i / 2))``
-    with ``q`` scaled by ``d_h^-1/2`` and ``n_i`` the number of keys query ``i`` may attend to
+    with ``q`` scaled by ``d_h^-1/2`` (the multi-head reading of the paper's single-head
+    ``X W_Q / sqrt(d)``, eq. 3; as ReLU is positively homogeneous, the choice only rescales gamma,
+    which the paper does not give) and ``n_i`` the number of keys query ``i`` may attend to
     (padding not counted; ``i + 1`` under the causal mask, also when decoding incrementally,
     where it is the cache length).  ``h_i = sum_j s_ij v_j``; no normalisation follows.
     :meth:`fused` counts ``n_i`` from the ``key_padding_mask`` and the query position

@@ -118,7 +118,7 @@ class FunctionalMultiheadAttention(MultiheadAttention):
     """Multi-head attention whose score/normaliser/post-aggregation come from ``attn_fn``.
 
     ``MHA(X, Y) = W_o post([alpha_1 V_1, ..., alpha_H V_H])`` with
-    ``alpha_h = normalize(score(Q_h, K_h))`` (Vaswani et al. 2017 eq. 2; ReLA eqs. 1-3).
+    ``alpha_h = normalize(score(Q_h, K_h))`` (Vaswani et al. 2017, Section 3.2.2; ReLA eqs. 1-3).
 
     Args:
         embed_dim, num_heads, kdim, vdim, dropout, bias, self_attention,

@@ -4,8 +4,8 @@ The model of Shu & Nakayama (2017), "Reducing Redundant Computations with Flexib
 Sections 2 and 5.1: a bidirectional LSTM encoder; a one-layer LSTM decoder whose input at step
 ``t`` is ``[i_t; c_t]`` (embedding of the previous output word; context vector); the additive
 score ``v_a^T tanh(W_a [h_{t-1}; h̄_s])`` from the previous decoder state (eq. 3); a
-fully connected ``tanh`` layer (600 units in the paper) on ``[h_t; c_t; i_t]`` before the output
-softmax.  fairseq's own ``lstm`` model uses Luong's "general" score, hence this model.
+fully connected layer before the output softmax (600 units: the paper; its ``tanh`` and its input
+``[h_t; c_t; i_t]``, Bahdanau-style: our choice, the paper gives neither).  fairseq's own ``lstm`` model uses Luong's "general" score, hence this model.
 
 Shape legend: B batch (hypotheses), S source length, T target length, V target vocabulary,
 E embedding size, H decoder hidden size, C = 2 x encoder hidden size, P pre-output size.
@@ -77,7 +77,7 @@ class RNNsearchConfig(FairseqDataclass):
     decoder_hidden_size: int = option(1000, "decoder LSTM size", ge=1)
     attention_dim: Optional[int] = option(None, "width of W_a (and W_g, W_p); default: --decoder-hidden-size", ge=1)
     decoder_out_embed_dim: int = option(600, "units of the layer before the output softmax (paper 600)", ge=1)
-    dropout: float = option(0.2, "dropout probability", ge=0, lt=1)
+    dropout: float = option(0.2, "dropout probability (our choice; the paper gives none)", ge=0, lt=1)
     rnn_attention: ChoiceEnum(ATTENTION_KINDS) = option("global", f"attention: one of {', '.join(ATTENTION_KINDS)}")
     rnn_attention_fn: ChoiceEnum(NORMALIZER_CHOICES) = option(
         "softmax", "normaliser of the attention scores, a plain normaliser of the plugin's registry whose "

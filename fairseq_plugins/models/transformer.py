@@ -279,8 +279,8 @@ class ReluFormerTransformerConfig(AttentionTransformerConfig):
 class EattTransformerConfig(AttentionTransformerConfig):
     """E-ATT (Section 4.1, App. B): E-ATT (binarised selection + L1 scores, eqs. 7-13) in all three
     attention types -- the paper replaces every attention (its Figure 2 reports rho for
-    Enc-Self, Dec-Self and cross attention; the official code has an incremental E-ATT decoder
-    self-attention); tau = 1.0 (App. B, :class:`~fairseq_plugins.attention.eatt.EattOptions`)."""
+    Enc-Self, Dec-Self and cross attention; the official code's ``E-ATT.py`` decodes its E-ATT
+    self-attention incrementally, ``MultiHeadSelfAttention.forward_for_infer``); tau = 1.0 (App. B, :class:`~fairseq_plugins.attention.eatt.EattOptions`)."""
 
     encoder_attention_fn: str = attention_fn_field("encoder", "eatt")
     decoder_attention_fn: str = attention_fn_field("decoder", "eatt")
@@ -511,7 +511,10 @@ def attention_transformer_base(args):
 
 @register_model_architecture("attention_transformer", "rela_transformer")
 def rela_transformer(args):
-    """ReLA paper setting (Section 5): Transformer base, ReLA-g in all three attention types."""
+    """ReLA paper setting (Section 5): Transformer base, ReLA-g in all three attention types.
+    fairseq's base defaults otherwise: the paper's attention dropout 0.1 and shared embeddings come
+    from ``configs/rela/paper_base.yaml`` (pass ``--attention-dropout 0.1 --share-all-embeddings``
+    when training by hand)."""
     apply_family(args, RelaTransformerConfig)
     with config_context(args):
         base_architecture(args)
@@ -552,7 +555,9 @@ def rela_transformer_small(args):
 def reluformer(args):
     """ReLUFormer (Shen et al. 2023): Transformer base, ReLUFormer attention (eq. 6) in encoder
     self, decoder self and cross attention, ReLU FFN.  Train with the criterion
-    ``label_smoothed_cross_entropy_with_reg`` (eq. 7)."""
+    ``label_smoothed_cross_entropy_with_reg`` (eq. 7).  fairseq's base defaults otherwise: App. A's
+    attention dropout 0.1 and shared vocabulary and embeddings come from
+    ``configs/reluformer/paper_base.yaml`` (``--attention-dropout 0.1 --share-all-embeddings`` by hand)."""
     apply_family(args, ReluFormerTransformerConfig)
     with config_context(args):
         base_architecture(args)
@@ -560,7 +565,8 @@ def reluformer(args):
 
 @register_model_architecture("attention_transformer", "reluformer_iwslt_de_en")
 def reluformer_iwslt_de_en(args):
-    """ReLUFormer at the paper's IWSLT14 size (App. A.2: 6+6 layers, 4 heads, d 512, FFN 1024)."""
+    """ReLUFormer at the paper's IWSLT14 size (App. A.2: 6+6 layers, 4 heads, d 512, FFN 1024);
+    attention dropout and shared embeddings as :func:`reluformer` says."""
     apply_family(args, ReluFormerTransformerConfig)
     with config_context(args):
         transformer_iwslt_de_en(args)

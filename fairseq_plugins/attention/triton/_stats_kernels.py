@@ -15,7 +15,7 @@ memory.  Per row, in ``ACC`` (float32; float64 for float64 inputs), with ``s = s
 
     valid  = n > 0 and not query padding      live = valid and s > 0
     z      = max(s, EPS);  H = log z - l / z   (entropy of s / sum s, nats)
-    over   = H - C log max(n, 1)               (eq. 7's entropy margin, C = c of Appendix A)
+    over   = H - C log max(n, 1)               (eq. 7's entropy margin; C is the coefficient c = 0.7 of Appendix A, whose bound is c log n)
 
     forward:  program p sums, over its BLOCK rows, [live] |log z|, [live] max(over, 0), [live] H,
               [live], [valid and not live] (null rows), [valid]  ->  PART[p, 0:6]
