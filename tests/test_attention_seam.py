@@ -273,8 +273,10 @@ SYNCS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "cpu
 
 
 @contextlib.contextmanager
-def sync_spy(model):
-    """Record the read-backs made while any FunctionalMultiheadAttention of ``model`` runs."""
+def sync_spy(model, also=()):
+    """Record the read-backs made while any FunctionalMultiheadAttention of ``model`` runs, or
+    any of the methods ``also`` (``(object, name)`` pairs, e.g. the decoder's reorder of its
+    incremental state, which is no forward)."""
     active, hits = [0], []
     saved = {}
     for meth in SYNCS:
@@ -299,6 +301,16 @@ def sync_spy(model):
         if isinstance(m, FunctionalMultiheadAttention):
             handles.append(m.register_forward_pre_hook(lambda *_: active.__setitem__(0, active[0] + 1)))
             handles.append(m.register_forward_hook(lambda *_: active.__setitem__(0, active[0] - 1)))
+    for obj, attr in also:
+
+        def counted(*a, _orig=getattr(obj, attr), **kw):
+            active[0] += 1
+            try:
+                return _orig(*a, **kw)
+            finally:
+                active[0] -= 1
+
+        setattr(obj, attr, counted)  # an instance attribute, shadowing the method
     try:
         yield hits
     finally:
@@ -307,6 +319,8 @@ def sync_spy(model):
         torch.equal = orig_equal
         for h in handles:
             h.remove()
+        for obj, attr in also:
+            delattr(obj, attr)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -314,7 +328,9 @@ def test_no_host_sync_in_training_and_beam_decoding(name):
     """A whole model: the first training forward checks the future mask once (one read-back for
     all decoder layers); a second forward of the same length and every step of beam-searched
     incremental decoding (cross-attention folding the beams, the last layer's weights for
-    alignment) read nothing back inside the attention modules."""
+    alignment, and before every step but the first the decoder's reorder of its incremental
+    state by a non-trivial beam order, as SequenceGenerator does) read nothing back inside the
+    attention modules or the reorder."""
     torch.manual_seed(0)
     model, task = build("attention_transformer", encoder_attention_fn=name, decoder_attention_fn=name,
                         cross_attention_fn=name, attention_backend="torch", attention_dropout=0.1)
@@ -337,8 +353,15 @@ def test_no_host_sync_in_training_and_beam_decoding(name):
         enc = model.encoder.reorder_encoder_out(enc, torch.arange(3).repeat_interleave(beam))
         model.decoder.set_beam_size(beam)
         state, tokens = {}, prev.repeat_interleave(beam, 0)
-        with sync_spy(model) as hits:
+        offsets = (torch.arange(3) * beam).repeat_interleave(beam)
+        parents = (torch.tensor([1, 0]), torch.tensor([1, 1]))  # beams swapped / both from beam 1
+        with sync_spy(model, also=[(model.decoder, "reorder_incremental_state_scripting")]) as hits:
             for t in range(tokens.size(1)):
+                if t:  # the hypotheses of every sentence continue other beams of it
+                    order = offsets + parents[t % 2].repeat(3)
+                    model.decoder.reorder_incremental_state_scripting(state, order)
+                    enc = model.encoder.reorder_encoder_out(enc, order)
+                    tokens = tokens.index_select(0, order)
                 model.decoder(tokens[:, :t + 1], encoder_out=enc, incremental_state=state)
     if name == "synth_random":  # one max() per cross-attention layer and step, nothing else
         assert hits == ["__int__"] * (len(model.decoder.layers) * tokens.size(1))

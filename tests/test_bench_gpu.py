@@ -36,28 +36,79 @@ def test_bad_options_name_the_choices(capsys):
         assert "a comma list of rates in [0, 1)" in capsys.readouterr().err
 
 
-def test_steps_run_on_cpu_with_the_torch_backend():
-    """Every kind of step of the harness does its forward (+ backward) on a tiny CPU case."""
-    cases = bench_gpu.core_cases(8, torch.float32, "cpu", rows=64, heads=2, head_dim=16, with_triton=False,
-                                 with_flex=False)
-    assert set(cases) == {"sdpa (default)", "relu torch", "reluformer+eq.7 torch", "eatt torch"}
-    every = bench_gpu.core_cases(8, torch.float32, "cpu", rows=64, heads=2, head_dim=16)  # built, not run
-    assert set(every) - set(bench_gpu.CORE_CASES) == set()  # --core-cases can select every label
-    for run in cases.values():
+def test_steps_run_on_cpu_with_the_torch_backend(monkeypatch):
+    """Every kind of step of the harness does its forward (+ backward) on a tiny CPU case: the
+    loss (core, layer) and the layer outputs are finite, and the one ``torch.autograd.grad`` call
+    of a step returns finite gradients of every differentiated tensor, all non-zero (inputs q, k,
+    v / x, y and every parameter) but the key bias of softmax layers, which a softmax over keys
+    cannot see (adding ``q . b_k`` to every key's score of a query): only rounding remains there.
+    A decode step runs without autograd and gives finite outputs, the same ones twice."""
+    from fairseq.modules import MultiheadAttention
+
+    calls, outs = [], []
+    grad = torch.autograd.grad
+
+    def spy(outputs, inputs, *a, **kw):
+        res = grad(outputs, inputs, *a, **kw)
+        calls.append((outputs.detach(), list(inputs), res))
+        return res
+
+    monkeypatch.setattr(torch.autograd, "grad", spy)
+
+    def ran(run):
+        calls.clear()
+        outs.clear()
         run()
-    for kind in bench_gpu.LAYER_KINDS:
-        layer = bench_gpu.layer_cases(8, torch.float32, "cpu", tokens=24, C=16, H=2, dropout=0.1, kind=kind,
-                                      names=["softmax", "rela_g", "reluformer", "eatt"], backends=("torch",))
-        assert set(layer) == {"stock", "softmax", "rela_g torch", "reluformer torch", "eatt torch"}
-        for run in layer.values():
-            run()
-    with pytest.raises(ValueError, match="valid: enc, dec, cross"):
-        bench_gpu.layer_cases(8, torch.float32, "cpu", kind="self")
-    dec = bench_gpu.decode_cases(5, torch.float32, "cpu", sentences=2, beam=2, C=16, H=2,
-                                 names=("rela_g", "eatt"), backends=("torch",))
-    for run in dec.values():
-        run()
-        run()  # the cache stays S - 1 long: a second step sees the same state
+        return list(calls), list(outs)
+
+    def check_grads(label, calls, names):
+        (loss, inputs, grads), = calls  # one backward per step
+        assert loss.dim() == 0 and torch.isfinite(loss), label
+        assert len(grads) == len(inputs) == len(names), label
+        for n, x, g in zip(names, inputs, grads):
+            assert g.shape == x.shape and torch.isfinite(g).all(), (label, n)
+            if n == "k_proj.bias" and label in ("stock", "softmax"):
+                assert g.abs().max() < 1e-5, (label, n)  # shift invariance of the softmax
+            else:
+                assert g.abs().max() > 1e-3, (label, n)
+
+    def record(m, _inp, out):
+        if isinstance(m, MultiheadAttention):
+            outs.append((m, out[0].detach()))
+
+    hook = torch.nn.modules.module.register_module_forward_hook(record)
+    try:
+        cases = bench_gpu.core_cases(8, torch.float32, "cpu", rows=64, heads=2, head_dim=16, with_triton=False,
+                                     with_flex=False)
+        assert set(cases) == {"sdpa (default)", "relu torch", "reluformer+eq.7 torch", "eatt torch"}
+        every = bench_gpu.core_cases(8, torch.float32, "cpu", rows=64, heads=2, head_dim=16)  # built, not run
+        assert set(every) - set(bench_gpu.CORE_CASES) == set()  # --core-cases can select every label
+        for label, run in cases.items():
+            c, _ = ran(run)
+            check_grads(label, c, ("q", "k", "v"))
+        for kind in bench_gpu.LAYER_KINDS:
+            layer = bench_gpu.layer_cases(8, torch.float32, "cpu", tokens=24, C=16, H=2, dropout=0.1, kind=kind,
+                                          names=["softmax", "rela_g", "reluformer", "eatt"], backends=("torch",))
+            assert set(layer) == {"stock", "softmax", "rela_g torch", "reluformer torch", "eatt torch"}
+            for label, run in layer.items():
+                c, o = ran(run)
+                (m, out), = o
+                assert out.shape == (8, 3, 16) and torch.isfinite(out).all(), (kind, label)
+                params = [n for n, p in m.named_parameters() if p.requires_grad]
+                check_grads(label, c, (["x", "y"] if kind == "cross" else ["x"]) + params)
+        with pytest.raises(ValueError, match="valid: enc, dec, cross"):
+            bench_gpu.layer_cases(8, torch.float32, "cpu", kind="self")
+        dec = bench_gpu.decode_cases(5, torch.float32, "cpu", sentences=2, beam=2, C=16, H=2,
+                                     names=("rela_g", "eatt"), backends=("torch",))
+        for label, run in dec.items():
+            c, o = ran(run)
+            (_, out), = o
+            assert c == [] and not out.requires_grad, label
+            assert out.shape == (1, 4, 16) and torch.isfinite(out).all() and out.abs().max() > 0, label
+            _, o2 = ran(run)  # the cache stays S - 1 long: a second step sees the same state
+            assert torch.equal(o2[0][1], out), label
+    finally:
+        hook.remove()
 
 
 def test_layer_kinds_pass_the_masks_fairseq_passes(monkeypatch):

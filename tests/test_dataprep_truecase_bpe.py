@@ -209,6 +209,11 @@ def test_evaluate_detruecases_a_truecased_prep(iwslt, tmp_path):
     assert res["testset"] == "test"  # Multi30k's file names are for Multi30k preps only
     tc, hyp = lines(tmp_path / "eval" / "test.hyp.tc"), lines(tmp_path / "eval" / "test.hyp.tok")
     assert hyp == extract_hypotheses.detruecase(tc)
+    # detruecasing did something on this output (sentence-initial words the truecaser lower-cased,
+    # which the model also generates lower-case): some lines changed, and only in their case
+    changed = [i for i in range(len(tc)) if hyp[i] != tc[i]]
+    assert changed, "no hypothesis starts lower-case: detruecasing is not exercised"
+    assert all(hyp[i].lower() == tc[i].lower() and hyp[i][:1] == tc[i][:1].upper() for i in changed)
     assert res["tok_hyp"] == str(tmp_path / "eval" / "test.hyp.tok") and res["tok_ref"] == str(out / "tok" / "test.vi")
 
 

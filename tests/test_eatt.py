@@ -212,30 +212,47 @@ def test_left_padding_equals_unpadded(name):
 @pytest.mark.parametrize("beam", [1, 3])
 def test_cross_attention_incremental_equals_full(name, beam):
     """Cross-attention step by step (query position counted in the incremental state, beams
-    folded into extra queries, reordering) == one full pass over the target."""
+    folded into extra queries, reordering) == one full pass over each hypothesis's own queries.
+    Every hypothesis gets its own query stream and every sentence its own encoder output and
+    left padding; between steps the state is reordered as beam search does (each hypothesis
+    continues a parent of its sentence), and once with a batch reduction that drops sentence 1
+    and swaps sentences 2 and 0: a reorder that does nothing, picks the wrong sentences or loses
+    the query offset (synth_random's positions) fails."""
     torch.manual_seed(4)
     m = FunctionalMultiheadAttention(C, H, build_attention_fn(name, C, H), encoder_decoder_attention=True).eval()
-    m.set_beam_size(beam)
-    bsz, S, T = 2, 6, 5
+    bsz, S, T = 3, 6, 5
     enc = torch.randn(S, bsz, C)
     kpm = torch.zeros(bsz, S, dtype=torch.bool)
-    kpm[1, :2] = True  # left padding
-    xs = torch.randn(T, bsz, C)
-    m.set_beam_size(1)
-    full, _ = m(xs, enc, enc, key_padding_mask=kpm, need_weights=False)
+    kpm[1, :2] = True  # left padding, of a different length in every sentence
+    kpm[2, :1] = True
     m.set_beam_size(beam)
-    enc_b, kpm_b = enc.repeat_interleave(beam, 1), kpm.repeat_interleave(beam, 0)
-    xs_b = xs.repeat_interleave(beam, 1)
-    state, steps = {}, []
+    sent = torch.arange(bsz).repeat_interleave(beam)  # the sentence of every hypothesis
+    hyps = [([], []) for _ in range(bsz * beam)]  # per hypothesis: its queries, its outputs
+    done, state = [], {}
     for t in range(T):
-        y, _ = m(xs_b[t:t + 1], enc_b, enc_b, key_padding_mask=kpm_b, incremental_state=state,
-                 static_kv=True, need_weights=True)
-        steps.append(y)
-        if beam > 1:  # reorder hypotheses inside each sentence (identical here), as beam search does
-            m.reorder_incremental_state(state, torch.arange(bsz * beam).view(bsz, beam).flip(1).reshape(-1))
-    inc = torch.cat(steps).view(T, bsz, beam, C)
-    for j in range(beam):
-        torch.testing.assert_close(inc[:, :, j], full, rtol=1e-5, atol=1e-6)
+        x = torch.randn(1, sent.numel(), C)  # a query of its own for every hypothesis
+        e = enc[:, sent]  # (S, B, C), identical beams, as reorder_encoder_out gives them
+        y, _ = m(x, e, e, key_padding_mask=kpm[sent], incremental_state=state, static_kv=True, need_weights=True)
+        for i, (qs, ys) in enumerate(hyps):
+            qs.append(x[0, i])
+            ys.append(y[0, i])
+        if t == T - 1:
+            break
+        n = sent.numel() // beam  # sentences still decoded
+        keep = torch.tensor([2, 0]) if t == 1 else torch.arange(n)  # t == 1: sentence 1 finished
+        if t == 1:
+            done += [(int(sent[i]), hyps[i]) for i in range(sent.numel()) if int(sent[i]) == 1]
+        parents = torch.randint(beam, (keep.numel(), beam))  # beam search: any parent, repeats too
+        order = (keep.unsqueeze(1) * beam + parents).reshape(-1)
+        m.reorder_incremental_state(state, order)
+        sent = sent[order]
+        hyps = [(list(hyps[o][0]), list(hyps[o][1])) for o in order.tolist()]
+    assert sent.tolist() == [2] * beam + [0] * beam
+    m.set_beam_size(1)
+    for s, (qs, ys) in [(int(s), h) for s, h in zip(sent, hyps)] + done:
+        e = enc[:, s:s + 1]
+        full, _ = m(torch.stack(qs).unsqueeze(1), e, e, key_padding_mask=kpm[s:s + 1], need_weights=False)
+        torch.testing.assert_close(torch.stack(ys), full[:, 0], rtol=1e-5, atol=1e-6)
 
 
 def test_synth_max_len_error_names_the_flag():

@@ -77,6 +77,14 @@ def test_resume_from_checkpoint_last(trained, prepared):
     shutil.copy(ck / "checkpoint_last.pt", d)
     log = sh(train_cmd(prepared, d, "--max-update", "250", *SCHEDULE))  # the same command, longer
     assert "Loaded checkpoint" in log and "num_updates 250" in log.replace("=", " ")
+    # it resumed at update 240 (fairseq: "Loaded checkpoint ... (epoch N @ 240 updates)") and counted
+    # on from there: no progress, valid or save line after loading reports an update count <= 240
+    loaded = re.findall(r"Loaded checkpoint \S+ \(epoch \d+ @ (\d+) updates\)", log)
+    assert loaded == ["240"], loaded
+    after = log[log.index("Loaded checkpoint"):].replace("=", " ")
+    updates = [int(u) for u in re.findall(r"num_updates (\d+)", after)]
+    updates += [int(u) for u in re.findall(r"Saved checkpoint \S+ \(epoch \d+ @ (\d+) updates", after)]
+    assert updates and min(updates) > 240 and max(updates) == 250, updates
 
 
 def test_average_generate_score(trained, prepared, tmp_path):
@@ -84,6 +92,30 @@ def test_average_generate_score(trained, prepared, tmp_path):
     avg = tmp_path / "avg.pt"
     sh([sys.executable, "scripts/average_checkpoints.py", "--inputs", str(ck), "--num-update-checkpoints", "2",
         "--output", str(avg)])
+    # the average is the mean of the two newest interval checkpoints (updates 160 and 240), parameter by
+    # parameter; the rest (integer buffers, cfg, optimizer history) is the newest one's
+    import torch
+
+    from fairseq_plugins.checkpoint import load_checkpoint
+    from mt_pipeline.averaging import select_checkpoints
+
+    paths = select_checkpoints([str(ck)], num_update=2)
+    assert [os.path.basename(p).split("_")[-1] for p in paths] == ["160.pt", "240.pt"], paths
+    a, b = (load_checkpoint(p)["model"] for p in paths)
+    out_state = load_checkpoint(str(avg))
+    m = out_state["model"]
+    assert list(m) == list(b) and out_state["optimizer_history"][-1]["num_updates"] == 240
+    n_float = n_differ = 0
+    for k, v in m.items():
+        if torch.is_tensor(v) and v.is_floating_point():
+            n_differ += not torch.equal(a[k], b[k])
+            mean = ((a[k].double() + b[k].double()) / 2).to(v.dtype)
+            assert v.dtype == b[k].dtype and v.shape == b[k].shape, k
+            torch.testing.assert_close(v, mean, msg=lambda s, k=k: f"{k}: {s}")  # dtype's default tolerance
+            n_float += 1
+        else:
+            assert torch.equal(v, b[k]) if torch.is_tensor(v) else v == b[k], k
+    assert n_float > 20 and n_differ > 20, (n_float, n_differ)  # trained between 160 and 240: a real mean
     out = sh(["bash", "scripts/evaluate.sh", "--checkpoint", str(avg), "--data-bin", str(prepared / "bin"),
               "--prep-dir", str(prepared), "--src", "en", "--tgt", "de", "--subsets", "test",
               "--batch-size", "250", "--out", str(tmp_path / "eval")])

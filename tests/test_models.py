@@ -3,6 +3,7 @@
 import pytest
 import torch
 from fairseq import options
+from fairseq.models import ARCH_MODEL_REGISTRY
 from fairseq.sequence_generator import SequenceGenerator
 
 from fairseq_plugins.attention import FunctionalMultiheadAttention, attention_fn_names
@@ -60,8 +61,24 @@ def test_softmax_model_equals_stock_transformer():
         a, _ = stock(src, lens, prev)
         b, _ = ours(src, lens, prev)
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
-    # loading a stock state dict into ours (and back) is exact
-    ours.load_state_dict(sd_s)
+    # loading a stock state dict into ours (and back) is exact: a stock model of another seed
+    # takes ours's parameters (strict: no missing or unexpected key) and then computes the same
+    torch.manual_seed(1)
+    ours2, _ = build("rela_transformer_small", task=task, **SOFTMAX)
+    assert not all(torch.equal(sd_s[k], v) for k, v in ours2.state_dict().items())  # really another init
+    ours2.load_state_dict(sd_s)
+    torch.manual_seed(2)
+    back, _ = build("stock_transformer_small", task=task)
+    assert not all(torch.equal(sd_o[k], v) for k, v in back.state_dict().items())
+    back.load_state_dict(ours2.state_dict())
+    sd_b = back.state_dict()
+    assert list(sd_b) == list(sd_s) and all(torch.equal(sd_b[k], sd_s[k]) for k in sd_s)
+    for m in (stock, ours2, back):
+        m.eval()
+    a, _ = stock(src, lens, prev)
+    for m in (ours2, back):
+        b, _ = m(src, lens, prev)
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
 
 
 def _generate(model, task, src, lens, beam=4):
@@ -122,11 +139,20 @@ def test_cli_rejects_unknown_function_with_choices(capsys):
 
 
 def test_cli_flags_reach_the_model():
-    args = _parse("rela_transformer_small", "--encoder-attention-fn", "entmax15")
+    args = _parse("rela_transformer_small", "--encoder-attention-fn", "entmax15", "--cross-attention-fn", "sparsemax",
+                  "--encoder-layers", "1", "--decoder-layers", "3", "--encoder-embed-dim", "16",
+                  "--decoder-embed-dim", "16", "--encoder-ffn-embed-dim", "24", "--decoder-ffn-embed-dim", "40",
+                  "--encoder-attention-heads", "4", "--decoder-attention-heads", "2", "--share-all-embeddings")
     assert args.encoder_attention_fn == "entmax15"
     assert args.decoder_attention_fn == "rela_g"  # arch default
-    model, _ = build("rela_transformer_small", encoder_attention_fn="entmax15")
-    assert fns(model)[0] == {"entmax15"}
+    # the model is built from the parsed namespace itself (as fairseq-train does)
+    model = ARCH_MODEL_REGISTRY["rela_transformer_small"].build_model(args, toy_task())
+    assert fns(model) == ({"entmax15"}, {"rela_g"}, {"sparsemax"})
+    assert len(model.encoder.layers) == 1 and len(model.decoder.layers) == 3
+    enc, dec = model.encoder.layers[0], model.decoder.layers[0]
+    assert enc.self_attn.embed_dim == 16 and enc.self_attn.num_heads == 4 and enc.fc1.out_features == 24
+    assert dec.self_attn.num_heads == 2 and dec.encoder_attn.num_heads == 2 and dec.fc1.out_features == 40
+    assert model.encoder.embed_tokens is model.decoder.embed_tokens  # --share-all-embeddings
 
 
 def test_build_model_rejects_unknown_function_in_python():

@@ -213,18 +213,57 @@ def test_eatt_tau_inf_no_longer_trains_on_all_zero_inputs():
 
 
 # -- the RNN attention reuses the registry's normalisers ----------------------------------------
+def _sparsemax_row(z):
+    """Sparsemax of a 1-D float64 row by sorting (Martins & Astudillo 2016, Algorithm 1)."""
+    zs, _ = torch.sort(z, descending=True)
+    k = torch.arange(1, len(z) + 1, dtype=z.dtype)
+    cum = zs.cumsum(0)
+    k_z = int((1 + k * zs > cum).sum())  # the support size (the condition holds for a prefix)
+    tau = (cum[k_z - 1] - 1) / k_z
+    return (z - tau).clamp(min=0)
+
+
+def _entmax15_row(z, iters=200):
+    """1.5-entmax of a 1-D float64 row by bisection on tau: p_i = [z_i / 2 - tau]_+^2, sum 1
+    (Peters et al. 2019, alpha = 1.5); tau lies in [max z / 2 - 1, max z / 2]."""
+    x = z / 2
+    lo, hi = x.max() - 1, x.max()
+    for _ in range(iters):
+        tau = (lo + hi) / 2
+        if float(((x - tau).clamp(min=0) ** 2).sum()) >= 1:
+            lo = tau
+        else:
+            hi = tau
+    return (x - (lo + hi) / 2).clamp(min=0) ** 2
+
+
+_ROW_REFERENCES = {"softmax": lambda z: torch.softmax(z, dim=-1), "sparsemax": _sparsemax_row,
+                   "entmax15": _entmax15_row}
+
+
 def test_plain_normalisers_equal_the_registered_functions():
-    """normalizer(name)(scores, mask) is the function's normalize without any module."""
+    """normalizer(name)(scores, mask) is the function's normalize without any module, and equals
+    an independent reference (torch.softmax, sort-based sparsemax, bisection 1.5-entmax) over the
+    unmasked keys of each row: zeros where masked, all zeros on a fully masked row."""
     assert set(normalizer_names(distribution=True)) == {"softmax", "sparsemax", "entmax15"} == set(NORMALIZER_CHOICES)
     g = torch.Generator().manual_seed(0)
     scores = torch.randn(2, 3, 4, 6, generator=g) * 3
     mask = torch.zeros(2, 1, 4, 6, dtype=torch.bool)
     mask[0, :, :, 4:] = True
     mask[1, :, 2] = True  # a fully masked row
+    full_mask = mask.expand_as(scores)
     for name in NORMALIZER_CHOICES:
         w = normalizer(name)(scores, mask)
-        ref = build_attention_fn(name, 12, 3).normalize(scores, mask)
-        assert torch.equal(w, ref)
+        assert w.dtype == scores.dtype and w.shape == scores.shape
+        assert torch.equal(w, build_attention_fn(name, 12, 3).normalize(scores, mask))
+        ref = torch.zeros(scores.shape, dtype=torch.float64)
+        for idx in torch.cartesian_prod(*[torch.arange(n) for n in scores.shape[:-1]]).tolist():
+            keep = ~full_mask[tuple(idx)]
+            if keep.any():
+                ref[tuple(idx)][keep] = _ROW_REFERENCES[name](scores[tuple(idx)][keep].double())
+        torch.testing.assert_close(w.double(), ref, rtol=1e-5, atol=1e-6, msg=lambda m: f"{name}: {m}")
+        if name != "softmax":  # the sparse ones really leave unmasked keys at zero here
+            assert bool(((ref == 0) & ~full_mask).any())
         assert float(w[mask.expand_as(w)].abs().max()) == 0.0 and torch.isfinite(w).all()
         sums = w.sum(-1)
         torch.testing.assert_close(sums[0], torch.ones_like(sums[0]))

@@ -205,8 +205,19 @@ def test_dropout_matches_autograd_with_recovered_mask(causal, threads):
     torch.testing.assert_close(outs[2], no_drop[2])
 
 
-def test_dropout_mask_does_not_depend_on_thread_split():
-    q, k, v = qkv(1, 3, 20, 20, 4, seed=8)
+@pytest.mark.parametrize("H", [3, 1], ids=["heads_split", "chunks_dealt"])
+def test_dropout_mask_does_not_depend_on_thread_split(H, monkeypatch):
+    """Same mask, output and gradients with 1 and 2 threads, in both of _Plan's thread splits:
+    B*H >= threads splits the heads; B*H = 1 deals the query chunks out (checked on the plan)."""
+    plans = []
+
+    class Recorded(K._Plan):
+        def __init__(self, *args):
+            super().__init__(*args)
+            plans.append(self)
+
+    monkeypatch.setattr(K, "_Plan", Recorded)
+    q, k, v = qkv(1, H, 20, 20, 4, seed=8)  # chunks of 8: rows 0:8, 8:16, 16:20
     results = []
     n0 = torch.get_num_threads()
     try:
@@ -217,8 +228,15 @@ def test_dropout_mask_does_not_depend_on_thread_split():
             results.append(torch.autograd.grad(out.sum(), (q, k, v)) + (out,))
     finally:
         torch.set_num_threads(n0)
+    tasks = plans[-1].tasks  # the 2-thread backward's
+    if H == 1:  # two tasks over all heads, the three chunks dealt out between them
+        assert len(tasks) == 2 and all(t[:2] == (0, 1) for t in tasks)
+        assert sorted(tasks[0][2] + tasks[1][2]) == [0, 1, 2]
+    else:
+        assert tasks == [(0, 1, [0, 1, 2]), (1, 3, [0, 1, 2])]
     for a, b in zip(*results):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    assert not torch.allclose(results[1][-1], relu_attention(q, k, v, 1.0, chunk_size=8))  # dropout applied
 
 
 # --------------------------------------------------------------------------------------------

@@ -171,8 +171,11 @@ def test_fused_row_terms_equal_autograd_of_the_unfused_expression():
             for x, y in zip(gb, ga):
                 torch.testing.assert_close(x if x is not None else torch.zeros_like(a),
                                            y if y is not None else torch.zeros_like(a), rtol=1e-12, atol=1e-12)
-        assert ga[0].abs().sum() > 0  # the margin's gradients are exercised with the first weights
-    assert gb[0][0, 1, 0] == 0 and live[0, 1, 0]  # below ROW_EPS: clamped
+            if w == [0.3, 0.0, 0.0]:  # the norm alone: the live row below ROW_EPS gets no gradient (clamped),
+                u = a.detach()[0, 1, 0].clone().requires_grad_()  # where |log z| unclamped would give -0.3 / z
+                unclamped, = torch.autograd.grad(0.3 * torch.log(u).abs(), u)
+                assert live[0, 1, 0] and gb[0][0, 1, 0] == 0 and abs(float(unclamped)) > 1e6
+        assert ga[0].abs().sum() > 0  # the margin's gradients are exercised (the last weights: the margin alone)
     keep = row_sum > 1e-3  # finite differences away from the kinks of the clamp
     a = row_sum.detach().clone().masked_fill(~keep, 2.0).requires_grad_()  # (not 1: |log z| kinks there)
     b = row_slogs.detach().clone().requires_grad_()

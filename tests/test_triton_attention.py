@@ -605,9 +605,14 @@ def test_eatt_head_dims_chunked_distance(interp, l1_bwd, d, case):
 
 def test_eatt_torch_path_in_half_precision_on_cpu():
     """cdist has no bfloat16/float16 kernel: the scores are computed in float32 (pure bf16 model,
-    no autocast), close to the float32 result, finite gradients."""
+    no autocast), close to the float32 result, finite gradients.  Measured (seed 0): max error /
+    max |ref| ~5e-3 in bfloat16, <= 1e-3 in float16.  The values cannot tell float32 scores from
+    half-precision ones (a scratch run computing the L1 sums in bf16/fp16 stayed within 1.5x of the
+    float32 error: the half projections dominate and the scores are rounded to the dtype anyway);
+    what the test catches is cdist being called on half tensors (it raises on CPU)."""
     torch.manual_seed(0)
     C, H = 16, 2
+    tol = {torch.bfloat16: 2e-2, torch.float16: 5e-3}  # x max |ref|
     for name in ("eatt", "eatt_l1"):
         args = argparse.Namespace(attention_backend="torch")
         m32 = FunctionalMultiheadAttention(C, H, build_attention_fn(name, C, H, args), self_attention=True)
@@ -621,7 +626,7 @@ def test_eatt_torch_path_in_half_precision_on_cpu():
             out, _ = m(xh, xh, xh, need_weights=False)
             out.float().sum().backward()
             assert out.dtype == dt and torch.isfinite(xh.grad).all()
-            torch.testing.assert_close(out.float(), ref, rtol=0.1, atol=0.1)
+            torch.testing.assert_close(out.float(), ref, rtol=0, atol=tol[dt] * float(ref.detach().abs().max()))
 
 
 # --------------------------------------------------------------------------------------------
@@ -715,7 +720,7 @@ def test_every_function_runs_in_bfloat16_and_float16_on_cpu():
             y, _ = m(x, x, x, key_padding_mask=kpm, need_weights=False)
             y.float().sum().backward()
             assert y.dtype == dt and torch.isfinite(y).all(), (name, dt)
-            assert x.grad is None or torch.isfinite(x.grad).all(), (name, dt)
+            assert x.grad is not None and torch.isfinite(x.grad).all(), (name, dt)  # x feeds v_proj at least
 
 
 # --------------------------------------------------------------------------------------------
@@ -841,7 +846,11 @@ def test_cuda_rectified_half_parity(dtype, monkeypatch):
 @needs_cuda
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_cuda_eatt_parity(dtype, monkeypatch):
+    """The compiled L1 kernel against float64 cdist, held to test_triton_cuda's TOL: 1e-4 x max|ref|
+    in IEEE float32 (TF32 off: the P @ V products would use it), 2e-2 in half precision."""
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    tol = {torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 2e-2}[dtype]
     B, H, T, S, d = 2, 4, 150, 170, 64
     mask = make_mask("left", B, H, T, S).cuda()
     q, k, v = qkv(B, H, T, S, d, dtype, device="cuda")
@@ -853,7 +862,7 @@ def test_cuda_eatt_parity(dtype, monkeypatch):
     g_r = grads_of([ref], [u.cpu() for u in ups], (q64, k64, v64))
     for a, b in zip([out, *g_t], [ref, *g_r]):
         scale = float(b.abs().max())
-        assert float((a.double().cpu() - b).abs().max()) <= 2e-2 * scale
+        assert float((a.double().cpu() - b).abs().max()) <= tol * scale
 
 
 @needs_cuda
@@ -873,7 +882,7 @@ def test_cuda_every_function_half_precision(dtype, monkeypatch):
         y, _ = m(x, x, x, key_padding_mask=kpm, need_weights=False)
         y.float().sum().backward()
         assert torch.isfinite(y).all(), name
-        assert x.grad is None or torch.isfinite(x.grad).all(), name
+        assert x.grad is not None and torch.isfinite(x.grad).all(), name  # x feeds v_proj at least
 
 
 @needs_triton
