@@ -363,6 +363,87 @@ def test_cli_end_to_end(deen, tmp_path):
     assert "**Regime: unstated**" in md and "**Evidence: none committed.**" in md
     assert "### Model tiny: `" in md and "### Model aer:tiny: `" in md and "## Trained models" in md
     assert not [p for p in os.listdir(out) if p.endswith(".tmp")]  # no temp files left
+    # independent recomputation of the reported AERs (nothing from alignment.py / report.py)
+    mine = _independent_aer(ck, prep, n=30)
+    for mode in ("normal", "shifted"):
+        for li in range(2):
+            assert aer[mode]["layer"][li] == pytest.approx(mine[mode]["layer"][li], abs=1e-9), (mode, li)
+            assert aer[mode]["per_head"][li] == pytest.approx(mine[mode]["heads"][li], abs=1e-9), (mode, li)
+    assert aer["normal"]["per_head"] != aer["shifted"]["per_head"]  # the two modes are distinguishable
+    assert aer["diagonal_aer"] == pytest.approx(mine["diagonal"], abs=1e-9)
+    assert mine["diagonal_off_by_one"] != pytest.approx(mine["diagonal"], abs=1e-6)  # pairing matters
+
+
+def _gold_lines(name):
+    import gzip
+
+    with gzip.open(os.path.join(GOLD, name + ".gz"), "rt", encoding="utf-8") as f:
+        return f.read().split("\n")
+
+
+def _my_aer(hyps, gold):
+    """Och & Ney: 1 - (|A&S| + |A&P|) / (|A| + |S|), corpus counts, in percent."""
+    a = s = a_s = a_p = 0
+    for h, (sure, poss) in zip(hyps, gold):
+        a, s, a_s, a_p = a + len(h), s + len(sure), a_s + len(h & sure), a_p + len(h & (poss | sure))
+    return 100.0 * (1.0 - (a_s + a_p) / (a + s))
+
+
+def _independent_aer(ck, prep, n):
+    """AER of every (mode, layer, head) and of the diagonal baseline from scratch: gold files parsed
+    here, pieces = Moses + BPE per gold word, per-head cross attention from fairseq's
+    need_head_weights path on one unpadded sentence at a time, target word row = mean of its
+    pieces' rows, source word column = sum of its pieces' columns, argmax per target word."""
+    from sacremoses import MosesTokenizer
+    from subword_nmt.apply_bpe import BPE
+
+    from fairseq_plugins.analysis.capture import load_model_for_analysis  # loading only
+
+    model, task, _ = load_model_for_analysis(str(ck), str(prep / "bin"), "de", "en")
+    with open(prep / "bpe" / "codes", encoding="utf-8") as f:
+        bpe = BPE(f)
+    de_words = [l.split() for l in _gold_lines("test.uc.de")[:n]]
+    en_words = [l.split() for l in _gold_lines("test.uc.en")[:n]]
+    gold = []
+    for line in _gold_lines("alignment.talp")[:n + 1]:
+        sure = {(int(j) - 1, int(i) - 1) for j, i in (x.split("-") for x in line.split() if "-" in x)}
+        poss = {(int(j) - 1, int(i) - 1) for j, i in (x.split("p") for x in line.split() if "p" in x)}
+        gold.append((sure, poss | sure))
+
+    def pieces(words, lang):
+        tok, out, ids = MosesTokenizer(lang=lang), [], []
+        for w, word in enumerate(words):
+            sub = bpe.process_line(" ".join(tok.tokenize(word, escape=False, aggressive_dash_splits=False))).split()
+            out, ids = out + sub, ids + [w] * len(sub)
+        return out, ids
+
+    hyps = {(m, li, h): [] for m in ("normal", "shifted") for li in range(2) for h in ("layer", 0, 1)}
+    sd, td = task.source_dictionary, task.target_dictionary
+    for sw, tw in zip(de_words, en_words):
+        sp, sids = pieces(sw, "de")
+        tp, tids = pieces(tw, "en")
+        src = torch.tensor([sd.index(p) for p in sp] + [sd.eos()])[None]
+        prev = torch.tensor([td.eos()] + [td.index(p) for p in tp])[None]
+        net = {"src_tokens": src, "src_lengths": torch.tensor([src.size(1)]), "prev_output_tokens": prev}
+        w = _head_weights(model, {"net_input": net})
+        for li in range(2):
+            att = w[("cross", li)][0].double()  # (H, len(tp) + 1, len(sp) + 1)
+            for mode, rows in (("normal", slice(0, len(tp))), ("shifted", slice(1, len(tp) + 1))):
+                a = att[:, rows, :len(sp)]
+                word = torch.zeros(a.size(0), len(tw), len(sw), dtype=torch.float64)
+                for i in range(len(tw)):
+                    r = a[:, [t for t, x in enumerate(tids) if x == i]].mean(dim=1)  # (H, S)
+                    for j in range(len(sw)):
+                        word[:, i, j] = r[:, [s for s, x in enumerate(sids) if x == j]].sum(dim=1)
+                for h, m in (("layer", word.mean(0)), (0, word[0]), (1, word[1])):
+                    hyps[(mode, li, h)].append({(int(m[i].argmax()), i) for i in range(len(tw)) if m[i].max() > 0})
+    out = {mode: {"layer": [_my_aer(hyps[(mode, li, "layer")], gold[:n]) for li in range(2)],
+                  "heads": [[_my_aer(hyps[(mode, li, h)], gold[:n]) for h in (0, 1)] for li in range(2)]}
+           for mode in ("normal", "shifted")}
+    diag = [{(min(len(s) - 1, round(i * len(s) / len(t))), i) for i in range(len(t))} for s, t in zip(de_words, en_words)]
+    out["diagonal"] = _my_aer(diag, gold[:n])
+    out["diagonal_off_by_one"] = _my_aer(diag, gold[1:n + 1])
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
