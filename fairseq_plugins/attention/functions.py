@@ -187,7 +187,8 @@ class AttentionFunction(nn.Module):
     ``label_smoothed_cross_entropy_with_reg`` collects.  With ``args.attention_entropy`` set
     (``--attention-entropy``) every function logs, in evaluation mode, the mean entropy of its
     (renormalised) weights ``attn_entropy`` (ReLUFormer Tables 3 and 5) and its null-attention
-    rate ``attn_null_rate`` (ReLA Section 5.2, Figure 6); the fused path is then skipped so the weights exist.  Nothing
+    rate ``attn_null_rate`` (ReLA Section 5.2, Figure 6); the fused path is then skipped so the
+    weights exist.  Nothing
     is recorded unless the buffer is enabled (the criterion enables it), so generation is
     not slowed down.
 
@@ -531,9 +532,8 @@ class ReluRMSNormAttention(_RectifiedAttention):
 @register_attention_fn("relu_layernorm")
 class ReluLayerNormAttention(_RectifiedAttention):
     """ReLU + LayerNorm on the attention output (ReLUFormer Section 4, its opening, repeated in
-    Section 4.1: "we add a layer
-    normalization layer succeeding to the SAN results to adjust the variance of SAN.
-    Unfortunately, there still occurs performance degradation"): ``LN(ReLU(Q K^T / sqrt(d_h)) V)``
+    Section 4.1: "we add a layer normalization layer succeeding to the SAN results to adjust the
+    variance of SAN. Unfortunately, there still occurs performance degradation"): ``LN(ReLU(Q K^T / sqrt(d_h)) V)``
     over the concatenated heads (``--rela-norm-scope head``: per head), no gate, no
     length-dependent scale (compare ``reluformer``, eq. 6).  LayerNorm eps is at least 1e-5."""
 

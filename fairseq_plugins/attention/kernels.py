@@ -3,8 +3,8 @@
 Shapes: B batch, H heads, T query length, S key length, d head dimension (d_h).
 
 ReLUFormer attention (eq. 6) is ``h_i = sum_j s_ij v_j`` with ``s_ij = ReLU(q_i . k_j) r_i``,
-``q`` scaled by ``d^-1/2`` (here folded into ``r_i`` by the callers) and ``r_i = 1 / (gamma sqrt(n_i / 2))`` (``n_i`` = number of
-keys query ``i`` may attend to); masked positions have ``s_ij = 0``.  Its regulariser (eq. 7)
+``q`` scaled by ``d^-1/2`` (here folded into ``r_i`` by the callers) and
+``r_i = 1 / (gamma sqrt(n_i / 2))`` (``n_i`` = number of keys query ``i`` may attend to); masked positions have ``s_ij = 0``.  Its regulariser (eq. 7)
 needs, per query row, ``sum_j s_ij`` and ``sum_j s_ij log s_ij`` (``0 log 0 = 0``); both can be
 returned by :func:`relu_attention` and are differentiable.
 
@@ -540,8 +540,8 @@ def relu_attention(q, k, v, row_scale, mask=None, dropout_p=0.0, need_stats=Fals
     ``s_ij = ReLU(q_i . k_j) r_i`` (``0`` where masked), ``out_i = sum_j dropout(s_ij) v_j``.
 
     Args:
-        q: ``(B, H, T, d)`` queries (any scale, e.g. ``d^-1/2``, may be folded into ``row_scale``); float32 or float64 for the
-            chunked kernel (other float dtypes always take the plain path).
+        q: ``(B, H, T, d)`` queries (any scale, e.g. ``d^-1/2``, may be folded into ``row_scale``);
+            float32 or float64 for the chunked kernel (other float dtypes always take the plain path).
         k, v: ``(B, H, S, d)`` keys and values, same dtype as ``q``.
         row_scale: the per-query factor ``r_i`` (e.g. ``1 / (gamma sqrt(n_i / 2))``, unitless):
             a Python float or a float tensor of shape ``(B|1, H|1, T, 1)``; a constant (no

@@ -578,7 +578,8 @@ def relu_attention(q, k, v, row_scale, mask=None, dropout_p=0.0, need_stats=Fals
     atomic adds, reproducible to rounding; ``split``: two deterministic kernels, 7 GEMMs).
 
     Args:
-        q: ``(B, H, T, d)`` queries (any scale, e.g. ``d^-1/2``, may be folded into ``row_scale``); k, v: ``(B, H, S, d)``; one
+        q: ``(B, H, T, d)`` queries (any scale, e.g. ``d^-1/2``, may be folded into ``row_scale``).
+        k, v: ``(B, H, S, d)``; q, k, v of one
             dtype (float16, bfloat16, float32, float64), any strides, ``d <= 256``.
         row_scale: ``r_i``: a float or a constant tensor ``(B|1, H|1, T, 1)`` (non-finite -> 0).
         mask: bool, broadcastable to ``(B, H, T, S)``, True = blocked, or None.
