@@ -334,6 +334,31 @@ def test_energy_counts_against_hand_count():
         E.score_ops("eatt", l, l, d, h)
 
 
+def test_printed_eatt_cell_against_hand_count_and_the_cli_page(tmp_path):
+    """The garbled E-ATT cell of Table 2 read as printed: 1/2 l d rho + l^2 d additions against
+    vanilla's 2 l d^2 + l^2 d MACs.  l = 3, d = 4, rho = 0.5 by hand: 3 + 36 = 39 additions
+    (35.1 pJ on ASIC) against 132 MACs (607.2 pJ); at the l implied by Dense's 51.10 % the ASIC
+    reading spans 0.430-0.440 % (results/README.md), and the CLI page prints that range."""
+    assert E.printed_eatt_cell(3, 4, 0.5, "asic") == pytest.approx(100 * 39 * 0.9 / (132 * 4.6))
+    assert E.printed_eatt_cell(3, 4, 0.5, "fpga") == pytest.approx(100 * 39 * 0.4 / (132 * 19.2))
+    l = E.implied_length(0.5110, 512)
+    lo, hi = (E.printed_eatt_cell(l, 512, r, "asic") for r in (0.0, 1.0))
+    assert (round(lo, 3), round(hi, 3)) == (0.430, 0.440)
+    mid = E.printed_eatt_cell(l, 512, 0.5, "asic")
+    assert mid == pytest.approx((lo + hi) / 2)  # linear in rho
+    with pytest.raises(ValueError, match=r"rho must be in \[0, 1\]"):
+        E.printed_eatt_cell(l, 512, 1.5, "asic")
+    with pytest.raises(ValueError, match="asic, fpga"):
+        E.printed_eatt_cell(l, 512, 0.5, "gpu")
+    from fairseq_plugins.analysis import energy_cli
+
+    md = tmp_path / "t2.md"
+    energy_cli.main(["--md", str(md)])
+    text = md.read_text()
+    assert "ASIC 0.430 % (ρ = 0) to 0.440 % (ρ = 1); FPGA 0.046 % (ρ = 0) to 0.047 % (ρ = 1)" in text
+    assert "- command: `fairseq-attention-energy --md " in text
+
+
 # ---- end to end on real data (short) ---------------------------------------------------------
 
 from helpers import MULTI30K_RAW as RAW, ROOT, VENV_BIN as BIN, run_cli as _sh  # noqa: E402

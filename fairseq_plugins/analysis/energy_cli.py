@@ -53,6 +53,11 @@ def table2_markdown(l, d, h, rho, l1_adds):
     lines += ["", f"- Dense's 51.10 % implies l = {E.implied_length(0.5110, d):.2f} at d = {d} (independent of hardware).",
               f"- E-ATT's 0.44 % (scores) needs ρ = {E.implied_rho(0.0044, l, d, h, 'asic', l1_adds):.4f} on ASIC "
               f"and ρ = {E.implied_rho(0.0044, l, d, h, 'fpga', l1_adds):.4f} on FPGA at this l, d.",
+              "- The paper's E-ATT cell read as printed in our copy (garbled: ½ l d ρ + l² d additions, no "
+              "multiplication) gives "
+              + "; ".join(f"{hw.upper()} {E.printed_eatt_cell(l, d, 0.0, hw):.3f} % (ρ = 0) to "
+                          f"{E.printed_eatt_cell(l, d, 1.0, hw):.3f} % (ρ = 1)" for hw in ("asic", "fpga"))
+              + " at this l, d (it is linear in ρ).",
               "- Table 1 costs (pJ, FP32): ASIC add 0.9 / mul 3.7; FPGA add 0.4 / mul 18.8.", ""]
     return "\n".join(lines)
 
