@@ -47,7 +47,10 @@ autotuning tile asked for (``--tiles first``: the first of the kernel's table th
 tries for that launch -- ``_tried``: tiles known to spill with ReLUFormer's statistics, with
 dropout (``_SPILL_WITH_DROPOUT``, per table), at head dimension 128 (``_SPILL_AT_D128``, per
 table, keyed on the launch's ``BLOCK_D``) or at head dimension 128 with dropout
-(``_SPILL_AT_D128_WITH_DROPOUT``) are not tried there).  Which tile the autotuner picks on a GPU is not known here.
+(``_SPILL_AT_D128_WITH_DROPOUT``) are not tried there; ``--tiles all``: every tile it tries;
+``--tiles table``: every tile of the kernel's table, those it leaves out too -- marked "not
+tried", outside the targets and the tile choices -- the command that shows why each is left out).
+Which tile the autotuner picks on a GPU is not known here.
 
 Writes ``results/gpu/kernel_report.md`` (``--out``; ``--json`` also a JSON list of the rows) with
 a provenance section (:mod:`mt_pipeline.provenance`), atomically (:mod:`mt_pipeline.atomic`).
@@ -56,7 +59,7 @@ Exit status 2 when triton or its NVIDIA backend is missing.
 Usage::
 
     mt-kernel-report [--arch 90,80] [--dtypes fp16,bf16,fp32] [--head-dims 32,64,128]
-                     [--variants rela_enc,...] [--bwd fused,split] [--tiles first|all]
+                     [--variants rela_enc,...] [--bwd fused,split] [--tiles first|all|table]
                      [--jobs N] [--out FILE] [--json FILE]
 """
 
@@ -119,6 +122,8 @@ DROPOUTS = (0.0, 0.1)
 BWDS = ("fused", "split")
 #: the main configurations: no spills and no serialized wgmma allowed (tests/test_kernel_report.py);
 #: d 32 and 128 since the head-dimension-aware tile pruning and E-ATT's chunked distance (issue 28)
+#: ``--tiles``: the first tile the autotuner tries, every tile it tries, every tile of the table
+TILES = ("first", "all", "table")
 MAIN = dict(arch=90, dtypes=("fp16", "bf16"), head_dims=(32, 64, 128), tiles="first",
             variants=("rela_enc", "rela_causal", "reluformer_enc", "eatt_enc", "eatt_causal"))
 #: main configurations known to break the targets, ``(variant, head_dim, dropout) -> (kernel, why)``
@@ -665,18 +670,19 @@ def report(archs: Iterable[int] = ARCHS, dtypes: Iterable[str] = DTYPES, head_di
            tiles: str = "first", log=None, bwds: Iterable[str] = BWDS, jobs: int = 1) -> List[dict]:
     """One row per (arch, dtype, head dim, variant, dropout, kernel, tile): the compile's
     resources and counts (see the module docstring); a kernel that does not compile is a row
-    with ``error`` set.  The attention variants' backward is compiled on each path of ``bwds``
+    with ``error`` set; ``tried`` says whether the autotuner tries the tile for that launch
+    (``False`` only with ``tiles="table"``).  The attention variants' backward is compiled on each path of ``bwds``
     (:data:`BWDS`; the forward once).  ``jobs > 1`` compiles in that many processes (the rows
     come back in the same order; each compile also lands in triton's cache, ``TRITON_CACHE_DIR``,
     under the key the JIT looks up at the same launch on a GPU of that arch with this triton).
 
     Raises:
-        ValueError: unknown variant/dtype/backward path, ``tiles`` not ``first``/``all``, or ``jobs < 1``.
+        ValueError: unknown variant/dtype/backward path, ``tiles`` not one of :data:`TILES`, or ``jobs < 1``.
     """
     import fairseq_plugins.attention.triton as tk
 
-    if tiles not in ("first", "all"):
-        raise ValueError(f"tiles must be 'first' or 'all', got {tiles!r}")
+    if tiles not in TILES:
+        raise ValueError(f"tiles={tiles!r}; valid choices: {', '.join(TILES)}")
     if jobs < 1:
         raise ValueError(f"jobs must be >= 1, got {jobs}")
     real = tk._kernels(False)
@@ -697,7 +703,7 @@ def report(archs: Iterable[int] = ARCHS, dtypes: Iterable[str] = DTYPES, head_di
                                 recorded.append(launch)
                     for arch in archs:
                         for name, args, meta in recorded:
-                            kind = "kernels"
+                            kind, tried = "kernels", None
                             if name in KERNELS["norm"]:  # fixed tiles: the launch's own
                                 kind, meta = "norm", dict(meta)
                                 tile_list = [(meta.pop("BLOCK_M"), meta.pop("BLOCK_N"), meta.pop("num_warps", 4), 1)]
@@ -706,13 +712,15 @@ def report(archs: Iterable[int] = ARCHS, dtypes: Iterable[str] = DTYPES, head_di
                                 tile_list = [(meta.pop("BLOCK"), 1, meta.pop("num_warps", 4), 1)]
                             else:
                                 tried = real._tried(table[name], meta)  # the autotuner's candidates
-                                tile_list = tried if tiles == "all" else tried[:1]
+                                tile_list = (list(table[name]) if tiles == "table" else
+                                             tried if tiles == "all" else tried[:1])
                             for tile in tile_list:
                                 shown = tile[:1] + (() if kind == "stats" else  # rows: "1024"
                                                     ((meta["BLOCK_G"],) if "BLOCK_G" in meta else ()) + tile[1:2])
                                 row = dict(arch=arch, dtype=dtype, head_dim=d, variant=variant, dropout=p,
                                            kernel=name, tile="x".join(map(str, shown)), warps=tile[2],
-                                           stages=tile[3], error=None)
+                                           stages=tile[3], error=None,
+                                           tried=tried is None or tuple(tile) in map(tuple, tried))
                                 # detached: the same storage, offsets and strides (the binder's
                                 # specialisation), and picklable for the worker processes
                                 plain = tuple(x.detach() if hasattr(x, "detach") else x for x in args)
@@ -808,8 +816,9 @@ def problems(rows: List[dict]) -> List[str]:
 
 
 def _is_main(r: dict) -> bool:
+    """A main-configuration row (:data:`MAIN`) of a tile the autotuner tries."""
     return (r["arch"] == MAIN["arch"] and r["dtype"] in MAIN["dtypes"] and r["head_dim"] in MAIN["head_dims"]
-            and r["variant"] in MAIN["variants"])
+            and r["variant"] in MAIN["variants"] and r.get("tried", True))
 
 
 def known_exception(r: dict) -> Optional[str]:
@@ -895,9 +904,12 @@ def _opcode_delta(base: dict, row: dict) -> str:
 def tile_choices(rows: List[dict]) -> List[dict]:
     """Per launch compiled in several tiles (``--tiles all``): the first tile the autotuner tries
     and the spill-free one with the fewest PTX instructions per score, ``{"first": row, "best":
-    row or None, "clean": spill-free count, "tiles": compiled count}`` (first-seen order)."""
+    row or None, "clean": spill-free count, "tiles": compiled count}`` (first-seen order; tiles
+    the autotuner does not try, ``--tiles table``, are left out)."""
     groups: Dict[tuple, List[dict]] = {}
     for r in rows:
+        if not r.get("tried", True):
+            continue
         groups.setdefault((r["arch"], r["dtype"], r["head_dim"], r["variant"], r["dropout"], r["kernel"]), []).append(r)
     out = []
     for rs in groups.values():
@@ -1126,11 +1138,20 @@ def render(rows: List[dict], record: dict) -> str:
         elif not bad:
             lines.append("- met")
     for arch in sorted({r["arch"] for r in rows} - {MAIN["arch"]}, reverse=True):
-        of = [r for r in rows if r["arch"] == arch]
+        of = [r for r in rows if r["arch"] == arch and r.get("tried", True)]
         spill = sum(1 for r in of if not r["error"] and (r["spill_stores"] or r["spill_loads"]))
         err = sum(1 for r in of if r["error"])
         lines.append(f"- sm_{arch} (no target: the autotuner times every tried tile there): {spill} of {len(of)} "
                      f"compiles spill, {err} fail to compile")
+    left = [r for r in rows if not r.get("tried", True)]
+    if left:
+        free = [r for r in left if not r["error"] and not (r["spill_stores"] or r["spill_loads"])]
+        lines.append(f"- tiles the autotuner leaves out (`--tiles table`, marked \"not tried\"; outside the targets): "
+                     f"{len(left)} compiles, {len(left) - len(free)} spill or fail to compile"
+                     + ("; spill-free now, so no longer a reason to leave them out: "
+                        + "; ".join(f"sm_{r['arch']} {r['dtype']} d {r['head_dim']} {r['variant']} p {r['dropout']:g} "
+                                    f"{r['kernel']} {r['tile']} w{r['warps']} s{r['stages']}" for r in free)
+                        if free else ""))
     over = _dropout_overhead(rows)
     if over:
         lines += ["", "## Dropout overhead (target: <= +25 % PTX per score)", "",
@@ -1156,7 +1177,7 @@ def render(rows: List[dict], record: dict) -> str:
             if r["arch"] != arch:
                 continue
             head = (f"| {r['dtype']} | {r['head_dim']} | {r['variant']} | {r['dropout']:g} | {r['kernel']} "
-                    f"| {r['tile']} {r['warps']}/{r['stages']} ")
+                    f"| {r['tile']} {r['warps']}/{r['stages']}{'' if r.get('tried', True) else ' (not tried)'} ")
             if r["error"]:
                 lines.append(head + f"| error: {r['error']} | | | | | | | | | |")
                 continue
@@ -1188,7 +1209,9 @@ def main(argv=None) -> int:
     p.add_argument("--dropouts", default=",".join(map(str, DROPOUTS)), help="attention dropout values")
     p.add_argument("--bwd", default=",".join(BWDS),
                    help=f"rectified backward paths compiled (comma list of {', '.join(BWDS)}; default both)")
-    p.add_argument("--tiles", default="first", choices=("first", "all"), help="autotuning tiles compiled")
+    p.add_argument("--tiles", default="first", choices=TILES,
+                   help="tiles compiled per launch: the first the autotuner tries, all it tries, or the kernel's "
+                        "whole table (those it leaves out as spilling marked 'not tried')")
     p.add_argument("--out", default=os.path.join(provenance.ROOT, "results", "gpu", "kernel_report.md"))
     p.add_argument("--json", default=None, help="also write the rows as JSON here")
     p.add_argument("--jobs", type=int, default=1,

@@ -193,6 +193,52 @@ def test_dropout_overhead_and_tile_choices_with_several_tiles_per_launch():
     assert "| 128x32 4/4 | 15.5 | 1.11 |" in "\n".join(kr._tile_lines(rows))
 
 
+def test_tiles_not_tried_stay_out_of_the_targets_and_the_tile_choices():
+    """``--tiles table`` rows the autotuner does not try (``tried`` False): a spill there is no
+    target failure, they are never a launch's first or best tile, and the page marks them."""
+    base = dict(arch=90, dtype="fp16", head_dim=128, variant="rela_enc", dropout=0.1, kernel="rect_bwd",
+                error=None, spill_loads=0, warnings=[], registers=255, shared=114688, loop_wgmma=28, wgmma=28,
+                loop_mma=0, mma=0, loop_instructions=700, loop_dynamic=700, inner_loops=[], sass_per_score=None,
+                target="sm_90a", compile_s=0.6)
+    rows = [dict(base, tile="32x128", warps=8, stages=2, spill_stores=32, ptx_per_score=46.19, tried=False),
+            dict(base, tile="16x128", warps=8, stages=1, spill_stores=0, ptx_per_score=59.75, tried=True),
+            dict(base, tile="32x32", warps=4, stages=1, spill_stores=0, ptx_per_score=75.38, tried=True),
+            dict(base, tile="64x128", warps=8, stages=1, spill_stores=0, ptx_per_score=36.94, tried=False)]
+    assert kr.main_problems(rows) == ([], {})
+    assert kr.main_problems([dict(rows[0], tried=True)])[0]  # the same row, tried: a failure
+    (c,) = kr.tile_choices(rows)
+    assert (c["first"], c["best"], c["clean"], c["tiles"]) == (rows[1], rows[1], 2, 2)
+    page = kr.render(rows, {"command": "x"})
+    assert "| 32x128 8/2 (not tried) | 255 | 32/0 |" in page and "| 16x128 8/1 | 255 | 0/0 |" in page
+    assert ("tiles the autotuner leaves out (`--tiles table`, marked \"not tried\"; outside the targets): "
+            "2 compiles, 1 spill or fail to compile; spill-free now, so no longer a reason to leave them out: "
+            "sm_90 fp16 d 128 rela_enc p 0.1 rect_bwd 64x128 w8 s1") in page
+    with pytest.raises(ValueError, match="valid choices: first, all, table"):
+        kr.report(tiles="every")
+
+
+@needs_nvidia
+def test_tiles_left_out_at_d128_with_dropout_still_spill(monkeypatch):
+    """``--tiles table`` compiles the tiles the autotuner leaves out: the fused backward's 32x128 w8 s2
+    and 32x64 w4 s2 at d 128 with dropout (``_SPILL_AT_D128_WITH_DROPOUT``) still spill there (sm_90a
+    fp16, rela_enc: 32 / 132 B stores when measured), so leaving them out is still justified; the
+    first tile tried, 16x128 w8 s1, spills nothing."""
+    pytest.importorskip("triton.backends.nvidia.compiler", reason="triton without its NVIDIA backend")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    mod = tk._kernels(False)
+    rows = [r for r in kr.report(archs=(90,), dtypes=("fp16",), head_dims=(128,), variants=("rela_enc",),
+                                 dropouts=(0.1,), tiles="table", bwds=("fused",)) if r["kernel"] == "rect_bwd"]
+    assert [(tuple(map(int, r["tile"].split("x"))) + (r["warps"], r["stages"])) for r in rows] == mod._RECT_BWD
+    by = {(r["tile"], r["warps"], r["stages"]): r for r in rows}
+    (left,) = [sp for tb, sp in mod._SPILL_AT_D128_WITH_DROPOUT if tb is mod._RECT_BWD]
+    for m, n, w, st in left:
+        r = by[(f"{m}x{n}", w, st)]
+        assert not r["tried"] and not r["error"] and r["spill_stores"] > 0, r
+    first = by[("16x128", 8, 1)]
+    assert first["tried"] and first["spill_stores"] == first["spill_loads"] == 0
+    assert kr.main_problems(rows) == ([], {})
+
+
 def test_bwd_comparison_pairs_the_fused_kernel_with_the_split_pair():
     """One comparison per configuration with all three backward kernels; the split pair's PTX per
     score is the sum of its two kernels'; rendered as a Markdown section (none without a pair)."""
