@@ -44,7 +44,7 @@ from .atomic import (NotOwnedError, OwnedFiles, atomic_path, remove_leftovers, w
 from .provenance import ROOT
 from .provenance import file_sha256 as checkpoint_sha256
 
-__all__ = ["checkpoint_sha256", "done_subsets", "evaluate", "testset_name", "main", "EvaluateError"]
+__all__ = ["checkpoint_sha256", "done_subsets", "evaluate", "testset_name", "tokenized_with_escaping", "main", "EvaluateError"]
 
 #: files of one subset ``S`` in an evaluation directory
 SUBSET_FILES = ("{s}.json", "{s}.hyp.tok", "{s}.hyp.tc", "{s}.hyp.detok", "{s}.score.txt",
@@ -53,6 +53,22 @@ SUBSET_FILES = ("{s}.json", "{s}.hyp.tok", "{s}.hyp.tc", "{s}.hyp.detok", "{s}.s
 
 class EvaluateError(RuntimeError):
     """Bad input or a failed step; the message says which and what to do."""
+
+
+def tokenized_with_escaping(prep_dir: str, lang: str) -> bool:
+    """Whether the prep in ``prep_dir`` Moses-tokenised ``lang`` with tokenizer.perl's XML escaping
+    (``&quot;`` for ``"``, ...): its tok stage's stamp (``<prep_dir>/tok/.done``, written by
+    :mod:`mt_pipeline.prep`) describes ``MosesTokenizer(LANG, escape=True, ...)`` for ``lang``.
+    Then the hypotheses are unescaped when detokenized (:func:`mt_pipeline.hypotheses.detokenize`)
+    -- the raw references are plain text.  False without a stamp, for recipes without escaping
+    (Multi30k, the long-document sets) and for pretokenized corpora, whose raw reference keeps
+    the corpus's own entities."""
+    try:
+        with open(os.path.join(prep_dir, "tok", ".done"), encoding="utf-8") as f:
+            stamp = f.read()
+    except OSError:
+        return False
+    return f"MosesTokenizer({lang}, escape=True" in stamp
 
 
 def testset_name(prep_dir: str, subset: str) -> str:
@@ -316,7 +332,8 @@ def evaluate(a) -> List[Dict]:
     except NotOwnedError as err:  # (a file appeared since check_out)
         raise EvaluateError(str(err)) from None
     truecased = os.path.isfile(os.path.join(a.prep_dir, "tc", f"truecase-model.{a.tgt}"))
-    post = "remove-bpe,detruecase,detokenize" if truecased else "remove-bpe,detokenize"
+    escaped = tokenized_with_escaping(a.prep_dir, a.tgt)
+    post = ("remove-bpe,detruecase,detokenize" if truecased else "remove-bpe,detokenize") + (",unescape" if escaped else "")
     print(f"[evaluate] checkpoint={a.checkpoint} sha256={sha[:12]} direction={a.src}->{a.tgt} beam={a.beam} "
           f"lenpen={a.lenpen} postprocess={post} out={out}", file=sys.stderr)
     results = []
@@ -333,6 +350,8 @@ def evaluate(a) -> List[Dict]:
         argv = [log, "--expected", str(n), "--lang", a.tgt, "--tok-out", hyp_tok, "--detok-out", hyp_detok]
         if truecased:
             argv += ["--detruecase", "--truecased-out", os.path.join(out, f"{s}.hyp.tc")]
+        if escaped:
+            argv.append("--unescape")
         if hypotheses.main(argv) != 0:
             raise EvaluateError(f"could not extract {n} hypotheses for subset {s} from {log}")
         try:

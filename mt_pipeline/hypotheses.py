@@ -4,7 +4,7 @@
 Usage::
 
     fairseq-generate ... --remove-bpe | python scripts/extract_hypotheses.py \\
-        --expected N --lang de --tok-out HYP.tok --detok-out HYP.detok
+        --expected N --lang de --tok-out HYP.tok --detok-out HYP.detok [--unescape]
     python scripts/extract_hypotheses.py GENERATE_LOG --expected N --lang de \\
         --tok-out HYP.tok --detok-out HYP.detok [--detruecase [--truecased-out HYP.tc]]
 
@@ -18,9 +18,14 @@ Writes (each atomically: temp file in the same directory, then rename):
 * ``--tok-out``: the hypotheses as generated, i.e. Moses-tokenised with BPE removed
   (run fairseq-generate with ``--remove-bpe``; hypotheses still holding ``@@`` markers are
   an error unless ``--remove-bpe`` is passed here, which removes them);
-* ``--detok-out``: the same, detokenized with sacremoses ``MosesDetokenizer(--lang)``
-  (``unescape=False``: the data were tokenised without XML escaping, see
-  data-prep/multi30k/prepare.sh), for sacreBLEU against the raw reference.
+* ``--detok-out``: the same, detokenized with sacremoses ``MosesDetokenizer(--lang)``, for
+  sacreBLEU against the raw reference.  XML entities (``&quot; &apos; &amp; &lt; &gt; &#124;
+  &#91; &#93;``) are unescaped only with ``--unescape``: the data were tokenised with
+  tokenizer.perl's escaping (the data-prep recipes with ``escape: true``: WMT, IWSLT14, ASPEC;
+  :func:`mt_pipeline.evaluate.tokenized_with_escaping` reads it from the prep's ``tok/.done``).
+  Without it the text is kept as generated: Multi30k and the long-document sets are tokenised
+  without escaping, and a pretokenized corpus (IWSLT15 En-Vi, Stanford) keeps its entities in
+  the reference too.
 
 With ``--detruecase`` (a model trained on truecased text: data-prep's ``truecase`` recipes, e.g.
 E-ATT's, where scripts/evaluate.sh finds ``<prep>/tc/truecase-model.TGT``), the hypotheses as
@@ -95,12 +100,15 @@ def parse_hypotheses(lines, expected):
     return [hyps[i] for i in range(expected)]
 
 
-def detokenize(texts, lang):
-    """Detokenize Moses-tokenised ``texts`` with sacremoses (no XML unescaping)."""
+def detokenize(texts, lang, unescape=False):
+    """Detokenize Moses-tokenised ``texts`` with sacremoses ``MosesDetokenizer(lang)``;
+    ``unescape``: also turn tokenizer.perl's XML entities back into characters (detokenizer.perl's
+    default; needed when the data were tokenised with escaping, else sacreBLEU compares
+    ``&quot;`` with ``"``)."""
     from sacremoses import MosesDetokenizer
 
     detok = MosesDetokenizer(lang=lang)
-    return [detok.detokenize(t.split(), return_str=True, unescape=False) for t in texts]
+    return [detok.detokenize(t.split(), return_str=True, unescape=unescape) for t in texts]
 
 
 def detruecase(texts):
@@ -131,6 +139,9 @@ def main(argv=None):
     parser.add_argument("--detruecase", action="store_true",
                         help="the model was trained on truecased text: detruecase (Moses) before --tok-out/--detok-out")
     parser.add_argument("--truecased-out", help="output (with --detruecase): the hypotheses as generated (truecased)")
+    parser.add_argument("--unescape", action="store_true",
+                        help="the data were tokenised with XML escaping (tokenizer.perl's default; data-prep recipes "
+                             "with escape: true): unescape &quot; &apos; &amp; ... when detokenizing")
     parser.add_argument("--remove-bpe", action="store_true",
                         help="remove '@@ ' BPE markers here (when fairseq-generate ran without --remove-bpe)")
     args = parser.parse_args(argv)
@@ -169,11 +180,12 @@ def main(argv=None):
         if args.truecased_out:
             _write_atomic(args.truecased_out, hyps)
         hyps = detruecase(hyps)
-    detok = detokenize(hyps, args.lang)
+    detok = detokenize(hyps, args.lang, unescape=args.unescape)
     _write_atomic(args.tok_out, hyps)
     _write_atomic(args.detok_out, detok)
     print(f"extract_hypotheses.py: {len(hyps)} hypotheses -> {args.tok_out} (tokenized"
-          + (", detruecased" if args.detruecase else "") + f"), {args.detok_out} (detokenized)", file=sys.stderr)
+          + (", detruecased" if args.detruecase else "") + f"), {args.detok_out} (detokenized"
+          + (", unescaped" if args.unescape else "") + ")", file=sys.stderr)
     return 0
 
 

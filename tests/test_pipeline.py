@@ -328,3 +328,65 @@ def test_every_budget_logs_json():
     assert len(budgets) >= 30
     for path in budgets:
         assert load_budget(path)["train"].get("log-format") == "json", path
+
+
+WMT_PLAIN = os.path.join(os.path.dirname(ROOT), "shared", "data", "wmt", "plain")
+
+
+@pytest.mark.skipif(not os.path.isdir(WMT_PLAIN), reason=f"real data not found at {WMT_PLAIN}")
+def test_escaped_preps_are_unescaped_when_detokenized(tmp_path):
+    """WMT14 En-De's recipe tokenises with tokenizer.perl's XML escaping, so its hypotheses carry
+    ``&quot;`` where the raw reference has ``"``: evaluation reads that from the prep's tok stamp
+    and unescapes.  On newstest2014 De (the real reference, tokenised by the recipe and taken as
+    hypotheses): unescaped, 91.8 % of the lines detokenize back to the raw line exactly (the rest
+    differ by the recipe's punctuation normalisation and dash splits), kept escaped 80.7 %; chrF
+    99.66 vs 98.48, sacreBLEU 98.02 vs 97.89 (its 13a tokenizer itself undoes ``&quot; &amp; &lt;
+    &gt;``, not ``&apos;``, nor the quotes' spacing).  Multi30k's stamp (no escaping) and a
+    pretokenized recipe leave the text as it is."""
+    import gzip
+
+    import sacrebleu
+
+    from mt_pipeline import hypotheses
+    from mt_pipeline.prep import multi30k, spec as prep_spec, tok
+    from mt_pipeline.prep.sentence import stamps
+
+    with gzip.open(os.path.join(WMT_PLAIN, "newstest2014.de-en.de.gz"), "rt", encoding="utf-8") as f:
+        raw = [l.rstrip("\n") for l in f][:600]
+    assert sum('"' in l for l in raw) > 20  # the lines this is about
+    recipe = prep_spec.effective_recipe(prep_spec.load_spec("wmt14_en_de"))
+    toks = tok.tokenize_lines(raw, "de", recipe)
+    assert sum("&quot;" in t for t in toks) > 20
+
+    def prep_with(stamp):
+        d = tmp_path / str(abs(hash(stamp)))
+        (d / "tok").mkdir(parents=True)
+        (d / "tok" / ".done").write_text(stamp + "\n", encoding="utf-8")
+        return str(d)
+
+    wmt = prep_with(stamps("tok", upstream="x", recipe=tok.describe(recipe, ["en", "de"]), versions="v")[0])
+    assert evaluate.tokenized_with_escaping(wmt, "de") and evaluate.tokenized_with_escaping(wmt, "en")
+    m30k = prep_with(stamps("tok", upstream="x", train_lines="all", tokenizer=multi30k.TOKENIZER, versions="v")[0])
+    pretok = prep_with(stamps("tok", upstream="x", recipe=tok.describe({"pretokenized": True}, ["en", "vi"]),
+                              versions="v")[0])
+    assert not evaluate.tokenized_with_escaping(m30k, "de") and not evaluate.tokenized_with_escaping(pretok, "vi")
+    assert not evaluate.tokenized_with_escaping(str(tmp_path / "no-prep"), "de")
+
+    log = tmp_path / "gen.log"
+    log.write_text("".join(f"H-{i}\t-0.5\t{h}\n" for i, h in enumerate(toks)), encoding="utf-8")
+    out = {}
+    for flag in ([], ["--unescape"]):
+        detok = tmp_path / f"detok{len(flag)}"
+        assert hypotheses.main([str(log), "--expected", str(len(raw)), "--lang", "de", "--tok-out",
+                                str(tmp_path / "tok"), "--detok-out", str(detok), *flag]) == 0
+        out[bool(flag)] = detok.read_text(encoding="utf-8").splitlines()
+    same = {k: sum(h == r for h, r in zip(v, raw)) / len(raw) for k, v in out.items()}
+    bleu = {k: sacrebleu.corpus_bleu(v, [raw]).score for k, v in out.items()}
+    chrf = {k: sacrebleu.corpus_chrf(v, [raw]).score for k, v in out.items()}
+    assert same[True] > 0.9 and same[True] - same[False] > 0.08, same
+    assert chrf[True] - chrf[False] > 1.0 and bleu[True] > bleu[False], (chrf, bleu)
+    assert not any(e in h for h in out[True] for e in ("&quot;", "&apos;", "&amp;"))
+    assert sum("&quot;" in h or "&apos;" in h for h in out[False]) > 20
+    # lines without an entity come out the same either way
+    plain = [i for i, t in enumerate(toks) if "&" not in t]
+    assert len(plain) > 300 and all(out[True][i] == out[False][i] for i in plain)
