@@ -464,3 +464,29 @@ def test_results_index_says_which_rows_ran_next_to_the_paper(tmp_path):
             assert "| 1 | A | 26.9 | 24.12 (24.50) | 1 | done | `abcdef012345` |" in text
             assert "| 3 | C | 26.0 | 24.12 (24.50) | 1 | done | `abcdef012345` |" in text
             assert "row cells from the runs' result.json" in text
+
+
+_LONGDOC_BUDGETS = sorted(
+    os.path.relpath(os.path.join(d, f), ROOT)
+    for d in (os.path.join(ROOT, "configs", "reluformer", "europarl7_doc"), os.path.join(ROOT, "configs", "long_documents"))
+    for f in os.listdir(d) if re.fullmatch(r"(budget|small_cpu)_L\d+\.yaml", f))
+
+
+@pytest.mark.parametrize("path", _LONGDOC_BUDGETS)
+def test_long_document_budgets_have_positions_for_their_longest_documents(path):
+    """fairseq drops training documents longer than ``--max-*-positions`` and refuses valid/test
+    ones: every long-document budget (smoke and paper scale) gives training and generation at least
+    L + 2 positions (a packed document is at most L tokens, plus ``</s>``), and at L = 128 at least
+    240 -- over-length single sentences are their own document there, up to 237 BPE tokens
+    (data-prep/long_documents/README.md; the paper-scale budget had 176)."""
+    from mt_pipeline.budget import load_budget
+
+    assert len(_LONGDOC_BUDGETS) == 10
+    b = load_budget(os.path.join(ROOT, path))
+    L = int(re.search(r"_L(\d+)\.yaml$", path).group(1))
+    assert b["data"]["variant"] == f"L{L}"
+    need = max(L + 2, 240 if L == 128 else 0)
+    for side in ("source", "target"):
+        key = f"max-{side}-positions"
+        assert b["train"][key] >= need and b["generate"]["extra"][key] >= need, (path, side, need)
+        assert b["generate"]["extra"][key] == b["train"][key]
