@@ -252,6 +252,8 @@ def test_bad_option_names_valid_options():
     (("--bpe-merges", "-5"), "--bpe-merges must be a positive integer"),
     (("--workers", "two"), "--workers must be a positive integer"),
     (("--data-dir", "/nonexistent/dir"), "is not a directory"),
+    (("--train-dir", "/nonexistent/dir"), "is not a directory: give the directory that holds Maruf et al. (2019)'s "
+                                          "Europarl7 training set, concatenated_en2de_train_{en,de}.txt[.gz]"),
     (("--out",), "needs a value"),
 ])
 def test_bad_values_are_rejected(args, msg):

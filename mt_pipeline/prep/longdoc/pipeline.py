@@ -268,7 +268,9 @@ def check_args(p, spec, args):
         p.error(f"unknown variant '{args.variant}' of {spec['name']}; valid: {', '.join(valid)} (one per --lengths)")
     if args.train_dir:
         if not os.path.isdir(args.train_dir):
-            p.error(f"--train-dir '{args.train_dir}' is not a directory")
+            p.error(f"--train-dir '{args.train_dir}' is not a directory: give the directory that holds Maruf et al. "
+                    "(2019)'s Europarl7 training set, concatenated_en2de_train_{en,de}.txt[.gz] (the paper-scale "
+                    "budgets of configs/reluformer/europarl7_doc/ expect data-bin/maruf_europarl7_train)")
         args.train_dir = os.path.abspath(args.train_dir)
         for lang in LANGS:
             f = os.path.join(args.train_dir, f"concatenated_en2de_train_{lang}.txt")
