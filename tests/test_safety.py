@@ -607,6 +607,32 @@ def test_bad_source_text_names_file_and_line_and_writes_no_split(tmp_path, capsy
     assert os.listdir(out) == []  # not even the good split
 
 
+def test_source_lines_takes_a_prefix_and_refuses_a_short_file(tmp_path, monkeypatch):
+    """``lines: N`` (ASPEC's best-scored 1.5M pairs: train-1 + the first 500K of train-2) takes the
+    first N extracted lines of a source, says so in the plan, refuses a source with fewer lines,
+    and the spec check refuses anything but a positive integer."""
+    import yaml
+
+    from mt_pipeline.prep import spec as specs
+
+    src = {"file": "test.tsv", "format": "tsv:{col}", "columns": {"en": 0, "de": 1}}
+    spec = dict(GOOD_SPEC, local={"default_dir": "toy", "splits": {"test": [dict(src, lines=2)]}})
+    sources = _toy_sources(tmp_path, spec, b"a\tA\nb\tB\nc\tC\n")
+    (x,) = sources.of("test")
+    assert sources.read(x, "en") == ["a", "b"] and sources.read(x, "de") == ["A", "B"]
+    assert sources.read(dict(src), "de") == ["A", "B", "C"]
+    assert sources.describe([x], "en") == "test.tsv [tsv:{col}] (first 2 lines)"
+    with pytest.raises(SystemExit, match="has 3 lines, fewer than the 5 the spec takes"):
+        sources.read(dict(src, lines=5), "en")
+    monkeypatch.setattr(specs, "DATA_PREP", str(tmp_path))
+    (tmp_path / "toy").mkdir()
+    for bad in (0, -1, "500000", True, 2.5):
+        (tmp_path / "toy" / "corpus.yaml").write_text(yaml.safe_dump(
+            dict(GOOD_SPEC, local={"default_dir": "toy", "splits": {"test": [dict(src, lines=bad)]}})))
+        with pytest.raises(SystemExit, match="`lines:` .* must be a positive integer"):
+            specs.load_spec("toy")
+
+
 def test_mt_score_names_a_latin1_hypothesis(tmp_path, capsys):
     """Probe: a Latin-1 hypothesis in mt-score was a UnicodeDecodeError traceback."""
     from mt_pipeline import scoring

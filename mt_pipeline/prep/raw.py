@@ -161,10 +161,13 @@ class Sources:
     def describe(self, srcs, lang):
         """The sources ``srcs`` of ``lang`` in one line (for the plan)."""
         return " + ".join((x.get("archive", "") + ":" if "archive" in x else "") + self.path_of(x, lang)
-                          + f" [{x.get('format', 'plain')}]" for x in srcs)
+                          + f" [{x.get('format', 'plain')}]" + (f" (first {x['lines']} lines)" if "lines" in x else "")
+                          for x in srcs)
 
     def read(self, src, lang):
-        """The lines of one source for ``lang``.
+        """The lines of one source for ``lang`` (its first ``src["lines"]`` lines when the source
+        says ``lines: N``; ASPEC's training files are ordered by alignment score, so a prefix is a
+        selection by score).
 
         Raises:
             SystemExit: a missing file or member, a content sha256 other than the recorded one,
@@ -200,10 +203,15 @@ class Sources:
             raise SystemExit(f"{where}:{line}: invalid UTF-8 at byte {err.start}") from None
         # a format may name the language or the column: tmx:{lang}, bars:{col} (spec key `columns`)
         try:
-            return extract(text, src.get("format", "plain").format(lang=lang, col=src.get("columns", {}).get(lang, "")),
-                           src)
+            lines = extract(text, src.get("format", "plain").format(lang=lang, col=src.get("columns", {}).get(lang, "")),
+                            src)
         except SystemExit as err:
             raise SystemExit(f"{where}: {err}") from None
+        if "lines" in src:
+            if len(lines) < src["lines"]:
+                raise SystemExit(f"{where}: has {len(lines)} lines, fewer than the {src['lines']} the spec takes (`lines:`)")
+            lines = lines[:src["lines"]]
+        return lines
 
 
 def line_problems(split, per_lang, allow_empty=False):

@@ -26,7 +26,7 @@ SPEC_KEYS = ("name", "title", "langs", "pipeline", "downloads", "splits", "split
              "variants", "obtain", "licensed", "default_out", "upstream", "base_url", "base_url_env",
              "maruf_subsets", "local_sha256")
 DOWNLOAD_KEYS = ("file", "url", "sha256", "md5", "checksum_source", "note", "maruf")
-SOURCE_KEYS = ("file", "archive", "format", "src_lang", "sha256", "columns", "optional", "bom")
+SOURCE_KEYS = ("file", "archive", "format", "src_lang", "sha256", "columns", "optional", "bom", "lines")
 SPLIT_KEYS = ("name", "upstream", "pairs")  # the multi30k pipeline's list of splits
 LOCAL_KEYS = ("default_dir", "splits", "missing")
 RECIPE_KEYS = ("bpe_merges", "bpe_joint", "escape", "aggressive_dash_splits", "clean", "normalize_punct",
@@ -101,6 +101,10 @@ def check_spec(spec, path):
                 bad = _check_format(x.get("format", "plain"), x.get("columns"))
                 if bad:
                     problems.append(f"{where}[{i}]: {bad}")
+                if "lines" in x and not (isinstance(x["lines"], int) and not isinstance(x["lines"], bool)
+                                         and x["lines"] > 0):
+                    problems.append(f"{where}[{i}]: `lines:` (the first N lines of the source) must be a positive "
+                                    f"integer, got {x['lines']!r}")
 
     keys("(top level)", spec, SPEC_KEYS)
     for k in ("name", "title"):
