@@ -371,6 +371,16 @@ def test_tiles_that_spill_with_dropout_are_left_out_per_table():
         assert mod._tried(table, {"DROPOUT": False, "BLOCK_D": 64}) == list(table)
     assert (128, 64, 8, 2) not in mod._tried(mod._RECT_BWD_KV, {"DROPOUT": True})
     assert (128, 64, 8, 2) in mod._tried(mod._RECT_BWD_Q, {"DROPOUT": True})
+    # the eq. 7 statistics' spills are per table too: rect_bwd_kv 128x64 w8 s2 / 64x32 w4 s2 spill
+    # with ReLUFormer at d 32 / 64 (--tiles table), rect_bwd_q compiles them clean and keeps them
+    assert {id(tb) for tb, _ in mod._SPILL_WITH_STATS} <= {id(tb) for tb in kr._tables(mod).values()}
+    for table, spill in mod._SPILL_WITH_STATS:
+        assert spill <= set(table)
+        assert not set(mod._tried(table, {"STATS": True, "BLOCK_D": 64})) & spill
+    for tile in ((128, 64, 8, 2), (64, 32, 4, 2)):
+        assert tile not in mod._tried(mod._RECT_BWD_KV, {"STATS": True, "BLOCK_D": 64})
+        assert tile in mod._tried(mod._RECT_BWD_Q, {"STATS": True, "BLOCK_D": 64})
+        assert tile in mod._tried(mod._RECT_BWD_KV, {"STATS": False, "BLOCK_D": 64})
 
 
 def _main_cases():

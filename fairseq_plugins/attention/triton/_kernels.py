@@ -62,8 +62,11 @@ _RECT_FWD = [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3),
 # issue 28): with 8 warps no spills in the main configurations; 32x128 w4 s3 spills with dropout
 # (ReLA 144-212 B) and with the eq. 7 statistics (108-436 B): not tried there (_tried).  4 and 5
 # stages: the same code with more shared memory (5 spills with ReLUFormer + dropout): not added
+# 128x128 w8 s2 was the last tile: it spilled at d 64 without dropout too (rela_causal 60 B,
+# ReLUFormer 280 B), at d 32 with the eq. 7 statistics (60 B), with dropout and at d 128 -- clean
+# only for ReLA without dropout at d 32/64 -- and is no longer in the table (--tiles table, below)
 _RECT_BWD_KV = [(64, 64, 4, 1), (32, 64, 4, 2), (64, 128, 8, 2), (128, 64, 8, 2), (64, 32, 4, 2),
-                (32, 32, 4, 1), (16, 32, 4, 1), (32, 128, 4, 3), (32, 128, 8, 3), (128, 128, 8, 2)]
+                (32, 32, 4, 1), (16, 32, 4, 1), (32, 128, 4, 3), (32, 128, 8, 3)]
 _RECT_BWD_Q = [(64, 64, 4, 2), (64, 128, 8, 2), (128, 64, 8, 2), (32, 64, 4, 2),
                (64, 32, 4, 2), (32, 32, 4, 1), (16, 32, 4, 1), (128, 32, 4, 3), (128, 32, 8, 3),
                (128, 128, 8, 2)]
@@ -81,10 +84,18 @@ _RECT_BWD_Q = [(64, 64, 4, 2), (64, 128, 8, 2), (128, 64, 8, 2), (32, 64, 4, 2),
 # 46.19 and 94.94; 16x128 w8 s2 66.88, 32x64 w8 s1 79.38 (spills 12-84 B with rela_causal /
 # ReLUFormer), 16x64 w8 s1 104.5, 32x32 w4 s1 75.38: not added or already there)
 _RECT_BWD = [(32, 128, 8, 2), (16, 128, 8, 1), (32, 64, 4, 2), (64, 128, 8, 1), (32, 32, 4, 1), (16, 32, 4, 1)]
-#: rectified tiles that spill with ReLUFormer's eq. 7 statistics (``STATS``: ``s log s`` per score;
-#: sm_90a d 64: rect_fwd 128x64 w4 s3 20-148 B, rect_bwd_kv 64x64 w4 s1 212 B with dropout);
-#: the autotuner does not try them there (``_tried``); none is in ``_RECT_BWD_Q``
-_SPILL_WITH_STATS = {(128, 64, 4, 3), (64, 64, 4, 1), (32, 128, 4, 3)}
+#: rectified tiles that spill with ReLUFormer's eq. 7 statistics (``STATS``: ``s log s`` per score),
+#: per table; the autotuner does not try them there (``_tried``).  sm_90a d 64: rect_fwd 128x64 w4
+#: s3 20-148 B, rect_bwd_kv 64x64 w4 s1 212 B with dropout.
+#: Re-measured with ``mt-kernel-report --arch 90 --dtypes fp16 --head-dims 32,64,128 --variants
+#: rela_enc,rela_causal,reluformer_enc,eatt_enc,eatt_causal --dropouts 0,0.1 --tiles table``
+#: (results/gpu/kernel_report_sm90_excluded_tiles.md, every tile of every table, issue 28):
+#: rect_bwd_kv 128x64 w8 s2 24 / 64 B (d 32 / 64, no dropout), 64x32 w4 s2 20 B (d 32) -- ReLA
+#: compiles them without spills there.  Before, one set for every table; none is in ``_RECT_BWD_Q``.
+_SPILL_WITH_STATS = [
+    (_RECT_FWD, {(128, 64, 4, 3)}),
+    (_RECT_BWD_KV, {(64, 64, 4, 1), (32, 128, 4, 3), (128, 64, 8, 2), (64, 32, 4, 2)}),
+]
 #: rectified tiles that spill with attention dropout (``DROPOUT``), per table; the autotuner does
 #: not try them there (``_tried``).  Measured with ``mt-kernel-report --arch 90 --dtypes fp16
 #: --head-dims 64 --variants rela_enc,rela_causal,reluformer_enc --dropouts 0.1 --tiles all``
@@ -98,9 +109,13 @@ _SPILL_WITH_STATS = {(128, 64, 4, 3), (64, 64, 4, 1), (32, 128, 4, 3)}
 #: (c38de16^, rela_enc / reluformer_enc: rect_bwd_kv 128x128 w8 s2 328 / 776 B, rect_bwd_q
 #: 128x128 w8 s2 104 / 212 B, reluformer rect_fwd 128x128 w8 s3 64 B and 64x128 w4 s3 68 B, which
 #: no longer spill); the layout change moved rect_bwd_q 64x128 w8 s2 from 16 / 80 to 32 / 124 B.
+#: Re-measured with ``mt-kernel-report --arch 90 --dtypes fp16 --head-dims 32,64,128 --variants
+#: rela_enc,rela_causal,reluformer_enc,eatt_enc,eatt_causal --dropouts 0,0.1 --tiles table``
+#: (results/gpu/kernel_report_sm90_excluded_tiles.md, every tile of every table, issue 28): rect_bwd_kv
+#: 64x32 w4 s2 spills with dropout at d 32 (rela_enc 44 B, rela_causal 88 B, ReLUFormer 104 B).
 _SPILL_WITH_DROPOUT = [
     (_RECT_FWD, {(16, 32, 4, 2)}),
-    (_RECT_BWD_KV, {(32, 128, 4, 3), (128, 64, 8, 2), (128, 128, 8, 2), (64, 128, 8, 2), (16, 32, 4, 1)}),
+    (_RECT_BWD_KV, {(32, 128, 4, 3), (128, 64, 8, 2), (64, 128, 8, 2), (16, 32, 4, 1), (64, 32, 4, 2)}),
     (_RECT_BWD_Q, {(64, 128, 8, 2), (128, 128, 8, 2)}),
     (_RECT_BWD, {(64, 128, 8, 1)}),
 ]
@@ -112,9 +127,14 @@ _SPILL_WITH_DROPOUT = [
 # Since the chunked sign sums (_l1_sgn) l1_bwd_kv 64x64 w8 spills nothing at d 32/64 (sm_90a
 # fp16/bf16, eatt_enc/eatt_causal, dropout 0 and 0.1; 200-221 registers) and is its first tile:
 # 1102 vs 1381 PTX per score for 32x64 w8 (bf16 d 64 eatt_enc); at d 128 it is not tried
+# ``--tiles table`` (results/gpu/kernel_report_sm90_excluded_tiles.md): l1_bwd_kv 32x32 w4 s1 spilled
+# 24 B (d 32, eatt_causal, no dropout) and 16x32 w4 s1 8-16 B (d 32 / 64, with and without
+# dropout), l1_bwd_q 32x32 w4 s1 4 B (d 64, eatt_causal, no dropout): no longer in the tables;
+# l1_fwd 32x32 w4 s1 4 B (d 32, dropout) and 16x32 w4 s1 4 B (d 128, dropout): _SPILL_WITH_DROPOUT
+# / _SPILL_AT_D128_WITH_DROPOUT
 _L1_FWD = [(64, 64, 8, 2), (64, 32, 4, 2), (32, 32, 4, 1), (16, 32, 4, 1)]
-_L1_BWD_KV = [(64, 64, 8, 1), (32, 64, 8, 1), (16, 64, 4, 1), (32, 32, 4, 1), (16, 32, 4, 1)]
-_L1_BWD_Q = [(64, 64, 8, 1), (64, 32, 4, 1), (32, 32, 4, 1), (16, 32, 4, 1)]
+_L1_BWD_KV = [(64, 64, 8, 1), (32, 64, 8, 1), (16, 64, 4, 1)]
+_L1_BWD_Q = [(64, 64, 8, 1), (64, 32, 4, 1), (16, 32, 4, 1)]
 # the fused backward (l1_bwd: l1_bwd_kv's body with the dQ sums by atomics), sm_90a bf16, d 32/64/128,
 # eatt_enc / eatt_causal, dropout 0 and 0.1, every tile: 64x64 w8 spills nothing (202-230 registers)
 # and has the fewest SASS per score (d 64: 1081; 32x64 w8 1395, 16x64 w4 2601); 32x32 w4 spilled
@@ -122,7 +142,8 @@ _L1_BWD_Q = [(64, 64, 8, 1), (64, 32, 4, 1), (32, 32, 4, 1), (16, 32, 4, 1)]
 _L1_BWD = [(64, 64, 8, 1), (32, 64, 8, 1), (16, 64, 4, 1)]
 # E-ATT since the chunked sign sums (_l1_sgn): l1_bwd_q 32x32 w4 and 16x32 w4 spill 8 B at d 32 with
 # dropout (sm_90a fp16/bf16, eatt_enc / eatt_causal; they did not before; d 64/128: none)
-_SPILL_WITH_DROPOUT.append((_L1_BWD_Q, {(32, 32, 4, 1), (16, 32, 4, 1)}))
+_SPILL_WITH_DROPOUT.append((_L1_BWD_Q, {(16, 32, 4, 1)}))
+_SPILL_WITH_DROPOUT.append((_L1_FWD, {(32, 32, 4, 1)}))
 #: tiles that spill at head dimension 128 (``BLOCK_D >= 128``), per table; the autotuner does not
 #: try them there (``_tried``).  Measured with ``mt-kernel-report --arch 90 --dtypes fp16
 #: --head-dims 128 --variants rela_enc,rela_causal,reluformer_enc --tiles all`` (sm_90a, dropout 0
@@ -135,14 +156,14 @@ _SPILL_WITH_DROPOUT.append((_L1_BWD_Q, {(32, 32, 4, 1), (16, 32, 4, 1)}))
 _SPILL_AT_D128 = [
     (_RECT_FWD, {(128, 64, 4, 3), (128, 128, 8, 3), (64, 128, 4, 3), (128, 32, 4, 4)}),
     (_RECT_BWD_KV, {(64, 64, 4, 1), (32, 64, 4, 2), (64, 128, 8, 2), (128, 64, 8, 2), (64, 32, 4, 2),
-                    (32, 128, 4, 3), (32, 128, 8, 3), (128, 128, 8, 2)}),
+                    (32, 128, 4, 3), (32, 128, 8, 3)}),
     (_RECT_BWD_Q, {(64, 64, 4, 2), (64, 128, 8, 2), (128, 64, 8, 2), (32, 64, 4, 2), (32, 32, 4, 1),
                    (128, 32, 4, 3), (128, 128, 8, 2)}),
     # rect_bwd (fused): 64x128 w8 s1 28-132 B without dropout (with dropout: _SPILL_WITH_DROPOUT)
     (_RECT_BWD, {(64, 128, 8, 1)}),
     # E-ATT (chunk 2; worst of eatt_enc / eatt_causal): l1_bwd_kv 64x64 w8 248 B, 16x64 w4 320 B,
     # 32x32 w4 20 B; l1_bwd_q 64x32 w4 208 B (l1_fwd: none)
-    (_L1_BWD_KV, {(64, 64, 8, 1), (16, 64, 4, 1), (32, 32, 4, 1)}),
+    (_L1_BWD_KV, {(64, 64, 8, 1), (16, 64, 4, 1)}),
     (_L1_BWD_Q, {(64, 32, 4, 1)}),
     # l1_bwd (fused, 16 sign lanes): 16x64 w4 4 B with dropout; 64x64 w8 and 32x64 w8: none
     (_L1_BWD, {(16, 64, 4, 1)}),
@@ -155,6 +176,7 @@ _SPILL_AT_D128 = [
 #: spill nothing
 _SPILL_AT_D128_WITH_DROPOUT = [
     (_RECT_BWD, {(32, 128, 8, 2), (32, 64, 4, 2)}),
+    (_L1_FWD, {(16, 32, 4, 1)}),  # eatt_causal 4 B (--tiles table)
 ]
 _RECT_KEY = ["T_KEY", "S_KEY", "BLOCK_D", "ACT", "MASK_MODE", "CAUSAL", "STATS", "DROPOUT", "PREC"]
 _L1_KEY = ["T_KEY", "S_KEY", "BLOCK_D", "MASK_MODE", "CAUSAL", "DROPOUT", "PREC"]
@@ -162,7 +184,7 @@ _L1_KEY = ["T_KEY", "S_KEY", "BLOCK_D", "MASK_MODE", "CAUSAL", "DROPOUT", "PREC"
 
 def _tried(table, meta):
     """The tiles of ``table`` the autotuner tries for a launch with constexprs ``meta`` before
-    the size pruning of :func:`_prune` (no ``_SPILL_WITH_STATS`` tile with ``STATS``, none of the
+    the size pruning of :func:`_prune` (none of the table's ``_SPILL_WITH_STATS`` tiles with ``STATS``, none of the
     table's ``_SPILL_WITH_DROPOUT`` tiles with ``DROPOUT``, none of its ``_SPILL_AT_D128`` tiles
     when ``BLOCK_D >= 128``, nor its ``_SPILL_AT_D128_WITH_DROPOUT`` tiles when both hold); never empty: the table's last tile stays when all would go."""
     def of(per_table):
@@ -170,7 +192,7 @@ def _tried(table, meta):
 
     out = list(table)
     if meta.get("STATS"):
-        out = [t for t in out if tuple(t) not in _SPILL_WITH_STATS]
+        out = [t for t in out if tuple(t) not in of(_SPILL_WITH_STATS)]
     if meta.get("DROPOUT"):
         out = [t for t in out if tuple(t) not in of(_SPILL_WITH_DROPOUT)]
     if (meta.get("BLOCK_D") or 0) >= 128:
