@@ -332,6 +332,15 @@ def test_energy_counts_against_hand_count():
         E.energy_pj(E.OpCount(1, 1), "gpu")
     with pytest.raises(ValueError, match="rho"):
         E.score_ops("eatt", l, l, d, h)
+    # the official code's Q/K width d/h = 2 (NLP2CT/E-Att linear_in_weight d x 2d/h): each token
+    # selects rho*d = 2 rows of width 2: 3*2*2 = 12 (x2); L1: 9 pairs x 2 heads x 1 dim = 18
+    assert E.score_ops("eatt", l, l, d, h, 0.5, 0.5, qk_width=2) == E.OpCount(42, 0)
+    assert E.score_ops("vanilla", l, l, d, h, qk_width=2) == E.OpCount(132, 132)  # vanilla keeps d
+    assert E.block_ops("eatt", l, l, d, h, 0.5, 0.5, qk_width=2) == E.OpCount(42 + 132, 132)
+    rho2 = E.implied_rho(0.0044, 23, 512, 8, "asic", qk_width=64)
+    assert abs(E.table2(23, 512, 8, rho2, "asic", qk_width=64)[3]["ratio_pct"] - 0.44) < 1e-9
+    with pytest.raises(ValueError, match="qk_width = 3 must be a positive multiple of h = 2"):
+        E.score_ops("eatt", l, l, d, h, 0.5, 0.5, qk_width=3)
 
 
 def test_printed_eatt_cell_against_hand_count_and_the_cli_page(tmp_path):
@@ -356,6 +365,8 @@ def test_printed_eatt_cell_against_hand_count_and_the_cli_page(tmp_path):
     energy_cli.main(["--md", str(md)])
     text = md.read_text()
     assert "ASIC 0.430 % (ρ = 0) to 0.440 % (ρ = 1); FPGA 0.046 % (ρ = 0) to 0.047 % (ρ = 1)" in text
+    assert ("each head's L1 distance runs over d/h² = 8 dimensions; not in the paper): E-ATT ASIC 0.53 %; "
+            "FPGA 0.06 % of vanilla's scores at ρ = 0.2; 0.44 % needs ρ = 0.1615 (ASIC) / 1.7051 (FPGA).") in text
     assert "- command: `fairseq-attention-energy --md " in text
 
 

@@ -133,7 +133,8 @@ def _pairs(l_q, l_k, d, h, how: str, exact: bool, l1_adds: int) -> OpCount:
 
 
 def score_ops(kind: str, l_q: float, l_k: float, d: int, h: int, rho_q: Optional[float] = None,
-              rho_k: Optional[float] = None, convention: str = "paper", l1_adds_per_element: int = 1) -> OpCount:
+              rho_k: Optional[float] = None, convention: str = "paper", l1_adds_per_element: int = 1,
+              qk_width: Optional[int] = None) -> OpCount:
     """Operations that produce the attention scores of one attention module (all heads).
 
     Args:
@@ -141,16 +142,24 @@ def score_ops(kind: str, l_q: float, l_k: float, d: int, h: int, rho_q: Optional
         h: heads.  rho_q, rho_k: ratio of ones after binarisation (E-ATT kinds only).
         convention: ``"paper"`` (MAC = 1 add + 1 mul; Table 2) or ``"exact"``.
         l1_adds_per_element: ``c_L1`` of the module docstring (1 = paper).
+        qk_width: the width ``k`` of ``W_Q`` / ``W_K`` for the E-ATT kinds (default ``d``, the
+            paper's Transformer base).  The official code (NLP2CT/E-Att ``E-ATT.py``:
+            ``linear_in_weight`` of ``d x 2 d / h``, ``factor = num_of_heads``) uses ``d / h``:
+            each head's L1 distance runs over ``d / h^2`` dimensions.  Vanilla, Dense and
+            RandInit keep ``d``.
 
     Returns:
         :class:`OpCount`.
 
     Raises:
-        ValueError: unknown kind / convention, ``d % h != 0``, or a missing/invalid ``rho``.
+        ValueError: unknown kind / convention, ``d % h != 0``, a missing/invalid ``rho``, or a
+            ``qk_width`` that is not a positive multiple of ``h``.
     """
     _check(kind, convention, d, h, rho_q, rho_k)
+    if qk_width is not None and (qk_width <= 0 or qk_width % h):
+        raise ValueError(f"qk_width = {qk_width} must be a positive multiple of h = {h}")
     ex = convention == "exact"
-    k = d
+    k = qk_width if qk_width is not None and kind.startswith("eatt") else d
     if kind == "random":
         return OpCount()
     if kind == "dense":  # W1 (d x d over all heads), then W2_h (d_h x l_k) per head
@@ -160,15 +169,16 @@ def score_ops(kind: str, l_q: float, l_k: float, d: int, h: int, rho_q: Optional
     else:
         proj = _select(l_q, rho_q, d, k, ex) + _select(l_k, rho_k, d, k, ex)
     how = "l1" if kind in ("eatt", "eatt_l1") else "dot"
-    return proj + _pairs(l_q, l_k, d, h, how, ex, l1_adds_per_element)
+    return proj + _pairs(l_q, l_k, k, h, how, ex, l1_adds_per_element)
 
 
 def block_ops(kind: str, l_q: float, l_k: float, d: int, h: int, rho_q: Optional[float] = None,
-              rho_k: Optional[float] = None, convention: str = "paper", l1_adds_per_element: int = 1) -> OpCount:
+              rho_k: Optional[float] = None, convention: str = "paper", l1_adds_per_element: int = 1,
+              qk_width: Optional[int] = None) -> OpCount:
     """:func:`score_ops` plus the value path ``V = Y W_V``, ``A V``, ``O W_O`` (the whole
     attention block but softmax and biases).  Same arguments and errors."""
     ex = convention == "exact"
-    s = score_ops(kind, l_q, l_k, d, h, rho_q, rho_k, convention, l1_adds_per_element)
+    s = score_ops(kind, l_q, l_k, d, h, rho_q, rho_k, convention, l1_adds_per_element, qk_width)
     av = OpCount(l_q * h * (d // h) * (l_k - 1 if ex else l_k), l_q * l_k * d)
     return s + _matmul(l_k, d, d, ex) + av + _matmul(l_q, d, d, ex)
 
@@ -179,13 +189,14 @@ def implied_length(dense_ratio: float = 0.5110, d: int = 512) -> float:
 
 
 def implied_rho(target_ratio: float, l: float, d: int, h: int, hardware: str,
-                l1_adds_per_element: int = 1) -> float:
+                l1_adds_per_element: int = 1, qk_width: Optional[int] = None) -> float:
     """``rho`` at which E-ATT's score energy is ``target_ratio`` of vanilla's (paper convention;
-    may be negative or > 1 when no ``rho`` gives the target)."""
+    may be negative or > 1 when no ``rho`` gives the target; ``qk_width`` as in :func:`score_ops`)."""
     van = energy_pj(score_ops("vanilla", l, l, d, h), hardware)
-    base = energy_pj(score_ops("eatt", l, l, d, h, 0.0, 0.0, l1_adds_per_element=l1_adds_per_element), hardware)
-    per_rho = energy_pj(score_ops("eatt", l, l, d, h, 1.0, 1.0, l1_adds_per_element=l1_adds_per_element),
-                        hardware) - base
+    base = energy_pj(score_ops("eatt", l, l, d, h, 0.0, 0.0, l1_adds_per_element=l1_adds_per_element,
+                               qk_width=qk_width), hardware)
+    per_rho = energy_pj(score_ops("eatt", l, l, d, h, 1.0, 1.0, l1_adds_per_element=l1_adds_per_element,
+                                  qk_width=qk_width), hardware) - base
     return (target_ratio * van - base) / per_rho
 
 
@@ -216,12 +227,13 @@ def printed_eatt_cell(l: float, d: int, rho: float, hardware: str) -> float:
 
 
 def table2(l: float, d: int, h: int, rho: float, hardware: str = "asic", part: str = "scores",
-           convention: str = "paper", l1_adds_per_element: int = 1) -> List[Dict]:
+           convention: str = "paper", l1_adds_per_element: int = 1, qk_width: Optional[int] = None) -> List[Dict]:
     """The rows of the paper's Table 2 for self-attention of length ``l``.
 
     Returns:
         ``[{"model", "adds", "muls", "energy_pj", "ratio_pct"}]`` for Vanilla, Dense,
-        RandInit and E-ATT; ``ratio_pct`` is energy relative to Vanilla (%).
+        RandInit and E-ATT; ``ratio_pct`` is energy relative to Vanilla (%); ``qk_width`` as in
+        :func:`score_ops` (E-ATT's row only).
 
     Raises:
         ValueError: bad ``part`` / hardware / convention (messages list the choices).
@@ -231,7 +243,7 @@ def table2(l: float, d: int, h: int, rho: float, hardware: str = "asic", part: s
     fn = score_ops if part == "scores" else block_ops
     rows = []
     for label, kind in (("Vanilla", "vanilla"), ("Dense", "dense"), ("RandInit", "random"), ("E-ATT", "eatt")):
-        ops = fn(kind, l, l, d, h, rho, rho, convention, l1_adds_per_element)
+        ops = fn(kind, l, l, d, h, rho, rho, convention, l1_adds_per_element, qk_width)
         rows.append({"model": label, "adds": ops.adds, "muls": ops.muls, "energy_pj": energy_pj(ops, hardware)})
     van = rows[0]["energy_pj"]
     for r in rows:

@@ -58,6 +58,13 @@ def table2_markdown(l, d, h, rho, l1_adds):
               + "; ".join(f"{hw.upper()} {E.printed_eatt_cell(l, d, 0.0, hw):.3f} % (ρ = 0) to "
                           f"{E.printed_eatt_cell(l, d, 1.0, hw):.3f} % (ρ = 1)" for hw in ("asic", "fpga"))
               + " at this l, d (it is linear in ρ).",
+              "- With the official code's Q/K width d/h (NLP2CT/E-Att `E-ATT.py`: `linear_in_weight` of d × 2d/h, "
+              f"so each head's L1 distance runs over d/h² = {d // h // h} dimensions; not in the paper): E-ATT "
+              + "; ".join(f"{hw.upper()} {E.table2(l, d, h, rho, hw, l1_adds_per_element=l1_adds, qk_width=d // h)[3]['ratio_pct']:.2f} %"
+                          for hw in ("asic", "fpga"))
+              + f" of vanilla's scores at ρ = {rho:g}; 0.44 % needs ρ = "
+              + " / ".join(f"{E.implied_rho(0.0044, l, d, h, hw, l1_adds, qk_width=d // h):.4f} ({hw.upper()})"
+                           for hw in ("asic", "fpga")) + ".",
               "- Table 1 costs (pJ, FP32): ASIC add 0.9 / mul 3.7; FPGA add 0.4 / mul 18.8.", ""]
     return "\n".join(lines)
 
