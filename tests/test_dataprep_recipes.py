@@ -173,17 +173,22 @@ def test_europarl7_doc_entry_point_reuses_long_documents(tmp_path):
 
 
 def test_missing_language_tools_name_the_package(tmp_path):
-    """ASPEC (licensed) in local mode on a directory of the ASPEC layout: the Japanese segmenter
-    is named with its install command (or, where it is installed, the run gets past tok)."""
+    """ASPEC (licensed) in local mode on a directory of the ASPEC layout: the training set is
+    train-1 and the first N lines of train-2 (the recipe's ``lines: N``, Flexible §5.1's 1.5M
+    best-scored pairs), and the Japanese segmenter is named with its install command (or, where it
+    is installed, the run gets past tok)."""
+    n2 = load_spec("aspec_en_ja")["local"]["splits"]["train"][1]["lines"]
     d = tmp_path / "ASPEC-JE"
     for sub, name, line in [("train", "train-1.txt", "0.9 ||| t1 ||| 1 ||| これはペンです。 ||| This is a pen."),
                             ("train", "train-2.txt", "0.8 ||| t2 ||| 2 ||| 猫がいる。 ||| There is a cat."),
                             ("dev", "dev.txt", "d1 ||| 1 ||| 犬がいる。 ||| There is a dog."),
                             ("test", "test.txt", "e1 ||| 1 ||| 鳥がいる。 ||| There is a bird.")]:
         (d / sub).mkdir(parents=True, exist_ok=True)
-        (d / sub / name).write_text(line + "\n", encoding="utf-8")
+        more = "".join(f"0.1 ||| t2 ||| {k} ||| 魚。 ||| A fish.\n" for k in range(n2)) if name == "train-2.txt" else ""
+        (d / sub / name).write_text(line + "\n" + more, encoding="utf-8")  # train-2: n2 + 1 lines
     r = prepare("aspec_en_ja", "--local-dir", str(d), "--out", str(tmp_path / "o"))
-    assert (tmp_path / "o" / "raw" / "train.ja").read_text(encoding="utf-8") == "これはペンです。\n猫がいる。\n"
+    train_ja = (tmp_path / "o" / "raw" / "train.ja").read_text(encoding="utf-8").splitlines()
+    assert train_ja[:3] == ["これはペンです。", "猫がいる。", "魚。"] and len(train_ja) == 1 + n2
     assert (tmp_path / "o" / "raw" / "test.en").read_text(encoding="utf-8") == "There is a bird.\n"
     if importlib.util.find_spec("Mykytea") is None:
         assert r.returncode != 0 and "Mykytea" in r.stderr and "pip install kytea" in r.stderr
