@@ -44,7 +44,8 @@ from .atomic import (NotOwnedError, OwnedFiles, atomic_path, remove_leftovers, w
 from .provenance import ROOT
 from .provenance import file_sha256 as checkpoint_sha256
 
-__all__ = ["checkpoint_sha256", "done_subsets", "evaluate", "testset_name", "tokenized_with_escaping", "main", "EvaluateError"]
+__all__ = ["checkpoint_sha256", "done_subsets", "evaluate", "testset_name", "tokenized_with_escaping", "main",
+           "EvaluateError"]
 
 #: files of one subset ``S`` in an evaluation directory
 SUBSET_FILES = ("{s}.json", "{s}.hyp.tok", "{s}.hyp.tc", "{s}.hyp.detok", "{s}.score.txt",
@@ -333,7 +334,8 @@ def evaluate(a) -> List[Dict]:
         raise EvaluateError(str(err)) from None
     truecased = os.path.isfile(os.path.join(a.prep_dir, "tc", f"truecase-model.{a.tgt}"))
     escaped = tokenized_with_escaping(a.prep_dir, a.tgt)
-    post = ("remove-bpe,detruecase,detokenize" if truecased else "remove-bpe,detokenize") + (",unescape" if escaped else "")
+    post = ("remove-bpe,detruecase,detokenize" if truecased else "remove-bpe,detokenize")
+    post += ",unescape" if escaped else ""
     print(f"[evaluate] checkpoint={a.checkpoint} sha256={sha[:12]} direction={a.src}->{a.tgt} beam={a.beam} "
           f"lenpen={a.lenpen} postprocess={post} out={out}", file=sys.stderr)
     results = []

@@ -184,7 +184,8 @@ def test_missing_language_tools_name_the_package(tmp_path):
                             ("dev", "dev.txt", "d1 ||| 1 ||| 犬がいる。 ||| There is a dog."),
                             ("test", "test.txt", "e1 ||| 1 ||| 鳥がいる。 ||| There is a bird.")]:
         (d / sub).mkdir(parents=True, exist_ok=True)
-        more = "".join(f"0.1 ||| t2 ||| {k} ||| 魚。 ||| A fish.\n" for k in range(n2)) if name == "train-2.txt" else ""
+        more = ("".join(f"0.1 ||| t2 ||| {k} ||| 魚。 ||| A fish.\n" for k in range(n2))
+                if name == "train-2.txt" else "")
         (d / sub / name).write_text(line + "\n" + more, encoding="utf-8")  # train-2: n2 + 1 lines
     r = prepare("aspec_en_ja", "--local-dir", str(d), "--out", str(tmp_path / "o"))
     train_ja = (tmp_path / "o" / "raw" / "train.ja").read_text(encoding="utf-8").splitlines()
@@ -473,7 +474,8 @@ def test_results_index_says_which_rows_ran_next_to_the_paper(tmp_path):
 
 _LONGDOC_BUDGETS = sorted(
     os.path.relpath(os.path.join(d, f), ROOT)
-    for d in (os.path.join(ROOT, "configs", "reluformer", "europarl7_doc"), os.path.join(ROOT, "configs", "long_documents"))
+    for d in (os.path.join(ROOT, "configs", "reluformer", "europarl7_doc"),
+              os.path.join(ROOT, "configs", "long_documents"))
     for f in os.listdir(d) if re.fullmatch(r"(budget|small_cpu)_L\d+\.yaml", f))
 
 

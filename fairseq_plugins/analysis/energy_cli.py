@@ -60,7 +60,8 @@ def table2_markdown(l, d, h, rho, l1_adds):
               + " at this l, d (it is linear in ρ).",
               "- With the official code's Q/K width d/h (NLP2CT/E-Att `E-ATT.py`: `linear_in_weight` of d × 2d/h, "
               f"so each head's L1 distance runs over d/h² = {d // h // h} dimensions; not in the paper): E-ATT "
-              + "; ".join(f"{hw.upper()} {E.table2(l, d, h, rho, hw, l1_adds_per_element=l1_adds, qk_width=d // h)[3]['ratio_pct']:.2f} %"
+              + "; ".join(f"{hw.upper()} "
+                          f"{E.table2(l, d, h, rho, hw, l1_adds_per_element=l1_adds, qk_width=d // h)[3]['ratio_pct']:.2f} %"
                           for hw in ("asic", "fpga"))
               + f" of vanilla's scores at ρ = {rho:g}; 0.44 % needs ρ = "
               + " / ".join(f"{E.implied_rho(0.0044, l, d, h, hw, l1_adds, qk_width=d // h):.4f} ({hw.upper()})"

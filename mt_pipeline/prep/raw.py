@@ -209,7 +209,8 @@ class Sources:
             raise SystemExit(f"{where}: {err}") from None
         if "lines" in src:
             if len(lines) < src["lines"]:
-                raise SystemExit(f"{where}: has {len(lines)} lines, fewer than the {src['lines']} the spec takes (`lines:`)")
+                raise SystemExit(f"{where}: has {len(lines)} lines, fewer than the {src['lines']} the spec takes "
+                                 "(`lines:`)")
             lines = lines[:src["lines"]]
         return lines
 
