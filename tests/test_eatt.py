@@ -368,6 +368,7 @@ def test_printed_eatt_cell_against_hand_count_and_the_cli_page(tmp_path):
     assert ("each head's L1 distance runs over d/h² = 8 dimensions; not in the paper): E-ATT ASIC 0.53 %; "
             "FPGA 0.06 % of vanilla's scores at ρ = 0.2; 0.44 % needs ρ = 0.1615 (ASIC) / 1.7051 (FPGA).") in text
     assert "- command: `fairseq-attention-energy --md " in text
+    assert text.startswith("# Attention energy in the form of E-ATT Table 2\n\n**Regime: accounting**")
 
 
 # ---- end to end on real data (short) ---------------------------------------------------------

@@ -195,6 +195,10 @@ def main(argv=None):
 
     l = a.l if a.l is not None else E.implied_length(0.5110, 512)
     md = table2_markdown(l, a.d, a.h, a.rho, a.l1_adds)
+    if not a.checkpoint:  # the accounting alone: say what kind of page it is
+        md = ("# Attention energy in the form of E-ATT Table 2\n\n**Regime: accounting** (operation counts "
+              "priced with Table 1's costs; no training, no model): neither smoke, converged nor paper scale; "
+              "no seeds.\n\n" + md)
     if a.checkpoint:
         missing = [f for f in ("data_bin", "src", "tgt") if getattr(a, f) is None]
         if missing:
