@@ -222,7 +222,7 @@ def printed_eatt_cell(l: float, d: int, rho: float, hardware: str) -> float:
     if not 0.0 <= rho <= 1.0:
         raise ValueError(f"rho must be in [0, 1], got {rho}")
     cell = OpCount(0.5 * l * d * rho + l * l * d, 0.0)
-    van = OpCount(2 * l * d * d + l * l * d, 2 * l * d * d + l * l * d)
+    van = score_ops("vanilla", l, l, d, 1)  # 2 l d^2 + l^2 d MACs (one head: the same count for any h)
     return 100.0 * energy_pj(cell, hardware) / energy_pj(van, hardware)
 
 
