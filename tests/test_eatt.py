@@ -1,6 +1,7 @@
 """E-ATT: binarisation (eqs. 7-8), addition-only selection (eqs. 9-12), L1 scores (eq. 13),
 Synthesizer positions, hybrids, energy accounting, and a short end-to-end run on Multi30k."""
 
+import argparse
 import json
 import math
 import os
@@ -10,6 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import fairseq_plugins.attention.triton as tk
 from fairseq_plugins.analysis import energy as E
 from fairseq_plugins.attention import FunctionalMultiheadAttention, build_attention_fn
 from fairseq_plugins.attention.l1 import l1_scores
@@ -18,6 +20,14 @@ from helpers import build, toy_batch
 
 C, H = 16, 4
 NEW = ["eatt", "eatt_select_dot", "eatt_l1", "synth_dense", "synth_random"]
+#: the binarised functions at the official code's Q/K width C/H (--eatt-qk-dim): "name@qk"
+QK = ["eatt@qk", "eatt_select_dot@qk"]
+
+
+def _fn(name):
+    """``build_attention_fn`` of ``name``; ``name@qk``: with ``--eatt-qk-dim C/H`` (the official code)."""
+    name, _, qk = name.partition("@")
+    return build_attention_fn(name, C, H, argparse.Namespace(eatt_qk_dim=C // H) if qk else None)
 
 
 @pytest.mark.parametrize("tau", [0.0, 1.0, -0.3])
@@ -194,12 +204,73 @@ def test_eatt_module_equals_equations():
     assert fn.tau == 1.0
 
 
-@pytest.mark.parametrize("name", NEW)
+def test_eatt_qk_dim_module_equals_the_official_width():
+    """``--eatt-qk-dim C/H`` (NLP2CT/E-Att ``E-ATT.py``: ``linear_in_weight`` of ``C x 2C/H``): W_Q, W_K
+    map C -> C/H, each head's L1 distance runs over C/H^2 dimensions scaled by sqrt(C/H^2) (eq. 13
+    with the official self-attention's ``attention_norm_factor``); V and out_proj keep C."""
+    torch.manual_seed(2)
+    fn = _fn("eatt@qk")
+    assert (fn.qk_dim, fn.qk_head_dim, fn.head_dim) == (C // H, C // H // H, C // H)
+    m = FunctionalMultiheadAttention(C, H, fn, encoder_decoder_attention=True).double().eval()
+    assert m.q_proj.weight.shape == m.k_proj.weight.shape == (C // H, C)
+    assert m.v_proj.weight.shape == m.out_proj.weight.shape == (C, C)
+    x, y = torch.randn(4, 1, C, dtype=torch.float64), torch.randn(6, 1, C, dtype=torch.float64)
+    out, w = m(x, y, y, need_head_weights=True)
+    xb, yb = (x > 1.0).double(), (y > 1.0).double()
+    dq = C // H // H
+    Q = select_add(xb, m.q_proj.weight, m.q_proj.bias).view(4, H, dq).transpose(0, 1)
+    K = select_add(yb, m.k_proj.weight, m.k_proj.bias).view(6, H, dq).transpose(0, 1)
+    V = F.linear(y, m.v_proj.weight, m.v_proj.bias).view(6, H, C // H).transpose(0, 1)
+    A = torch.softmax(-torch.cdist(Q, K, p=1) / math.sqrt(dq), -1)  # (H, T, S)
+    torch.testing.assert_close(w[:, 0], A)
+    torch.testing.assert_close(out, m.out_proj((A @ V).transpose(0, 1).reshape(4, 1, C)))
+    # the fused path (no weights asked) gives the same output: it falls back to score/normalize,
+    # the kernels taking one head dimension for Q, K and V
+    torch.testing.assert_close(m(x, y, y, need_weights=False)[0], out)
+    # W_Q / W_K keep fairseq's initialisation: xavier_uniform with gain 1/sqrt(2) over (C, C/H)
+    bound = math.sqrt(6.0 / (C + C // H)) / math.sqrt(2)
+    assert 0.8 * bound < float(m.q_proj.weight.abs().max()) <= bound
+
+
+@pytest.mark.skipif(not tk.triton_available(), reason="triton is not installed (pip install -e .[gpu])")
+@pytest.mark.parametrize("name", ["eatt", "eatt@qk"])
+def test_eatt_triton_backend_equals_torch_at_both_qk_widths(name, interp):
+    """``--attention-backend triton`` (the interpreter): at width C the fused L1 kernel runs and
+    equals the torch path; at the official width C/H (Q/K head dimension != V's) the module must
+    not hand the kernel mismatched heads (it refuses them) and takes score/normalize."""
+    torch.manual_seed(9)
+    out = {}
+    for backend in ("torch", "triton"):
+        torch.manual_seed(9)
+        n, _, qk = name.partition("@")
+        args = argparse.Namespace(attention_backend=backend, eatt_qk_dim=C // H if qk else 0)
+        m = FunctionalMultiheadAttention(C, H, build_attention_fn(n, C, H, args), self_attention=True).eval()
+        x = torch.randn(5, 2, C) * 2
+        calls = []
+        real = tk.l1_softmax_attention
+        tk.l1_softmax_attention = lambda *a, **k: calls.append(1) or real(*a, **k)
+        try:
+            out[backend] = m(x, x, x, need_weights=False)[0]
+        finally:
+            tk.l1_softmax_attention = real
+        assert len(calls) == (1 if backend == "triton" and not qk else 0)
+    torch.testing.assert_close(out["triton"], out["torch"], rtol=1e-5, atol=1e-5)
+
+
+def test_eatt_qk_dim_is_checked_against_the_heads():
+    with pytest.raises(ValueError, match=r"--eatt-qk-dim 6 is not a multiple of the 4 heads; valid choices: 0 "):
+        build_attention_fn("eatt", C, H, argparse.Namespace(eatt_qk_dim=6))
+    with pytest.raises(ValueError, match=r"--eatt-qk-dim must be an integer >= 0, got -4"):
+        build_attention_fn("eatt_select_dot", C, H, argparse.Namespace(eatt_qk_dim=-4))
+    assert build_attention_fn("eatt", C, H, argparse.Namespace(eatt_qk_dim=0)).qk_dim == C  # 0 = C
+
+
+@pytest.mark.parametrize("name", NEW + QK)
 def test_left_padding_equals_unpadded(name):
     """Encoder self-attention over a left-padded sentence == the sentence alone (positions of
     the Synthesizer functions count non-padding tokens)."""
     torch.manual_seed(3)
-    m = FunctionalMultiheadAttention(C, H, build_attention_fn(name, C, H), self_attention=True).eval()
+    m = FunctionalMultiheadAttention(C, H, _fn(name), self_attention=True).eval()
     x = torch.randn(5, 1, C)
     padded = torch.cat([torch.randn(2, 1, C), x])
     kpm = torch.tensor([[True, True] + [False] * 5])
@@ -208,7 +279,7 @@ def test_left_padding_equals_unpadded(name):
     torch.testing.assert_close(out[2:], ref, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("name", NEW)
+@pytest.mark.parametrize("name", NEW + QK)
 @pytest.mark.parametrize("beam", [1, 3])
 def test_cross_attention_incremental_equals_full(name, beam):
     """Cross-attention step by step (query position counted in the incremental state, beams
@@ -219,7 +290,7 @@ def test_cross_attention_incremental_equals_full(name, beam):
     and swaps sentences 2 and 0: a reorder that does nothing, picks the wrong sentences or loses
     the query offset (synth_random's positions) fails."""
     torch.manual_seed(4)
-    m = FunctionalMultiheadAttention(C, H, build_attention_fn(name, C, H), encoder_decoder_attention=True).eval()
+    m = FunctionalMultiheadAttention(C, H, _fn(name), encoder_decoder_attention=True).eval()
     bsz, S, T = 3, 6, 5
     enc = torch.randn(S, bsz, C)
     kpm = torch.zeros(bsz, S, dtype=torch.bool)
@@ -287,6 +358,43 @@ def test_eatt_arch_defaults():
     assert names == {"eatt"} and model.encoder.layers[0].self_attn.attn_fn.tau == 1.0
     model, _ = build("eatt_transformer_small", eatt_tau=0.0)
     assert model.decoder.layers[0].encoder_attn.attn_fn.tau == 0.0
+
+
+def test_eatt_qk_dim_model_trains_decodes_incrementally_and_counts_its_energy():
+    """A model with ``--eatt-qk-dim`` = d/h (the official width): its W_Q / W_K shrink by exactly
+    the expected parameters, a training step gives finite gradients everywhere, incremental
+    decoding equals the full decoder pass, and the energy count uses the narrower width for its
+    binarised modules only."""
+    torch.manual_seed(7)
+    base, task = build("eatt_transformer_small", cross_attention_fn="softmax")
+    model, _ = build("eatt_transformer_small", task, cross_attention_fn="softmax", eatt_qk_dim=8)
+    d, n_eatt = 16, 2 + 2  # tiny sizes of helpers.build: d 16, 2 heads, 2 + 2 eatt self-attention modules
+    n = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
+    assert n(base) - n(model) == n_eatt * 2 * (d * d + d - (d * 8 + 8))  # W_Q, W_K and biases, d -> 8
+    sa = model.encoder.layers[0].self_attn
+    assert sa.q_proj.weight.shape == (8, d) and sa.attn_fn.qk_head_dim == 4
+    assert model.decoder.layers[0].encoder_attn.q_proj.weight.shape == (d, d)  # softmax cross keeps d
+    src, lens, prev = toy_batch(task)
+    out, _ = model.train()(src, lens, prev)
+    out.sum().backward()
+    grads = {k: p.grad for k, p in model.named_parameters()}
+    assert all(g is not None and torch.isfinite(g).all() for k, g in grads.items() if "q_proj" in k or "k_proj" in k)
+    model.eval()
+    with torch.no_grad():
+        enc = model.encoder(src, src_lengths=lens)
+        full, _ = model.decoder(prev, encoder_out=enc)
+        state, steps = {}, []
+        for t in range(prev.size(1)):
+            o, _ = model.decoder(prev[:, : t + 1], encoder_out=enc, incremental_state=state)
+            steps.append(o)
+    torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-5, atol=1e-5)
+    fns = {"encoder": "eatt", "decoder": "eatt", "cross": "softmax"}
+    rho = {(t, i, r): 0.5 for t in ("encoder", "decoder") for i in range(2) for r in ("query", "key")}
+    ops = E.model_ops(fns, {"encoder": 2, "decoder": 2}, 5, 4, d, 2, rho, qk_width=8)
+    assert ops[("encoder", 0)] == E.score_ops("eatt", 5, 5, d, 2, 0.5, 0.5, qk_width=8)
+    assert ops[("cross", 1)] == E.score_ops("vanilla", 4, 5, d, 2)
+    assert E.model_ops(fns, {"encoder": 2, "decoder": 2}, 5, 4, d, 2, rho, qk_width=0)[("decoder", 1)] == \
+        E.score_ops("eatt", 4, 4, d, 2, 0.5, 0.5)
 
 
 def test_measure_rho_counts_ones():

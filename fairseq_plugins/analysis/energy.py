@@ -253,7 +253,8 @@ def table2(l: float, d: int, h: int, rho: float, hardware: str = "asic", part: s
 
 def model_ops(fns: Mapping[str, str], layers: Mapping[str, int], l_src: float, l_tgt: float, d: int, h: int,
               rho: Optional[Mapping[Tuple[str, int, str], float]] = None, part: str = "scores",
-              convention: str = "paper", l1_adds_per_element: int = 1) -> Dict[Tuple[str, int], OpCount]:
+              convention: str = "paper", l1_adds_per_element: int = 1,
+              qk_width: Optional[int] = None) -> Dict[Tuple[str, int], OpCount]:
     """Operations of every attention module of an encoder-decoder model.
 
     Args:
@@ -263,6 +264,9 @@ def model_ops(fns: Mapping[str, str], layers: Mapping[str, int], l_src: float, l
         rho: ``(type, layer, role) -> rho`` with role ``"query"`` / ``"key"``; needed for
             E-ATT kinds.
         part: ``"scores"`` or ``"block"``.
+        qk_width: the model's ``--eatt-qk-dim`` (None or 0: ``d``), the width of ``W_Q`` /
+            ``W_K`` of its binarised E-ATT modules (``eatt``, ``eatt_select_dot``: the functions
+            that have the option); other modules keep ``d``.
 
     Returns:
         ``{(type, layer): OpCount}``.
@@ -276,13 +280,14 @@ def model_ops(fns: Mapping[str, str], layers: Mapping[str, int], l_src: float, l
                            ("cross", layers["decoder"], l_tgt, l_src)):
         kind = kind_of(fns[typ])
         for i in range(n):
-            rq = rk = None
+            rq = rk = width = None
             if kind in ("eatt", "eatt_select_dot"):
+                width = qk_width or None
                 try:
                     rq, rk = rho[(typ, i, "query")], rho[(typ, i, "key")]
                 except (KeyError, TypeError) as err:
                     raise ValueError(f"missing rho for {typ} layer {i} ({fns[typ]})") from err
-            out[(typ, i)] = fn(kind, lq, lk, d, h, rq, rk, convention, l1_adds_per_element)
+            out[(typ, i)] = fn(kind, lq, lk, d, h, rq, rk, convention, l1_adds_per_element, width)
     return out
 
 

@@ -99,6 +99,7 @@ def measure(a):
     rho = E.measure_rho(model, samples)
     l_src, l_tgt = ls / n, lt / n
     d, h = model.encoder.layers[0].self_attn.embed_dim, model.encoder.layers[0].self_attn.num_heads
+    qk_dim = int(getattr(margs, "eatt_qk_dim", 0) or 0) or None  # --eatt-qk-dim (None: d)
     layers = {"encoder": len(model.encoder.layers), "decoder": len(model.decoder.layers)}
     vanilla = {k: "softmax" for k in fns}
     from .. import provenance
@@ -106,10 +107,11 @@ def measure(a):
     res = {"checkpoint": provenance.repo_relative(os.path.abspath(a.checkpoint)),
            "model": provenance.trained_model(a.checkpoint), "subset": a.subset, "sentences": n,
            "attention_fns": fns, "l_src": l_src, "l_tgt": l_tgt, "d": d, "h": h, "layers": layers,
-           "tau": getattr(margs, "eatt_tau", None), "l1_adds_per_element": a.l1_adds,
+           "tau": getattr(margs, "eatt_tau", None), "qk_dim": qk_dim or d, "l1_adds_per_element": a.l1_adds,
            "rho": {f"{t}/{i}/{r}": v for (t, i, r), v in sorted(rho.items())}}
     for part in ("scores", "block"):
-        ours = E.model_ops(fns, layers, l_src, l_tgt, d, h, rho, part, l1_adds_per_element=a.l1_adds)
+        ours = E.model_ops(fns, layers, l_src, l_tgt, d, h, rho, part, l1_adds_per_element=a.l1_adds,
+                           qk_width=qk_dim)
         base = E.model_ops(vanilla, layers, l_src, l_tgt, d, h, None, part, l1_adds_per_element=a.l1_adds)
         to, tb = E.total(ours.values()), E.total(base.values())
         res[f"ops_{part}"] = {"adds": to.adds, "muls": to.muls, "vanilla_adds": tb.adds, "vanilla_muls": tb.muls}
@@ -138,7 +140,9 @@ def model_markdown(res):
     lines = [f"## Attention energy of `{res['checkpoint']}`", "", head,
              f"Attention functions {res['attention_fns']}; d = {res['d']}, h = {res['h']}, layers {res['layers']}; "
              f"mean lengths on `{res['subset']}` ({res['sentences']} sentences): source {res['l_src']:.2f}, "
-             f"target {res['l_tgt']:.2f} tokens; τ = {res['tau']}.", "",
+             f"target {res['l_tgt']:.2f} tokens; τ = {res['tau']}"
+             + (f"; Q/K width {res['qk_dim']} (`--eatt-qk-dim`)" if res.get("qk_dim", res["d"]) != res["d"] else "")
+             + ".", "",
              "| part | ASIC (% of vanilla) | FPGA (% of vanilla) | adds / sentence | muls / sentence |",
              "|---|---|---|---|---|"]
     from fairseq_plugins.analysis import energy as E

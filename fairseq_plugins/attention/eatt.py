@@ -26,7 +26,11 @@ Threshold ``tau`` (``--eatt-tau``): default **1.0**, the value the paper's appen
 all its experiments; the official code uses 0.0 (``snn_threshold``).  We follow the paper
 because the tables we reproduce are the paper's; 0.0 is one flag away.  Note the official
 code also shrinks Q/K to ``C / H`` dimensions (``factor = num_heads``); here Q/K keep
-fairseq's ``C`` (the paper's ``W_Q in R^{d x k}`` with ``k = d`` in Transformer base).
+fairseq's ``C`` by default (the paper's ``W_Q in R^{d x k}`` with ``k = d`` in Transformer base);
+``--eatt-qk-dim C/H`` trains the official code's width (``q_proj`` / ``k_proj`` of ``C x C/H``, each
+head's L1 distance over ``C/H^2`` dimensions, eq. 13's ``sqrt(d)`` then ``sqrt(C/H^2)``, as the
+official self-attention's ``attention_norm_factor``; its cross-attention divides by ``sqrt(C/H)``
+instead, which we do not copy).  ``V`` and ``out_proj`` keep width ``C`` in both readings.
 
 Synthesizer (Tay et al. 2021, ICML):
 
@@ -81,6 +85,10 @@ class EattOptions(OptionGroup):
                         "E-ATT binarisation threshold tau of f(x) = 1[x > tau] (eq. 7) and centre of the "
                         "surrogate gradient (eq. 8); default 1.0 (the paper's appendix; the official "
                         "code uses 0.0)")
+    qk_dim: int = option(0, "E-ATT width of the query/key projections W_Q, W_K over all heads (each head's L1 "
+                            "distance runs over qk_dim / heads dimensions); a multiple of the number of heads. "
+                            "0 (default): the model dimension, the paper's Transformer base (k = d); the "
+                            "official code uses model dimension / heads (e.g. 64 at d 512, h 8)", ge=0)
 
 
 @dataclass
@@ -109,6 +117,13 @@ class _BinarizedInput:
     def _init_binarized(self, args):
         self.tau = float(self.options.tau)
         self.rho_meter: Optional[Dict[str, List[float]]] = None
+        qk_dim = int(self.options.qk_dim) or self.embed_dim
+        if qk_dim % self.num_heads:
+            raise ValueError(
+                f"{EattOptions.flag('qk_dim')} {qk_dim} is not a multiple of the {self.num_heads} heads; valid "
+                f"choices: 0 (the model dimension {self.embed_dim}) or a positive multiple of {self.num_heads} "
+                f"(the official code's {self.embed_dim // self.num_heads} = model dimension / heads among them)")
+        self.set_qk_dim(qk_dim)
 
     def transform_input(self, x, role):
         xb = binarize(x, self.tau)
@@ -146,8 +161,9 @@ class _L1Score:
 class EattAttention(_BinarizedInput, _L1Score, SoftmaxAttention):
     """E-ATT (eqs. 7-13): binarised selection for Q and K, L1-distance scores, masked softmax.
 
-    Hyper-parameter: :class:`EattOptions` -- ``--eatt-tau`` (default 1.0, see the module
-    docstring; a finite number).
+    Hyper-parameters: :class:`EattOptions` -- ``--eatt-tau`` (default 1.0, see the module
+    docstring; a finite number) and ``--eatt-qk-dim`` (default 0 = ``C``; the official code's
+    ``C/H``; ``ValueError`` at construction when not a multiple of ``H``).
     """
 
     def __init__(self, embed_dim, num_heads, args=None):

@@ -222,13 +222,29 @@ class AttentionFunction(nn.Module):
         self.options = self.options_class.from_args(args) if self.options_class is not None else None
         self.embed_dim, self.num_heads = embed_dim, num_heads
         self.head_dim = embed_dim // num_heads
-        self.scaling = self.head_dim**-0.5
+        self.set_qk_dim(embed_dim)
         self.track_entropy = bool(getattr(args, "attention_entropy", False)) if args is not None else False
         self.backend = check_backend(getattr(args, "attention_backend", None))
         #: ``{(device, dtype, family): bool}``: :meth:`uses_triton`'s answers (resolved once per
         #: input device, dtype and kernel family, not on every layer call of every decoding step)
         self._uses_triton: Dict[Tuple[torch.device, torch.dtype, Optional[str]], bool] = {}
         self.aux = AuxiliaryBuffer()
+
+    def set_qk_dim(self, qk_dim: int) -> None:
+        """Set the width of the query/key projections over all heads, :attr:`qk_dim` (default
+        ``C``; E-ATT's ``--eatt-qk-dim``), its per-head part :attr:`qk_head_dim` and the score
+        scale :attr:`scaling` ``= qk_head_dim^-1/2`` (Vaswani et al. eq. 1's ``1/sqrt(d_k)``, E-ATT
+        eq. 13's ``1/sqrt(d)``).  The attention module sizes ``q_proj`` / ``k_proj`` from it when
+        it is built; values keep ``d = C / H`` per head.
+
+        Raises:
+            ValueError: ``qk_dim`` is not a positive multiple of ``H``.
+        """
+        if qk_dim <= 0 or qk_dim % self.num_heads:
+            raise ValueError(f"qk_dim {qk_dim} must be a positive multiple of num_heads {self.num_heads}")
+        self.qk_dim = qk_dim
+        self.qk_head_dim = qk_dim // self.num_heads
+        self.scaling = self.qk_head_dim**-0.5
 
     #: the Triton kernel family of :meth:`fused` (``"rectified"``, ``"l1softmax"``) or None
     kernel_family = None

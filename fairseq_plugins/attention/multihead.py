@@ -12,12 +12,14 @@ names and initialisation (stock checkpoints load), the incremental buffers
 the beam-size trick of cross-attention.
 """
 
+import math
 import weakref
 from typing import Dict, Optional, Tuple
 
 import torch
 from fairseq.modules import MultiheadAttention
-from torch import Tensor
+from fairseq.modules.quant_noise import quant_noise
+from torch import Tensor, nn
 
 from .functions import AttentionFunction
 from .masks import causal_mask, combined_mask
@@ -124,7 +126,9 @@ class FunctionalMultiheadAttention(MultiheadAttention):
         embed_dim, num_heads, kdim, vdim, dropout, bias, self_attention,
         encoder_decoder_attention, q_noise, qn_block_size: as fairseq's ``MultiheadAttention``.
         attn_fn: the :class:`~fairseq_plugins.attention.functions.AttentionFunction` instance
-            (registered as the submodule ``attn_fn``).
+            (registered as the submodule ``attn_fn``).  Its ``qk_dim`` sizes ``q_proj`` /
+            ``k_proj`` (``C -> qk_dim``; ``C`` but for E-ATT's ``--eatt-qk-dim``): queries and keys
+            are ``(B, H, T, qk_dim / H)``, values ``(B, H, S, d)``.
 
     Raises:
         ValueError: ``add_bias_kv``/``add_zero_attn``/xformers requested (not supported), or
@@ -149,15 +153,24 @@ class FunctionalMultiheadAttention(MultiheadAttention):
         )
         if attn_fn.embed_dim != embed_dim or attn_fn.num_heads != num_heads:
             raise ValueError("attn_fn was built for a different embed_dim/num_heads")
+        if attn_fn.qk_dim != embed_dim:
+            # narrower W_Q / W_K (E-ATT's --eatt-qk-dim, the official code's C/H): rebuilt with
+            # fairseq's initialisation of the projections (reset_parameters); the default width
+            # keeps the parent's modules, so default models draw the same random numbers as before
+            gain = 1 / math.sqrt(2) if self.qkv_same_dim else 1.0
+            self.q_proj = quant_noise(nn.Linear(embed_dim, attn_fn.qk_dim, bias=bias), q_noise, qn_block_size)
+            self.k_proj = quant_noise(nn.Linear(self.kdim, attn_fn.qk_dim, bias=bias), q_noise, qn_block_size)
+            nn.init.xavier_uniform_(self.q_proj.weight, gain=gain)
+            nn.init.xavier_uniform_(self.k_proj.weight, gain=gain)
         self.attn_fn = attn_fn
         #: ``(B, T)`` bool padding of the *queries* of a cross-attention call, or None; set by
         #: the decoder layer around each forward (self-attention derives it from its keys)
         self.query_padding_mask: Optional[Tensor] = None
 
     def _split_heads(self, x: Tensor) -> Tensor:
-        # (L, B, C) -> (B, H, L, d)
-        L, B, _ = x.shape
-        return x.view(L, B, self.num_heads, self.head_dim).permute(1, 2, 0, 3)
+        # (L, B, C') -> (B, H, L, C'/H): C' = C for values, attn_fn.qk_dim for queries / keys
+        L, B, width = x.shape
+        return x.view(L, B, self.num_heads, width // self.num_heads).permute(1, 2, 0, 3)
 
     def forward(
         self,
@@ -211,7 +224,7 @@ class FunctionalMultiheadAttention(MultiheadAttention):
                 key = value = None  # cached cross-attention keys/values
 
         fn = self.attn_fn
-        q = self._split_heads(self.q_proj(fn.transform_input(query, "query")))  # (B, H, T, d)
+        q = self._split_heads(self.q_proj(fn.transform_input(query, "query")))  # (B, H, T, d_qk)
         k = v = None
         if self.self_attention:
             k = self._split_heads(self.k_proj(fn.transform_input(query, "key")))
@@ -225,7 +238,7 @@ class FunctionalMultiheadAttention(MultiheadAttention):
                 if key_padding_mask is not None:
                     key_padding_mask = key_padding_mask.view(
                         -1, self.beam_size, key_padding_mask.size(1))[:, 0]
-            k = self._split_heads(self.k_proj(fn.transform_input(key, "key")))  # (Bk, H, S, d)
+            k = self._split_heads(self.k_proj(fn.transform_input(key, "key")))  # (Bk, H, S, d_qk)
             v = self._split_heads(self.v_proj(value))
 
         if saved_state is not None:
@@ -258,8 +271,9 @@ class FunctionalMultiheadAttention(MultiheadAttention):
         if beam > 1:
             # beams of one sentence share keys: treat them as extra queries,
             # (B, H, T, d) -> (Bk, beam, H, T, d) -> (Bk, H, beam*T, d)
-            q = q.view(kv_bsz, beam, self.num_heads, tgt_len, self.head_dim)
-            q = q.transpose(1, 2).reshape(kv_bsz, self.num_heads, beam * tgt_len, self.head_dim)
+            dq = q.size(-1)  # attn_fn.qk_head_dim
+            q = q.view(kv_bsz, beam, self.num_heads, tgt_len, dq)
+            q = q.transpose(1, 2).reshape(kv_bsz, self.num_heads, beam * tgt_len, dq)
             if q_pos is not None:  # (B|1, T) -> (Bk|1, beam*T), as q
                 q_pos = q_pos.reshape(-1, beam * tgt_len) if q_pos.size(0) > 1 else q_pos.repeat(1, beam)
 
@@ -278,7 +292,8 @@ class FunctionalMultiheadAttention(MultiheadAttention):
                 fn.query_padding = self.query_padding_mask
         dropout_p = self.dropout_module.p if (
             self.training or self.dropout_module.apply_during_inference) else 0.0
-        use_fused = not (need_weights or beam > 1 or fn.wants_weights())
+        # the fused kernels take one head dimension for queries, keys and values
+        use_fused = not (need_weights or beam > 1 or fn.wants_weights()) and q.size(-1) == v.size(-1)
         out = fn.fused(q, k, v, mask, dropout_p, causal=causal) if use_fused else None
         weights = None
         if out is None:
