@@ -58,7 +58,7 @@ SIZES = {
     "small": ("`*_small` preset (3+3 layers, d 256, 4 heads, FFN 1024, all embeddings shared)", {}),
     "base": ("Transformer base (6+6 layers, d 512, 8 heads, FFN 2048: fairseq's `transformer`, our "
              "`rela_transformer` / `reluformer` / `eatt_transformer`; the paper's size; all embeddings shared "
-             "when the dictionary is joined)",
+             "when the dictionary is joined, else the target embedding tied to the softmax)",
              {"stock_transformer_small": "transformer", "rela_transformer_small": "rela_transformer",
               "reluformer_small": "reluformer", "eatt_transformer_small": "eatt_transformer"}),
 }
@@ -109,14 +109,18 @@ def build_models(data_bin, src, tgt, extra_archs=(), device="cpu", dtype="fp32",
     import fairseq_plugins  # noqa: F401
 
     models, task = {}, None
-    # the small presets share all embeddings; base does so too when the dictionary is joined (as
-    # for Transformer base on WMT14 En-De's joint BPE), so the sizes differ in width and depth only
-    share = size != "small" and _joined(data_bin, src, tgt)
+    # the small presets share all embeddings; base does so too when the dictionary is joined, and
+    # with separate dictionaries (ReLA's WMT14 En-De prep, the released code's vocabularies) ties the
+    # target embedding to the softmax, as the paper-scale training does (configs/rela/paper_base.yaml)
+    joined = size == "small" or _joined(data_bin, src, tgt)
+    share = size != "small" and joined
     for label, (_, fn) in MODELS.items():
         argv = [data_bin, "--arch", arch_of(label, size), "--task", "translation", "--source-lang", src, "--target-lang", tgt,
                 "--user-dir", os.path.join(ROOT, "fairseq_plugins"), "--dropout", "0.1"]
         if share:
             argv.append("--share-all-embeddings")
+        elif not joined:
+            argv.append("--share-decoder-input-output-embed")
         if fn:
             argv += ["--encoder-attention-fn", fn, "--decoder-attention-fn", fn, "--cross-attention-fn", fn]
         args = options.parse_args_and_arch(options.get_training_parser(), argv)

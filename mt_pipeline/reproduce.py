@@ -57,7 +57,7 @@ TABLES = {
         "table1": {"small": ["configs/rela/table1.yaml"], "paper": ["configs/rela/wmt14_en_de/table1.yaml"]},
         "table2": {"benchmark": {
             "small": [sys.executable, "-m", "mt_pipeline.bench_speed", "--out", "results/rela/table2_speed_cpu.md"],
-            "paper": [sys.executable, "-m", "mt_pipeline.bench_speed", "--data-bin", "data-bin/wmt14_en_de/bin",
+            "paper": [sys.executable, "-m", "mt_pipeline.bench_speed", "--data-bin", "data-bin/wmt14_en_de/rela/bin",
                       "--size", "base", "--max-tokens", "25000", "--train-batches", "500",
                       "--out", "results/rela/table2_speed_wmt14.md"],
             "note": "speed ratios vs fairseq's stock transformer measured in the same run (scripts/bench_speed.py; "
@@ -162,7 +162,7 @@ TABLES = {
                                   "--flexible", "runs/paper/flexible_table2_en_ja_char/row3/checkpoints/checkpoint_best.pt",
                                   "--tau", "1.0", "--global-checkpoint",
                                   "runs/paper/flexible_table2_en_ja_char/row1/checkpoints/checkpoint_best.pt",
-                                  "--data-bin", "data-bin/aspec_en_ja_char/bin", "--src", "en", "--tgt", "ja",
+                                  "--data-bin", "data-bin/aspec_en_ja/char/bin", "--src", "en", "--tgt", "ja",
                                   "--subset", "test", "--concat", "1", "--min-len", "1", "--n", "1812", "--rounds", "1",
                                   "--out", "results/flexible/table3_decode_time_aspec_char.md"]],
                        "note": "CPU decoding time per sentence, global vs fine-tuned flexible attention at the tau "

@@ -124,3 +124,26 @@ def test_tiny_run_measures_every_model(data, tmp_path, device, dtype, size):
     # the machine's load at the start and end: a page timed beside other jobs says so
     assert re.search(r"^- load average 1 5 15 min: start (\d+\.\d\d ){2}\d+\.\d\d; end (\d+\.\d\d ){2}\d+\.\d\d; "
                      r"cores \d+$", text, re.M), text
+
+
+@pytest.mark.parametrize("size,joined,flag", [("small", False, None), ("base", True, "--share-all-embeddings"),
+                                              ("base", False, "--share-decoder-input-output-embed")])
+def test_embedding_sharing_follows_the_dictionaries(monkeypatch, size, joined, flag):
+    """The models are built as their training would build them: the small presets share all
+    embeddings (their arch does), Transformer base shares all of them on a joined dictionary and, on
+    separate dictionaries (ReLA's WMT14 prep, the released code's vocabularies), ties only the target
+    embedding to the softmax -- the argv of every model says so."""
+    from fairseq import options
+
+    seen = []
+
+    def stop(parser, argv):
+        seen.append(argv)
+        raise RuntimeError("argv captured")
+
+    monkeypatch.setattr(bench_speed, "_joined", lambda *a: joined)
+    monkeypatch.setattr(options, "parse_args_and_arch", stop)
+    with pytest.raises(RuntimeError, match="argv captured"):
+        bench_speed.build_models("data-bin/x/bin", "en", "de", size=size)
+    flags = {"--share-all-embeddings", "--share-decoder-input-output-embed"} & set(seen[0])
+    assert flags == ({flag} if flag else set())

@@ -160,6 +160,70 @@ def test_switching_truecasing_off_and_back_to_joint_bpe(iwslt, tmp_path):
     assert (out / "bin" / "dict.en.txt").read_bytes() == (out / "bin" / "dict.vi.txt").read_bytes()
 
 
+def _dict_words(path):
+    """The symbols of a fairseq dict.LANG.txt, fairseq's padding symbols (madeupwordNNNN) left out."""
+    return [l.split()[0] for l in lines(path) if not l.startswith("madeupword")]
+
+
+def test_word_vocabularies_replace_bpe_and_map_the_rest_to_unk(iwslt, tmp_path):
+    """--word-vocab en=300 vi=200 on a copy of the prep (Flexible Attention §5.1's word vocabularies,
+    "OOV words are replaced with a 'UNK' symbol"): no BPE, separate dictionaries holding each side's
+    most frequent truecased training words (fairseq's 4 specials counted), every other test word
+    binarized as <unk>; --dictionary joined gives one dictionary of one size."""
+    from collections import Counter
+
+    from fairseq.data import Dictionary, data_utils
+
+    out = tmp_path / "out"
+    shutil.copytree(iwslt[0], out, symlinks=True)
+    args = ["--local-dir", iwslt[1][1], "--out", str(out)]
+    log = prepare("iwslt15_en_vi", *args, "--word-vocab", "en=300", "vi=200")
+    assert "word vocabularies (en 300, vi 200 words, others -> <unk>); separate dictionaries" in log
+    assert "bpe: none (word vocabularies; bin/ reads tc/)" in log and "tc: up to date" in log
+    binarize = [l for l in log.splitlines() if "binarize:" in l][0]
+    assert "/tc/train" in binarize and "--nwordssrc 300 --nwordstgt 200" in binarize and "--joined" not in binarize
+    for lang, n in (("en", 300), ("vi", 200)):
+        words = _dict_words(out / "bin" / f"dict.{lang}.txt")
+        assert len(words) == n - 4  # <s> <pad> </s> <unk> are not in the file
+        counts = Counter(w for l in lines(out / "tc" / f"train.{lang}") for w in l.split())
+        assert set(words) <= set(counts) and min(counts[w] for w in words) >= max(
+            c for w, c in counts.items() if w not in set(words))  # the most frequent words
+        d = Dictionary.load(str(out / "bin" / f"dict.{lang}.txt"))
+        ds = data_utils.load_indexed_dataset(str(out / "bin" / f"test.en-vi.{lang}"), d)
+        ref = lines(out / "tc" / f"test.{lang}")
+        assert len(ds) == len(ref)
+        oov = 0
+        for i in range(0, len(ref), 97):
+            got = [d[t] for t in ds[i][:-1].tolist()]  # without </s>
+            want = [w if w in set(words) else "<unk>" for w in ref[i].split()]
+            assert got == want
+            oov += want.count("<unk>")
+        assert oov > 0
+    stamp = (out / "bin" / ".done").read_text().splitlines()
+    assert "joined_dictionary=false" in stamp and "words=[300,200]" in stamp
+    log = prepare("iwslt15_en_vi", *args, "--word-vocab", "250", "--dictionary", "joined")
+    assert "bin: up to date" not in log and "--joined-dictionary --nwordssrc 250 --nwordstgt 250" in log
+    assert (out / "bin" / "dict.en.txt").read_bytes() == (out / "bin" / "dict.vi.txt").read_bytes()
+    assert len(_dict_words(out / "bin" / "dict.en.txt")) == 250 - 4
+
+
+def test_joint_bpe_with_separate_dictionaries(iwslt, tmp_path):
+    """--bpe joint --dictionary separate (the released ReLA code's vocabularies: bzhangGo/zero's
+    vocab.zero.en / vocab.zero.de over one 32K BPE): one codes file, a dictionary per language
+    holding exactly its own side's BPE symbols."""
+    out = tmp_path / "out"
+    shutil.copytree(iwslt[0], out, symlinks=True)
+    args = [a if a != str(iwslt[0]) else str(out) for a in iwslt[1]]
+    args[args.index("separate")] = "joint"
+    log = prepare("iwslt15_en_vi", *args, "--dictionary", "separate")
+    assert "joint BPE; separate dictionaries" in log
+    assert sorted(p.name for p in (out / "bpe").glob("codes*")) == ["codes"]
+    for lang in ("en", "vi"):
+        assert set(_dict_words(out / "bin" / f"dict.{lang}.txt")) == {
+            w for l in lines(out / "bpe" / f"train.{lang}") for w in l.split()}
+    assert "joined_dictionary=false" in (out / "bin" / ".done").read_text().splitlines()
+
+
 def test_detruecasing_restores_the_references_case(iwslt, tmp_path):
     """extract_hypotheses --detruecase on truecased "hypotheses" (the truecased test references):
     the truecased text is kept as is, and every one-sentence line whose truecasing only lower-cased
@@ -272,6 +336,36 @@ def test_eatt_corpus_recipes_follow_the_paper():
     assert not prep_spec.truecase_langs(prep_spec.load_spec("wmt14_en_de")["recipe"], ["en", "de"])
 
 
+def test_flexible_and_rela_vocabularies_follow_the_papers():
+    """Flexible §5.1: word vocabularies (De-En 50K; En-Ja "80k and 40k", read as En 80K, Ja 40K), OOV
+    -> UNK, no BPE -- so σ and the windows are in words -- and ASPEC's character variant for Tables
+    2-3; ReLA (released code, bzhangGo/zero): separate source / target vocabularies over joint BPE,
+    the target embedding tied to the softmax.  The budgets ask for exactly these preps."""
+    for corpus, words in (("wmt15_de_en", {"de": 50000, "en": 50000}), ("aspec_en_ja", {"en": 80000, "ja": 40000})):
+        spec = prep_spec.load_spec(corpus)
+        r = prep_spec.effective_recipe(spec)
+        assert prep_spec.word_vocab_for(r, spec["langs"]) == words and not prep_spec.joined_dictionary(r)
+        for name in ("budget", "finetune"):
+            budget = experiment.load_budget(os.path.join(ROOT, "configs", "flexible", corpus, f"{name}.yaml"))
+            assert "--bpe-merges" not in experiment.prep_cmd(budget) and not budget["data"].get("variant")
+    char = prep_spec.effective_recipe(prep_spec.load_spec("aspec_en_ja"), "char")
+    assert prep_spec.word_vocab_for(char, ["en", "ja"]) is None and char["bpe_merges"] == 1
+    assert prep_spec.joined_dictionary(char)
+    for name in ("budget_char", "finetune_char"):
+        budget = experiment.load_budget(os.path.join(ROOT, "configs", "flexible", "aspec_en_ja", f"{name}.yaml"))
+        assert experiment.prep_dir(budget) == os.path.join(ROOT, "data-bin", "aspec_en_ja", "char")
+    for corpus, variant in (("wmt14_en_de", "rela"), ("wmt14_en_fr", None), ("wmt16_ro_en", None),
+                            ("wmt18_en_fi", None), ("wmt18_zh_en", None)):
+        spec = prep_spec.load_spec(corpus)
+        r = prep_spec.effective_recipe(spec, variant)
+        assert r.get("bpe_joint", True) and not prep_spec.joined_dictionary(r), corpus
+        budget = experiment.load_budget(os.path.join(ROOT, "configs", "rela", corpus, "budget.yaml"))
+        assert budget["data"].get("variant") == variant
+        assert budget["train"].get("share-decoder-input-output-embed") and not budget["train"].get("share-all-embeddings")
+    # the shared WMT14 default (ReLUFormer) keeps its joined dictionary
+    assert prep_spec.joined_dictionary(prep_spec.effective_recipe(prep_spec.load_spec("wmt14_en_de")))
+
+
 def test_bad_options_name_the_valid_choices(tmp_path, monkeypatch):
     spec = prep_spec.load_spec("wmt14_en_de")
     with pytest.raises(SystemExit, match="valid: eatt"):
@@ -280,6 +374,23 @@ def test_bad_options_name_the_valid_choices(tmp_path, monkeypatch):
         prep_spec.effective_recipe(dict(spec, variants={"x": {"lowercase": True}}), "x")
     with pytest.raises(SystemExit, match="needs separate BPE"):
         prep_spec.bpe_merges_for({"bpe_merges": {"en": 1, "de": 2}}, ["en", "de"], joint=True)
+    with pytest.raises(SystemExit, match="unknown dictionary 'shared'; valid: joined, separate"):
+        prep_spec.effective_recipe(spec, dictionary="shared")
+    with pytest.raises(SystemExit, match=r"word_vocab \{'en': 5\}: give sizes for exactly the languages"):
+        prep_spec.word_vocab_for({"word_vocab": {"en": 5}}, ["en", "de"])
+    with pytest.raises(SystemExit, match="word_vocab must be integers > 4"):
+        prep_spec.word_vocab_for({"word_vocab": 4}, ["en", "de"])
+    with pytest.raises(SystemExit, match="needs separate dictionaries"):
+        prep_spec.word_vocab_for({"word_vocab": {"en": 50, "de": 60}, "dictionary": "joined"}, ["en", "de"])
+    assert prep_spec.joined_dictionary({}) and not prep_spec.joined_dictionary({"bpe_joint": False})
+    assert not prep_spec.joined_dictionary({"word_vocab": 50})
+    assert prep_spec.joined_dictionary({"word_vocab": 50, "dictionary": "joined"})
+    for bad, msg in ((["--word-vocab", "300", "--bpe-merges", "500"], "has no BPE: drop --bpe"),
+                     (["--word-vocab", "en=3x"], "--word-vocab takes one N or LANG=N for each of en, de"),
+                     (["--dictionary", "shared"], "argument --dictionary: invalid choice: 'shared'")):
+        r = subprocess.run(["bash", os.path.join(ROOT, "data-prep", "wmt14_en_de", "prepare.sh"), "--dry-run", *bad,
+                            "--out", str(tmp_path / "o")], env=ENV, capture_output=True, text=True, timeout=120)
+        assert r.returncode != 0 and msg in r.stderr, r.stderr[-2000:]
     with pytest.raises(SystemExit, match="valid: true, false, or a list"):
         prep_spec.truecase_langs({"truecase": ["fr"]}, ["en", "de"])
     r = subprocess.run(["bash", os.path.join(ROOT, "data-prep", "wmt14_en_de", "prepare.sh"), "--dry-run", "--bpe",

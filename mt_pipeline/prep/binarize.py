@@ -17,11 +17,15 @@ from mt_pipeline.prep.bpe import truncate
 
 
 def preprocess_cmd(src, tgt, destdir, workers, trainpref=None, validpref=None, testprefs=(), joined=False,
-                   srcdict=None, tgtdict=None, dict_only=False):
-    """The ``python -m fairseq_cli.preprocess`` command (list of words) for these options."""
+                   srcdict=None, tgtdict=None, dict_only=False, nwords=None):
+    """The ``python -m fairseq_cli.preprocess`` command (list of words) for these options;
+    ``nwords``: ``(source, target)`` dictionary sizes (``--nwordssrc`` / ``--nwordstgt``; a joined
+    dictionary takes the source size) or None (every symbol kept)."""
     cmd = [sys.executable, "-m", "fairseq_cli.preprocess", "--source-lang", src, "--target-lang", tgt]
     if joined:
         cmd.append("--joined-dictionary")
+    if nwords:
+        cmd += ["--nwordssrc", str(nwords[0]), "--nwordstgt", str(nwords[1])]
     if dict_only:
         cmd.append("--dict-only")
     if srcdict:

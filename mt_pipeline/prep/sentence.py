@@ -10,8 +10,11 @@ Stages (``<out>/``; every one idempotent and atomic, :class:`~mt_pipeline.prep.r
             [clean-corpus-n on train]
     tc      [truecasing: recipe ``truecase``, --truecase / --no-truecase] (:mod:`~mt_pipeline.prep.tc`)
     bpe     joint (one model, ``bpe/codes``: learned, the codes the corpus ships, or --bpe-codes) or
-            separate BPE (``bpe/codes.LANG``) on tc/ or tok/ (:mod:`~mt_pipeline.prep.bpe`)
-    bin     fairseq-preprocess (joined dictionary with joint BPE) -> bin/ (+ subsets.json)
+            separate BPE (``bpe/codes.LANG``) on tc/ or tok/ (:mod:`~mt_pipeline.prep.bpe`); none
+            with a word vocabulary (recipe ``word_vocab``, --word-vocab)
+    bin     fairseq-preprocess -> bin/ (+ subsets.json): a joined dictionary with joint BPE, separate
+            ones with separate BPE or words (recipe ``dictionary``, --dictionary, overrides); with a
+            word vocabulary each dictionary keeps the N most frequent training words, OOV -> <unk>
 
 Variants (``--variant NAME``, spec ``variants``) share download/, raw/ and tok/ with the default
 recipe and write tc/, bpe/, bin/ to ``<out>/<variant>/`` (raw/ and tok/ there are links to the
@@ -30,7 +33,8 @@ from mt_pipeline.prep import bpe, fetch, raw, tc, tok
 from mt_pipeline.provenance import file_sha256
 from mt_pipeline.prep.binarize import preprocess_cmd, run_preprocess
 from mt_pipeline.prep.run import PrepRun, stamp_text
-from mt_pipeline.prep.spec import SHARED_DATA, bpe_merges_for, effective_recipe, spec_digest, truecase_langs
+from mt_pipeline.prep.spec import (DICTIONARIES, SHARED_DATA, bpe_merges_for, effective_recipe, joined_dictionary,
+                                   spec_digest, truecase_langs, word_vocab_for)
 from mt_pipeline.prep.textio import check_pair, count_lines, write_text_atomic
 from mt_pipeline.prep.tools import check_lang_tool, check_tool, tool_versions
 
@@ -56,6 +60,13 @@ def add_arguments(p, spec):
     p.add_argument("--no-truecase", dest="truecase", action="store_false", help="do not truecase")
     p.add_argument("--bpe", metavar="{joint,separate}", help="joint: one BPE model for both languages (and a joined dictionary); separate: one "
                    "per language (separate dictionaries); default: the recipe's `bpe_joint`")
+    p.add_argument("--dictionary", choices=DICTIONARIES, help="joined: one fairseq dictionary for both languages "
+                   "(--joined-dictionary); separate: one per language; default: the recipe's `dictionary`, else "
+                   "joined with joint BPE and separate with separate BPE or a word vocabulary")
+    p.add_argument("--word-vocab", nargs="+", metavar="N|LANG=N", help="word-level vocabularies instead of BPE: the N "
+                   "most frequent training words of each language (one N, or LANG=N for every language; "
+                   "fairseq's 4 special symbols included), every other word -> <unk> (default: the recipe's "
+                   "`word_vocab`)")
     p.add_argument("--bpe-codes", nargs="+", metavar="FILE|LANG=FILE", help="use these BPE codes instead of learning "
                    "them: one FILE (joint BPE) or LANG=FILE for every language (separate BPE)")
     p.add_argument("--src", metavar="LANG", help="source language for bin/ (default: the spec's first language)")
@@ -72,10 +83,19 @@ class SentencePrep:
         self.vout = os.path.join(self.out, self.variant) if self.variant else self.out  # tc/, bpe/, bin/
         try:
             self.recipe = effective_recipe(spec, self.variant, truecase=args.truecase, bpe=args.bpe,
-                                           merges=args.bpe_merges)
+                                           merges=args.bpe_merges, dictionary=args.dictionary,
+                                           word_vocab=_word_vocab_arg(args.word_vocab, self.langs))
             self.tc_langs = truecase_langs(self.recipe, self.langs)
             self.joint = self.recipe.get("bpe_joint", True)
-            bpe_merges_for(self.recipe, self.langs, self.joint)
+            #: ``{LANG: N}`` with a word vocabulary (no BPE), else None
+            self.words = word_vocab_for(self.recipe, self.langs)
+            self.joined = joined_dictionary(self.recipe)
+            if self.words is None:
+                bpe_merges_for(self.recipe, self.langs, self.joint)
+            elif args.bpe or args.bpe_merges or args.bpe_codes:
+                raise SystemExit("a word vocabulary (word_vocab: " + ", ".join(f"{l} {n}" for l, n in self.words.items())
+                                 + ") has no BPE: drop --bpe / --bpe-merges / --bpe-codes, or pass a recipe "
+                                 "without word_vocab")
         except SystemExit as e:
             run.die(str(e))
         self.sources = raw.Sources(spec, mode, local_dir, os.path.join(self.out, "download"), not args.no_checksum)
@@ -128,8 +148,10 @@ class SentencePrep:
                 + (" [dry run: nothing is written]" if run.dry else ""))
         if self.variant and spec["variants"][self.variant].get("about"):
             run.log(f"variant {self.variant}: " + " ".join(spec["variants"][self.variant]["about"].split()))
+        sub = ("; word vocabularies (" + ", ".join(f"{l} {n}" for l, n in self.words.items()) + " words, others -> <unk>)"
+               if self.words else ("; joint BPE" if self.joint else "; separate BPE per language"))
         run.log("after tokenisation: " + (f"truecase {', '.join(self.tc_langs)}" if self.tc_langs else "no truecasing")
-                + ("; joint BPE" if self.joint else "; separate BPE per language"))
+                + sub + ("; joined dictionary" if self.joined else "; separate dictionaries"))
         with run.lock():
             if run.dry or self.mode == "download":
                 fetch.print_sources(run, spec.get("downloads", []))
@@ -237,11 +259,33 @@ def stage_tc(p):
     return True
 
 
+def _word_vocab_arg(values, langs):
+    """``--word-vocab N`` / ``LANG=N ...`` as the recipe value (int or ``{LANG: N}``); None = not given.
+
+    Raises:
+        SystemExit: a value that is not ``N`` or ``LANG=N`` with an integer N."""
+    if not values:
+        return None
+    try:
+        if len(values) == 1 and "=" not in values[0]:
+            return int(values[0])
+        pairs = [v.partition("=") for v in values]
+        if not all(sep for _, sep, _ in pairs):
+            raise ValueError
+        return {k: int(n) for k, _, n in pairs}
+    except ValueError:
+        raise SystemExit(f"--word-vocab takes one N or LANG=N for each of {', '.join(langs)} "
+                         f"(got {' '.join(values)})") from None
+
+
 def stage_bpe(p):
     """Joint or separate BPE on tc/ (truecasing on) or tok/; False when it cannot run here (no
-    codes and no training data)."""
+    codes and no training data).  Nothing (True) with a word vocabulary."""
     run, d, joint = p.run, os.path.join(p.vout, "bpe"), p.joint
     src_stage, src_base = ("tc", p.vout) if p.tc_langs else ("tok", p.out)
+    if p.words:
+        run.log(f"bpe: none (word vocabularies; bin/ reads {src_stage}/)")
+        return True
     given = p.codes_given()
     if given is None and "train" not in p.splits:
         p.missing.append("BPE codes: no training data to learn them from (pass --bpe-codes "
@@ -289,20 +333,27 @@ def stage_bpe(p):
 
 
 def stage_bin(p):
-    """Stage bin: fairseq-preprocess (joined dictionary with joint BPE) + subsets.json; needs train."""
+    """Stage bin: fairseq-preprocess + subsets.json; needs train.  Input: bpe/, or with a word
+    vocabulary tc/ (truecasing on) or tok/, each dictionary cropped to its size (``--nwordssrc`` /
+    ``--nwordstgt``).  Dictionaries: :attr:`SentencePrep.joined`."""
     if "train" not in p.splits:
         p.missing.append("bin/: fairseq-preprocess needs the training split for the dictionary")
         return
     run, a = p.run, p.a
     src, tgt = a.src or p.langs[0], a.tgt or p.langs[1]
-    b, bp = os.path.join(p.vout, "bin"), os.path.join(p.vout, "bpe")
+    b = os.path.join(p.vout, "bin")
+    stage_in, base_in = ("bpe", p.vout) if not p.words else (("tc", p.vout) if p.tc_langs else ("tok", p.out))
+    bp = os.path.join(base_in, stage_in)
     tests = [s for s in p.splits if s not in ("train", "valid")]
-    stamp, legacy = stamps("bin", upstream=p.prev("bpe", p.vout), src=src, tgt=tgt, tests=tests,
-                       joined_dictionary=p.joint)
+    # (the stamp of a BPE prep with its default dictionary is unchanged: existing preps stay up to date)
+    extra = {"words": [p.words[src], p.words[tgt]]} if p.words else {}
+    stamp, legacy = stamps("bin", upstream=p.prev(stage_in, base_in), src=src, tgt=tgt, tests=tests,
+                           joined_dictionary=p.joined, **extra)
 
     def body(x):
         cmd = preprocess_cmd(src, tgt, x, run.workers, trainpref=f"{bp}/train", validpref=f"{bp}/valid",
-                             testprefs=[f"{bp}/{s}" for s in tests], joined=p.joint)
+                             testprefs=[f"{bp}/{s}" for s in tests], joined=p.joined,
+                             nwords=(p.words[src], p.words[tgt]) if p.words else None)
         run_preprocess(run, cmd, os.path.join(p.vout, "logs", "bin.log"))
         if not run.dry:
             write_text_atomic(os.path.join(x, "subsets.json"),

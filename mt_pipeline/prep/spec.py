@@ -18,7 +18,10 @@ SHARED_DATA = os.path.normpath(os.path.join(REPO, "..", "shared", "data"))
 
 PIPELINES = ("sentence", "multi30k", "long_documents")
 # What a variant may change: the steps after tokenisation (it shares raw/ and tok/ with the default).
-VARIANT_KEYS = {"truecase", "bpe_joint", "bpe_merges"}
+VARIANT_KEYS = {"truecase", "bpe_joint", "bpe_merges", "dictionary", "word_vocab"}
+#: the recipe key ``dictionary``: fairseq-preprocess's dictionaries (default: joined with joint BPE,
+#: separate otherwise, and separate for word vocabularies)
+DICTIONARIES = ("joined", "separate")
 
 
 #: the keys a corpus.yaml may hold, per part (see the module docstring)
@@ -31,7 +34,8 @@ SPLIT_KEYS = ("name", "upstream", "pairs")  # the multi30k pipeline's list of sp
 LOCAL_KEYS = ("default_dir", "splits", "missing")
 RECIPE_KEYS = ("bpe_merges", "bpe_joint", "escape", "aggressive_dash_splits", "clean", "normalize_punct",
                "remove_non_printing", "replace_apostrophe", "perl_final_period", "truecase", "lengths",
-               "pretokenized", "lowercase", "valid_every", "shipped_codes", "romanian")
+               "pretokenized", "lowercase", "valid_every", "shipped_codes", "romanian", "dictionary",
+               "word_vocab")
 #: source formats (``{lang}``/``{col}`` are filled per language); bars:N and tsv:N take a column number
 FORMAT_NAMES = ("plain", "seg", "sgm", "iwslt_tags")
 
@@ -203,14 +207,15 @@ def spec_digest(spec):
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def effective_recipe(spec, variant=None, truecase=None, bpe=None, merges=None):
+def effective_recipe(spec, variant=None, truecase=None, bpe=None, merges=None, dictionary=None, word_vocab=None):
     """The recipe a run uses: the spec's ``recipe``, updated by the spec's variant ``variant``
-    (``variants: {NAME: {about, truecase, bpe_joint, bpe_merges}}``), then by the CLI overrides
-    ``truecase`` (bool), ``bpe`` ('joint' / 'separate') and ``merges`` (int); None = not given.
+    (``variants: {NAME: {about, truecase, bpe_joint, bpe_merges, dictionary, word_vocab}}``), then by
+    the CLI overrides ``truecase`` (bool), ``bpe`` ('joint' / 'separate'), ``merges`` (int),
+    ``dictionary`` ('joined' / 'separate') and ``word_vocab`` (int or ``{LANG: int}``); None = not given.
 
     Raises:
-        SystemExit: unknown variant (lists the valid ones), a variant key outside VARIANT_KEYS, or
-        an unknown ``bpe`` mode."""
+        SystemExit: unknown variant (lists the valid ones), a variant key outside VARIANT_KEYS, an
+        unknown ``bpe`` mode or ``dictionary``."""
     r = dict(spec.get("recipe") or {})
     if variant:
         known = spec.get("variants") or {}
@@ -231,7 +236,45 @@ def effective_recipe(spec, variant=None, truecase=None, bpe=None, merges=None):
         r["bpe_joint"] = bpe == "joint"
     if merges is not None:
         r["bpe_merges"] = merges
+    if dictionary is not None:
+        r["dictionary"] = dictionary
+    if word_vocab is not None:
+        r["word_vocab"] = word_vocab
+    if r.get("dictionary", "joined") not in DICTIONARIES:
+        raise SystemExit(f"unknown dictionary '{r['dictionary']}'; valid: {', '.join(DICTIONARIES)}")
     return r
+
+
+def word_vocab_for(r, langs):
+    """The word vocabulary of recipe ``r``: None (subwords: BPE) or ``{LANG: N}``, the N most frequent
+    training words of each language kept and every other word mapped to ``<unk>`` (fairseq-preprocess
+    ``--nwordssrc`` / ``--nwordstgt``; N counts fairseq's 4 special symbols).  ``word_vocab`` is one
+    number for every language or ``{LANG: N}``.  A word vocabulary replaces BPE: no ``bpe/`` stage.
+
+    Raises:
+        SystemExit: not a positive integer, languages other than ``langs``, or per-language sizes
+        with a joined dictionary (one dictionary takes one size)."""
+    w = r.get("word_vocab")
+    if w is None:
+        return None
+    out = dict(w) if isinstance(w, dict) else {l: w for l in langs}
+    if sorted(out) != sorted(langs):
+        raise SystemExit(f"word_vocab {w}: give sizes for exactly the languages {list(langs)}")
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 4 for v in out.values()):
+        raise SystemExit(f"word_vocab must be integers > 4 (words kept, fairseq's 4 special symbols "
+                         f"included; got {w!r})")
+    if r.get("dictionary") == "joined" and len(set(out.values())) > 1:
+        raise SystemExit(f"word_vocab {w} gives a size per language, which needs separate dictionaries "
+                         "(dictionary: separate); a joined dictionary takes one size")
+    return out
+
+
+def joined_dictionary(r):
+    """Whether recipe ``r`` binarizes with one joined dictionary: its ``dictionary`` when given, else
+    joined exactly for joint BPE (separate for separate BPE and for word vocabularies)."""
+    if r.get("dictionary"):
+        return r["dictionary"] == "joined"
+    return r.get("word_vocab") is None and r.get("bpe_joint", True)
 
 
 def truecase_langs(r, langs):
