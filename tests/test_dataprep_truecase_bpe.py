@@ -247,11 +247,9 @@ def test_detruecasing_restores_the_references_case(iwslt, tmp_path):
     assert lines(o["detok"]) == extract_hypotheses.detokenize(hyp, "vi")
 
 
-def test_evaluate_detruecases_a_truecased_prep(iwslt, tmp_path):
-    """scripts/evaluate.sh on a model trained (a few updates) on the truecased prep: it finds
-    tc/truecase-model.vi, keeps the truecased output (S.hyp.tc), scores the detruecased one and
-    records the post-processing in S.json (what detruecasing does to real text: the test above)."""
-    out = iwslt[0]
+def _train_and_evaluate(out, tmp_path, extra=()):
+    """Train a tiny Transformer a few updates on the prep ``out`` (en -> vi), run scripts/evaluate.sh
+    on its test set, and return the result record ``test.json``."""
     ck = tmp_path / "ck"
     env = dict(ENV, PATH=BIN + os.pathsep + os.environ.get("PATH", ""))
     train = [os.path.join(BIN, "fairseq-train"), str(out / "bin"), "--arch", "transformer", "--encoder-layers", "1",
@@ -259,7 +257,7 @@ def test_evaluate_detruecases_a_truecased_prep(iwslt, tmp_path):
              "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64", "--encoder-attention-heads", "2",
              "--decoder-attention-heads", "2", "--source-lang", "en", "--target-lang", "vi", "--optimizer", "adam",
              "--lr", "0.005", "--max-tokens", "4000", "--max-update", "20", "--save-dir", str(ck), "--cpu",
-             "--no-epoch-checkpoints", "--num-workers", "0", "--seed", "1", "--disable-validation"]
+             "--no-epoch-checkpoints", "--num-workers", "0", "--seed", "1", "--disable-validation", *extra]
     r = subprocess.run(train, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     r = subprocess.run(["bash", os.path.join(ROOT, "scripts", "evaluate.sh"), "--checkpoint", str(ck / "checkpoint_last.pt"),
@@ -268,7 +266,33 @@ def test_evaluate_detruecases_a_truecased_prep(iwslt, tmp_path):
                         "--extra", "--max-len-a 0 --max-len-b 6", "--out", str(tmp_path / "eval")],
                        env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
-    res = json.load(open(tmp_path / "eval" / "test.json"))
+    return json.load(open(tmp_path / "eval" / "test.json"))
+
+
+def test_a_word_level_prep_trains_and_scores_with_unk(iwslt, tmp_path):
+    """A word-vocabulary prep (Flexible's recipes) end to end: fairseq trains on its separate
+    dictionaries (the target embedding tied to the softmax), generation emits <unk> for words outside
+    the 150-word target vocabulary, and scripts/evaluate.sh scores the detruecased, detokenized
+    hypotheses against the raw references, <unk> kept as a word (the paper: "OOV words are replaced
+    with a 'UNK' symbol")."""
+    out = tmp_path / "out"
+    shutil.copytree(iwslt[0], out, symlinks=True)
+    prepare("iwslt15_en_vi", "--local-dir", iwslt[1][1], "--out", str(out), "--word-vocab", "en=400", "vi=150")
+    res = _train_and_evaluate(out, tmp_path, ("--share-decoder-input-output-embed",))
+    assert res["n_hyp"] == 1268 and res["postprocess"] == "remove-bpe,detruecase,detokenize"
+    tc, tok = lines(tmp_path / "eval" / "test.hyp.tc"), lines(tmp_path / "eval" / "test.hyp.tok")
+    vocab = {l.split()[0] for l in lines(out / "bin" / "dict.vi.txt")} | {"<unk>"}
+    assert all(w in vocab for h in tc for w in h.split())  # every output word is in the 150-word vocabulary
+    assert sum(h.split().count("<unk>") for h in tok) > 0  # and <unk> survives the post-processing
+    assert res["tok_ref"] == str(out / "tok" / "test.vi") and 0.0 <= res["bleu"] < 100.0
+
+
+def test_evaluate_detruecases_a_truecased_prep(iwslt, tmp_path):
+    """scripts/evaluate.sh on a model trained (a few updates) on the truecased prep: it finds
+    tc/truecase-model.vi, keeps the truecased output (S.hyp.tc), scores the detruecased one and
+    records the post-processing in S.json (what detruecasing does to real text: the test above)."""
+    out = iwslt[0]
+    res = _train_and_evaluate(out, tmp_path)
     assert res["postprocess"] == "remove-bpe,detruecase,detokenize" and res["n_hyp"] == 1268
     assert res["testset"] == "test"  # Multi30k's file names are for Multi30k preps only
     tc, hyp = lines(tmp_path / "eval" / "test.hyp.tc"), lines(tmp_path / "eval" / "test.hyp.tok")
