@@ -47,7 +47,9 @@ autotuning tile asked for (``--tiles first``: the first of the kernel's table th
 tries for that launch -- ``_tried``: tiles known to spill with ReLUFormer's statistics, with
 dropout (``_SPILL_WITH_DROPOUT``, per table), at head dimension 128 (``_SPILL_AT_D128``, per
 table, keyed on the launch's ``BLOCK_D``) or at head dimension 128 with dropout
-(``_SPILL_AT_D128_WITH_DROPOUT``) are not tried there; ``--tiles all``: every tile it tries;
+(``_SPILL_AT_D128_WITH_DROPOUT``) are not tried there -- on sm_90a, where they were measured
+(``SPILL_LISTS_ARCH``); on other targets (sm_80) the autotuner tries the whole table and its
+timing decides; ``--tiles all``: every tile it tries;
 ``--tiles table``: every tile of the kernel's table, those it leaves out too -- marked "not
 tried", outside the targets and the tile choices -- the command that shows why each is left out).
 Which tile the autotuner picks on a GPU is not known here.
@@ -711,7 +713,7 @@ def report(archs: Iterable[int] = ARCHS, dtypes: Iterable[str] = DTYPES, head_di
                                 kind, meta = "stats", dict(meta)
                                 tile_list = [(meta.pop("BLOCK"), 1, meta.pop("num_warps", 4), 1)]
                             else:
-                                tried = real._tried(table[name], meta)  # the autotuner's candidates
+                                tried = real._tried(table[name], meta, arch=arch)  # the autotuner's candidates
                                 tile_list = (list(table[name]) if tiles == "table" else
                                              tried if tiles == "all" else tried[:1])
                             for tile in tile_list:

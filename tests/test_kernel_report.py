@@ -358,6 +358,39 @@ def test_tried_tiles_depend_on_the_head_dimension():
 
 
 @needs_nvidia
+def test_spill_lists_apply_on_the_gpu_they_were_measured_on(monkeypatch):
+    """The spill lists are sm_90a measurements: on another GPU (sm_80) the autotuner tries the whole
+    table, whatever the launch, and the pruning asks the launch's device (its first CUDA tensor);
+    the report compiles each target with that target's candidates."""
+    import triton
+
+    mod = tk._kernels(False)
+    meta = {"BLOCK_D": 128, "DROPOUT": True, "STATS": True}
+    for table in kr._tables(mod).values():
+        assert mod._tried(table, meta, arch=80) == list(table)
+    assert mod._tried(mod._RECT_BWD_KV, meta) == mod._tried(mod._RECT_BWD_KV, meta, arch=mod.SPILL_LISTS_ARCH) \
+        != list(mod._RECT_BWD_KV)
+    configs = [triton.Config({"BLOCK_M": a, "BLOCK_N": b}, num_warps=w, num_stages=st)
+               for a, b, w, st in mod._RECT_BWD_KV]
+    tiles = lambda cs: [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) for c in cs]  # noqa: E731
+    launch = dict(meta, T_KEY=1024, S_KEY=1024)
+    assert tiles(mod._prune(configs, launch, table=mod._RECT_BWD_KV)) == mod._tried(mod._RECT_BWD_KV, meta)
+    monkeypatch.setattr(mod, "_launch_arch", lambda named_args: 80)
+    assert tiles(mod._prune(configs, launch, table=mod._RECT_BWD_KV)) == list(mod._RECT_BWD_KV)
+    # no CUDA tensor among the arguments (here): the lists' own arch
+    monkeypatch.undo()
+    assert mod._launch_arch({"Q": torch.zeros(1), "T_KEY": 4}) == mod.SPILL_LISTS_ARCH
+    # the report: each target's first tile is the first of that target's candidates (compiles stubbed)
+    monkeypatch.setattr(kr, "_compile_row", lambda task: dict(task[0], tile_tuple=task[6]))
+    rows = kr.report(archs=[90, 80], dtypes=["fp16"], head_dims=[128], variants=["reluformer_enc"], dropouts=[0.1],
+                     tiles="first", bwds=["split"])
+    first = {(r["arch"], r["kernel"]): r["tile_tuple"] for r in rows}
+    assert first[(80, "rect_bwd_kv")] == tuple(mod._RECT_BWD_KV[0])
+    assert first[(90, "rect_bwd_kv")] == tuple(mod._tried(mod._RECT_BWD_KV, {"BLOCK_D": 128, "DROPOUT": True,
+                                                                             "STATS": True})[0]) != first[(80, "rect_bwd_kv")]
+
+
+@needs_nvidia
 def test_tiles_that_spill_with_dropout_are_left_out_per_table():
     """Issue 28: with attention dropout the autotuner leaves out the tiles that spill *in that
     kernel* (``_SPILL_WITH_DROPOUT`` is per table: 128x64 w8 s2 spills in rect_bwd_kv but not in

@@ -29,6 +29,7 @@ buffer (see :func:`_l1_sgn`); the softmax is the online
 
 import functools
 
+import torch
 import triton
 import triton.language as tl
 
@@ -182,15 +183,27 @@ _RECT_KEY = ["T_KEY", "S_KEY", "BLOCK_D", "ACT", "MASK_MODE", "CAUSAL", "STATS",
 _L1_KEY = ["T_KEY", "S_KEY", "BLOCK_D", "MASK_MODE", "CAUSAL", "DROPOUT", "PREC"]
 
 
-def _tried(table, meta):
-    """The tiles of ``table`` the autotuner tries for a launch with constexprs ``meta`` before
-    the size pruning of :func:`_prune` (none of the table's ``_SPILL_WITH_STATS`` tiles with ``STATS``, none of the
+#: the compute capability the spill lists above were measured on (sm_90a, H100/H200); on any other
+#: GPU the autotuner tries the whole table and its timing decides (a tile that spills on sm_90a may
+#: not elsewhere: on sm_80, d 64, ReLUFormer's dK/dV tile 64x32 w4 s2 with dropout compiles without
+#: spills at 1.07x the first tile's PTX per score, where the best tile the sm_90a lists leave is 1.19x;
+#: results/gpu/kernel_report_sm80_tiles.md)
+SPILL_LISTS_ARCH = 90
+
+
+def _tried(table, meta, arch=SPILL_LISTS_ARCH):
+    """The tiles of ``table`` the autotuner tries for a launch with constexprs ``meta`` on a GPU of
+    compute capability ``arch`` (e.g. 90, 80) before the size pruning of :func:`_prune`.  On
+    :data:`SPILL_LISTS_ARCH`: none of the table's ``_SPILL_WITH_STATS`` tiles with ``STATS``, none of the
     table's ``_SPILL_WITH_DROPOUT`` tiles with ``DROPOUT``, none of its ``_SPILL_AT_D128`` tiles
-    when ``BLOCK_D >= 128``, nor its ``_SPILL_AT_D128_WITH_DROPOUT`` tiles when both hold); never empty: the table's last tile stays when all would go."""
+    when ``BLOCK_D >= 128``, nor its ``_SPILL_AT_D128_WITH_DROPOUT`` tiles when both hold; never
+    empty: the table's last tile stays when all would go.  On any other ``arch``: the whole table."""
     def of(per_table):
         return next((sp for tb, sp in per_table if tb is table), ())
 
     out = list(table)
+    if arch != SPILL_LISTS_ARCH:
+        return out
     if meta.get("STATS"):
         out = [t for t in out if tuple(t) not in of(_SPILL_WITH_STATS)]
     if meta.get("DROPOUT"):
@@ -202,15 +215,32 @@ def _tried(table, meta):
     return out or list(table)[-1:]
 
 
+@functools.lru_cache(maxsize=None)
+def _capability(index):
+    """Compute capability of CUDA device ``index`` as one number (9.0 -> 90, 8.0 -> 80)."""
+    major, minor = torch.cuda.get_device_capability(index)
+    return 10 * major + minor
+
+
+def _launch_arch(named_args):
+    """Compute capability of the GPU a launch runs on (the device of its first CUDA tensor
+    argument); :data:`SPILL_LISTS_ARCH` when no argument is a CUDA tensor."""
+    for v in named_args.values():
+        if isinstance(v, torch.Tensor) and v.is_cuda:
+            return _capability(v.device.index if v.device.index is not None else torch.cuda.current_device())
+    return SPILL_LISTS_ARCH
+
+
 def _prune(configs, named_args, table=None, **kwargs):
     """Drop tiles far larger than the problem (decoding: T = 1) and those :func:`_tried` leaves
-    out for this launch (``table``: the kernel's tile table, bound by :func:`_tuned`, which the
+    out for this launch on its GPU (``table``: the kernel's tile table, bound by :func:`_tuned`, which the
     head-dimension pruning looks up); keeps at least one tried config."""
     t = max(16, named_args.get("T_KEY", kwargs.get("T_KEY", 16)))
     s = max(16, named_args.get("S_KEY", kwargs.get("S_KEY", 16)))
     key = lambda c: (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages)  # noqa: E731
     table = table if table is not None else [key(c) for c in configs]
-    tried = set(_tried(table, {k: kwargs.get(k, named_args.get(k)) for k in ("STATS", "DROPOUT", "BLOCK_D")}))
+    tried = set(_tried(table, {k: kwargs.get(k, named_args.get(k)) for k in ("STATS", "DROPOUT", "BLOCK_D")},
+                       arch=_launch_arch(named_args)))
     ok = [c for c in configs if key(c) in tried]
     kept = [c for c in ok if c.kwargs["BLOCK_M"] <= 2 * t and c.kwargs["BLOCK_N"] <= 2 * s]
     return kept or ok[-1:] or configs[-1:]
