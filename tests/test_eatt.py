@@ -257,6 +257,14 @@ def test_eatt_triton_backend_equals_torch_at_both_qk_widths(name, interp):
     torch.testing.assert_close(out["triton"], out["torch"], rtol=1e-5, atol=1e-5)
 
 
+def test_set_attn_fn_refuses_another_query_key_width():
+    m = FunctionalMultiheadAttention(C, H, _fn("eatt@qk"), self_attention=True)
+    with pytest.raises(ValueError, match=f"query/key width {C}, this module's q_proj / k_proj {C // H}"):
+        m.set_attn_fn(build_attention_fn("softmax", C, H))
+    m.set_attn_fn(_fn("eatt_select_dot@qk"))  # the same width: accepted
+    assert m.attn_fn.name == "eatt_select_dot"
+
+
 def test_eatt_qk_dim_is_checked_against_the_heads():
     with pytest.raises(ValueError, match=r"--eatt-qk-dim 6 is not a multiple of the 4 heads; valid choices: 0 "):
         build_attention_fn("eatt", C, H, argparse.Namespace(eatt_qk_dim=6))

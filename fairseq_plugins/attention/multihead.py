@@ -381,7 +381,15 @@ class FunctionalMultiheadAttention(MultiheadAttention):
         return (am if mask is None else (mask | am)), False
 
     def set_attn_fn(self, attn_fn: AttentionFunction):
-        """Replace the attention function (e.g. for analysis); shapes must match."""
+        """Replace the attention function (e.g. for analysis); shapes must match.
+
+        Raises:
+            ValueError: ``attn_fn`` was built for another ``embed_dim`` / ``num_heads``, or for
+                another query/key width than this module's ``q_proj`` (E-ATT's ``--eatt-qk-dim``:
+                its scores would be scaled for the wrong head dimension)."""
         if attn_fn.embed_dim != self.embed_dim or attn_fn.num_heads != self.num_heads:
             raise ValueError("attn_fn was built for a different embed_dim/num_heads")
+        if attn_fn.qk_dim != self.q_proj.out_features:
+            raise ValueError(f"attn_fn has query/key width {attn_fn.qk_dim}, this module's q_proj / k_proj "
+                             f"{self.q_proj.out_features} (--eatt-qk-dim)")
         self.attn_fn = attn_fn
