@@ -20,7 +20,7 @@ from typing import Dict, Iterable, Optional, Tuple
 
 __all__ = ["ROOT", "CODE_DIRS", "git_commit", "hardware", "load_average", "command_line", "repo_relative", "collect",
            "markdown", "file_sha256", "REGIMES", "weakest_regime", "NO_EVIDENCE", "evidence_root", "evidence_dir",
-           "trained_model", "models_markdown"]
+           "trained_model", "decoded_checkpoint", "models_markdown"]
 
 #: the repository root (the directory holding ``mt_pipeline/`` and ``fairseq_plugins/``)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -177,6 +177,34 @@ def evidence_dir(run_dir: str, regime: str) -> str:
     if parts[0] != regime:
         parts = [regime] + parts
     return os.path.join(evidence_root(), *parts)
+
+
+def decoded_checkpoint(run_dir: str) -> str:
+    """The checkpoint a training run was scored with: ``decoded_checkpoint`` of the run's
+    ``result.json`` (written by ``mt-experiment``; relative to ``run_dir``, e.g.
+    ``average_last5_epochs.pt`` at the converged budget, ``average_last3.pt`` at smoke), so an
+    analysis of the run reads the model its BLEU belongs to.
+
+    Returns:
+        the checkpoint's absolute path.
+
+    Raises:
+        FileNotFoundError: ``run_dir`` has no ``result.json`` (not a finished ``mt-experiment``
+            run), the record names no checkpoint, or the checkpoint is gone; the message says which.
+    """
+    rec = os.path.join(os.path.abspath(run_dir), "result.json")
+    if not os.path.isfile(rec):
+        raise FileNotFoundError(f"{run_dir}: no result.json -- not a finished mt-experiment run; give a checkpoint "
+                                f"file instead")
+    with open(rec) as f:
+        name = json.load(f).get("decoded_checkpoint")
+    if not name:
+        raise FileNotFoundError(f"{rec} names no decoded_checkpoint; give a checkpoint file instead")
+    path = os.path.join(os.path.dirname(rec), name)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{run_dir}: its scored checkpoint {name} is gone (result.json names it); re-run the "
+                                f"experiment to rebuild it, or give another checkpoint file")
+    return path
 
 
 def trained_model(checkpoint: str) -> Dict[str, object]:

@@ -11,7 +11,10 @@
 # for several (trained on the same data-prep,
 # e.g. `--source-lang de --target-lang en` on DATA_PREP_DIR/bin) and it is scored against the RWTH
 # gold alignments (GOLD_DIR, default ../shared/data/rwth_gold_alignment_de_en) with the data-prep's
-# BPE codes.  Checkpoints: average_last3.pt of each row (else checkpoints/checkpoint_last.pt).
+# BPE codes.  Checkpoints: the one each row's run was scored with (its result.json; average_last3.pt
+# at smoke, average_last5_epochs.pt at the converged budget: RUNS_DIR=runs/converged/rela_table1),
+# else average_last3.pt, else checkpoints/checkpoint_last.pt.  A DEEN_CHECKPOINTS path may be a run
+# directory too.
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 RUNS="${1:-$REPO/runs/rela_table1}"
@@ -21,8 +24,10 @@ GOLD_DIR="${GOLD_DIR:-$REPO/../shared/data/rwth_gold_alignment_de_en}"
 PYTHON="${PYTHON:-$(command -v python || echo "$REPO/.venv/bin/python")}"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" MKL_NUM_THREADS="${MKL_NUM_THREADS:-1}"
 
-ck() {  # checkpoint of a row
-  if [[ -f "$RUNS/$1/average_last3.pt" ]]; then echo "$RUNS/$1/average_last3.pt"
+ck() {  # checkpoint of a row: the run directory of a finished mt-experiment run (the analysis reads
+        # the checkpoint its BLEU was scored with: result.json's decoded_checkpoint), else a file
+  if [[ -f "$RUNS/$1/result.json" ]]; then echo "$RUNS/$1"
+  elif [[ -f "$RUNS/$1/average_last3.pt" ]]; then echo "$RUNS/$1/average_last3.pt"
   elif [[ -f "$RUNS/$1/checkpoints/checkpoint_last.pt" ]]; then echo "$RUNS/$1/checkpoints/checkpoint_last.pt"
   else echo "no checkpoint for $1 in $RUNS" >&2; exit 1; fi
 }

@@ -543,3 +543,33 @@ def test_replot_rerenders_the_curve_figures_from_analysis_json(tmp_path):
     assert all(os.path.getsize(tmp_path / "figures" / f) > 10_000 for f in figs)
     with pytest.raises(SystemExit):
         main(["--replot", str(tmp_path / "missing.json")])
+
+
+def test_checkpoint_arguments_accept_run_directories_as_their_scored_checkpoint(tmp_path):
+    """``--checkpoint`` / ``--aer-checkpoint`` take an mt-experiment run directory for the checkpoint
+    its BLEU was scored with (result.json's ``decoded_checkpoint``: ``average_last5_epochs.pt`` at the
+    converged budget, not ``checkpoint_last.pt``); bad ones stop before any model is loaded."""
+    from fairseq_plugins.analysis.cli import _labelled
+
+    run = tmp_path / "runs" / "row4"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "checkpoint_last.pt").write_bytes(b"last")
+    (run / "average_last5_epochs.pt").write_bytes(b"avg")
+    (run / "result.json").write_text(json.dumps({"decoded_checkpoint": "average_last5_epochs.pt"}))
+    assert _labelled([str(run)], "--checkpoint") == [("row4", str(run / "average_last5_epochs.pt"))]
+    assert _labelled([f"rela_g={run}"], "--aer-checkpoint") == [("rela_g", str(run / "average_last5_epochs.pt"))]
+    # a file keeps working, labelled by its run (a file in checkpoints/ by the run above it)
+    assert _labelled([str(run / "checkpoints" / "checkpoint_last.pt")], "--checkpoint") == [
+        ("row4", str(run / "checkpoints" / "checkpoint_last.pt"))]
+    with pytest.raises(SystemExit, match="label 'row4' given twice"):
+        _labelled([str(run), str(run / "average_last5_epochs.pt")], "--checkpoint")
+    (run / "average_last5_epochs.pt").unlink()
+    with pytest.raises(SystemExit, match=r"--aer-checkpoint: .*average_last5_epochs\.pt is gone"):
+        _labelled([str(run)], "--aer-checkpoint")
+    bare = tmp_path / "runs" / "bare"
+    bare.mkdir()
+    with pytest.raises(SystemExit, match="--checkpoint: .*no result.json"):
+        _labelled([str(bare)], "--checkpoint")
+    (bare / "result.json").write_text("{}")
+    with pytest.raises(SystemExit, match="names no decoded_checkpoint"):
+        _labelled([str(bare)], "--checkpoint")

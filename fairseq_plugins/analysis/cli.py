@@ -1,6 +1,7 @@
 """``fairseq-attention-analysis``: checkpoints + a data split -> Markdown/JSON tables and PNG figures.
 
-Usage (one model, or several with ``LABEL=PATH`` to compare them in one table/figure)::
+Usage (one model, or several with ``LABEL=PATH`` to compare them in one table/figure; a PATH may be an
+``mt-experiment`` run directory, read as the checkpoint that run was scored with)::
 
     fairseq-attention-analysis --checkpoint softmax=runs/a/avg.pt relag=runs/b/avg.pt \\
         --data data-bin/multi30k_en_de/bin --source-lang en --target-lang de --split test \\
@@ -27,14 +28,30 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def _labelled(items: List[str], flag: str) -> List[Tuple[str, str]]:
+    """``[LABEL=]PATH`` arguments as ``(label, checkpoint file)``.  PATH is a checkpoint file or an
+    ``mt-experiment`` run directory, which stands for the checkpoint the run was scored with
+    (:func:`fairseq_plugins.provenance.decoded_checkpoint`); the default label is the run
+    directory's name (for a file: its folder's).  Exits with a message naming the flag on a
+    repeated label or a missing checkpoint, before anything is loaded."""
+    from ..provenance import decoded_checkpoint
+
     out, seen = [], set()
     for it in items:
-        label, path = it.split("=", 1) if "=" in it else (os.path.basename(os.path.dirname(os.path.abspath(it)))
-                                                          or it, it)
+        label, path = it.split("=", 1) if "=" in it else (None, it)
+        if label is None:
+            run = os.path.abspath(path) if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
+            if os.path.basename(run) == "checkpoints":
+                run = os.path.dirname(run)
+            label = os.path.basename(run) or it
         if label in seen:
             raise SystemExit(f"{flag}: label {label!r} given twice")
         seen.add(label)
-        if not os.path.isfile(path):
+        if os.path.isdir(path):
+            try:
+                path = decoded_checkpoint(path)
+            except FileNotFoundError as err:
+                raise SystemExit(f"{flag}: {err}") from None
+        elif not os.path.isfile(path):
             raise SystemExit(f"{flag}: checkpoint not found: {path}")
         out.append((label, path))
     return out
@@ -55,7 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fairseq-attention-analysis",
                                 description="Attention analysis (ReLA Section 5.2, ReLUFormer Sections 3.4/4.2)")
     p.add_argument("--checkpoint", nargs="+", default=[], metavar="[LABEL=]PATH",
-                   help="checkpoint(s) to analyse on --split; several = --compare in one table/figure")
+                   help="checkpoint(s) to analyse on --split -- a file, or an mt-experiment run directory for the "
+                        "checkpoint it was scored with; several = --compare in one table/figure")
     p.add_argument("--compare", nargs="+", default=[], metavar="LABEL=PATH",
                    help="more checkpoints to put next to --checkpoint (same as listing them there)")
     p.add_argument("--data", help="fairseq data dir (binarized splits + dictionaries); required unless --replot")
@@ -80,7 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--beam", type=int, default=4)
     p.add_argument("--seed", type=int, default=1, help="seed of the reference shuffle")
     p.add_argument("--aer-checkpoint", nargs="+", default=[], metavar="[LABEL=]PATH",
-                   help="De->En checkpoint(s) whose cross-attention is scored against the gold alignments")
+                   help="De->En checkpoint(s) (file or run directory, as --checkpoint) whose cross-attention is "
+                        "scored against the gold alignments")
     p.add_argument("--aer-data", help="data dir of the De->En model (default: --data)")
     p.add_argument("--aer-gold", default=os.path.join(os.path.dirname(ROOT), "shared", "data",
                                                       "rwth_gold_alignment_de_en"))
