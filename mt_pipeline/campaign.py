@@ -685,20 +685,22 @@ def collect(plan: Dict, runs: Optional[List[Run]] = None) -> List[str]:
 
 def render_tables(plan: Dict, table_paths: Optional[List[str]] = None) -> None:
     """Re-render the plan's tables (or only ``table_paths``) that have a finished run -- a page whose
-    numbers predate committed evidence (:func:`mt_pipeline.evidence.predates_evidence`) only once all
-    its rows have one -- then every index file (``results/<paper>/<table>.md``, :func:`mt_pipeline.reproduce.render_indexes`) with a
+    numbers predate committed evidence (:func:`mt_pipeline.evidence.predates_evidence`) only once
+    every row it shows a number for has one (:func:`mt_pipeline.reproduce.predated_rows_pending`) --
+    then every index file (``results/<paper>/<table>.md``, :func:`mt_pipeline.reproduce.render_indexes`) with a
     part among them: the index rows quote the full tables, so none keeps a stale row."""
-    from .reproduce import render_indexes  # reproduce imports the table machinery: import late
+    from .reproduce import predated_rows_pending, render_indexes  # reproduce imports the table machinery: import late
 
     rendered = []
     for table in table_paths or list(plan["_specs"]):
         spec = plan["_specs"][table]
-        done = [bool(tables.row_results(spec, r)) for r in spec["rows"]]
-        if not any(done):
+        done = {r["id"]: bool(tables.row_results(spec, r)) for r in spec["rows"]}
+        if not any(done.values()):
             continue  # nothing finished yet: no table of pending rows
-        if not all(done) and evidence.predates_evidence(os.path.join(ROOT, spec["out"])):
-            log(f"kept {spec['out']}: its numbers predate committed evidence; it is re-rendered once all "
-                f"its rows have re-run ({sum(done)} of {len(done)} so far)")
+        waiting = predated_rows_pending(os.path.join(ROOT, spec["out"]), done)
+        if waiting:
+            log(f"kept {spec['out']}: its numbers predate committed evidence; it is re-rendered once the rows it "
+                f"shows numbers for have re-run (waiting for row(s) {', '.join(map(str, waiting))})")
             continue
         try:
             tables.render(spec)
@@ -862,7 +864,8 @@ def render_verdicts(plan: Dict, page: Optional[str] = None) -> Optional[str]:
     lines = [begin, "", f"### {heading} (`mt-campaign render --plan {plan_rel}`)", "",
              f"Rule (this page's): a verdict needs the converged budget and ≥ {MIN_SEEDS} seed-matched runs of both "
              "rows; first test subset, SacreBLEU mean over seeds; \"beyond seed noise\" = |Δ mean| > 2 standard "
-             "errors and every seed-matched paired bootstrap p < 0.05; within it: inconclusive. A \"matches\" claim "
+             "errors (unpaired, √(s₁²/n + s₂²/n) of the seeds' sample sds) and every seed-matched paired bootstrap "
+             "p < 0.05; within it: inconclusive. A \"matches\" claim "
              "is an equivalence test on Δ ± 2 standard errors: reproduced when it lies inside ± the claim's margin, "
              "not reproduced when it lies wholly outside it (beyond seed noise), else inconclusive. "
              "Evidence of every run: `results/runs/`.", "",

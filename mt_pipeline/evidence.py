@@ -48,7 +48,8 @@ MANIFEST = "MANIFEST.json"
 
 def predates_evidence(page: str) -> bool:
     """Whether the full table ``page`` (a path) exists and carries :data:`NO_EVIDENCE`.  Such a page
-    is replaced as a whole, once every row of its table has re-run with evidence -- never row by row,
+    is replaced as a whole, once every row it shows a number for has re-run with evidence
+    (:func:`mt_pipeline.reproduce.predated_rows_pending`) -- never row by row,
     which would turn the rows not re-run yet into "not run yet" and orphan what other pages quote
     from them (:func:`mt_pipeline.campaign.render_tables`, :func:`mt_pipeline.reproduce.write_index`)."""
     if not os.path.exists(page):

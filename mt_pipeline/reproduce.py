@@ -415,6 +415,32 @@ def _row_status(spec, row):
     return run_table._mean_cell([x["scores"][first]["bleu"] for x in ok]), "done", commit, seeds, sig
 
 
+def predated_rows_pending(out, done):
+    """The rows a full table whose numbers predate committed evidence still waits for.
+
+    Such a page (:func:`mt_pipeline.evidence.predates_evidence`) is replaced as a whole, never row by
+    row, so that no number it shows -- and other pages quote -- turns into "not run yet"; it is
+    replaced once every row that shows a number on it has re-run with evidence.  Rows the page shows
+    as not run never held a number, so they are not waited for.
+
+    Args:
+        out: path of the full table (``spec['out']``).
+        done: ``{row id: whether the row has a run with a result here}`` for the spec's rows.
+
+    Returns:
+        the ids (in ``done``'s order) of rows shown with a number on a page that predates evidence
+        and not re-run yet -- every row not done when the page has no parsable table; ``[]`` when the
+        page does not predate evidence (or does not exist).
+    """
+    if not predates_evidence(out):
+        return []
+    committed = committed_table(out)
+    if committed is None:
+        return [rid for rid, ok in done.items() if not ok]
+    return [rid for rid, ok in done.items()
+            if not ok and committed["rows"].get(str(rid), {}).get("ours")]
+
+
 def committed_table(path):
     """What a committed full table (``spec['out']``, rendered by mt-table) says about its rows, for
     an index written where the runs are not (``runs/`` is not committed): ``{"rows": {id: {"ours",
@@ -508,9 +534,10 @@ def write_index(paper, table, entry, results_dir=None):
             statuses = {r["id"]: _row_status(spec, r) for r in spec["rows"]}
             committed = None
             # the committed full table where no run is here, or where that table predates evidence and
-            # not every row has re-run yet (it is replaced as a whole: evidence.predates_evidence)
-            if not any(statuses.values()) or (not all(statuses.values())
-                                              and predates_evidence(os.path.join(ROOT, out))):
+            # a row it shows a number for has not re-run yet (it is replaced as a whole:
+            # predated_rows_pending)
+            if not any(statuses.values()) or predated_rows_pending(
+                    os.path.join(ROOT, out), {rid: st is not None for rid, st in statuses.items()}):
                 committed = committed_table(os.path.join(ROOT, out))
             rows, sigs, seen_seeds = [], set(), set()
             for r in spec["rows"]:

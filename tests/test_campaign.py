@@ -472,9 +472,10 @@ def test_every_committed_run_rescores_from_its_hypotheses(path, tmp_path):
 
 def test_a_page_that_predates_evidence_is_replaced_only_as_a_whole(tmp_path, monkeypatch):
     """Issue 27: a full table carrying "Evidence: none committed." is not re-rendered while only some
-    of its rows have re-run (that would turn the others into "not run yet" and orphan the numbers the
-    claims page quotes from them); once every row has, it is; a page without the line is re-rendered
-    at the first finished row, as before."""
+    of the rows it shows numbers for have re-run (that would turn the others into "not run yet" and
+    orphan the numbers the claims page quotes from them); once every such row has, it is (rows it
+    shows as not run are not waited for); a page without the line is re-rendered at the first
+    finished row, as before."""
     import mt_pipeline.reproduce as rp
 
     page = tmp_path / "t.md"
@@ -496,6 +497,21 @@ def test_a_page_that_predates_evidence_is_replaced_only_as_a_whole(tmp_path, mon
     page.write_text("# T\n")
     campaign.render_tables(plan)
     assert rendered == [str(page)]
+    # a row the page shows as not run never held a number: it is not waited for (ReLUFormer T6's
+    # L = 1024 / 2048 rows); a row it shows a number for is
+    rendered.clear()
+    spec["rows"].append({"id": 3})
+    page.write_text(f"# T\n\n{evidence.NO_EVIDENCE}\n\n| ID | Model | paper X | ours test2016 | status |\n"
+                    "|---|---|---|---|---|\n| 1 | A | 1.0 | 0.45 (0.45) | done |\n| 2 | B | 2.0 | 0.33 (0.33) | done |\n"
+                    "| 3 | C | 3.0 | not run yet | pending |\n")
+    assert rp.predated_rows_pending(str(page), {1: True, 2: False, 3: False}) == [2]
+    campaign.render_tables(plan)
+    assert rendered == []
+    done.add(2)
+    assert rp.predated_rows_pending(str(page), {1: True, 2: True, 3: False}) == []
+    campaign.render_tables(plan)
+    assert rendered == [str(page)]
+    assert rp.predated_rows_pending(str(tmp_path / "none.md"), {1: False}) == []
 
 
 def test_a_finished_run_gets_the_analyses_of_every_table_that_shows_it(tmp_path, monkeypatch):

@@ -452,10 +452,12 @@ def test_results_index_says_which_rows_ran_next_to_the_paper(tmp_path):
     assert "| 2 | B | – |  |  | not run |  |" in text and "| 3 | C | 26.0 |  |  | not run |  |" in text
     assert "SacreBLEU signature: `nrefs:1|tok:13a|version:2.6.0`" in text
     assert f"row cells copied from the committed `{tmp_path / 't.md'}`" in text
-    # a committed page whose numbers predate evidence (issue 27) is replaced as a whole: with row 1
-    # re-run but rows 2-3 not, the index still quotes the page; with every row re-run, the runs
+    # a committed page whose numbers predate evidence (issue 27) is replaced as a whole: it shows
+    # numbers for rows 1 and 2 (row 3 is not on it), so with row 1 re-run but row 2 not, the index
+    # still quotes the page; once rows 1 and 2 have re-run, the runs (row 3 never held a number)
     page = tmp_path / "t.md"
-    page.write_text(page.read_text().replace("# T\n", "# T\n\n**Evidence: none committed.**\n"))
+    page.write_text(page.read_text().replace("# T\n", "# T\n\n**Evidence: none committed.**\n").replace(
+        "| 2 | B | – | not run yet | not run yet |  | pending |", "| 2 | B | – | 20.00 (20.10) | 14.00 (14.00) | 400 | done |"))
     for rid in (1, 2, 3):
         (runs / f"row{rid}").mkdir(parents=True)
         (runs / f"row{rid}" / "result.json").write_text(json.dumps(
@@ -463,12 +465,14 @@ def test_results_index_says_which_rows_ran_next_to_the_paper(tmp_path):
              "valid_loss": [[400, 4.0]], "git_commit": "abcdef0123456789", "seed": 1}))
         REPRO.write_index("p", "table9", {"small": [str(spec_path)]}, results_dir=str(tmp_path / "results"))
         text = (tmp_path / "results" / "p" / "table9.md").read_text()
-        if rid < 3:
+        if rid < 2:
             assert "| 1 | A | 26.9 | 24.12 (24.50) | 1 | done | `f02f71825f93` |" in text, rid
-            assert "| 2 | B | – |  |  | not run |  |" in text and "row cells copied from the committed" in text
+            assert "| 2 | B | – | 20.00 (20.10) |  | done |  |" in text and "row cells copied from the committed" in text
         else:
             assert "| 1 | A | 26.9 | 24.12 (24.50) | 1 | done | `abcdef012345` |" in text
-            assert "| 3 | C | 26.0 | 24.12 (24.50) | 1 | done | `abcdef012345` |" in text
+            assert "| 2 | B | – | 24.12 (24.50) | 1 | done | `abcdef012345` |" in text
+            assert ("| 3 | C | 26.0 | 24.12 (24.50) | 1 | done | `abcdef012345` |" if rid == 3
+                    else "| 3 | C | 26.0 |  |  | not run |  |") in text, rid
             assert "row cells from the runs' result.json" in text
 
 
