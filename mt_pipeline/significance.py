@@ -72,8 +72,8 @@ def verdict(base: Sequence[float], system: Sequence[float], p_values: Sequence[f
 
     Returns one of ``"exceeds seed noise (Δ +d ± 2se, bootstrap p ≤ x in each of n seeds)"``
     (both tests pass), ``"within seed noise (...)"`` (``|Δ| <= 2se``), ``"not beyond seed noise:
-    Δ exceeds 2 SE, but bootstrap p ≥ 0.05 in a seed (...)"`` (the seed test passes, a seed's
-    test-set test does not) -- ``x``: the largest seed-matched p-value; the ``p`` part only when
+    Δ exceeds 2 SE, but bootstrap p ≥ 0.05 in k of n seeds (...)"`` (the seed test passes, k
+    seeds' test-set tests do not) -- ``x``: the largest seed-matched p-value; the ``p`` part only when
     there are p-values -- or ``"1 seed: Δ +d, p = x, seed noise unknown"``.  Only the first
     starts with ``"exceeds"``.
     """
@@ -91,4 +91,5 @@ def verdict(base: Sequence[float], system: Sequence[float], p_values: Sequence[f
         return f"exceeds seed noise {numbers}"
     if not p_values:
         return f"not beyond seed noise: Δ exceeds 2 SE, but no seed-matched bootstrap {numbers}"
-    return f"not beyond seed noise: Δ exceeds 2 SE, but bootstrap p ≥ {ALPHA:g} in a seed {numbers}"
+    high = sum(p >= ALPHA for p in p_values)
+    return f"not beyond seed noise: Δ exceeds 2 SE, but bootstrap p ≥ {ALPHA:g} in {high} of {len(p_values)} seeds {numbers}"

@@ -166,7 +166,7 @@ def test_verdict_uses_seed_noise():
     assert significance.verdict([30.0, 31.5, 29.0], [30.6, 29.8, 31.6], [0.01, 0.2, 0.01]).startswith("within")
     # a large difference whose bootstrap is not significant in one seed: the words say which test failed
     assert significance.verdict([30.0, 30.1], [32.0, 32.1], [0.01, 0.2]) == \
-        "not beyond seed noise: Δ exceeds 2 SE, but bootstrap p ≥ 0.05 in a seed (Δ +2.00 ± 0.14, bootstrap p ≤ 0.200 in each of 2 seeds)"
+        "not beyond seed noise: Δ exceeds 2 SE, but bootstrap p ≥ 0.05 in 1 of 2 seeds (Δ +2.00 ± 0.14, bootstrap p ≤ 0.200 in each of 2 seeds)"
     assert "seed noise unknown" in significance.verdict([30.0], [31.0], [0.03])
     # the words carry the largest seed-matched p-value (the test behind "exceeds")
     assert significance.verdict([30.0, 30.2, 29.9], [31.5, 31.7, 31.4], [0.01, 0.02, 0.001]) == \
