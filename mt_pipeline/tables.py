@@ -61,7 +61,9 @@ def load_table(path: str, budget: Optional[str] = None) -> Dict:
 
     Raises:
         SystemExit: missing file or keys, duplicate row ids, subsets that differ from the
-            budget's, or ``budget`` given for a spec whose rows have their own budgets.
+            budget's, ``budget`` given for a spec whose rows have their own budgets, or a row tested
+            against a row scored on other data (the reference or its ``vs`` row: the paired bootstrap
+            pairs the two test sets line by line).
     """
     if not os.path.exists(path):
         raise SystemExit(f"table spec not found: {path}")
@@ -101,6 +103,14 @@ def load_table(path: str, budget: Optional[str] = None) -> Dict:
             raise SystemExit(f"{path}: subsets {list(spec['subsets'])} differ from those of budget "
                              f"{row_budget(spec, row)}: {b['data']['subsets']}")
         row["_budget"] = b
+    by_id = {r["id"]: r for r in spec["rows"]}
+    for row in spec["rows"]:  # a significance test pairs hypotheses of one test set, line by line
+        for other in [i for i in reference_ids(spec) if i != row["id"]] + ([row["vs"]] if row.get("vs") is not None else []):
+            if row["_budget"]["data"] != by_id[other]["_budget"]["data"]:
+                raise SystemExit(f"{path}: row {row['id']} is tested against row {other}, whose test set is another "
+                                 f"({row_budget(spec, row)} vs {row_budget(spec, by_id[other])}: data "
+                                 f"{row['_budget']['data']} vs {by_id[other]['_budget']['data']}); give row {row['id']} "
+                                 "a `vs:` row scored on its own data, or the spec `reference: []`")
     spec["_path"] = path
     return spec
 

@@ -249,6 +249,37 @@ def test_budget_override_is_refused_for_rows_with_their_own_budget():
                              os.path.join(CONFIGS, "multi30k", "converged.yaml"))
 
 
+def test_a_row_is_only_tested_against_rows_scored_on_the_same_test_set(tmp_path):
+    """The paired bootstrap pairs two systems' hypotheses line by line, so a row may only be tested
+    against a row of the same data: ReLUFormer T6's lengths each pack their own test set.  A spec
+    whose reference (default: the first row) or ``vs`` row is scored on other data is refused at
+    load, naming both budgets and the fix; ``reference: []`` with a ``vs`` row of the same length
+    loads (the committed T6 specs do)."""
+    spec = yaml.safe_load(open(os.path.join(CONFIGS, "reluformer", "table6_long_documents.yaml")))
+    assert spec["reference"] == [] and all(
+        r["budget"] == next(v for v in spec["rows"] if v["id"] == r["vs"])["budget"] for r in spec["rows"] if "vs" in r)
+    spec.update(out=str(tmp_path / "t6.md"), runs=str(tmp_path / "runs"))
+    rows = {r["id"]: r for r in spec["rows"]}
+    path = tmp_path / "t.yaml"
+    for reference, row4_vs, ok in ((None, None, False), ([], 1, False), ([], None, True)):
+        s = dict(spec, rows=[dict(rows[1]), dict(rows[4]), dict(rows[5], vs=4)])
+        s.pop("reference")
+        if reference is not None:
+            s["reference"] = reference
+        if row4_vs is not None:
+            s["rows"][1]["vs"] = row4_vs
+        path.write_text(yaml.safe_dump(s))
+        if ok:
+            assert [r["id"] for r in run_table.load_table(str(path))["rows"]] == [1, 4, 5]
+        else:
+            with pytest.raises(SystemExit, match=r"row 4 is tested against row 1, whose test set is another "
+                                                 r"\(configs/long_documents/small_cpu_L256\.yaml vs "
+                                                 r"configs/long_documents/small_cpu_L128\.yaml.*`vs:`"):
+                run_table.load_table(str(path))
+    for p in ("table6_long_documents.yaml", os.path.join("europarl7_doc", "table6.yaml")):
+        run_table.load_table(os.path.join(CONFIGS, "reluformer", p))
+
+
 def test_a_tagged_budget_keeps_its_runs_pages_and_evidence_apart_from_its_regime():
     """configs/multi30k/converged_6k.yaml: the converged budget at 6,000 updates, regime converged,
     tag converged_6k -- its runs, full tables and evidence never mix with the 3,000-update ones."""
