@@ -105,7 +105,10 @@ def load_table(path: str, budget: Optional[str] = None) -> Dict:
         row["_budget"] = b
     by_id = {r["id"]: r for r in spec["rows"]}
     for row in spec["rows"]:  # a significance test pairs hypotheses of one test set, line by line
-        for other in [i for i in reference_ids(spec) if i != row["id"]] + ([row["vs"]] if row.get("vs") is not None else []):
+        tested_against = [i for i in reference_ids(spec) if i != row["id"]]
+        if row.get("vs") is not None:
+            tested_against.append(row["vs"])
+        for other in tested_against:
             if row["_budget"]["data"] != by_id[other]["_budget"]["data"]:
                 raise SystemExit(f"{path}: row {row['id']} is tested against row {other}, whose test set is another "
                                  f"({row_budget(spec, row)} vs {row_budget(spec, by_id[other])}: data "
