@@ -3,14 +3,13 @@
 # Usage: bash scripts/test.sh [pytest args...]
 # Env:   PYTEST_WORKERS  pytest-xdist workers (default: auto = one per CPU core; 0 runs in this process).
 #                        Each test file runs whole on one worker (--dist loadfile: its module fixtures are
-#                        built once), the slowest files first (tests/conftest.py orders them; it also
-#                        gives each worker its share of the threads).
+#                        built once); tests/conftest.py gives each worker one thread.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$ROOT/scripts/setup_env.sh"
 cd "$ROOT"
 set +e
-"$ROOT/.venv/bin/python" -m pytest -ra -n "${PYTEST_WORKERS:-auto}" --dist loadfile --no-loadscope-reorder --durations=20 "$@"
+"$ROOT/.venv/bin/python" -m pytest -ra -n "${PYTEST_WORKERS:-auto}" --dist loadfile --durations=20 "$@"
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi

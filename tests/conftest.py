@@ -23,23 +23,3 @@ import pytest  # noqa: E402
 def interp(monkeypatch):
     """Run Triton kernels on CPU tensors under the interpreter (``TRITON_INTERPRET=1``)."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-
-
-#: The test files that take minutes, slowest first (serial seconds measured on 2026-11-29 with
-#: ``--durations=0``: campaign 531, pipeline_faults 417, triton_attention 358, ...).  scripts/test.sh
-#: runs the files on pytest-xdist workers in collection order (``--dist loadfile --no-loadscope-reorder``;
-#: xdist's own reorder puts files with many quick tests first and left one worker alone for ~10 minutes
-#: on the last slow file): longest first lets the workers finish together.  Only the order changes.
-SLOW_FILES_FIRST = (
-    "test_campaign.py", "test_pipeline_faults.py", "test_triton_attention.py", "test_dataprep_truecase_bpe.py",
-    "test_bad_checkpoints.py", "test_end_to_end.py", "test_dataprep_recipes.py", "test_flexible.py",
-    "test_bad_input.py", "test_pipeline.py", "test_hydra.py", "test_kernel_report.py", "test_faults.py",
-    "test_safety.py", "test_bench_speed.py", "test_long_documents.py",
-)
-
-
-def pytest_collection_modifyitems(session, config, items):
-    """Run :data:`SLOW_FILES_FIRST` first, in that order; every other file after, in collection order
-    (a stable sort: the order of the tests inside a file is kept)."""
-    rank = {name: i for i, name in enumerate(SLOW_FILES_FIRST)}
-    items.sort(key=lambda item: rank.get(os.path.basename(str(item.fspath)), len(rank)))
