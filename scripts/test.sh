@@ -3,7 +3,8 @@
 # Usage: bash scripts/test.sh [pytest args...]
 # Env:   PYTEST_WORKERS  pytest-xdist workers (default: auto = one per CPU core; 0 runs in this process).
 #                        Each test file runs whole on one worker (--dist loadfile: its module fixtures are
-#                        built once); tests/conftest.py gives each worker one thread.
+#                        built once); tests/conftest.py gives each worker its share of the threads
+#                        (cores // workers: one on 2 cores), and so the subprocesses it starts.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$ROOT/scripts/setup_env.sh"
