@@ -322,10 +322,27 @@ def _load_after(path: str, entries, runs: List[Run], specs: Dict[str, Dict]) -> 
         steps.append(AfterStep(
             key=key, paper=entry["paper"], table=entry["table"], commands=commands,
             pages=[o for c in commands for o in step_outputs(c) if o.endswith(".md")],
-            runs=[r for r in runs if any(os.path.normpath(_abs(t)) in wanted for t in r.tables)],
+            runs=_runs_read(commands, [r for r in runs if any(os.path.normpath(_abs(t)) in wanted for t in r.tables)]),
             why=entry.get("why", ""), inputs=list(dict.fromkeys(i for c in commands for i in step_inputs(c))),
             writes=list(after_writes(table, "small"))))
     return steps
+
+
+def _runs_read(commands: List[List[str]], runs: List[Run]) -> List[Run]:
+    """The ``runs`` (of the step's tables) that the step's ``commands`` read: those whose run
+    directory an argument names, or a file below it (``[LABEL=]PATH`` arguments count by their
+    PATH) -- ReLA Table 5's AER reads ReLUFormer Table 4's rows 1-4, not its row 5, so only those
+    train again for it; all of ``runs`` when no argument names one (Flexible Table 1's sweep is
+    given the tables' ``runs/`` folders and reads every row)."""
+    named = set()
+    for cmd in commands:
+        for arg in cmd[1:]:
+            path = arg.split("=", 1)[1] if "=" in arg and not arg.startswith("-") else arg
+            if path.startswith("runs/") or os.path.isabs(path):
+                named.add(os.path.normpath(_abs(path)))
+    read = [r for r in runs if any(n == os.path.normpath(r.dir) or n.startswith(os.path.normpath(r.dir) + os.sep)
+                                   for n in named)]
+    return read or runs
 
 
 def _after_marker(step: AfterStep) -> str:

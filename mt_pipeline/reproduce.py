@@ -46,6 +46,19 @@ from .budget import REGIMES, regime
 from .evidence import predates_evidence
 from .provenance import ROOT, git_commit
 
+def _aer_command(runs, out):
+    """ReLA Table 5's post-training step: AER of the De->En models in ``runs``/row1-4 (ReLUFormer
+    Table 4's softmax, sparsemax, 1.5-entmax and ReLA-g rows, each run directory standing for the
+    checkpoint it was scored with) against the RWTH gold alignments (``--aer-gold``'s default,
+    ``../shared/data/rwth_gold_alignment_de_en``), tokenised with the Multi30k data-prep's BPE;
+    writes ``<out>.md`` and ``<out>/`` (analysis.json, figures/aer.png)."""
+    labels = {1: "softmax", 2: "sparsemax", 3: "entmax15", 4: "rela_g"}
+    return [sys.executable, "-m", "fairseq_plugins.analysis.cli",
+            "--aer-checkpoint", *[f"{label}={runs}/row{i}" for i, label in labels.items()],
+            "--data", "data-bin/multi30k_en_de/bin", "--bpe-codes", "data-bin/multi30k_en_de/bpe/codes",
+            "--out", out, "--md", f"{out}.md"]
+
+
 # paper -> table -> {"small": [spec...], "paper": [spec...]} (a missing scale = not configured;
 # "converged": [spec...] names converged specs explicitly, otherwise the Multi30k small specs run
 # under the converged budget),
@@ -74,6 +87,19 @@ TABLES = {
                     "untrained *_small models, Multi30k BPE and vocabulary)"}},
         # RMSNorm over the concatenated heads (paper §4, released code) vs per head (a variant)
         "normscope": {"small": ["configs/rela/norm_scope.yaml"]},
+        # Table 5 / Figure 4 (AER of cross-attention vs the RWTH De-En gold alignments): needs De->En
+        # models of the four normalisers, which ReLUFormer Table 4's rows 1-4 on Multi30k De->En are
+        # (softmax, sparsemax, 1.5-entmax, ReLA-g; same preset and budget) -- trained there, measured here
+        "table5": {"small": ["configs/reluformer/table4_multi30k.yaml"],
+                   "converged": ["configs/reluformer/table4_multi30k_converged.yaml"],
+                   "after": {
+                       "small": [_aer_command("runs/reluformer_table4", "results/rela/table5_aer_multi30k")],
+                       "converged": [_aer_command("runs/converged/reluformer_table4",
+                                                  "results/rela/table5_aer_multi30k_converged")],
+                       "note": "AER (%) of the De->En cross-attention of ReLUFormer Table 4's rows 1-4 (softmax, "
+                               "sparsemax, 1.5-entmax, ReLA-g) against the RWTH gold alignments, normal and shifted, "
+                               "layer attention and best head per layer (paper Table 5, Figure 4; "
+                               "fairseq-attention-analysis --aer-checkpoint)"}},
     },
     "reluformer": {
         "table1": {"small": ["configs/reluformer/table1_ffn_memory.yaml"],
@@ -358,27 +384,27 @@ def dry_run(spec_path, rows, gpus, scale, check=True, shown=None, budget=None):
     prepped = set()
     n = 0
     for r in select_rows(spec, rows):
-        budget = r["_budget"]
+        row_budget = r["_budget"]
         rdir = run_table.run_dir(spec, r)
         print(f"\n# row {r['id']}: {r['name']}  (paper: {'–' if r.get('paper') is None else r['paper']})  run dir {os.path.relpath(rdir, ROOT)}")
-        pcmd = experiment.prep_cmd(budget)
+        pcmd = experiment.prep_cmd(row_budget)
         if q(pcmd) not in prepped:
             prepped.add(q(pcmd))
             print("$ " + q(pcmd))
-        prep = experiment.prep_dir(budget)
+        prep = experiment.prep_dir(row_budget)
         data_bin = os.path.join(prep, "bin")
-        train_cfg = dict(budget["train"])
+        train_cfg = dict(row_budget["train"])
         cmd = experiment.build_train_cmd(data_bin, os.path.join(rdir, "checkpoints"), r["arch"], spec["src"],
                                          spec["tgt"], train_cfg, r.get("fns"), r.get("extra", ""),
                                          cpu=(scale != "paper" and gpus == 0))
         print("$ " + q(cmd) + "    # resumes from checkpoint_last.pt")
-        avg, avg_cmd = experiment.decode_checkpoint(budget, rdir)
+        avg, avg_cmd = experiment.decode_checkpoint(row_budget, rdir)
         if avg_cmd:
             print("$ " + q(avg_cmd))
         else:
             print(f"# evaluate {os.path.relpath(avg, ROOT)} (fairseq's best checkpoint on the validation set)")
-        print("$ " + q(experiment.eval_cmd(budget["generate"], avg, data_bin, prep, spec["src"], spec["tgt"],
-                                           budget["data"]["subsets"], os.path.join(rdir, "eval"))))
+        print("$ " + q(experiment.eval_cmd(row_budget["generate"], avg, data_bin, prep, spec["src"], spec["tgt"],
+                                           row_budget["data"]["subsets"], os.path.join(rdir, "eval"))))
         for an in spec.get("analyses") or []:
             print("$ " + q([sys.executable, an["script"], "--checkpoint", avg, "--data-bin", data_bin,
                             "--src", spec["src"], "--tgt", spec["tgt"], "--json",

@@ -374,6 +374,34 @@ def test_cli_end_to_end(deen, tmp_path):
     assert mine["diagonal_off_by_one"] != pytest.approx(mine["diagonal"], abs=1e-6)  # pairing matters
 
 
+def test_aer_only_run_writes_its_page_where_md_says(deen, tmp_path):
+    """The form ReLA Table 5's post-training step uses: --aer-checkpoint alone (no --checkpoint) and
+    --md PATH: the tables go to PATH (not OUT/analysis.md), analysis.json and the AER figure to OUT,
+    and the page's AER row is the JSON's numbers."""
+    prep, ck = deen
+    out, page = tmp_path / "t5", tmp_path / "t5.md"
+    sh([sys.executable, "-m", "fairseq_plugins.analysis.cli", "--aer-checkpoint", f"relag={ck}", f"other={ck}",
+        "--data", str(prep / "bin"), "--aer-gold", GOLD, "--aer-limit", "12",
+        "--bpe-codes", str(prep / "bpe" / "codes"), "--out", str(out), "--md", str(page)])
+    assert not (out / "analysis.md").exists() and (out / "figures" / "aer.png").stat().st_size > 1000
+    rep = json.load(open(out / "analysis.json"))
+    assert rep["models"] == {} and list(rep["aer"]) == ["relag", "other"]
+    a = rep["aer"]["relag"]
+    assert a["n_pairs"] == 12 and a == rep["aer"]["other"]  # the same checkpoint twice
+    md = page.read_text()
+    assert (f"| relag | {a['normal']['AoL']:.2f} | {a['normal']['AoH']:.2f} | {a['shifted']['AoL']:.2f} | "
+            f"{a['shifted']['AoH']:.2f} |") in md
+
+
+def test_md_must_name_a_markdown_file_before_any_work(tmp_path):
+    from fairseq_plugins.analysis.cli import main
+
+    with pytest.raises(SystemExit) as err:
+        main(["--aer-checkpoint", str(tmp_path / "missing.pt"), "--data", str(tmp_path), "--out", str(tmp_path / "o"),
+              "--md", str(tmp_path / "page.txt")])
+    assert err.value.code == 2 and not (tmp_path / "o").exists()
+
+
 def _gold_lines(name):
     import gzip
 

@@ -696,11 +696,15 @@ def test_the_minutes_estimate_is_per_model_and_counts_everything_but_training(tm
 @needs_data
 def test_a_plan_names_post_training_steps_and_is_refused_when_they_cannot_run(tmp_path):
     """``after:``: the smoke plan's Flexible steps need the plan's Table 1 runs (both directions for the
-    tau sweep; de-en rows 1, 3, 4 for Table 3's benchmark); an unknown step or one whose table the
+    tau sweep; de-en rows 1, 3, 4 for Table 3's benchmark), ReLA Table 5's AER the four De->En runs
+    of ReLUFormer Table 4 it names; an unknown step or one whose table the
     plan does not train is refused with the valid choices."""
     smoke = campaign.load_plan("configs/campaign/smoke.yaml")
     steps = {s.key: s for s in smoke["_after"]}
-    assert list(steps) == ["flexible table1", "flexible table3"]
+    assert list(steps) == ["rela table5", "flexible table1", "flexible table3"]
+    # ReLA T5's AER reads ReLUFormer T4's rows 1-4 (the run directories its command names), not row 5
+    assert [r.key for r in steps["rela table5"].runs] == [f"reluformer_table4 row{i} seed1" for i in (1, 2, 3, 4)]
+    assert steps["rela table5"].pages == ["results/rela/table5_aer_multi30k.md"]
     assert sorted(r.key for r in steps["flexible table1"].runs) == sorted(
         f"flexible_table1_{d} row{i} seed1" for d in ("de_en", "en_de") for i in (1, 2, 3, 4))
     assert sorted(r.key for r in steps["flexible table3"].runs) == [
@@ -720,7 +724,8 @@ def test_a_plan_names_post_training_steps_and_is_refused_when_they_cannot_run(tm
 
     refused({"paper": "flexible"}, "'after' must be a list")
     refused([{"paper": "flexible", "tabel": "table1"}], "unknown keys")
-    refused([{"paper": "rela", "table": "table1"}], "'rela table1' has no post-training steps", "'flexible table1'")
+    refused([{"paper": "rela", "table": "table1"}], "'rela table1' has no post-training steps", "'flexible table1'",
+            "'rela table5'")
     refused([{"paper": "flexible", "table": "table1"}], "does not run ['configs/flexible/table1_multi30k_en_de.yaml']")
     path = tmp_path / "p.yaml"
     refused([{"paper": "flexible", "table": "table3"}], "does not run ['configs/flexible/table3_multi30k_de_en.yaml']")

@@ -237,6 +237,15 @@ def test_every_row_dry_run_resolves(paper, table, scale, capsys):
                    and "--keep-last-epochs 5" in l and "/runs/converged/" in l for l in trains)
         assert out.count("--num-epoch-checkpoints 5") == n_rows
     assert "(paper: None)" not in out  # rows without a paper number print "–"
+    tables = [l for l in out.splitlines() if l.startswith("$ mt-table ")]
+    assert len(tables) == len(REPRO._specs(REPRO.TABLES[paper][table], scale))
+    for line in tables:  # ready to paste: the spec (at paper scale the one resolved for the GPUs, which
+        # reproduce writes under runs/paper/) and the budget override are files, not Python dicts
+        words = shlex.split(line[2:].split("    # renders ")[0])
+        assert words[:2] == ["mt-table", "--table"] and words[2].endswith(".yaml"), line
+        assert scale == "paper" or os.path.isfile(os.path.join(ROOT, words[2])), line
+        if "--budget" in words:
+            assert os.path.isfile(os.path.join(ROOT, words[words.index("--budget") + 1])), line
     if paper == "eatt" and scale == "paper":  # App. B: the paper's schedule, best checkpoint on dev
         assert out.count("--lr-scheduler warmup_hold_inverse_sqrt --warmup-updates 8000 "
                          "--decay-start-updates 20000") == n_rows
@@ -357,7 +366,7 @@ def test_unknown_and_pending_tables_list_the_valid_ones(monkeypatch):
 
 
 def test_every_paper_table_is_documented_and_registered():
-    """The paper pages (docs/<paper>.md) name every table of the four papers (ReLA 1-3, ReLUFormer
+    """The paper pages (docs/<paper>.md) name every table of the four papers (ReLA 1-3, 5, ReLUFormer
     1-2, 4-6, E-ATT 3-5, Flexible 1-3), the measured figures (ReLA 2, ReLUFormer 1, E-ATT 1) and
     our two studies with its `reproduce` command; each is registered in mt_pipeline.reproduce, none
     pending, and every registered table is documented."""
@@ -365,7 +374,7 @@ def test_every_paper_table_is_documented_and_registered():
     for paper in ("rela", "reluformer", "eatt", "flexible"):
         text = open(os.path.join(ROOT, "docs", f"{paper}.md")).read()
         named |= set(re.findall(r"`reproduce (\w+) (\w+)[ `]", text))
-    want = {("rela", t) for t in ("table1", "table2", "table3", "figure2", "normscope")} | {
+    want = {("rela", t) for t in ("table1", "table2", "table3", "table5", "figure2", "normscope")} | {
         ("reluformer", t) for t in ("table1", "table2", "table4", "table5", "table6", "figure1", "lambda")} | {
         ("eatt", t) for t in ("table3", "table4", "table5", "figure1")} | {("flexible", t) for t in ("table1", "table2", "table3")}
     registered = {(p, t) for p, ts in REPRO.TABLES.items() for t in ts}

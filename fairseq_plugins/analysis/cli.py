@@ -11,7 +11,7 @@ Usage (one model, or several with ``LABEL=PATH`` to compare them in one table/fi
         [--rank-split train | --rank-raw SRC.txt TGT.txt] [--rank-out ranked.tsv]
 
 Writes into ``--out``: ``analysis.json`` (every number, with provenance), ``analysis.md``
-(tables), ``figures/*.png`` (per-layer curves of sparsity, null rate, JS divergence, entropy;
+(tables; ``--md PATH`` writes them there instead), ``figures/*.png`` (per-layer curves of sparsity, null rate, JS divergence, entropy;
 top-p curves; hallucination test; AER curves; heatmaps), and the ranked corpus file when asked.
 All files are written atomically.
 """
@@ -81,6 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split", default="test", help="split of --data to analyse (default: test)")
     p.add_argument("--limit", type=_positive_int, help="only the first N pairs of the split (N >= 1)")
     p.add_argument("--out", help="output directory (required unless --replot)")
+    p.add_argument("--md", metavar="PATH",
+                   help="write the Markdown tables here instead of OUT/analysis.md (e.g. a results page beside "
+                        "its OUT folder of analysis.json and figures)")
     p.add_argument("--replot", metavar="ANALYSIS_JSON",
                    help="only re-render the curve figures from a written analysis.json (no checkpoints needed; "
                         "--out defaults to its directory)")
@@ -339,6 +342,9 @@ def main(argv=None):
         return 0
     if not args.data or not args.out:
         parser.error("--data and --out are required (unless --replot)")
+    md_path = args.md or os.path.join(args.out, "analysis.md")
+    if not md_path.endswith(".md"):
+        parser.error(f"--md {args.md}: the Markdown page's name must end in .md")
     models = _labelled(args.checkpoint + args.compare, "--checkpoint")
     aer_models = _labelled(args.aer_checkpoint, "--aer-checkpoint")
     if not models and not aer_models:
@@ -451,8 +457,8 @@ def main(argv=None):
     report["data"].setdefault("direction", "de-en")
     report["data"].setdefault("n_pairs", 0)
     write_json_atomic(os.path.join(args.out, "analysis.json"), report)
-    write_text_atomic(os.path.join(args.out, "analysis.md"), render_markdown(report))
-    print(f"wrote {os.path.join(args.out, 'analysis.md')}, analysis.json and {len(figures)} figures "
+    write_text_atomic(md_path, render_markdown(report))
+    print(f"wrote {md_path}, {os.path.join(args.out, 'analysis.json')} and {len(figures)} figures "
           f"in {report['provenance']['wall_s']} s")
     return 0
 
