@@ -11,7 +11,8 @@ of this project's dependencies.  :func:`write_kit` writes a git-ignored folder (
   relative paths (:func:`mt_pipeline.prep.spec.shared_inputs`: ``multi30k_en_de/raw``; for the
   long documents the Maruf et al. sets, the IWSLT14 TED XML and newstest2014's sgm files), so
   ``mt-prep`` prepares the same data there (same BPE, same binarisation), and the few files of
-  :data:`EXTRA_DATA` (newstest2014's English side, for ReLA Figure 2 on the GPU);
+  :data:`EXTRA_DATA` (newstest2014's English side, for ReLA Figure 2 on the GPU; the RWTH gold
+  alignments, for ReLA Table 5's AER);
 * ``KIT.json`` -- what is in it and the command that wrote it.
 
 ``scripts/device_setup.sh .device`` installs it there; docs/gpu.md has the commands that set up,
@@ -42,8 +43,11 @@ PLATFORM = ["--python-version", "3.12", "--implementation", "cp", "--only-binary
     x for p in ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64") for x in ("--platform", p)]
 LIMIT_MIB = 60
 #: files of ../shared/data every kit carries besides the plan's corpora (paths under that folder):
-#: the source side of ReLA Figure 2's benchmark (``mt-bench-decode-length --device cuda``)
-EXTRA_DATA = ["wmt/plain/newstest2014.de-en.en.gz"]
+#: the source side of ReLA Figure 2's benchmark (``mt-bench-decode-length --device cuda``) and the
+#: RWTH De-En gold alignments (124 KiB) that ReLA Table 5's post-training step (the smoke plan's
+#: ``after:``, ``fairseq-attention-analysis --aer-checkpoint``) scores against
+EXTRA_DATA = ["wmt/plain/newstest2014.de-en.en.gz"] + [
+    f"rwth_gold_alignment_de_en/{name}.gz" for name in ("alignment.talp", "test.de", "test.en", "test.uc.de", "test.uc.en")]
 
 
 def _pinned(names: List[str]) -> List[str]:
@@ -79,7 +83,8 @@ def copy_extra_data(data_dir: str, shared_data: str = "") -> List[str]:
     for rel in EXTRA_DATA:
         src = os.path.join(shared_data, rel)
         if not os.path.isfile(src):
-            raise SystemExit(f"{rel} not found under {shared_data} (the kit carries it for mt-bench-decode-length)")
+            raise SystemExit(f"{rel} not found under {shared_data} (the kit carries it for ReLA Figure 2's "
+                             "benchmark or Table 5's AER)")
         dst = os.path.join(data_dir, rel)
         os.makedirs(os.path.dirname(dst), exist_ok=True)
         shutil.copyfile(src, dst)
