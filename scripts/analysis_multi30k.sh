@@ -7,14 +7,14 @@
 #   scripts/analysis_multi30k.sh [RUNS_DIR] [DATA_PREP_DIR] [OUT_DIR]
 #
 # Defaults: RUNS_DIR=runs/rela_table1, DATA_PREP_DIR=data-bin/multi30k_en_de, OUT=results/analysis.
-# AER needs a De->En model: set DEEN_CHECKPOINT=path/to/checkpoint.pt, or DEEN_CHECKPOINTS="label=ck ..."
-# for several (trained on the same data-prep,
-# e.g. `--source-lang de --target-lang en` on DATA_PREP_DIR/bin) and it is scored against the RWTH
-# gold alignments (GOLD_DIR, default ../shared/data/rwth_gold_alignment_de_en) with the data-prep's
-# BPE codes.  Checkpoints: the one each row's run was scored with (its result.json; average_last3.pt
-# at smoke, average_last5_epochs.pt at the converged budget: RUNS_DIR=runs/converged/rela_table1),
-# else average_last3.pt, else checkpoints/checkpoint_last.pt.  A DEEN_CHECKPOINTS path may be a run
-# directory too.
+# AER (ReLA Table 5 / Fig. 4): the four En->De models against the RWTH De-En gold alignments (GOLD_DIR,
+# default ../shared/data/rwth_gold_alignment_de_en; skipped when it is not there), as §5.2 measures its
+# En-De models, with the data-prep's BPE codes; DEEN_CHECKPOINTS="label=ck ..." (or DEEN_CHECKPOINT=ck,
+# labelled deen) adds De->En models trained on the same data-prep (e.g. `--source-lang de --target-lang
+# en` on DATA_PREP_DIR/bin) to the same AER table.  Checkpoints: the one each row's run was scored with
+# (its result.json; average_last3.pt at smoke, average_last5_epochs.pt at the converged budget:
+# RUNS_DIR=runs/converged/rela_table1), else average_last3.pt, else checkpoints/checkpoint_last.pt.
+# A DEEN_CHECKPOINTS path may be a run directory too.  (ReLA Table 5 alone: `reproduce rela table5`.)
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 RUNS="${1:-$REPO/runs/rela_table1}"
@@ -31,13 +31,18 @@ ck() {  # checkpoint of a row: the run directory of a finished mt-experiment run
   elif [[ -f "$RUNS/$1/checkpoints/checkpoint_last.pt" ]]; then echo "$RUNS/$1/checkpoints/checkpoint_last.pt"
   else echo "no checkpoint for $1 in $RUNS" >&2; exit 1; fi
 }
-AER=()
-# DEEN_CHECKPOINTS="softmax=ck1 rela_g=ck2" (several De->En models, compared in one AER table) or
-# DEEN_CHECKPOINT=ck (one model, labelled deen)
+# DEEN_CHECKPOINTS="softmax_deen=ck1 rela_g_deen=ck2" (De->En models beside the four En->De ones in the
+# AER table) or DEEN_CHECKPOINT=ck (one model, labelled deen)
 DEEN=(${DEEN_CHECKPOINTS:-})
 [[ -z "${DEEN_CHECKPOINT:-}" ]] || DEEN+=("deen=$DEEN_CHECKPOINT")
-if (( ${#DEEN[@]} )); then
-  AER=(--aer-checkpoint "${DEEN[@]}" --aer-gold "$GOLD_DIR" --bpe-codes "$PREP/bpe/codes")
+AER=()
+if [[ -d "$GOLD_DIR" ]]; then
+  AER=(--aer-checkpoint "softmax=$(ck row1)" "sparsemax=$(ck row2)" "entmax15=$(ck row3)" "rela_g=$(ck row7)"
+       "${DEEN[@]}" --aer-gold "$GOLD_DIR" --bpe-codes "$PREP/bpe/codes")
+elif (( ${#DEEN[@]} )); then
+  echo "no gold alignments at $GOLD_DIR (set GOLD_DIR): AER not measured" >&2; exit 2
+else
+  echo "no gold alignments at $GOLD_DIR (set GOLD_DIR): AER skipped" >&2
 fi
 "$PYTHON" "$REPO/scripts/analyze_attention.py" \
   --checkpoint "softmax=$(ck row1)" "sparsemax=$(ck row2)" "entmax15=$(ck row3)" "rela_g=$(ck row7)" \

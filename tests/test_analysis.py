@@ -323,6 +323,22 @@ def deen(tmp_path_factory):
     return prep, ck / "checkpoint_last.pt"
 
 
+@pytest.fixture(scope="module")
+def ende(deen, tmp_path_factory):
+    """A tiny En->De model on the same data-prep (fairseq reads the de-en binarisation reversed)."""
+    prep, _ = deen
+    ck = tmp_path_factory.mktemp("ck_ende")
+    sh([os.path.join(BIN, "fairseq-train"), str(prep / "bin"), "--user-dir", "fairseq_plugins",
+        "--arch", "rela_transformer_small", "--encoder-layers", "2", "--decoder-layers", "2",
+        "--encoder-embed-dim", "32", "--decoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64",
+        "--decoder-ffn-embed-dim", "64", "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
+        "--source-lang", "en", "--target-lang", "de", "--optimizer", "adam", "--lr", "0.003",
+        "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "10", "--criterion", "label_smoothed_cross_entropy",
+        "--max-tokens", "2000", "--max-update", "30", "--save-dir", str(ck), "--cpu", "--no-epoch-checkpoints",
+        "--disable-validation", "--num-workers", "0", "--seed", "2"])
+    return prep, ck / "checkpoint_last.pt"
+
+
 def test_cli_end_to_end(deen, tmp_path):
     prep, ck = deen
     raw_src, raw_tgt = tmp_path / "c.de", tmp_path / "c.en"
@@ -389,8 +405,47 @@ def test_aer_only_run_writes_its_page_where_md_says(deen, tmp_path):
     a = rep["aer"]["relag"]
     assert a["n_pairs"] == 12 and a == rep["aer"]["other"]  # the same checkpoint twice
     md = page.read_text()
-    assert (f"| relag | {a['normal']['AoL']:.2f} | {a['normal']['AoH']:.2f} | {a['shifted']['AoL']:.2f} | "
+    assert (f"| relag | de-en | {a['normal']['AoL']:.2f} | {a['normal']['AoH']:.2f} | {a['shifted']['AoL']:.2f} | "
             f"{a['shifted']['AoH']:.2f} |") in md
+
+
+def test_aer_of_an_en_de_model_reads_the_gold_links_the_other_way(deen, ende, tmp_path):
+    """ReLA §5.2 measures AER on its En->De models: an --aer-checkpoint trained En->De is scored in
+    that direction (English gold words as its source, the German-first gold links turned round),
+    equal to an independent recomputation; beside it a De->En model keeps its own direction."""
+    prep, ck_ende = ende
+    _, ck_deen = deen
+    out = tmp_path / "o"
+    sh([sys.executable, "-m", "fairseq_plugins.analysis.cli", "--aer-checkpoint", f"ende={ck_ende}", f"deen={ck_deen}",
+        "--data", str(prep / "bin"), "--aer-gold", GOLD, "--aer-limit", "20",
+        "--bpe-codes", str(prep / "bpe" / "codes"), "--out", str(out), "--no-figures"])
+    rep = json.load(open(out / "analysis.json"))
+    a = rep["aer"]["ende"]
+    assert a["direction"] == "en-de" and rep["aer"]["deen"]["direction"] == "de-en"
+    mine = _independent_aer(ck_ende, prep, n=20, src="en")
+    for mode in ("normal", "shifted"):
+        for li in range(2):
+            assert a[mode]["layer"][li] == pytest.approx(mine[mode]["layer"][li], abs=1e-9), (mode, li)
+            # single heads of this 30-update model are close to uniform: words of equal piece counts tie,
+            # and the two summation orders break a few of those ties differently
+            assert a[mode]["per_head"][li] == pytest.approx(mine[mode]["heads"][li], abs=0.5), (mode, li)
+    assert a["diagonal_aer"] == pytest.approx(mine["diagonal"], abs=1e-9)
+    # gold links left German-first would score the same diagonal otherwise: the turn is what is tested
+    assert abs(mine["diagonal_unturned"] - mine["diagonal"]) > 5
+    assert "| ende | en-de |" in (out / "analysis.md").read_text()
+
+
+def test_an_aer_checkpoint_of_another_language_pair_is_refused_before_any_work(deen, tmp_path):
+    prep, ck = deen
+    state = torch.load(ck, map_location="cpu", weights_only=False)
+    state["cfg"]["task"]["source_lang"], state["cfg"]["task"]["target_lang"] = "en", "vi"
+    other = tmp_path / "envi.pt"
+    torch.save(state, other)
+    out = subprocess.run([sys.executable, "-m", "fairseq_plugins.analysis.cli", "--aer-checkpoint", f"x={other}",
+                          "--data", str(prep / "bin"), "--aer-gold", GOLD, "--out", str(tmp_path / "o")],
+                         cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode != 0 and "translates en->vi" in out.stderr and "de->en or en->de" in out.stderr
+    assert not (tmp_path / "o").exists()
 
 
 def test_md_must_name_a_markdown_file_before_any_work(tmp_path):
@@ -417,25 +472,30 @@ def _my_aer(hyps, gold):
     return 100.0 * (1.0 - (a_s + a_p) / (a + s))
 
 
-def _independent_aer(ck, prep, n):
+def _independent_aer(ck, prep, n, src="de"):
     """AER of every (mode, layer, head) and of the diagonal baseline from scratch: gold files parsed
     here, pieces = Moses + BPE per gold word, per-head cross attention from fairseq's
     need_head_weights path on one unpadded sentence at a time, target word row = mean of its
-    pieces' rows, source word column = sum of its pieces' columns, argmax per target word."""
+    pieces' rows, source word column = sum of its pieces' columns, argmax per target word.
+    ``src="en"``: an En->De model, the gold's German-first links read the other way round."""
     from sacremoses import MosesTokenizer
     from subword_nmt.apply_bpe import BPE
 
     from fairseq_plugins.analysis.capture import load_model_for_analysis  # loading only
 
-    model, task, _ = load_model_for_analysis(str(ck), str(prep / "bin"), "de", "en")
+    tgt = {"de": "en", "en": "de"}[src]
+    model, task, _ = load_model_for_analysis(str(ck), str(prep / "bin"), src, tgt)
     with open(prep / "bpe" / "codes", encoding="utf-8") as f:
         bpe = BPE(f)
     de_words = [l.split() for l in _gold_lines("test.uc.de")[:n]]
     en_words = [l.split() for l in _gold_lines("test.uc.en")[:n]]
-    gold = []
+    gold, unturned = [], []
     for line in _gold_lines("alignment.talp")[:n + 1]:
         sure = {(int(j) - 1, int(i) - 1) for j, i in (x.split("-") for x in line.split() if "-" in x)}
         poss = {(int(j) - 1, int(i) - 1) for j, i in (x.split("p") for x in line.split() if "p" in x)}
+        unturned.append((sure, poss | sure))
+        if src == "en":
+            sure, poss = {(i, j) for j, i in sure}, {(i, j) for j, i in poss}
         gold.append((sure, poss | sure))
 
     def pieces(words, lang):
@@ -447,9 +507,10 @@ def _independent_aer(ck, prep, n):
 
     hyps = {(m, li, h): [] for m in ("normal", "shifted") for li in range(2) for h in ("layer", 0, 1)}
     sd, td = task.source_dictionary, task.target_dictionary
-    for sw, tw in zip(de_words, en_words):
-        sp, sids = pieces(sw, "de")
-        tp, tids = pieces(tw, "en")
+    src_words, tgt_words = (de_words, en_words) if src == "de" else (en_words, de_words)
+    for sw, tw in zip(src_words, tgt_words):
+        sp, sids = pieces(sw, src)
+        tp, tids = pieces(tw, tgt)
         src = torch.tensor([sd.index(p) for p in sp] + [sd.eos()])[None]
         prev = torch.tensor([td.eos()] + [td.index(p) for p in tp])[None]
         net = {"src_tokens": src, "src_lengths": torch.tensor([src.size(1)]), "prev_output_tokens": prev}
@@ -468,9 +529,10 @@ def _independent_aer(ck, prep, n):
     out = {mode: {"layer": [_my_aer(hyps[(mode, li, "layer")], gold[:n]) for li in range(2)],
                   "heads": [[_my_aer(hyps[(mode, li, h)], gold[:n]) for h in (0, 1)] for li in range(2)]}
            for mode in ("normal", "shifted")}
-    diag = [{(min(len(s) - 1, round(i * len(s) / len(t))), i) for i in range(len(t))} for s, t in zip(de_words, en_words)]
+    diag = [{(min(len(s) - 1, round(i * len(s) / len(t))), i) for i in range(len(t))} for s, t in zip(src_words, tgt_words)]
     out["diagonal"] = _my_aer(diag, gold[:n])
     out["diagonal_off_by_one"] = _my_aer(diag, gold[1:n + 1])
+    out["diagonal_unturned"] = _my_aer(diag, unturned[:n])  # the gold's German-first links as they are
     return out
 
 

@@ -696,14 +696,15 @@ def test_the_minutes_estimate_is_per_model_and_counts_everything_but_training(tm
 @needs_data
 def test_a_plan_names_post_training_steps_and_is_refused_when_they_cannot_run(tmp_path):
     """``after:``: the smoke plan's Flexible steps need the plan's Table 1 runs (both directions for the
-    tau sweep; de-en rows 1, 3, 4 for Table 3's benchmark), ReLA Table 5's AER the four De->En runs
-    of ReLUFormer Table 4 it names; an unknown step or one whose table the
+    tau sweep; de-en rows 1, 3, 4 for Table 3's benchmark), ReLA Table 5's AER the four En->De runs
+    of ReLA Table 1 it names; an unknown step or one whose table the
     plan does not train is refused with the valid choices."""
     smoke = campaign.load_plan("configs/campaign/smoke.yaml")
     steps = {s.key: s for s in smoke["_after"]}
     assert list(steps) == ["rela table5", "flexible table1", "flexible table3"]
-    # ReLA T5's AER reads ReLUFormer T4's rows 1-4 (the run directories its command names), not row 5
-    assert [r.key for r in steps["rela table5"].runs] == [f"reluformer_table4 row{i} seed1" for i in (1, 2, 3, 4)]
+    # ReLA T5's AER reads ReLA T1's rows 1, 2, 3, 7 (the run directories its command names; its spec
+    # names the same runs), none of T1's other rows
+    assert [r.key for r in steps["rela table5"].runs] == [f"rela_table1 row{i} seed1" for i in (1, 2, 3, 7)]
     assert steps["rela table5"].pages == ["results/rela/table5_aer_multi30k.md"]
     assert sorted(r.key for r in steps["flexible table1"].runs) == sorted(
         f"flexible_table1_{d} row{i} seed1" for d in ("de_en", "en_de") for i in (1, 2, 3, 4))

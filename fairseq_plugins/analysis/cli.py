@@ -57,6 +57,24 @@ def _labelled(items: List[str], flag: str) -> List[Tuple[str, str]]:
     return out
 
 
+def _trained_direction(path: str) -> Tuple[Optional[str], Optional[str]]:
+    """``(source_lang, target_lang)`` a fairseq checkpoint was trained with (its ``cfg.task``, or
+    the ``args`` of an older checkpoint); ``(None, None)`` when it records none.  Exits with the
+    plugin's message on a checkpoint that cannot be read."""
+    from ..checkpoint import CheckpointError, load_checkpoint
+
+    try:
+        state = load_checkpoint(path)
+    except CheckpointError as e:
+        raise SystemExit(f"fairseq-attention-analysis: error: {e}")
+    cfg = state.get("cfg")
+    task = cfg.get("task") if cfg is not None else None
+    if task is None and state.get("args") is not None:
+        task = vars(state["args"])
+    task = task or {}
+    return task.get("source_lang"), task.get("target_lang")
+
+
 def _positive_int(text):
     """An argparse type: an integer >= 1 (``--limit 0`` or ``-5`` would analyse nothing or all)."""
     try:
@@ -101,9 +119,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--beam", type=int, default=4)
     p.add_argument("--seed", type=int, default=1, help="seed of the reference shuffle")
     p.add_argument("--aer-checkpoint", nargs="+", default=[], metavar="[LABEL=]PATH",
-                   help="De->En checkpoint(s) (file or run directory, as --checkpoint) whose cross-attention is "
-                        "scored against the gold alignments")
-    p.add_argument("--aer-data", help="data dir of the De->En model (default: --data)")
+                   help="De->En or En->De checkpoint(s) (file or run directory, as --checkpoint) whose cross-attention "
+                        "is scored against the RWTH De-En gold alignments, each in the direction it was trained "
+                        "(ReLA Table 5 / Fig. 4 measure the En->De models)")
+    p.add_argument("--aer-data", help="data dir of the --aer-checkpoint models (default: --data)")
     p.add_argument("--aer-gold", default=os.path.join(os.path.dirname(ROOT), "shared", "data",
                                                       "rwth_gold_alignment_de_en"))
     p.add_argument("--aer-lowercase", action="store_true", help="use the lowercased gold text (test.{de,en})")
@@ -264,11 +283,14 @@ def render_markdown(report: dict) -> str:
                 if t:
                     md += [f"*{kind}, {metric}*", ""] + t + [""]
     if report.get("aer"):
-        md += ["## AER (%) of De→En cross-attention vs RWTH gold alignments (ReLA Fig. 4, Table 5)", "",
-               "| model | normal AoL | normal AoH | shifted AoL | shifted AoH | unk rate |", "|---|---|---|---|---|---|"]
+        md += ["## AER (%) of cross-attention vs RWTH De-En gold alignments (ReLA Fig. 4, Table 5)", "",
+               "AoL: mean over layers of the layer attention's AER; AoH: mean over layers of the best head's. "
+               "Each model is scored in its own direction (source word -> target word links).", "",
+               "| model | direction | normal AoL | normal AoH | shifted AoL | shifted AoH | unk rate |",
+               "|---|---|---|---|---|---|---|"]
         for l, a in report["aer"].items():
-            md.append(f"| {l} | {a['normal']['AoL']:.2f} | {a['normal']['AoH']:.2f} | {a['shifted']['AoL']:.2f} | "
-                      f"{a['shifted']['AoH']:.2f} | {100 * a['unk_rate']:.1f}% |")
+            md.append(f"| {l} | {a.get('direction', 'de-en')} | {a['normal']['AoL']:.2f} | {a['normal']['AoH']:.2f} | "
+                      f"{a['shifted']['AoL']:.2f} | {a['shifted']['AoH']:.2f} | {100 * a['unk_rate']:.1f}% |")
         diag = next(iter(report["aer"].values())).get("diagonal_aer")
         if diag is not None:
             md += ["", f"Reference without a model: the diagonal alignment (target word i -> source word "
@@ -357,6 +379,13 @@ def main(argv=None):
         raise SystemExit(f"--data: not a directory: {args.data}")
     if aer_models and not os.path.isdir(args.aer_gold):
         raise SystemExit(f"--aer-gold: not a directory: {args.aer_gold}")
+    aer_directions = {}
+    for label, path in aer_models:  # each model is scored in the direction it was trained (ReLA §5.2: En->De)
+        direction = _trained_direction(path)
+        if direction not in (("de", "en"), ("en", "de")):
+            raise SystemExit(f"--aer-checkpoint {label}: the model translates {direction[0]}->{direction[1]}; the RWTH "
+                             "gold set aligns German and English, so AER needs a de->en or en->de model")
+        aer_directions[label] = direction
     for path in filter(None, [args.bpe_codes] + list(args.rank_raw or [])):
         if not os.path.isfile(path):
             raise SystemExit(f"not found: {path}")
@@ -443,8 +472,9 @@ def main(argv=None):
                              "min": float(finite.min()) if len(finite) else None,
                              "max": float(finite.max()) if len(finite) else None}
     for label, path in aer_models:
-        model, task, info = _load_or_exit(load_model_for_analysis, path, args.aer_data or args.data, "de", "en")
-        res = alignment_aer(model, task, args.aer_gold, args.bpe_codes, "de", "en", cased=not args.aer_lowercase,
+        src_lang, tgt_lang = aer_directions[label]
+        model, task, info = _load_or_exit(load_model_for_analysis, path, args.aer_data or args.data, src_lang, tgt_lang)
+        res = alignment_aer(model, task, args.aer_gold, args.bpe_codes, src_lang, tgt_lang, cased=not args.aer_lowercase,
                             max_tokens=args.max_tokens, limit=args.aer_limit)
         training = provenance.trained_model(path)
         res.update(checkpoint=provenance.repo_relative(os.path.abspath(path)), sha256=training["sha256"], training=training, info=info)

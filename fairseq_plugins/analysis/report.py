@@ -196,31 +196,43 @@ def rank_pairs(scores: torch.Tensor) -> List[int]:
 def alignment_aer(model, task, gold_dir: str, bpe_codes: Optional[str], src_lang: str = "de",
                   tgt_lang: str = "en", cased: bool = True, max_tokens: int = 4096,
                   limit: Optional[int] = None) -> dict:
-    """AER of the cross-attention of a ``src_lang``->``tgt_lang`` model on the RWTH gold set.
+    """AER of the cross-attention of a ``src_lang``->``tgt_lang`` model on the RWTH De-En gold set
+    (ReLA §5.2, Table 5 / Figure 4; AER of Och & Ney 2000).
+
+    The gold set aligns German and English words (``alignment.talp``: German index first); a
+    De->En model reads the German side as its source, an En->De model -- what ReLA's analysis
+    measures, its WMT14 En-De models -- the English side, and the gold links are turned around so
+    that every link is ``(source word, target word)`` of the model.  Each target word is linked to
+    the source word with the largest (subword-merged) cross-attention weight.
 
     Args:
         gold_dir: directory with ``test[.uc].{de,en}[.gz]`` and ``alignment.talp[.gz]``.
         bpe_codes: the BPE codes of the model's data-prep (None: no BPE).
+        src_lang, tgt_lang: the model's direction, ``de``->``en`` or ``en``->``de``.
         cased: use the original-case files ``test.uc.*`` (the Multi30k data-prep keeps case).
         limit: only the first ``limit`` pairs (tests).
 
     Returns:
         :func:`~fairseq_plugins.analysis.alignment.summarize_counts` for normal and shifted
-        attention, plus ``n_pairs`` and ``unk_rate`` (fraction of pieces the dictionary maps
-        to ``<unk>``, a measure of the domain/vocabulary mismatch).
+        attention, plus ``n_pairs``, ``direction`` (``"de-en"`` / ``"en-de"``) and ``unk_rate``
+        (fraction of pieces the dictionary maps to ``<unk>``, a measure of the domain/vocabulary
+        mismatch).
 
     Raises:
-        ValueError: the gold files disagree in length, or the model is not ``de``->``en``-like
-            (gold sources are German: ``src_lang`` must be the model's source language).
+        ValueError: the gold files disagree in length, or the direction is neither de->en nor
+            en->de (the valid ones are named).
     """
     import os
 
-    if src_lang != "de" or tgt_lang != "en":
-        raise ValueError(f"the RWTH gold set is de->en; got {src_lang}->{tgt_lang}")
+    if (src_lang, tgt_lang) not in (("de", "en"), ("en", "de")):
+        raise ValueError(f"the RWTH gold set aligns German and English: the model must translate de->en or en->de; "
+                         f"got {src_lang}->{tgt_lang}")
     suffix = ".uc" if cased else ""
     src_words = read_tokenized(os.path.join(gold_dir, f"test{suffix}.{src_lang}"))
     tgt_words = read_tokenized(os.path.join(gold_dir, f"test{suffix}.{tgt_lang}"))
-    gold = read_talp(os.path.join(gold_dir, "alignment.talp"))
+    gold = read_talp(os.path.join(gold_dir, "alignment.talp"))  # (German word, English word) links
+    if src_lang == "en":  # the model's source is the English side: (English, German) links
+        gold = [({(e, g) for g, e in sure}, {(e, g) for g, e in poss}) for sure, poss in gold]
     if not (len(src_words) == len(tgt_words) == len(gold)):
         raise ValueError(f"gold files disagree: {len(src_words)} {src_lang}, {len(tgt_words)} {tgt_lang}, "
                          f"{len(gold)} alignments")
@@ -276,7 +288,7 @@ def alignment_aer(model, task, gold_dir: str, bpe_codes: Optional[str], src_lang
     diag = AERCounts()
     for sw, tw, (sure, poss) in zip(src_words, tgt_words, gold):
         diag.add(diagonal_links(len(sw), len(tw)), sure, poss)
-    res.update(n_pairs=len(gold), unk_rate=n_unk / max(n_pieces, 1), cased=cased,
+    res.update(n_pairs=len(gold), direction=f"{src_lang}-{tgt_lang}", unk_rate=n_unk / max(n_pieces, 1), cased=cased,
                diagonal_aer=100.0 * diag.aer,
                bpe_codes=os.path.abspath(bpe_codes) if bpe_codes else None)
     return res
