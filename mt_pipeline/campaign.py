@@ -48,8 +48,9 @@ Commands (``mt-campaign``)::
   uses submitit's local executor (what the tests run).  Needs the ``[cluster]`` extra.
 * ``after:`` (optional) names post-training steps of :data:`mt_pipeline.reproduce.TABLES`
   (``- {paper: flexible, table: table1, why: ...}``: Flexible Attention's tau sweep and decoding
-  benchmark), which need the trained checkpoints of the plan's runs of that table's small-scale
-  specs.  A step is *done* when every page it writes exists without "Evidence: none committed."
+  benchmark; ReLA Table 5's AER), which need the trained checkpoints of the plan's runs of that
+  table's small-scale specs -- the runs its commands name (:func:`_runs_read`); a plan with a
+  converged ``budget:`` runs the table's converged commands, on those specs' rows under it.  A step is *done* when every page it writes exists without "Evidence: none committed."
   (:func:`mt_pipeline.evidence.predates_evidence`) and no step whose pages are not done reads a
   file it writes (``reproduce.after_writes``) that is missing -- on a fresh machine Table 1's committed page
   does not stand in for its git-ignored ``sweep.json``, which Table 3's benchmark reads; until then a run it needs whose result is only
@@ -169,8 +170,8 @@ class Run:
 @dataclass
 class AfterStep:
     """A post-training step of the plan (``after:``): the commands of
-    ``mt_pipeline.reproduce.TABLES[paper][table]["after"]["small"]`` on the plan's runs of that
-    table's small-scale specs."""
+    ``mt_pipeline.reproduce.TABLES[paper][table]["after"][scale]`` (``small``, or ``converged`` in a
+    plan with a converged budget) on the plan's runs of that table's small-scale specs."""
     key: str                 # "flexible table1"
     paper: str
     table: str
@@ -286,16 +287,22 @@ def load_plan(path: str) -> Dict:
             if claim[k] not in ids:
                 raise SystemExit(f"{where}: {k} {claim[k]!r} is not a row of {claim['table']}; valid: {ids}")
     plan["_path"], plan["_budget"], plan["_runs"], plan["_specs"] = path, budget, runs, specs
-    plan["_after"] = _load_after(path, plan.get("after"), runs, specs)
+    scale = "converged" if budget and regime(load_budget(budget)) == "converged" else "small"
+    plan["_after"] = _load_after(path, plan.get("after"), runs, specs, scale)
     return plan
 
 
-def _load_after(path: str, entries, runs: List[Run], specs: Dict[str, Dict]) -> List[AfterStep]:
-    """The plan's ``after:`` entries as :class:`AfterStep` s (see the module docstring).
+def _load_after(path: str, entries, runs: List[Run], specs: Dict[str, Dict], scale: str = "small") -> List[AfterStep]:
+    """The plan's ``after:`` entries as :class:`AfterStep` s (see the module docstring): the
+    table's post-training commands at ``scale`` -- ``small`` for a plan whose tables train under
+    their own budgets, ``converged`` for a plan whose ``budget:`` is a converged one (its runs are
+    the small specs' rows under that budget, the run directories the converged commands read).
 
     Raises:
-        SystemExit: not a list, unknown keys, a paper / table without post-training steps at small
-            scale (the valid ones are named), or a table whose specs the plan does not run.
+        SystemExit: not a list, unknown keys, a paper / table without post-training steps at
+            ``scale`` (the valid ones are named), a table whose specs the plan does not run, or a
+            step that reads run directories the plan does not train (e.g. a converged step in a
+            plan whose budget tags its runs otherwise).
     """
     from .reproduce import TABLES, after_steps, after_writes, step_inputs, step_outputs  # reproduce imports the table machinery: import late
 
@@ -303,7 +310,7 @@ def _load_after(path: str, entries, runs: List[Run], specs: Dict[str, Dict]) -> 
         return []
     if not isinstance(entries, list):
         raise SystemExit(f"{path}: 'after' must be a list of {{paper, table}} entries")
-    valid = [f"{p} {t}" for p, ts in TABLES.items() for t, e in ts.items() if after_steps(e, "small")]
+    valid = [f"{p} {t}" for p, ts in TABLES.items() for t, e in ts.items() if after_steps(e, scale)]
     plan_specs = {os.path.normpath(_abs(t)) for t in specs}
     steps = []
     for i, entry in enumerate(entries):
@@ -311,38 +318,48 @@ def _load_after(path: str, entries, runs: List[Run], specs: Dict[str, Dict]) -> 
         _check_keys(where, entry, AFTER_KEYS)
         key = f"{entry.get('paper')} {entry.get('table')}"
         if key not in valid:
-            raise SystemExit(f"{where}: {key!r} has no post-training steps at small scale; valid: {valid}")
+            raise SystemExit(f"{where}: {key!r} has no post-training steps at {scale} scale; valid: {valid}")
         table = TABLES[entry["paper"]][entry["table"]]
         missing = [t for t in table["small"] if os.path.normpath(_abs(t)) not in plan_specs]
         if missing:
             raise SystemExit(f"{where}: the plan does not run {missing}, whose checkpoints {key}'s steps read: "
                              "add them to 'runs'")
         wanted = {os.path.normpath(_abs(t)) for t in table["small"]}
-        commands = after_steps(table, "small")
+        commands = after_steps(table, scale)
+        read, foreign = _runs_read(commands, [r for r in runs if any(os.path.normpath(_abs(t)) in wanted for t in r.tables)])
+        if foreign:
+            raise SystemExit(f"{where}: {key}'s {scale} steps read {repo_relative(foreign[0])}, which is none of the "
+                             "run directories this plan trains for its tables")
         steps.append(AfterStep(
             key=key, paper=entry["paper"], table=entry["table"], commands=commands,
             pages=[o for c in commands for o in step_outputs(c) if o.endswith(".md")],
-            runs=_runs_read(commands, [r for r in runs if any(os.path.normpath(_abs(t)) in wanted for t in r.tables)]),
-            why=entry.get("why", ""), inputs=list(dict.fromkeys(i for c in commands for i in step_inputs(c))),
-            writes=list(after_writes(table, "small"))))
+            runs=read, why=entry.get("why", ""),
+            inputs=list(dict.fromkeys(i for c in commands for i in step_inputs(c))),
+            writes=list(after_writes(table, scale))))
     return steps
 
 
-def _runs_read(commands: List[List[str]], runs: List[Run]) -> List[Run]:
-    """The ``runs`` (of the step's tables) that the step's ``commands`` read: those whose run
-    directory an argument names, or a file below it (``[LABEL=]PATH`` arguments count by their
-    PATH) -- ReLA Table 5's AER reads ReLUFormer Table 4's rows 1-4, not its row 5, so only those
-    train again for it; all of ``runs`` when no argument names one (Flexible Table 1's sweep is
-    given the tables' ``runs/`` folders and reads every row)."""
-    named = set()
+def _runs_read(commands: List[List[str]], runs: List[Run]) -> Tuple[List[Run], List[str]]:
+    """``(read, foreign)``: the ``runs`` (of the step's tables) that the step's ``commands`` read --
+    those whose run directory an argument under ``runs/`` names, or a file below it (``[LABEL=]PATH``
+    arguments count by their PATH): ReLA Table 5's AER reads Table 1's rows 1, 2, 3, 7, so only those
+    train again for it; all of ``runs`` when no argument names one (Flexible Table 1's sweep is given
+    the tables' ``runs/`` folders and reads every row) -- and the named paths that are neither a run
+    directory of ``runs``, nor below one, nor a folder holding one (absolute paths)."""
+    named = []
     for cmd in commands:
         for arg in cmd[1:]:
             path = arg.split("=", 1)[1] if "=" in arg and not arg.startswith("-") else arg
-            if path.startswith("runs/") or os.path.isabs(path):
-                named.add(os.path.normpath(_abs(path)))
-    read = [r for r in runs if any(n == os.path.normpath(r.dir) or n.startswith(os.path.normpath(r.dir) + os.sep)
-                                   for n in named)]
-    return read or runs
+            if path.startswith("runs/"):
+                named.append(os.path.normpath(_abs(path)))
+    dirs = [os.path.normpath(r.dir) for r in runs]
+
+    def below(a: str, b: str) -> bool:
+        return a == b or a.startswith(b + os.sep)
+
+    read = [r for r, d in zip(runs, dirs) if any(below(n, d) for n in named)]
+    foreign = [n for n in dict.fromkeys(named) if not any(below(n, d) or below(d, n) for d in dirs)]
+    return read or runs, foreign
 
 
 def _after_marker(step: AfterStep) -> str:

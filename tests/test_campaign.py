@@ -737,6 +737,33 @@ def test_a_plan_names_post_training_steps_and_is_refused_when_they_cannot_run(tm
         f"flexible_table1_de_en row{i} seed1" for i in (1, 3, 4)]
 
 
+@needs_data
+def test_a_converged_plan_runs_the_converged_post_training_commands_on_its_runs(tmp_path):
+    """A plan with a converged ``budget:`` takes the table's converged commands: the converged plan's
+    ReLA Table 5 step reads runs/converged/rela_table1/row1, 2, 3, 7 (seed 1: its own runs, none of the
+    other seeds), and writes the converged page; a step whose commands read run directories the plan
+    does not train (a budget tagging its runs otherwise) is refused, naming the directory."""
+    conv = campaign.load_plan("configs/campaign/converged.yaml")
+    step, = conv["_after"]
+    assert step.key == "rela table5" and step.pages == ["results/rela/table5_aer_multi30k_converged.md"]
+    assert [os.path.relpath(r.dir, campaign.ROOT) for r in step.runs] == [
+        f"runs/converged/rela_table1/row{i}" for i in (1, 7, 2, 3)]  # plan order
+    assert all("runs/converged/rela_table1/row" in a for a in step.commands[0] if a.startswith(("softmax=", "rela_g=")))
+    six = yaml.safe_load(open(os.path.join(campaign.ROOT, "configs/campaign/converged_6k.yaml")))
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump({"budget": six["budget"], "runs": [{"table": "configs/rela/table5_aer.yaml",
+                                                                        "rows": [1, 2, 3, 4]}],
+                                    "after": [{"paper": "rela", "table": "table5"}]}))
+    with pytest.raises(SystemExit, match=r"steps read runs/converged/rela_table1/row1, which is none of the run directories"):
+        campaign.load_plan(str(path))
+    path.write_text(yaml.safe_dump({"budget": "configs/multi30k/converged.yaml",
+                                    "runs": [{"table": "configs/eatt/table4_multi30k.yaml", "rows": [1]}],
+                                    "after": [{"paper": "eatt", "table": "table4"}]}))  # its energy step: small only
+    with pytest.raises(SystemExit, match=r"'eatt table4' has no post-training steps at converged scale; "
+                                         r"valid: \['rela table5'\]"):
+        campaign.load_plan(str(path))
+
+
 def test_post_training_steps_retrain_evidence_only_runs_then_run_once_until_the_page_has_evidence(
         tmp_path, monkeypatch):
     """A step not done makes its runs that exist only as committed evidence train again; once all have
