@@ -696,16 +696,11 @@ def test_the_minutes_estimate_is_per_model_and_counts_everything_but_training(tm
 @needs_data
 def test_a_plan_names_post_training_steps_and_is_refused_when_they_cannot_run(tmp_path):
     """``after:``: the smoke plan's Flexible steps need the plan's Table 1 runs (both directions for the
-    tau sweep; de-en rows 1, 3, 4 for Table 3's benchmark), ReLA Table 5's AER the four En->De runs
-    of ReLA Table 1 it names; an unknown step or one whose table the
+    tau sweep; de-en rows 1, 3, 4 for Table 3's benchmark); an unknown step or one whose table the
     plan does not train is refused with the valid choices."""
     smoke = campaign.load_plan("configs/campaign/smoke.yaml")
     steps = {s.key: s for s in smoke["_after"]}
-    assert list(steps) == ["rela table5", "flexible table1", "flexible table3"]
-    # ReLA T5's AER reads ReLA T1's rows 1, 2, 3, 7 (the run directories its command names; its spec
-    # names the same runs), none of T1's other rows
-    assert [r.key for r in steps["rela table5"].runs] == [f"rela_table1 row{i} seed1" for i in (1, 2, 3, 7)]
-    assert steps["rela table5"].pages == ["results/rela/table5_aer_multi30k.md"]
+    assert list(steps) == ["flexible table1", "flexible table3"]
     assert sorted(r.key for r in steps["flexible table1"].runs) == sorted(
         f"flexible_table1_{d} row{i} seed1" for d in ("de_en", "en_de") for i in (1, 2, 3, 4))
     assert sorted(r.key for r in steps["flexible table3"].runs) == [
@@ -740,8 +735,9 @@ def test_a_plan_names_post_training_steps_and_is_refused_when_they_cannot_run(tm
 @needs_data
 def test_a_converged_plan_runs_the_converged_post_training_commands_on_its_runs(tmp_path):
     """A plan with a converged ``budget:`` takes the table's converged commands: the converged plan's
-    ReLA Table 5 step reads runs/converged/rela_table1/row1, 2, 3, 7 (seed 1: its own runs, none of the
-    other seeds), and writes the converged page; a step whose commands read run directories the plan
+    ReLA Table 5 step reads runs/converged/rela_table1/row1, 2, 3, 7 (seed 1: the run directories its
+    command names, none of T1's other rows or seeds), and writes the converged page; a small-scale plan
+    takes the small commands on the small runs; a step whose commands read run directories the plan
     does not train (a budget tagging its runs otherwise) is refused, naming the directory."""
     conv = campaign.load_plan("configs/campaign/converged.yaml")
     step, = conv["_after"]
@@ -749,6 +745,13 @@ def test_a_converged_plan_runs_the_converged_post_training_commands_on_its_runs(
     assert [os.path.relpath(r.dir, campaign.ROOT) for r in step.runs] == [
         f"runs/converged/rela_table1/row{i}" for i in (1, 7, 2, 3)]  # plan order
     assert all("runs/converged/rela_table1/row" in a for a in step.commands[0] if a.startswith(("softmax=", "rela_g=")))
+    path = tmp_path / "small.yaml"
+    path.write_text(yaml.safe_dump({"runs": [{"table": "configs/rela/table1.yaml", "rows": list(range(1, 14))},
+                                             {"table": "configs/rela/table5_aer.yaml", "rows": [1, 2, 3, 4]}],
+                                    "after": [{"paper": "rela", "table": "table5"}]}))
+    small, = campaign.load_plan(str(path))["_after"]
+    assert small.pages == ["results/rela/table5_aer_multi30k.md"]
+    assert [r.key for r in small.runs] == [f"rela_table1 row{i} seed1" for i in (1, 2, 3, 7)]
     six = yaml.safe_load(open(os.path.join(campaign.ROOT, "configs/campaign/converged_6k.yaml")))
     path = tmp_path / "p.yaml"
     path.write_text(yaml.safe_dump({"budget": six["budget"], "runs": [{"table": "configs/rela/table5_aer.yaml",
