@@ -405,6 +405,10 @@ def test_aer_only_run_writes_its_page_where_md_says(deen, tmp_path):
     a = rep["aer"]["relag"]
     assert a["n_pairs"] == 12 and a == rep["aer"]["other"]  # the same checkpoint twice
     md = page.read_text()
+    # a page of AER alone: no empty sections of the split analysis that did not run
+    assert md.startswith("# AER of cross-attention against the RWTH De-En gold alignments")
+    assert "## Sparsity" not in md and "## Top-p" not in md and "0 pairs" not in md
+    assert "**relag** = `" in md and "### Model aer:relag: `" in md
     assert (f"| relag | de-en | {a['normal']['AoL']:.2f} | {a['normal']['AoH']:.2f} | {a['shifted']['AoL']:.2f} | "
             f"{a['shifted']['AoH']:.2f} |") in md
 

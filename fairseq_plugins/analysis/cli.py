@@ -210,6 +210,35 @@ def _trained(report: dict) -> dict:
     return out
 
 
+def _aer_markdown(report: dict) -> List[str]:
+    """The AER section of a report (``report["aer"]``; ``[]`` without AER models): AoL / AoH per
+    model and mode, the diagonal baseline, the per-layer curves."""
+    md = []
+    if report.get("aer"):
+        md += ["## AER (%) of cross-attention vs RWTH De-En gold alignments (ReLA Fig. 4, Table 5)", "",
+               "AoL: mean over layers of the layer attention's AER; AoH: mean over layers of the best head's. "
+               "Each model is scored in its own direction (source word -> target word links).", "",
+               "| model | direction | normal AoL | normal AoH | shifted AoL | shifted AoH | unk rate |",
+               "|---|---|---|---|---|---|---|"]
+        for l, a in report["aer"].items():
+            md.append(f"| {l} | {a.get('direction', 'de-en')} | {a['normal']['AoL']:.2f} | {a['normal']['AoH']:.2f} | "
+                      f"{a['shifted']['AoL']:.2f} | {a['shifted']['AoH']:.2f} | {100 * a['unk_rate']:.1f}% |")
+        diags = {a.get("direction", "de-en"): a["diagonal_aer"] for a in report["aer"].values()
+                 if a.get("diagonal_aer") is not None}
+        if diags:
+            md += ["", "Reference without a model: the diagonal alignment (target word i -> source word "
+                   "round(i·J/I)) has AER " + ", ".join(f"{d:.2f}" + (f" ({k})" if len(diags) > 1 else "")
+                                                      for k, d in diags.items()) + " on the same gold set."]
+        md.append("")
+        for l, a in report["aer"].items():
+            for mode in ("normal", "shifted"):
+                md.append(f"*{l}, {mode}*: layer attention " + ", ".join(f"{x:.1f}" for x in a[mode]["layer"])
+                          + "; best head " + ", ".join(f"{x:.1f} (h{h})" for x, h in
+                                                     zip(a[mode]["best_head"], a[mode]["best_head_index"])))
+                md.append("")
+    return md
+
+
 def render_markdown(report: dict) -> str:
     """The Markdown tables of a report (see :func:`main`), led by the regime of the models'
     training runs and ended by their runs and committed evidence (``## Trained models``)."""
@@ -218,6 +247,15 @@ def render_markdown(report: dict) -> str:
     res = report["models"]
     trained = _trained(report)
     head, section = provenance.models_markdown(trained) if trained else ("", "")
+    if not res:  # --aer-checkpoint alone (ReLA Table 5): no split was analysed
+        aer = report.get("aer") or {}
+        md = ["# AER of cross-attention against the RWTH De-En gold alignments (ReLA Table 5, Figure 4)", ""] + (
+              [head] if head else []) + [
+              f"Commit `{report['provenance']['git_commit']}`; command: `{report['provenance']['command']}`.", "",
+              "Models: " + ", ".join(f"**{l}** = `{a['checkpoint']}` ({a['info']['arch']}, "
+                                      f"{'/'.join(a['info']['attention_fns'].values())}; {a.get('direction', 'de-en')})"
+                                      for l, a in aer.items()), ""]
+        return "\n".join(md + _aer_markdown(report) + ([section] if section else [])) + "\n"
     md = [f"# Attention analysis: {report['data']['split']} split", ""] + ([head] if head else []) + [
           f"Data: `{report['data']['dir']}` ({report['data']['direction']}, {report['data']['n_pairs']} pairs); "
           f"commit `{report['provenance']['git_commit']}`; command: `{report['provenance']['command']}`.", "",
@@ -282,26 +320,7 @@ def render_markdown(report: dict) -> str:
                 t = _md_layer_table(sub, kind, metric, pct)
                 if t:
                     md += [f"*{kind}, {metric}*", ""] + t + [""]
-    if report.get("aer"):
-        md += ["## AER (%) of cross-attention vs RWTH De-En gold alignments (ReLA Fig. 4, Table 5)", "",
-               "AoL: mean over layers of the layer attention's AER; AoH: mean over layers of the best head's. "
-               "Each model is scored in its own direction (source word -> target word links).", "",
-               "| model | direction | normal AoL | normal AoH | shifted AoL | shifted AoH | unk rate |",
-               "|---|---|---|---|---|---|---|"]
-        for l, a in report["aer"].items():
-            md.append(f"| {l} | {a.get('direction', 'de-en')} | {a['normal']['AoL']:.2f} | {a['normal']['AoH']:.2f} | "
-                      f"{a['shifted']['AoL']:.2f} | {a['shifted']['AoH']:.2f} | {100 * a['unk_rate']:.1f}% |")
-        diag = next(iter(report["aer"].values())).get("diagonal_aer")
-        if diag is not None:
-            md += ["", f"Reference without a model: the diagonal alignment (target word i -> source word "
-                   f"round(i·J/I)) has AER {diag:.2f} on the same gold set."]
-        md.append("")
-        for l, a in report["aer"].items():
-            for mode in ("normal", "shifted"):
-                md.append(f"*{l}, {mode}*: layer attention " + ", ".join(f"{x:.1f}" for x in a[mode]["layer"])
-                          + "; best head " + ", ".join(f"{x:.1f} (h{h})" for x, h in
-                                                     zip(a[mode]["best_head"], a[mode]["best_head_index"])))
-                md.append("")
+    md += _aer_markdown(report)
     if report.get("ranking"):
         rk = report["ranking"]
         md += ["## Corpus ranking by cross-attention null rate (ReLA Sec. 5.2)", "",
