@@ -734,13 +734,17 @@ def test_a_plan_names_post_training_steps_and_is_refused_when_they_cannot_run(tm
 
 @needs_data
 def test_a_converged_plan_runs_the_converged_post_training_commands_on_its_runs(tmp_path):
-    """A plan with a converged ``budget:`` takes the table's converged commands: the converged plan's
-    ReLA Table 5 step reads runs/converged/rela_table1/row1, 2, 3, 7 (seed 1: the run directories its
+    """A plan with a converged ``budget:`` takes the table's converged commands: ReLA Table 5's step
+    reads runs/converged/rela_table1/row1, 2, 3, 7 (seed 1: the run directories its
     command names, none of T1's other rows or seeds), and writes the converged page; a small-scale plan
     takes the small commands on the small runs; a step whose commands read run directories the plan
     does not train (a budget tagging its runs otherwise) is refused, naming the directory."""
-    conv = campaign.load_plan("configs/campaign/converged.yaml")
-    step, = conv["_after"]
+    path = tmp_path / "conv.yaml"
+    path.write_text(yaml.safe_dump({"budget": "configs/multi30k/converged.yaml",
+                                    "runs": [{"table": "configs/rela/table1.yaml", "rows": [1, 7], "seeds": [1, 2, 3]},
+                                             {"table": "configs/rela/table5_aer.yaml", "rows": [1, 2, 3, 4]}],
+                                    "after": [{"paper": "rela", "table": "table5"}]}))
+    step, = campaign.load_plan(str(path))["_after"]
     assert step.key == "rela table5" and step.pages == ["results/rela/table5_aer_multi30k_converged.md"]
     assert [os.path.relpath(r.dir, campaign.ROOT) for r in step.runs] == [
         f"runs/converged/rela_table1/row{i}" for i in (1, 7, 2, 3)]  # plan order
