@@ -311,32 +311,28 @@ def deen(tmp_path_factory):
     prep = tmp_path_factory.mktemp("m30k")
     sh(["bash", "data-prep/multi30k/prepare.sh", "--raw-dir", RAW, "--out", str(prep),
         "--train-lines", "2000", "--bpe-merges", "800", "--src", "de", "--tgt", "en"])
-    ck = tmp_path_factory.mktemp("ck")
+    return prep, _train_tiny(prep, tmp_path_factory.mktemp("ck"), "de", "en", seed=1)
+
+
+def _train_tiny(prep, save_dir, src, tgt, seed):
+    """A 2+2-layer d 32 ReLA-g model trained 30 updates on ``prep`` in the direction ``src``->``tgt``
+    (fairseq reads the de-en binarisation either way round); returns its last checkpoint."""
     sh([os.path.join(BIN, "fairseq-train"), str(prep / "bin"), "--user-dir", "fairseq_plugins",
         "--arch", "rela_transformer_small", "--encoder-layers", "2", "--decoder-layers", "2",
         "--encoder-embed-dim", "32", "--decoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64",
         "--decoder-ffn-embed-dim", "64", "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
-        "--source-lang", "de", "--target-lang", "en", "--optimizer", "adam", "--lr", "0.003",
+        "--source-lang", src, "--target-lang", tgt, "--optimizer", "adam", "--lr", "0.003",
         "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "10", "--criterion", "label_smoothed_cross_entropy",
-        "--max-tokens", "2000", "--max-update", "30", "--save-dir", str(ck), "--cpu", "--no-epoch-checkpoints",
-        "--disable-validation", "--num-workers", "0", "--seed", "1"])
-    return prep, ck / "checkpoint_last.pt"
+        "--max-tokens", "2000", "--max-update", "30", "--save-dir", str(save_dir), "--cpu", "--no-epoch-checkpoints",
+        "--disable-validation", "--num-workers", "0", "--seed", str(seed)])
+    return save_dir / "checkpoint_last.pt"
 
 
 @pytest.fixture(scope="module")
 def ende(deen, tmp_path_factory):
     """A tiny En->De model on the same data-prep (fairseq reads the de-en binarisation reversed)."""
     prep, _ = deen
-    ck = tmp_path_factory.mktemp("ck_ende")
-    sh([os.path.join(BIN, "fairseq-train"), str(prep / "bin"), "--user-dir", "fairseq_plugins",
-        "--arch", "rela_transformer_small", "--encoder-layers", "2", "--decoder-layers", "2",
-        "--encoder-embed-dim", "32", "--decoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64",
-        "--decoder-ffn-embed-dim", "64", "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
-        "--source-lang", "en", "--target-lang", "de", "--optimizer", "adam", "--lr", "0.003",
-        "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "10", "--criterion", "label_smoothed_cross_entropy",
-        "--max-tokens", "2000", "--max-update", "30", "--save-dir", str(ck), "--cpu", "--no-epoch-checkpoints",
-        "--disable-validation", "--num-workers", "0", "--seed", "2"])
-    return prep, ck / "checkpoint_last.pt"
+    return prep, _train_tiny(prep, tmp_path_factory.mktemp("ck_ende"), "en", "de", seed=2)
 
 
 def test_cli_end_to_end(deen, tmp_path):
