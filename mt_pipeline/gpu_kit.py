@@ -44,8 +44,8 @@ PLATFORM = ["--python-version", "3.12", "--implementation", "cp", "--only-binary
 LIMIT_MIB = 60
 #: files of ../shared/data every kit carries besides the plan's corpora (paths under that folder):
 #: the source side of ReLA Figure 2's benchmark (``mt-bench-decode-length --device cuda``) and the
-#: RWTH De-En gold alignments (124 KiB) that ReLA Table 5's post-training step (the smoke plan's
-#: ``after:``, ``fairseq-attention-analysis --aer-checkpoint``) scores against
+#: RWTH De-En gold alignments (124 KiB) that ReLA Table 5's post-training step (``reproduce rela table5``,
+#: ``fairseq-attention-analysis --aer-checkpoint``) scores against
 EXTRA_DATA = ["wmt/plain/newstest2014.de-en.en.gz"] + [
     f"rwth_gold_alignment_de_en/{name}.gz" for name in ("alignment.talp", "test.de", "test.en", "test.uc.de", "test.uc.en")]
 
