@@ -58,21 +58,16 @@ def _labelled(items: List[str], flag: str) -> List[Tuple[str, str]]:
 
 
 def _trained_direction(path: str) -> Tuple[Optional[str], Optional[str]]:
-    """``(source_lang, target_lang)`` a fairseq checkpoint was trained with (its ``cfg.task``, or
-    the ``args`` of an older checkpoint); ``(None, None)`` when it records none.  Exits with the
-    plugin's message on a checkpoint that cannot be read."""
+    """``(source_lang, target_lang)`` a fairseq checkpoint was trained with
+    (:func:`fairseq_plugins.trained_data.stored_languages`); ``(None, None)`` when it records none.
+    Exits with the plugin's message on a checkpoint that cannot be read."""
     from ..checkpoint import CheckpointError, load_checkpoint
+    from ..trained_data import stored_languages
 
     try:
-        state = load_checkpoint(path)
+        return stored_languages(load_checkpoint(path))
     except CheckpointError as e:
         raise SystemExit(f"fairseq-attention-analysis: error: {e}")
-    cfg = state.get("cfg")
-    task = cfg.get("task") if cfg is not None else None
-    if task is None and state.get("args") is not None:
-        task = vars(state["args"])
-    task = task or {}
-    return task.get("source_lang"), task.get("target_lang")
 
 
 def _positive_int(text):
@@ -399,7 +394,7 @@ def main(argv=None):
     if aer_models and not os.path.isdir(args.aer_gold):
         raise SystemExit(f"--aer-gold: not a directory: {args.aer_gold}")
     aer_directions = {}
-    for label, path in aer_models:  # each model is scored in the direction it was trained (ReLA §5.2: En->De)
+    for label, path in aer_models:  # scored in the direction it was trained (ReLA §5.2: En->De), checked first
         direction = _trained_direction(path)
         if direction not in (("de", "en"), ("en", "de")):
             raise SystemExit(f"--aer-checkpoint {label}: the model translates {direction[0]}->{direction[1]}; the RWTH "
