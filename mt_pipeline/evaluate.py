@@ -12,7 +12,10 @@ fairseq as built here silently drops the last ``N mod 8`` sentences otherwise), 
 (:mod:`mt_pipeline.hypotheses`); detruecased when the prep truecased the target side
 (``<prep>/tc/truecase-model.TGT``); scored against ``<prep>/raw/S.TGT`` (detokenized sacreBLEU,
 13a, mixed case; chrF) and ``<prep>/tok/S.TGT`` (tokenized BLEU) by :mod:`mt_pipeline.scoring`;
-``<out>/S.json`` written last.  Every file is written atomically.
+``<out>/S.json`` written last.  Every file is written atomically.  An RNNsearch model's window
+report (the line its attention prints at the end of generation, :func:`window_report`) is kept in
+``S.json`` as ``window``, so a committed result carries the window sizes Flexible Attention's
+Table 1 shows.
 
 One directory, one checkpoint: ``S.json`` records the checkpoint's path and SHA-256
 (``checkpoint_sha256``).  Before anything is generated, the results of any *other* checkpoint in
@@ -45,7 +48,7 @@ from .provenance import ROOT
 from .provenance import file_sha256 as checkpoint_sha256
 
 __all__ = ["checkpoint_sha256", "done_subsets", "evaluate", "testset_name", "tokenized_with_escaping", "main",
-           "EvaluateError"]
+           "EvaluateError", "window_report"]
 
 #: files of one subset ``S`` in an evaluation directory
 SUBSET_FILES = ("{s}.json", "{s}.hyp.tok", "{s}.hyp.tc", "{s}.hyp.detok", "{s}.score.txt",
@@ -54,6 +57,17 @@ SUBSET_FILES = ("{s}.json", "{s}.hyp.tok", "{s}.hyp.tc", "{s}.hyp.detok", "{s}.s
 
 class EvaluateError(RuntimeError):
     """Bad input or a failed step; the message says which and what to do."""
+
+
+def window_report(generate_log: str) -> Optional[Dict]:
+    """The last window report in a ``fairseq-generate`` log, or None (not an RNNsearch model, or a
+    log from before the per-sentence average): the dict of
+    :func:`fairseq_plugins.attention.additive.parse_window_report` (``window`` is the paper's
+    average, Shu & Nakayama 2017, §5.2)."""
+    from fairseq_plugins.attention.additive import parse_window_report
+
+    with open(generate_log, encoding="utf-8", errors="replace") as f:
+        return parse_window_report(f.read())
 
 
 def tokenized_with_escaping(prep_dir: str, lang: str) -> bool:
@@ -368,6 +382,9 @@ def evaluate(a) -> List[Dict]:
         res.update(subset=s, testset=testset_name(a.prep_dir, s), src=a.src, tgt=a.tgt,
                    checkpoint=os.path.abspath(a.checkpoint), checkpoint_sha256=sha, beam=str(a.beam),
                    lenpen=str(a.lenpen), extra=a.extra, postprocess=post)
+        window = window_report(log)
+        if window is not None:  # an RNNsearch model: the positions its attention scored (§5.2)
+            res["window"] = window
         line = (f"{s} ({res['testset']}) {a.src}->{a.tgt}: BLEU = {res['bleu']:.2f} | chrF = {res['chrf']:.2f} | "
                 f"tok BLEU = {res['tok_bleu']:.2f} | n = {res['n_hyp']} | {res['signature']}")
         write_text_atomic(os.path.join(out, f"{s}.score.txt"), res["bleu_str"] + "\n" + line + "\n")

@@ -6,7 +6,8 @@ Two sub-commands (Shu & Nakayama 2017, Sections 5.2-5.3):
 ``sweep``: decode the valid and test sets of a trained flexible-attention checkpoint with every
 ``tau`` (default the paper's 0.3 0.5 0.8 1.0 1.2 1.4 1.6 5 8 999, plus inf) through
 ``scripts/evaluate.sh --extra "--model-overrides {'flexible_threshold':TAU}"``, read BLEU and the
-average window the model reports (``[rnnsearch] ... average window X``), pick ``tau`` by the
+average window the model reports (the paper's per-sentence average, §5.2, which mt-evaluate keeps
+in each subset's ``S.json``: :func:`mt_pipeline.evaluate.window_report`), pick ``tau`` by the
 paper's rule -- the smallest ``tau`` in {0.8, 1.0, 1.2, 1.4, 1.6} whose validation BLEU is at most
 0.5 below ``tau = inf`` -- and write ``<out>/sweep.json``, ``<out>/sweep.md`` and the trade-off
 figure (paper Figure 3)::
@@ -41,8 +42,7 @@ from .experiment import decode_checkpoint
 from .provenance import ROOT
 PAPER_TAUS = (0.3, 0.5, 0.8, 1.0, 1.2, 1.4, 1.6, 5.0, 8.0, 999.0)
 SELECT_FROM = (0.8, 1.0, 1.2, 1.4, 1.6)
-WINDOW_RE = re.compile(r"\[rnnsearch\] (\w+) attention \(tau=([^)]+)\): average window ([\d.]+) positions "
-                       r"per hypothesis-step over (\d+) hypothesis-steps \(average source length ([\d.]+)\)")
+
 
 
 
@@ -73,20 +73,21 @@ def tau_name(tau: float) -> str:
     return "inf" if math.isinf(tau) else f"{tau:g}"
 
 
-def read_window(generate_log: str) -> dict:
-    """``{kind, tau, window, steps, source_length}`` from the line the model prints at the end of
-    fairseq-generate.
+def read_window(score: dict, where: str) -> dict:
+    """``{window, source_length, ...}`` of a decode: the ``window`` record mt-evaluate keeps in
+    ``S.json`` (:func:`mt_pipeline.evaluate.window_report`; ``window`` is the paper's per-sentence
+    average, §5.2).
 
     Raises:
-        SystemExit: no such line (the checkpoint is not an ``rnnsearch`` model, or the log is cut).
+        SystemExit: the record has none (not an ``rnnsearch`` model, or decoded before the
+            per-sentence average was recorded: decode it again).
     """
-    m = None
-    for m in WINDOW_RE.finditer(open(generate_log).read()):
-        pass
-    if m is None:
-        raise SystemExit(f"no '[rnnsearch] ... average window' line in {generate_log}")
-    return {"kind": m.group(1), "tau": m.group(2), "window": float(m.group(3)), "steps": int(m.group(4)),
-            "source_length": float(m.group(5))}
+    w = score.get("window")
+    if not w or w.get("window") is None:
+        raise SystemExit(f"{where}: no window record (an rnnsearch decode records one since the per-sentence "
+                         "average, Shu & Nakayama 2017 §5.2): decode it again (mt-evaluate, or delete the file "
+                         "for mt-flexible-sweep)")
+    return dict(w)
 
 
 def run_info(run_dir: str) -> dict:
@@ -122,17 +123,22 @@ def _decode_cmd(res: dict, tau: float, subsets, out_dir: str) -> list:
 def decode(res: dict, tau: float, subsets, out_dir: str) -> dict:
     """Decode ``subsets`` with threshold ``tau`` (resumable); ``{subset: {bleu, tok_bleu, window, ...}}``."""
     ckpt = res["_checkpoint"]
-    todo = [s for s in subsets if not os.path.exists(os.path.join(out_dir, f"{s}.json"))
-            or os.path.getmtime(os.path.join(out_dir, f"{s}.json")) < os.path.getmtime(ckpt)]
+    def stale(s):
+        path = os.path.join(out_dir, f"{s}.json")
+        return not os.path.exists(path) or os.path.getmtime(path) < os.path.getmtime(ckpt) \
+            or "window" not in json.load(open(path))  # decoded before the per-sentence window record
+
+    todo = [s for s in subsets if stale(s)]
     if todo:
         cmd = _decode_cmd(res, tau, todo, out_dir)
         log("$ " + " ".join(cmd))
         subprocess.run(cmd, check=True, cwd=ROOT, env=dict(os.environ, PYTHON=sys.executable))
     out = {}
     for s in subsets:
-        score = json.load(open(os.path.join(out_dir, f"{s}.json")))
+        path = os.path.join(out_dir, f"{s}.json")
+        score = json.load(open(path))
         out[s] = {"bleu": score["bleu"], "tok_bleu": score["tok_bleu"], "signature": score["signature"],
-                  **read_window(os.path.join(out_dir, f"{s}.generate.log"))}
+                  **read_window(score, path)}
     return out
 
 
@@ -154,7 +160,7 @@ def export_decode(run_dir: str, res: dict, tau: float, subsets, out_dir: str):
 
 def run_evidence(run_dir: str, res: dict, subset: str, bleu: float):
     """The run's committed evidence directory (repo-relative) when it exists and records ``bleu``
-    for ``subset`` (the run's own decode is what the page shows), else None."""
+    for ``subset`` (the run's own decode is what the page shows) with its window record, else None."""
     from .evidence import evidence_dir
     from .provenance import repo_relative
 
@@ -168,7 +174,7 @@ def run_evidence(run_dir: str, res: dict, subset: str, bleu: float):
         rec = json.load(f)
     score = (rec.get("scores") or {}).get(subset) or {}
     if next(iter(rec.get("scores") or {}), None) != subset or score.get("bleu") is None \
-            or abs(score["bleu"] - bleu) > 0.005:
+            or abs(score["bleu"] - bleu) > 0.005 or not score.get("window"):  # the window cell needs it too
         return None
     return repo_relative(d)
 
@@ -225,7 +231,7 @@ def plot(points: dict, path: str, title: str) -> None:
         placed.append((x, y))
         ax.annotate("∞" if math.isinf(t) else f"{t:g}", (x, y), textcoords="offset points",
                     xytext=(4, 4 + 9 * k if k % 2 == 0 else -10 - 9 * k), fontsize=7)
-    ax.set_xlabel("average window (source positions scored per hypothesis-step)")
+    ax.set_xlabel("average window (source positions scored per step, averaged per sentence, §5.2)")
     ax.set_ylabel("BLEU (tokenized)")
     ax.set_title(title, fontsize=9)
     ax.legend(loc="lower right")
@@ -360,7 +366,8 @@ def table1(runs, metric, max_loss, out_path, figure=None,
                 seeds.add(res["seed"])
             if t is None:  # the run's own decode (tau is not a setting of these models)
                 sub = os.path.join(rows[i], "eval")
-                v = {**json.load(open(os.path.join(sub, "test.json"))), **read_window(os.path.join(sub, "test.generate.log"))}
+                own = json.load(open(os.path.join(sub, "test.json")))
+                v = {**own, **read_window(own, os.path.join(sub, "test.json"))}
                 ev = run_evidence(rows[i], res, "test", v["bleu"])
             elif i == 3:  # the sweep decoded it and committed it
                 v = sw["points"][tau_name(t)]["test"]
@@ -388,8 +395,10 @@ def table1(runs, metric, max_loss, out_path, figure=None,
                   f"evidence, then `{cmd}` decodes and commits the rest.", ""]
     lines += ["Paper: Shu & Nakayama (2017), Table 1 (De-En: WMT15, En-Ja: ASPEC; 1000-unit RNNsearch, tokenized "
               "BLEU; RIBES for En-Ja). "
-              "Window = source positions scored per hypothesis and decoding step, averaged over beam "
-              "hypotheses and steps (test set). tau chosen on the validation set by the paper's rule "
+              "Window = source positions scored, averaged as §5.2 says: at each decoding step over the beam's "
+              "hypotheses, then over the sentence's steps, then over the test sentences -- for Global attention "
+              "the mean source length (positions are BPE pieces plus the EOS; each decode's record keeps the "
+              "average pooled over hypothesis-steps too). tau chosen on the validation set by the paper's rule "
               f"(smallest of {list(SELECT_FROM)} losing at most {max_loss} {metric} against tau = inf). "
               "SacreBLEU with tokenized BLEU in brackets.", ""]
     for rdir, res3, sw, tau, entries in sections:
@@ -403,6 +412,9 @@ def table1(runs, metric, max_loss, out_path, figure=None,
             v = e["v"]
             cells = ["not run yet", ""] if v is None else [f"{v['window']:.2f}", f"{v['bleu']:.2f} ({v['tok_bleu']:.2f})"]
             lines.append(f"| {e['id']} | {e['name']} | {paper[e['key']][0]} | {paper[e['key']][1]} | " + " | ".join(cells) + " |")
+        src_len = next((e["v"]["source_length"] for e in entries if e["v"] and e["v"].get("source_length")), None)
+        if src_len is not None:
+            lines += ["", f"Test sources: {src_len:.2f} positions a sentence on average (BPE pieces + EOS)."]
         sig = next((e["v"].get("signature") for e in entries if e["v"] and e["v"].get("signature")), "n/a")
         table = _training_table(rdir)
         lines += ["", f"Runs: `{repo_relative(rdir)}/row1..4`; their commands, configs, commits, hardware and "

@@ -11,6 +11,7 @@ import json
 import math
 import os
 import re
+import statistics
 import subprocess
 import sys
 
@@ -21,7 +22,7 @@ from fairseq.sequence_generator import SequenceGenerator
 
 from fairseq import utils
 from fairseq_plugins.attention.additive import (AdditiveAttention, flexible_bounds, flexible_window, local_p_bounds,
-                                                local_p_window)
+                                                local_p_window, parse_window_report)
 from fairseq_plugins.criterions import LabelSmoothedCrossEntropyWithRegCriterion
 from helpers import toy_batch, toy_task
 
@@ -259,6 +260,73 @@ def test_incremental_equals_full_decoding(kind, tau):
         assert (xf["window"] < enc["src_lengths"][0].unsqueeze(1)).any()
 
 
+
+def _generate(model, task, src, lens, beam):
+    gen = SequenceGenerator([model], task.target_dictionary, beam_size=beam, max_len_b=10)
+    return gen.forward({"net_input": {"src_tokens": src, "src_lengths": lens}})
+
+
+def test_global_window_per_sentence_is_the_mean_source_length():
+    """§5.2: "for the conventional attention mechanism ... the average window size equals to the
+    average sentence length of the testing data" -- the per-sentence average does, over two
+    batches (sentences of 12-14 positions, EOS included), while the pooled one weighs each
+    sentence by its hypothesis-steps and differs."""
+    model, task = build("global", seed=1)
+    _sharpen(model)
+    with torch.no_grad():  # some sentences end after 3 steps, others run to max_len_b: steps differ
+        model.decoder.output_projection.bias[task.target_dictionary.eos()] += 3.3
+    att = model.decoder.attention
+    att.reset_window_stats()
+    lengths, steps = [], set()
+    for seed in (3, 4):
+        src, lens, _ = long_batch(task, bsz=5, seed=seed)
+        steps |= {len(h[0]["tokens"]) for h in _generate(model, task, src, lens, beam=3)}
+        lengths += lens.tolist()
+    assert att.sentence_average_window() == pytest.approx(sum(lengths) / len(lengths), abs=1e-12)
+    assert len(set(lengths)) == 3 and len(steps) > 1 and int(att.stats.sentences) == 10
+    assert float(att.stats.sentence_source) / 10 == pytest.approx(sum(lengths) / len(lengths))
+    assert att.average_window() != pytest.approx(att.sentence_average_window(), abs=1e-3)
+    line = att.stats.report()
+    assert f"average window {sum(lengths) / len(lengths):.2f} positions per sentence over 10 sentences" in line
+    assert f"pooled {att.average_window():.2f} positions per hypothesis-step" in line
+
+
+@pytest.mark.parametrize("kind,tau,beam", [("flexible", 0.8, 3), ("local_p", math.inf, 2), ("flexible", 0.8, 1)])
+def test_window_per_sentence_is_the_mean_over_steps_of_the_mean_over_hypotheses(kind, tau, beam):
+    """Each sentence decoded alone, its windows captured step by step: the mean over steps of
+    the step's mean over the live hypotheses; the batched decode's per-sentence average is the
+    mean of those (beam 1 with one sentence takes the one-hypothesis path, add_one)."""
+    model, task = build(kind, seed=2, flexible_threshold=tau)
+    _sharpen(model)
+    att = model.decoder.attention
+    src, lens, _ = long_batch(task, bsz=4, seed=5)
+    att.reset_window_stats()
+    batched = _generate(model, task, src, lens, beam)
+    got = att.sentence_average_window()
+    assert int(att.stats.sentences) == 4
+    steps, forward = [], att.forward
+
+    def capture(*args, **kwargs):
+        out = forward(*args, **kwargs)
+        steps.append(out.window.double().mean().item())  # every row is the one sentence's
+        return out
+
+    means = []
+    for i in range(4):
+        keep = lens[i]
+        one_src = src[i : i + 1, src.size(1) - keep:]  # without its left padding
+        steps.clear()
+        att.forward = capture
+        try:
+            alone = _generate(model, task, one_src, lens[i : i + 1], beam)
+        finally:
+            att.forward = forward
+        assert [h["tokens"].tolist() for h in alone[0]] == [h["tokens"].tolist() for h in batched[i]]
+        means.append(sum(steps) / len(steps))
+    assert got == pytest.approx(sum(means) / 4, rel=1e-12)
+    if kind == "flexible":
+        assert got < float(att.stats.sentence_source) / 4  # windowed: narrower than the sentences
+
 @pytest.mark.parametrize("kind,tau", [("global", math.inf), ("local_p", math.inf), ("flexible", 0.8)])
 def test_beam_search_scores_equal_teacher_forcing(kind, tau):
     """Beam search (incremental state reordered every step, per-hypothesis windows) scores each
@@ -425,14 +493,17 @@ def test_end_to_end_train_generate_finetune(tmp_path):
                   "--gen-subset", "valid", "--beam", "3", "--batch-size", "200", "--required-batch-size-multiple",
                   "1", "--remove-bpe", "--model-overrides", "{'flexible_threshold': '%s'}" % tau])
         assert sum(1 for l in out.splitlines() if l.startswith("H-")) == n_valid
-        m = re.search(r"\[rnnsearch\] flexible attention \(tau=([^)]+)\): average window ([\d.]+) positions "
-                      r"per hypothesis-step over (\d+) hypothesis-steps \(average source length ([\d.]+)\)", out)
-        assert m, out[-2000:]
-        reports[tau] = (float(m.group(2)), float(m.group(4)))
-    win, src_len = reports["1.2"]
-    assert 1.0 <= win < src_len  # windowed
-    win_all, src_len_all = reports["inf"]
-    assert win_all == pytest.approx(src_len_all)  # no threshold: every position is scored
+        rep = parse_window_report(out)
+        assert rep and rep["kind"] == "flexible" and rep["tau"] == tau, out[-2000:]
+        assert rep["sentences"] == n_valid  # every sentence counted once, whatever its batch
+        reports[tau] = (rep["window"], rep["source_length"], rep["pooled_window"], rep["pooled_source_length"])
+    win, src_len, pooled, pooled_src = reports["1.2"]
+    assert 1.0 <= win < src_len and 1.0 <= pooled < pooled_src  # windowed
+    win_all, src_len_all, pooled_all, pooled_src_all = reports["inf"]
+    assert win_all == pytest.approx(src_len_all) and pooled_all == pytest.approx(pooled_src_all)  # every position
+    # the mean length of the valid sources in positions (BPE pieces + EOS): what tau = inf's window is
+    mean_len = statistics.mean(len(l.split()) + 1 for l in open(data / "bpe" / "valid.en"))
+    assert src_len_all == pytest.approx(mean_len, abs=0.006)
     # the decode-time benchmark (Table 3) on the same checkpoint, two input lengths in one run
     md = tmp_path / "bench" / "table3.md"
     out = sh([sys.executable, "scripts/bench_flexible_decode.py", "--flexible", str(ft / "checkpoint_last.pt"),
@@ -557,7 +628,7 @@ def _fake_flexible_table(tmp_path, monkeypatch, export_training=True):
     import json as _json
     import types
 
-    from mt_pipeline import evidence, scoring, sweeps
+    from mt_pipeline import evaluate, evidence, scoring, sweeps
 
     monkeypatch.setenv("MT_EVIDENCE_ROOT", str(tmp_path / "evidence"))
     ref = tmp_path / "ref.en"
@@ -572,12 +643,16 @@ def _fake_flexible_table(tmp_path, monkeypatch, export_training=True):
             f.write("".join((" ".join(l.split()[:-1]) if i % k == 0 else l) + "\n" for i, l in enumerate(lines)))
         res = scoring.score_files(hyp, str(ref), hyp, str(ref))
         res.update(subset=subset, checkpoint=ckpt, checkpoint_sha256="c" * 64)
+        window = {2: 3.0, 20: 5.0}.get(k, 16.0)
+        log = os.path.join(out, f"{subset}.generate.log")
+        with open(log, "w") as f:  # the plugin's report line, kept in S.json as mt-evaluate keeps it
+            f.write(f"[rnnsearch] flexible attention (tau={tau}): average window {window} positions per sentence "
+                    "over 40 sentences (per step over hypotheses, per sentence over steps; average source length "
+                    f"12.00); pooled {window + 0.5} positions per hypothesis-step over 100 hypothesis-steps "
+                    "(average source length 12.50)\n")
+        res["window"] = evaluate.window_report(log)
         with open(os.path.join(out, f"{subset}.json"), "w") as f:
             _json.dump(res, f)
-        window = {2: 3.0, 20: 5.0}.get(k, 16.0)
-        with open(os.path.join(out, f"{subset}.generate.log"), "w") as f:
-            f.write(f"[rnnsearch] flexible attention (tau={tau}): average window {window} positions per "
-                    "hypothesis-step over 100 hypothesis-steps (average source length 12.00)\n")
         return res
 
     def fake_run(cmd, check, cwd, env):
@@ -622,10 +697,16 @@ def test_table1_commits_every_decode_and_names_each_rows_evidence(tmp_path, monk
     cells, ev = audit._score_cells(md), audit._evidence_by_row(md)
     assert [r for r, _ in cells] == ["de-en/1", "de-en/2", "de-en/3", "de-en/3-tau", "de-en/4-tau"]
     assert "**Regime: smoke**" in md and evidence.NO_EVIDENCE not in md
+    windows = dict(audit._window_cells(md))
+    assert sorted(windows) == sorted(r for r, _ in cells)
     for row, cell in cells:
         (d,), = [ev[row]]
         res = json.load(open(os.path.join(d, "result.json")))  # absolute: the evidence root is in tmp_path
-        assert f"{res['scores'][next(iter(res['scores']))]['bleu']:.2f}" == cell.split()[0], (row, cell)
+        score = res["scores"][next(iter(res["scores"]))]
+        assert f"{score['bleu']:.2f}" == cell.split()[0], (row, cell)
+        assert f"{score['window']['window']:.2f}" == windows[row], (row, windows[row])  # the audit's window check
+    assert windows["de-en/1"] == "16.00" and windows["de-en/3-tau"] == "5.00"  # per-sentence, not pooled (+0.5)
+    assert "Test sources: 12.00 positions a sentence on average" in md
     assert "/row3/decodes/tau_1.2" in ev["de-en/3-tau"][0] and "/row4/decodes/tau_1.2" in ev["de-en/4-tau"][0]
     committed = evidence.committed_results()
     decodes = [p for p in committed if "/decodes/" in p]

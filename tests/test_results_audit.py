@@ -71,6 +71,17 @@ def _score_cells(text):
     return cells
 
 
+def _window_cells(text):
+    """``[(row id, cell)]`` of every table's ``window`` column (Flexible Attention Table 1: the
+    positions scored, §5.2's per-sentence average), numeric cells only."""
+    cells = []
+    for header, rows in _tables(text):
+        if "window" in header:
+            k = header.index("window")
+            cells += [(r[0], r[k]) for r in rows if len(r) > k and NUMBER.match(r[k])]
+    return cells
+
+
 def _evidence_by_row(text):
     """``{row id: [evidence dirs]}`` from the per-row provenance sections of a rendered table."""
     out, row = {}, None
@@ -123,6 +134,15 @@ def test_every_score_names_its_committed_evidence_or_the_page_says_there_is_none
             bleus.append(res["scores"][first]["bleu"])
         want = f"{statistics.mean(bleus):.2f}"
         assert NUMBER.match(cell).group(0) == want, f"{page}: row {row} shows {cell}, its evidence says {want}"
+    for row, cell in _window_cells(text):
+        windows = []
+        for d in evidence.get(row) or []:
+            res = json.load(open(os.path.join(ROOT, d, "result.json")))
+            w = res["scores"][next(iter(res["scores"]))].get("window")
+            assert w, f"{page}: row {row} shows window {cell}, but {d} records no window (decoded before it was kept)"
+            windows.append(w["window"])
+        assert windows, f"{page}: row {row} shows window {cell} but names no committed evidence"
+        assert cell == f"{statistics.mean(windows):.2f}", f"{page}: row {row} shows window {cell}, its evidence {windows}"
 
 
 def _models(text):

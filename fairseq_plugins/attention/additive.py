@@ -51,6 +51,7 @@ translation starts at the beginning of the sentence in most pairs, and with ``g(
 """
 
 import math
+import re
 from typing import NamedTuple, Optional
 
 import torch
@@ -62,6 +63,7 @@ from .functions import normalizer as get_normalizer
 from .functions import normalizer_names
 
 __all__ = ["ATTENTION_KINDS", "NORMALIZER_CHOICES", "VARIANTS", "AdditiveAttention", "AttentionStep", "WindowStats",
+           "parse_window_report",
            "flexible_bounds", "flexible_window", "local_p_bounds", "local_p_window"]
 
 #: valid values of ``--rnn-attention``
@@ -153,36 +155,135 @@ def local_p_bounds(p_t: float, d: int, length: int):
 
 
 class WindowStats:
-    """Counters of the positions scored: ``positions`` (sum of window sizes), ``queries``
-    (hypothesis-steps) and ``source`` (sum of source lengths over the same queries).  A plain
-    object, so a report hook can hold it after the model is gone."""
+    """Window-size counters of generation (Shu & Nakayama 2017, §5.2), two averages.
+
+    * **Per sentence** (the paper's, §5.2: "the value of window size is further averaged over the
+      number of hypotheses considered in each step"; for Global attention it "equals to the average
+      sentence length of the testing data"): at each step the positions scored are averaged over
+      the sentence's live hypotheses, those step means over the sentence's steps, and the sentence
+      means over the sentences -- :meth:`sentence_average_window`.  ``sentences``,
+      ``sentence_windows`` (sum of the per-sentence means) and ``sentence_source`` (sum of their
+      source lengths) count it, up to the batch still open (read them after
+      :meth:`sentence_average_window`, which closes it); it needs the sentence of each hypothesis (:meth:`begin_batch`,
+      ``sentence_ids``), which the RNNsearch decoder passes from its encoder output.
+    * **Pooled**: ``positions`` (sum of window sizes) over ``queries`` (hypothesis-steps), with
+      ``source`` the sum of the source lengths of the same queries -- :meth:`average_window`; long
+      sentences weigh more (for Global it is ``sum L^2 / sum L``-like, not the mean length).
+
+    Positions are the encoder positions, the appended EOS included (a source of ``L`` pieces has
+    ``L + 1`` positions).  A plain object, so a report hook can hold it after the model is gone.
+    Accumulators stay tensors on their device until read: a decoding step on a GPU makes no
+    host-device sync for its statistics.
+    """
 
     def __init__(self, kind: str, threshold: float):
         self.kind, self.threshold = kind, threshold
-        self.positions = self.queries = self.source = 0
+        self.reset()
 
-    def add(self, window: torch.Tensor, lengths: torch.Tensor) -> None:
-        """Add one step: ``window`` and ``lengths`` ``(B,)``.  The sums stay tensors on their
-        device (read back only by :meth:`average_window` / :meth:`report`): a decoding step on a
-        GPU makes no host-device sync for its statistics."""
+    def reset(self) -> None:
+        """Zero every counter (in place: a report hook holding this object sees it)."""
+        self.positions = self.queries = self.source = 0
+        self.sentences = self.sentence_windows = self.sentence_source = 0
+        self._batch = None  # the open batch: per-sentence sums of step means, step counts, lengths
+
+    def begin_batch(self, sentence_ids: torch.Tensor, lengths: torch.Tensor) -> None:
+        """Open a new batch (its first decoding step) and close the previous one.
+
+        Args:
+            sentence_ids: ``(B,)`` long, the sentence of each hypothesis row, in ``[0, B)``
+                (a sentence's beam shares its id).
+            lengths: ``(B,)`` long, the source length of each row.
+        """
+        self._close_batch()
+        n = sentence_ids.numel()
+        z = torch.zeros(n, dtype=torch.float64, device=lengths.device)
+        self._batch = {"ids": sentence_ids, "sum": z, "steps": z.clone(),
+                       "length": z.clone().index_put_((sentence_ids,), lengths.to(torch.float64)),
+                       "py": {}}
+
+    def _step_means(self, window: torch.Tensor, sentence_ids: torch.Tensor) -> None:
+        b = self._batch
+        w = torch.zeros_like(b["sum"]).index_add_(0, sentence_ids, window.to(torch.float64))
+        c = torch.zeros_like(b["sum"]).index_add_(0, sentence_ids, torch.ones_like(window, dtype=torch.float64))
+        b["sum"] += w / c.clamp_min(1.0)  # the step's mean over the sentence's live hypotheses
+        b["steps"] += (c > 0).to(torch.float64)
+
+    def _close_batch(self) -> None:
+        b, self._batch = self._batch, None
+        if b is None:
+            return
+        for s, (tot, steps) in b["py"].items():  # steps of the one-hypothesis path
+            b["sum"][s] += tot
+            b["steps"][s] += steps
+        live = b["steps"] > 0
+        self.sentences = self.sentences + live.sum()
+        self.sentence_windows = self.sentence_windows + torch.where(live, b["sum"] / b["steps"].clamp_min(1.0), 0.0).sum()
+        self.sentence_source = self.sentence_source + torch.where(live, b["length"], 0.0).sum()
+
+    def add(self, window: torch.Tensor, lengths: torch.Tensor, sentence_ids: Optional[torch.Tensor] = None) -> None:
+        """Add one step: ``window`` and ``lengths`` ``(B,)``; ``sentence_ids`` ``(B,)`` long (the
+        open batch's ids of these rows, reordered with them) or None (pooled counters only)."""
         self.positions = self.positions + window.sum()
         self.queries += window.numel()
         self.source = self.source + lengths.sum()
+        if sentence_ids is not None and self._batch is not None:
+            self._step_means(window, sentence_ids)
 
-    def add_one(self, window: int, length: int) -> None:
-        """Add one step of one hypothesis (Python ints)."""
+    def add_one(self, window: int, length: int, sentence: Optional[int] = None) -> None:
+        """Add one step of one hypothesis (Python ints; ``sentence``: its id in the open batch)."""
         self.positions += window
         self.queries += 1
         self.source += length
+        if sentence is not None and self._batch is not None:
+            tot, steps = self._batch["py"].get(sentence, (0, 0))
+            self._batch["py"][sentence] = (tot + window, steps + 1)
 
     def average_window(self) -> float:
+        """Pooled: positions scored per hypothesis-step; NaN before any step."""
         return float(self.positions) / self.queries if self.queries else math.nan
 
+    def sentence_average_window(self) -> float:
+        """The paper's (§5.2): per-sentence means (over steps of the means over hypotheses),
+        averaged over sentences; NaN when no step carried sentence ids."""
+        self._close_batch()
+        n = float(self.sentences)
+        return float(self.sentence_windows) / n if n else math.nan
+
     def report(self) -> str:
+        """The line ``fairseq-generate`` ends with (:data:`WINDOW_REPORT_RE`, :func:`parse_window_report`)."""
         tau = "inf" if math.isinf(self.threshold) else f"{self.threshold:g}"
-        return (f"[rnnsearch] {self.kind} attention (tau={tau}): average window {self.average_window():.2f} "
-                f"positions per hypothesis-step over {self.queries} hypothesis-steps "
-                f"(average source length {float(self.source) / max(self.queries, 1):.2f})")
+        per_sent = self.sentence_average_window()
+        n = int(self.sentences)
+        src = float(self.sentence_source) / n if n else math.nan
+        return (f"[rnnsearch] {self.kind} attention (tau={tau}): average window {per_sent:.2f} positions per "
+                f"sentence over {n} sentences (per step over hypotheses, per sentence over steps; average "
+                f"source length {src:.2f}); pooled {self.average_window():.2f} positions per hypothesis-step over "
+                f"{self.queries} hypothesis-steps (average source length "
+                f"{float(self.source) / max(self.queries, 1):.2f})")
+
+
+#: the line :meth:`WindowStats.report` writes (one definition: :func:`parse_window_report` reads it)
+WINDOW_REPORT_RE = re.compile(
+    r"\[rnnsearch\] (\w+) attention \(tau=([^)]+)\): average window ([\d.]+|nan) positions per sentence over "
+    r"(\d+) sentences \(per step over hypotheses, per sentence over steps; average source length ([\d.]+|nan)\); "
+    r"pooled ([\d.]+|nan) positions per hypothesis-step over (\d+) hypothesis-steps \(average source length "
+    r"([\d.]+|nan)\)")
+
+
+def parse_window_report(text: str) -> Optional[dict]:
+    """The last :meth:`WindowStats.report` line in ``text`` (a ``fairseq-generate`` log), or None:
+    ``{kind, tau, window, sentences, source_length, pooled_window, hypothesis_steps,
+    pooled_source_length}`` -- ``window`` the paper's per-sentence average (§5.2) and
+    ``source_length`` the sentences' mean, in encoder positions (EOS included); the ``pooled_*``
+    fields are over hypothesis-steps."""
+    m = None
+    for m in WINDOW_REPORT_RE.finditer(text):
+        pass
+    if m is None:
+        return None
+    return {"kind": m.group(1), "tau": m.group(2), "window": float(m.group(3)), "sentences": int(m.group(4)),
+            "source_length": float(m.group(5)), "pooled_window": float(m.group(6)),
+            "hypothesis_steps": int(m.group(7)), "pooled_source_length": float(m.group(8))}
 
 
 class AttentionStep(NamedTuple):
@@ -339,7 +440,8 @@ class AdditiveAttention(nn.Module):
     Window statistics: when :meth:`forward` is called with ``count=True`` (the decoder does so
     in incremental decoding, i.e. generation), the number of positions scored and the number
     of (hypothesis, step) queries are accumulated in ``self.stats`` (a :class:`WindowStats`);
-    :meth:`average_window` is their ratio.
+    :meth:`average_window` is their ratio (pooled over hypothesis-steps) and, when the steps carry
+    ``sentence_ids``, :meth:`sentence_average_window` the paper's per-sentence average (§5.2).
     """
 
     def __init__(self, query_dim: int, key_dim: int, attn_dim: int, embed_dim: int, kind: str = "global",
@@ -377,15 +479,20 @@ class AdditiveAttention(nn.Module):
         """Zero the window counters (in place: a report hook holding ``self.stats`` sees it)."""
         if getattr(self, "stats", None) is None:
             self.stats = WindowStats(self.kind, self.threshold)
-        self.stats.positions = self.stats.queries = self.stats.source = 0
+        self.stats.reset()
 
     @property
     def window_queries(self) -> int:
         return self.stats.queries
 
     def average_window(self) -> float:
-        """Average number of source positions scored per (hypothesis, step); NaN before any step."""
+        """Average number of source positions scored per (hypothesis, step), pooled; NaN before any step."""
         return self.stats.average_window()
+
+    def sentence_average_window(self) -> float:
+        """The paper's average window (§5.2, :meth:`WindowStats.sentence_average_window`); NaN
+        when no counted step carried sentence ids."""
+        return self.stats.sentence_average_window()
 
     @property
     def windowed(self) -> bool:
@@ -441,7 +548,8 @@ class AdditiveAttention(nn.Module):
 
     def forward(self, query: torch.Tensor, prev_embed: torch.Tensor, keys: torch.Tensor,
                 values: torch.Tensor, padding_mask: Optional[torch.Tensor], lengths: torch.Tensor,
-                p_prev: torch.Tensor, count: bool = False) -> AttentionStep:
+                p_prev: torch.Tensor, count: bool = False,
+                sentence_ids: Optional[torch.Tensor] = None) -> AttentionStep:
         """One decoding step.
 
         Args:
@@ -450,6 +558,8 @@ class AdditiveAttention(nn.Module):
             padding_mask: ``(B, S)`` bool, True at padding (right-padded), or None.
             lengths: ``(B,)`` long, source lengths; p_prev: ``p_{t-1}`` ``(B,)`` float.
             count: accumulate the window statistics.
+            sentence_ids: ``(B,)`` long, each row's sentence in the batch :meth:`WindowStats.begin_batch`
+                opened, or None: with ``count``, the per-sentence window average (§5.2) counts this step.
 
         Returns:
             :class:`AttentionStep`.
@@ -459,7 +569,7 @@ class AdditiveAttention(nn.Module):
         variant = self.variant
         state = variant.prepare(self, query, prev_embed, lengths)  # g(t) / p_t (B,) or None
         if self.windowed and B == 1:
-            return self._single_window_step(q, state, keys, values, lengths, p_prev, count)
+            return self._single_window_step(q, state, keys, values, lengths, p_prev, count, sentence_ids)
         gathered = self.windowed and not (self.training and torch.is_grad_enabled())
         if not self.windowed:
             scores = self.score(q.unsqueeze(1), keys)  # (B, S)
@@ -492,10 +602,10 @@ class AdditiveAttention(nn.Module):
             context = torch.bmm(w.unsqueeze(1), vals).squeeze(1)  # (B, C)
             weights = w.new_zeros(B, S).scatter_add(1, idx, w)  # (B, S), zeros outside the window
         if count:
-            self.stats.add(window, lengths)
+            self.stats.add(window, lengths, sentence_ids)
         return AttentionStep(context, weights, focus, variant.gate(state), window)
 
-    def _single_window_step(self, q, state, keys, values, lengths, p_prev, count) -> AttentionStep:
+    def _single_window_step(self, q, state, keys, values, lengths, p_prev, count, sentence_ids=None) -> AttentionStep:
         """The windowed step for one hypothesis (``B = 1``): same result as the batched path.
 
         The bounds are Python numbers (:func:`flexible_bounds` / :func:`local_p_bounds`), the
@@ -519,5 +629,5 @@ class AdditiveAttention(nn.Module):
         weights = w.new_zeros(1, S)
         weights[:, lo : hi + 1] = w  # (1, S), zeros outside the window
         if count:
-            self.stats.add_one(hi - lo + 1, length)
+            self.stats.add_one(hi - lo + 1, length, None if sentence_ids is None else int(sentence_ids[0]))
         return AttentionStep(context, weights, focus, variant.gate(state), lengths.new_full((1,), hi - lo + 1))

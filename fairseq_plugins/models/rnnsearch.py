@@ -27,8 +27,11 @@ the flexible decoder records ``-(1/T_i) sum_t g_i(t)`` per sentence as an auxili
 
 Window statistics: in incremental decoding (fairseq-generate) the attention counts the positions
 it scores; at interpreter exit a line ``[rnnsearch] <kind> attention (tau=...): average window
-X positions per hypothesis-step over N hypothesis-steps (average source length L)`` is written to
-stderr (an ``atexit`` hook registered by the model on its first counted step -- fairseq has no
+X positions per sentence over N sentences (...; average source length L); pooled Y positions per
+hypothesis-step over M hypothesis-steps (average source length L')`` is written to stderr (X is the
+paper's average, §5.2: per step over the hypotheses, per sentence over its steps, then over the
+sentences -- for Global attention the mean source length; Y pools all hypothesis-steps,
+:class:`~fairseq_plugins.attention.additive.WindowStats`) (an ``atexit`` hook registered by the model on its first counted step -- fairseq has no
 end-of-generation callback a ``--user-dir`` can reach, and this needs no wrapper or patch).
 """
 
@@ -124,7 +127,9 @@ class RNNsearchEncoder(FairseqEncoder):
 
     ``forward(src_tokens (B, S), src_lengths (B,))`` returns a dict of one-element lists:
     ``encoder_out`` ``(B, S, C)`` (batch first, right-padded, zeros at padding),
-    ``encoder_padding_mask`` ``(B, S)`` bool, ``src_lengths`` ``(B,)`` long (non-pad counts).
+    ``encoder_padding_mask`` ``(B, S)`` bool, ``src_lengths`` ``(B,)`` long (non-pad counts),
+    ``sentence_ids`` ``(B,)`` long (``0 .. B-1``: reordered with the rest, so that in beam search
+    each hypothesis row names its sentence, for the per-sentence window average of §5.2).
     fairseq's left-padded source is converted to right padding first, so position ``s`` is
     the ``s``-th word of the sentence.
     """
@@ -149,7 +154,8 @@ class RNNsearchEncoder(FairseqEncoder):
         packed = pack_padded_sequence(x, lengths.cpu(), batch_first=True, enforce_sorted=False)
         out, _ = self.lstm(packed)
         out, _ = pad_packed_sequence(out, batch_first=True, total_length=src_tokens.size(1))  # (B, S, C)
-        return {"encoder_out": [self.dropout(out)], "encoder_padding_mask": [pad], "src_lengths": [lengths]}
+        return {"encoder_out": [self.dropout(out)], "encoder_padding_mask": [pad], "src_lengths": [lengths],
+                "sentence_ids": [torch.arange(lengths.numel(), device=lengths.device)]}
 
     def reorder_encoder_out(self, encoder_out, new_order):
         return {k: [t.index_select(0, new_order) for t in v] for k, v in encoder_out.items()}
@@ -204,8 +210,11 @@ class RNNsearchDecoder(FairseqIncrementalDecoder):
             state = self.get_incremental_state(incremental_state, "state")
         else:
             state = None
+        sentence_ids = (encoder_out.get("sentence_ids") or [None])[0] if incremental else None
         if state is None:
             state = self._initial_state(enc, pad, lengths)
+            if sentence_ids is not None:  # the first step of a new batch of sentences
+                self.attention.stats.begin_batch(sentence_ids, lengths)
         h, c, p, keys = state["h"], state["c"], state["p"], state["keys"]
         if incremental and not self._report_registered:
             atexit.register(_report_windows, self.attention.stats)
@@ -218,7 +227,7 @@ class RNNsearchDecoder(FairseqIncrementalDecoder):
         feats, attns, gates, windows = [], [], [], []
         for t in range(x.size(1)):
             i_t = x[:, t]  # (B, E)
-            step = self.attention(h, i_t, keys, enc, mask, lengths, p, count=incremental)
+            step = self.attention(h, i_t, keys, enc, mask, lengths, p, count=incremental, sentence_ids=sentence_ids)
             p = step.focus
             h, c = self.cell(torch.cat([i_t, step.context], -1), (h, c))  # (B, H)
             feats.append(torch.cat([h, step.context, i_t], -1))  # (B, H + C + E)
