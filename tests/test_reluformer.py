@@ -92,6 +92,26 @@ def test_entropy_with_zeros():
     torch.testing.assert_close(a, b)
 
 
+def test_entropy_of_a_row_of_tiny_mass_is_its_own():
+    """H(s_bar) is scale-invariant: rows whose mass is far below ROW_EPS have the entropy of their
+    renormalised weights (0 for one key, log 2 for two equal ones) -- in entropy_from_terms (the
+    logged attn_entropy and the analyses) and in the fused eq. 7 function's entropy sum, whose
+    two loss terms keep the ROW_EPS floor."""
+    for dt in (torch.float32, torch.float64):
+        s = torch.tensor([[1e-8, 0.0, 0.0, 0.0], [5e-8, 5e-8, 0.0, 0.0], [1e-30, 3e-30, 0.0, 0.0],
+                          [0.25, 0.25, 0.0, 0.0]], dtype=dt)
+        row_sum, row_slogs = row_mass_terms(s)
+        want = torch.tensor([0.0, math.log(2), -(0.25 * math.log(0.25) + 0.75 * math.log(0.75)), math.log(2)], dtype=dt)
+        torch.testing.assert_close(entropy_from_terms(row_sum, row_slogs), want, rtol=1e-5, atol=1e-5)
+        valid = torch.ones(1, 1, 4, dtype=torch.bool)
+        n = torch.full((1, 1, 4), 4.0, dtype=dt)
+        norm, margin, ent, count = reluformer_row_terms(row_sum.view(1, 1, 4), row_slogs.view(1, 1, 4), n, valid, 0.7)
+        assert count == 4
+        torch.testing.assert_close(ent, want.sum(), rtol=1e-5, atol=1e-5)
+        # the norm term keeps the ROW_EPS floor: |log 1e-6| for each of the three tiny rows, |log 0.5|
+        torch.testing.assert_close(norm, torch.tensor(3 * -math.log(ROW_EPS) + math.log(2), dtype=dt))
+
+
 def _terms(f, weights, mask):
     f.aux.pop()
     f.observe(weights, mask)
@@ -128,9 +148,10 @@ def _unfused_row_terms(row_sum, row_slogs, n, valid, c):
     """Eq. 7's sums as plain autograd expressions (the reference of the fused function) and the
     live-row count."""
     live = valid & (row_sum > 0)
-    norm = torch.log(row_sum.clamp_min(ROW_EPS)).abs()
-    ent = entropy_from_terms(row_sum, row_slogs)
-    margin = torch.relu(ent - c * torch.log(n.clamp_min(1.0)))
+    z = row_sum.clamp_min(ROW_EPS)  # eq. 7's terms floor the row mass at ROW_EPS ...
+    norm = torch.log(z).abs()
+    margin = torch.relu(torch.log(z) - row_slogs / z - c * torch.log(n.clamp_min(1.0)))
+    ent = entropy_from_terms(row_sum, row_slogs)  # ... the logged entropy is each row's own
     zero = torch.zeros((), dtype=row_sum.dtype)
     return torch.stack([torch.where(live, norm, zero).sum(), torch.where(live, margin, zero).sum(),
                         torch.where(live, ent, zero).sum(), live.sum().to(row_sum.dtype)])

@@ -21,12 +21,19 @@ import torch
 from .masks import combined_mask
 
 __all__ = ["valid_keys", "keys_per_query", "row_mass_terms", "RowMassTerms", "entropy_from_terms", "ROW_EPS",
+           "ENTROPY_FLOOR",
            "ReluFormerRowTerms", "reluformer_row_terms"]
 
-#: floor of ``sum s`` inside logarithms: ``log(max(sum s, ROW_EPS))``.  Rows above it are exact;
+#: floor of ``sum s`` inside ReLUFormer's eq. 7 terms: ``log(max(sum s, ROW_EPS))``.  Rows above it
+#: are exact (the entropy statistics floor it at :data:`ENTROPY_FLOOR` instead:
+#: :func:`entropy_from_terms`);
 #: null rows (``sum s = 0``) never reach a log unmasked: they are excluded from entropy means and
 #: from ReLUFormer's eq. 7 terms and counted by the null rate instead.
 ROW_EPS = 1e-6
+#: floor of ``sum s`` in the entropy statistics (:func:`entropy_from_terms`): float32's smallest
+#: normal number, for every dtype (the Triton kernels use the same constant; half-precision row
+#: sums are float32)
+ENTROPY_FLOOR = float(torch.finfo(torch.float32).tiny)
 
 
 def valid_keys(mask: Optional[torch.Tensor], src_len: int, device=None) -> torch.Tensor:
@@ -133,8 +140,15 @@ def row_mass_terms(weights: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
 
 
 def entropy_from_terms(row_sum: torch.Tensor, row_slogs: torch.Tensor) -> torch.Tensor:
-    """``H(s_bar)`` in nats from the two row sums (any shape); meaningless on null rows."""
-    z = row_sum.clamp_min(ROW_EPS)
+    """``H(s_bar) = log z - (sum s log s) / z`` in nats from the two row sums (any shape), with
+    ``z = sum s`` floored at :data:`ENTROPY_FLOOR` (1.2e-38), not at ``ROW_EPS``: the entropy of
+    ``s_bar = s / sum s`` does not depend on the scale of ``s``, so a live row of tiny mass has its
+    true entropy (at ``ROW_EPS`` a one-key row of mass 1e-8 came out as -13.6 nats instead of 0).
+    A statistic (no caller differentiates it); meaningless on null rows; float32 for half-precision
+    sums, else their dtype."""
+    if row_sum.dtype in (torch.float16, torch.bfloat16):  # float16 cannot hold the floor: float32
+        row_sum, row_slogs = row_sum.float(), row_slogs.float()
+    z = row_sum.clamp_min(ENTROPY_FLOOR)
     return torch.log(z) - row_slogs / z
 
 
@@ -143,9 +157,14 @@ class ReluFormerRowTerms(torch.autograd.Function):
 
     Forward: a row is *live* when it is ``valid`` (counted: it may see a key and is no query
     padding) and has mass (``sum s > 0``: a null row has no distribution).  With
-    ``z = max(sum s, ROW_EPS)`` and ``H = log z - (sum s log s) / z`` (the entropy of ``s_bar``,
-    :func:`entropy_from_terms`), returns four float 0-d tensors: ``sum |log z|``,
+    ``z = max(sum s, ROW_EPS)`` and ``H = log z - (sum s log s) / z`` (the entropy of ``s_bar``
+    for rows of mass ``>= ROW_EPS``), returns four float 0-d tensors: ``sum |log z|``,
     ``sum max(H - c log n, 0)`` and ``sum H`` over the live rows, and the number of live rows.
+    The logged ``sum H`` takes each row's own entropy (:func:`entropy_from_terms`: ``z`` floored
+    at :data:`ENTROPY_FLOOR` instead); the two eq. 7 terms keep the ``ROW_EPS`` floor, so a
+    live row of mass below ``ROW_EPS`` (rare: every positive score of the row tiny) enters them
+    with ``z = ROW_EPS`` -- its ``|log z|`` capped at ``-log ROW_EPS`` = 13.8 and its margin that of
+    ``log ROW_EPS - slogs / ROW_EPS``, below its entropy -- and passes them no gradient on ``sum s``.
     Backward (hand-written, the same derivatives autograd takes through
     ``log(clamp_min(.)).abs()``, ``relu`` and :func:`entropy_from_terms`; ``sum H`` and the count
     are statistics and pass no gradient):
@@ -171,7 +190,11 @@ class ReluFormerRowTerms(torch.autograd.Function):
         log_z = z.log()
         ent = torch.addcdiv(log_z, row_slogs, z, value=-1.0)  # H = log z - slogs / z
         over = ent - c_log_n  # H - c log n: the margin's argument
-        terms = torch.stack([log_z.abs(), over.clamp_min(0.0), ent])  # (3, B, H, T), finite everywhere
+        # the logged entropy: the row's own (z floored at ENTROPY_FLOOR, entropy_from_terms),
+        # equal to ent where sum s >= ROW_EPS; slogs of rows that are not live (nonzero where a
+        # half-precision sum underflowed) is zeroed first, so that / z stays finite there
+        ent_stat = entropy_from_terms(row_sum, row_slogs * live_f).to(log_z.dtype)
+        terms = torch.stack([log_z.abs(), over.clamp_min(0.0), ent_stat])  # (3, B, H, T), finite everywhere
         sums = terms.mul_(live_f).flatten(1).sum(1)  # (not a matrix-vector product: autocast would round it)
         count = live_f.sum()
         ctx.save_for_backward(row_sum, row_slogs, z, log_z, over, live_f)

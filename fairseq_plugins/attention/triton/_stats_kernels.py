@@ -74,8 +74,10 @@ def _rows(RS, RL, NK, QP, rows, NR, H, T, s_rs_b, s_rs_h, s_rs_t, s_rl_b, s_rl_h
 def row_terms_fwd(RS, RL, NK, QP, PART, NR, H, T, s_rs_b, s_rs_h, s_rs_t, s_rl_b, s_rl_h, s_rl_t,
                   s_n_b, s_n_h, s_n_t, s_q_b, s_q_t,
                   HAS_QP: tl.constexpr, ACC: tl.constexpr, EPS: tl.constexpr, C: tl.constexpr,
-                  BLOCK: tl.constexpr):
-    """One program per ``BLOCK`` rows: its six sums (``stats.SUMS``' order) into ``PART[pid]`` ``(P, 6)``."""
+                  BLOCK: tl.constexpr, TINY: tl.constexpr):
+    """One program per ``BLOCK`` rows: its six sums (``stats.SUMS``' order) into ``PART[pid]`` ``(P, 6)``;
+    the entropy statistic takes ``z = max(sum s, TINY)`` (``stats.ENTROPY_FLOOR``) (``H(s_bar)`` is scale-invariant, so a live
+    row below ``EPS`` has its true entropy there; the eq. 7 terms keep ``EPS``)."""
     pid = tl.program_id(0)
     rows = pid * BLOCK + tl.arange(0, BLOCK)
     s, lg, z, log_z, ent, over, valid, live = _rows(
@@ -86,7 +88,9 @@ def row_terms_fwd(RS, RL, NK, QP, PART, NR, H, T, s_rs_b, s_rs_h, s_rs_t, s_rl_b
     out = PART + pid.to(tl.int64) * 6
     tl.store(out + 0, _rowsum(tl.where(live, tl.abs(log_z), zero), 0))
     tl.store(out + 1, _rowsum(tl.where(live, tl.maximum(over, zero), zero), 0))
-    tl.store(out + 2, _rowsum(tl.where(live, ent, zero), 0))
+    zt = tl.maximum(s, tl.full([BLOCK], TINY, ACC))
+    ent_stat = tl.log(zt) - lg / zt  # = ent where sum s >= EPS
+    tl.store(out + 2, _rowsum(tl.where(live, ent_stat, zero), 0))
     tl.store(out + 3, _rowsum(tl.where(live, one, zero), 0))
     tl.store(out + 4, _rowsum(tl.where(valid & (live == 0), one, zero), 0))  # counted - live (a NaN sum too)
     tl.store(out + 5, _rowsum(tl.where(valid, one, zero), 0))

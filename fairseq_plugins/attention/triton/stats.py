@@ -23,7 +23,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from ..stats import ROW_EPS
+from ..stats import ENTROPY_FLOOR, ROW_EPS
 from . import _acc_dtype, _mode, first_mismatch
 from .norm import _tl_acc  # the ACC constexpr of a torch dtype
 
@@ -78,7 +78,8 @@ class _RowTerms(torch.autograd.Function):
         if row_sum.numel() > 0:
             mod.row_terms_fwd[grid](row_sum, row_slogs, n, q, part, row_sum.numel(), H, T, *strides,
                                     HAS_QP=qp is not None, ACC=_tl_acc(row_sum.dtype), EPS=ROW_EPS,
-                                    C=float(entropy_c), BLOCK=block, **extra)
+                                    C=float(entropy_c), BLOCK=block, TINY=ENTROPY_FLOOR,
+                                    **extra)
         sums = part.sum(0)
         ctx.save_for_backward(row_sum, row_slogs, n, qp)
         ctx.cfg = (float(entropy_c), interpret)
