@@ -143,6 +143,12 @@ def test_merge_subwords_sum_source_mean_target():
     assert A.merge_subwords(heads, [0, 0, 1], [0, 0, 1, -1]).shape == (2, 2, 2)
     with pytest.raises(ValueError):
         A.merge_subwords(attn, [0, 1], [0, 0, 1, -1])
+    # Zenkel et al. 2019: the source side averaged too -- here it moves target word 0's argmax
+    mean = A.merge_subwords(attn, [0, 0, 1], [0, 0, 1, -1], source_merge="mean")
+    torch.testing.assert_close(mean, torch.tensor([[(0.15 + 0.3) / 2, (0.3 + 0.2) / 2], [0.25, 0.5]]))
+    assert A.argmax_links(word) == {(0, 0), (0, 1)} and A.argmax_links(mean) == {(1, 0), (1, 1)}
+    with pytest.raises(ValueError, match="valid choices are sum, mean"):
+        A.merge_subwords(attn, [0, 0, 1], [0, 0, 1, -1], source_merge="max")
 
 
 def test_argmax_links_and_rows():
@@ -433,6 +439,18 @@ def test_aer_of_an_en_de_model_reads_the_gold_links_the_other_way(deen, ende, tm
     # gold links left German-first would score the same diagonal otherwise: the turn is what is tested
     assert abs(mine["diagonal_unturned"] - mine["diagonal"]) > 5
     assert "| ende | en-de |" in (out / "analysis.md").read_text()
+    # --aer-source-merge mean (Zenkel et al. 2019): the source word's pieces averaged, as recomputed
+    sh([sys.executable, "-m", "fairseq_plugins.analysis.cli", "--aer-checkpoint", f"ende={ck_ende}",
+        "--data", str(prep / "bin"), "--aer-gold", GOLD, "--aer-limit", "20", "--aer-source-merge", "mean",
+        "--bpe-codes", str(prep / "bpe" / "codes"), "--out", str(tmp_path / "m"), "--no-figures"])
+    m = json.load(open(tmp_path / "m" / "analysis.json"))["aer"]["ende"]
+    mine = _independent_aer(ck_ende, prep, n=20, src="en", merge="mean")
+    assert m["source_merge"] == "mean" and a["source_merge"] == "sum"
+    for mode in ("normal", "shifted"):  # near-uniform heads: averaged pieces tie more often (see above)
+        assert m[mode]["layer"] == pytest.approx(mine[mode]["layer"], abs=0.5), mode
+    # ... and the option is what moved them: summed pieces give other layer AERs here (7.6 points over the four)
+    assert sum(abs(x - y) for mode in ("normal", "shifted") for x, y in zip(m[mode]["layer"], a[mode]["layer"])) > 3
+    assert "averaged (Zenkel et al. 2019) (`--aer-source-merge mean`)" in (tmp_path / "m" / "analysis.md").read_text()
 
 
 def test_an_aer_checkpoint_of_another_language_pair_is_refused_before_any_work(deen, tmp_path):
@@ -472,7 +490,7 @@ def _my_aer(hyps, gold):
     return 100.0 * (1.0 - (a_s + a_p) / (a + s))
 
 
-def _independent_aer(ck, prep, n, src="de"):
+def _independent_aer(ck, prep, n, src="de", merge="sum"):
     """AER of every (mode, layer, head) and of the diagonal baseline from scratch: gold files parsed
     here, pieces = Moses + BPE per gold word, per-head cross attention from fairseq's
     need_head_weights path on one unpadded sentence at a time, target word row = mean of its
@@ -523,7 +541,8 @@ def _independent_aer(ck, prep, n, src="de"):
                 for i in range(len(tw)):
                     r = a[:, [t for t, x in enumerate(tids) if x == i]].mean(dim=1)  # (H, S)
                     for j in range(len(sw)):
-                        word[:, i, j] = r[:, [s for s, x in enumerate(sids) if x == j]].sum(dim=1)
+                        cols = r[:, [s for s, x in enumerate(sids) if x == j]]
+                        word[:, i, j] = cols.sum(dim=1) if merge == "sum" else cols.mean(dim=1)
                 for h, m in (("layer", word.mean(0)), (0, word[0]), (1, word[1])):
                     hyps[(mode, li, h)].append({(int(m[i].argmax()), i) for i in range(len(tw)) if m[i].max() > 0})
     out = {mode: {"layer": [_my_aer(hyps[(mode, li, "layer")], gold[:n]) for li in range(2)],

@@ -22,6 +22,8 @@ import sys
 import time
 from typing import Dict, List, Optional, Tuple
 
+from .alignment import SOURCE_MERGES
+
 __all__ = ["main", "build_parser"]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -122,6 +124,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                       "rwth_gold_alignment_de_en"))
     p.add_argument("--aer-lowercase", action="store_true", help="use the lowercased gold text (test.{de,en})")
     p.add_argument("--aer-limit", type=int, help="only the first N gold pairs")
+    p.add_argument("--aer-source-merge", choices=SOURCE_MERGES, default="sum",
+                   help="how a source word's subword columns merge into the word's: sum (default; the row stays a "
+                        "distribution over words) or mean (Zenkel et al. 2019, both sides averaged)")
     p.add_argument("--bpe-codes", help="BPE codes of the models' data-prep (AER gold text, --rank-raw)")
     p.add_argument("--rank-split", help="rank the pairs of this binarized split of --data by cross null rate")
     p.add_argument("--rank-raw", nargs=2, metavar=("SRC", "TGT"),
@@ -212,7 +217,13 @@ def _aer_markdown(report: dict) -> List[str]:
     if report.get("aer"):
         md += ["## AER (%) of cross-attention vs RWTH De-En gold alignments (ReLA Fig. 4, Table 5)", "",
                "AoL: mean over layers of the layer attention's AER; AoH: mean over layers of the best head's. "
-               "Each model is scored in its own direction (source word -> target word links).", "",
+               "Each model is scored in its own direction (source word -> target word links). Subwords to words: "
+               "a target word's rows are averaged, a source word's columns "
+               + " / ".join(f"{'summed' if m == 'sum' else 'averaged (Zenkel et al. 2019)'} (`--aer-source-merge {m}`"
+                            + (f": {', '.join(l for l, a in report['aer'].items() if a.get('source_merge', 'sum') == m)})"
+                               if len({a.get('source_merge', 'sum') for a in report['aer'].values()}) > 1 else ")")
+                            for m in dict.fromkeys(a.get("source_merge", "sum") for a in report["aer"].values()))
+               + ".", "",
                "| model | direction | normal AoL | normal AoH | shifted AoL | shifted AoH | unk rate |",
                "|---|---|---|---|---|---|---|"]
         for l, a in report["aer"].items():
@@ -489,7 +500,7 @@ def main(argv=None):
         src_lang, tgt_lang = aer_directions[label]
         model, task, info = _load_or_exit(load_model_for_analysis, path, args.aer_data or args.data, src_lang, tgt_lang)
         res = alignment_aer(model, task, args.aer_gold, args.bpe_codes, src_lang, tgt_lang, cased=not args.aer_lowercase,
-                            max_tokens=args.max_tokens, limit=args.aer_limit)
+                            max_tokens=args.max_tokens, limit=args.aer_limit, source_merge=args.aer_source_merge)
         training = provenance.trained_model(path)
         res.update(checkpoint=provenance.repo_relative(os.path.abspath(path)), sha256=training["sha256"], training=training, info=info)
         report["aer"][label] = res

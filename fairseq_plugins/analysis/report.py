@@ -195,7 +195,7 @@ def rank_pairs(scores: torch.Tensor) -> List[int]:
 @torch.no_grad()
 def alignment_aer(model, task, gold_dir: str, bpe_codes: Optional[str], src_lang: str = "de",
                   tgt_lang: str = "en", cased: bool = True, max_tokens: int = 4096,
-                  limit: Optional[int] = None) -> dict:
+                  limit: Optional[int] = None, source_merge: str = "sum") -> dict:
     """AER of the cross-attention of a ``src_lang``->``tgt_lang`` model on the RWTH De-En gold set
     (ReLA §5.2, Table 5 / Figure 4; AER of Och & Ney 2000).
 
@@ -211,6 +211,8 @@ def alignment_aer(model, task, gold_dir: str, bpe_codes: Optional[str], src_lang
         src_lang, tgt_lang: the model's direction, ``de``->``en`` or ``en``->``de``.
         cased: use the original-case files ``test.uc.*`` (the Multi30k data-prep keeps case).
         limit: only the first ``limit`` pairs (tests).
+        source_merge: how a source word's subword columns merge, ``sum`` or ``mean`` (Zenkel et al.
+            2019), :func:`~fairseq_plugins.analysis.alignment.merge_subwords`.
 
     Returns:
         :func:`~fairseq_plugins.analysis.alignment.summarize_counts` for normal and shifted
@@ -219,10 +221,15 @@ def alignment_aer(model, task, gold_dir: str, bpe_codes: Optional[str], src_lang
         mismatch).
 
     Raises:
-        ValueError: the gold files disagree in length, or the direction is neither de->en nor
-            en->de (the valid ones are named).
+        ValueError: the gold files disagree in length, the direction is neither de->en nor
+            en->de, or ``source_merge`` is unknown (the valid ones are named).
     """
     import os
+
+    from .alignment import SOURCE_MERGES
+
+    if source_merge not in SOURCE_MERGES:
+        raise ValueError(f"source_merge {source_merge!r}: valid choices are {', '.join(SOURCE_MERGES)}")
 
     if (src_lang, tgt_lang) not in (("de", "en"), ("en", "de")):
         raise ValueError(f"the RWTH gold set aligns German and English: the model must translate de->en or en->de; "
@@ -280,7 +287,7 @@ def alignment_aer(model, task, gold_dir: str, bpe_codes: Optional[str], src_lang
                     for mode in ("normal", "shifted"):
                         rows = w[:, target_rows(n_t, mode == "shifted")]  # (H, n_t, S_b)
                         heads, layer_links = layer_head_links(
-                            rows, tids[idx], sids[idx], len(tgt_words[idx]), len(src_words[idx]))
+                            rows, tids[idx], sids[idx], len(tgt_words[idx]), len(src_words[idx]), source_merge)
                         for h, links in enumerate(heads):
                             counts[mode]["heads"][li][h].add(links, sure, poss)
                         counts[mode]["layer"][li].add(layer_links, sure, poss)
@@ -289,6 +296,6 @@ def alignment_aer(model, task, gold_dir: str, bpe_codes: Optional[str], src_lang
     for sw, tw, (sure, poss) in zip(src_words, tgt_words, gold):
         diag.add(diagonal_links(len(sw), len(tw)), sure, poss)
     res.update(n_pairs=len(gold), direction=f"{src_lang}-{tgt_lang}", unk_rate=n_unk / max(n_pieces, 1), cased=cased,
-               diagonal_aer=100.0 * diag.aer,
+               diagonal_aer=100.0 * diag.aer, source_merge=source_merge,
                bpe_codes=os.path.abspath(bpe_codes) if bpe_codes else None)
     return res
