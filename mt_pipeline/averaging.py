@@ -174,7 +174,8 @@ def main(argv=None):
     try:
         import fairseq_plugins  # noqa: F401  (registers the safe-globals allow-list for torch.load)
     except Exception as e:
-        print(f"average_checkpoints.py: error: cannot import fairseq_plugins from {REPO_ROOT} "
+        print(f"average_checkpoints.py: error: cannot import fairseq_plugins from "
+              f"{os.path.dirname(os.path.dirname(os.path.abspath(__file__)))} "
               f"(needed to load fairseq checkpoints with weights_only=True): {type(e).__name__}: {e}",
               file=sys.stderr)
         return 1

@@ -4,14 +4,17 @@ bootstrap, seed noise from several training runs.
 * :func:`paired_bootstrap`: sacreBLEU's paired bootstrap resampling (Koehn 2004;
   ``sacrebleu.significance.PairedTest`` with ``test_type="bs"``, 1,000 resamples, sacreBLEU's
   fixed seed 12345) of BLEU and chrF between a baseline's and a system's hypotheses of one test
-  set.  The p-value is sacreBLEU's: the fraction of resamples in which the difference is not in
-  the observed direction (``(c + 1) / (n + 1)``).  It measures test-set sampling noise of *one*
-  trained model each -- not training noise.
+  set.  The p-value is sacreBLEU's (2.x, ``_paired_bs_test``): a centred two-sided test,
+  ``(#{|d_i - mean d| > |d_obs|} + 1) / (n + 1)`` over the resampled differences ``d_i`` -- not
+  Koehn's one-sided count of resamples against the observed direction, which gives larger values
+  near the threshold (ReLUFormer T5 seed 3: 0.158 here, 0.256 by Koehn's count).  It measures
+  test-set sampling noise of *one* trained model each -- not training noise.
 * :func:`seed_summary` / :func:`verdict`: with scores of several seeds per system, the mean, the
   sample standard deviation, and whether ``|mean_sys - mean_base|`` exceeds twice its standard
   error ``sqrt(sd_sys^2 / n_sys + sd_base^2 / n_base)`` *and* every seed-matched paired bootstrap
   has ``p < 0.05``: "exceeds seed noise".  With one seed the seed noise is unknown and the verdict
-  says so.
+  says so.  The 2 is the normal approximation; with three seeds a Student t multiplier (Welch,
+  2-4 degrees of freedom: 2.8-4.3) is wider -- results/README.md says which verdict that would move.
 """
 
 import math
