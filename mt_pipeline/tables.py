@@ -414,14 +414,23 @@ def _significance(ref_res: Dict, res: Dict, subset: str) -> Optional[Dict]:
     system's run directory (``significance.json``, keyed by both hypotheses' checkpoints).  A run
     read from its committed evidence (under :func:`~mt_pipeline.evidence.evidence_root`, default
     ``results/runs``; no run directory here) is not cached: the cache is derived data, and the
-    evidence holds only files with provenance."""
+    evidence holds only files with provenance.
+
+    Raises:
+        ValueError: the two runs record different references for ``subset`` (``ref_sha256``):
+            their hypotheses are not paired sentence by sentence.
+    """
     from .evidence import evidence_root, resolve
     from .significance import paired_bootstrap
 
     a, b = ref_res["scores"].get(subset), res["scores"].get(subset)
     if not a or not b or not all(os.path.exists(resolve(x)) for x in (a["hyp"], b["hyp"], a["ref"])):
         return None
-    key = f"{subset}:{a.get('checkpoint_sha256', a['hyp'])}:{b.get('checkpoint_sha256', b['hyp'])}"
+    if a.get("ref_sha256") and b.get("ref_sha256") and a["ref_sha256"] != b["ref_sha256"]:
+        raise ValueError(f"paired bootstrap on {subset}: the runs were scored against different references "
+                         f"({a['ref']} sha256 {a['ref_sha256'][:12]}, {b['ref']} sha256 {b['ref_sha256'][:12]})")
+    key = (f"{subset}:{a.get('checkpoint_sha256', a['hyp'])}:{b.get('checkpoint_sha256', b['hyp'])}"
+           + (f":{a['ref_sha256']}" if a.get("ref_sha256") else ""))
     cache_path = os.path.join(res["_dir"], "significance.json")
     cache = {}
     if os.path.exists(cache_path):

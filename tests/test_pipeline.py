@@ -241,6 +241,12 @@ def test_significance_is_not_cached_into_committed_evidence(tmp_path, monkeypatc
         test = run_table._significance(ref_res, res, "test")
         assert test["bleu_delta"] > 0 and test["bleu_p"] < 0.05
         assert (sys_dir / "significance.json").exists() == (i == 1)
+    # runs scored against different references are not paired sentence by sentence: refused, named
+    other = dict(res, scores={"test": dict(res["scores"]["test"], ref_sha256="f" * 64)})
+    if ref_res["scores"]["test"].get("ref_sha256") is None:
+        ref_res["scores"]["test"]["ref_sha256"] = "e" * 64
+    with pytest.raises(ValueError, match="different references"):
+        run_table._significance(ref_res, other, "test")
 
 
 def test_budget_override_is_refused_for_rows_with_their_own_budget():
