@@ -135,6 +135,18 @@ def test_local_mode_on_the_real_dev_test_files(tmp_path, corpus, counts):
             assert len(raw) == len(tok) == n
             assert not any(line.startswith("\ufeff") for line in raw)  # BOM of tst2013 stripped
     assert "NOT complete here" in r.stdout and "training data" in r.stdout
+    if corpus == "wmt14_en_de":  # fairseq's recipe normalises punctuation in training data, not in the test set:
+        # the tokenized-BLEU reference keeps „ “ and – (normalised, they would become &quot; and -)
+        d = tmp_path / corpus
+        test = (d / "tok" / "test.de").read_text(encoding="utf-8")
+        assert test.count("„") == 330 and test.count("–") == 101  # as many as raw/test.de has
+        assert "MosesPunctNormalizer (train, valid only)" in (d / "tok" / ".done").read_text(encoding="utf-8")
+        line = ["„Wir sind – so sagt er – bereit“"]
+        from mt_pipeline.prep import tok as prep_tok  # (``tok`` is this test's text above)
+
+        train_tok, test_tok = (prep_tok.tokenize_lines(line, "de", prep_tok.split_recipe(spec["recipe"], s))
+                               for s in ("train", "test"))
+        assert "„" not in train_tok[0] and "&quot;" in train_tok[0] and "„" in test_tok[0] and "–" in test_tok[0]
     if corpus == "wmt16_ro_en":  # Romanian normalised and diacritics removed (Sennrich et al. 2016)
         tok = (tmp_path / corpus / "tok" / "test.ro").read_text(encoding="utf-8")
         assert not set("ăâîșțşţĂÂÎȘȚŞŢ") & set(tok)
@@ -510,3 +522,17 @@ def test_long_document_budgets_have_positions_for_their_longest_documents(path):
         key = f"max-{side}-positions"
         assert b["train"][key] >= need and b["generate"]["extra"][key] >= need, (path, side, need)
         assert b["generate"]["extra"][key] == b["train"][key]
+
+
+def test_bars_fields_split_on_the_bars_with_or_without_spaces():
+    """``bars:N`` reads ASPEC's ``a ||| b ||| c`` and WMT's wiki-headlines titles (``FI ||| EN``,
+    split on ``|||`` and stripped, as tensorflow-datasets reads them); the WMT18 En-Fi recipe reads
+    its titles with it (tab-separated, the file would fail: one column)."""
+    text = "Helsinki ||| Helsinki\nSuomen tasavalta|||Republic of Finland\n"
+    assert raw.extract(text, "bars:0") == ["Helsinki", "Suomen tasavalta"]
+    assert raw.extract(text, "bars:1") == ["Helsinki", "Republic of Finland"]
+    assert raw.extract("1 ||| 2 ||| a ||| b\n", "bars:3") == ["b"]
+    with pytest.raises(SystemExit, match="needs field 2"):
+        raw.extract(text, "bars:2")
+    titles = [s for s in load_spec("wmt18_en_fi")["splits"]["train"] if "titles" in s["file"]]
+    assert titles and titles[0]["format"] == "bars:{col}"

@@ -170,7 +170,7 @@ class Multi30k:
     def tok_body(self, d):
         """Stage tok: raw/ tokenized into ``d``, line counts checked."""
         tok.tokenize_files(self.run, os.path.join(self.out, "raw"), d, self.splits, self.langs,
-                           lambda s: self.spec["recipe"])
+                           lambda s: tok.split_recipe(self.spec["recipe"], s))
         for s in ([] if self.run.dry else self.splits):
             check_pair(self.run, "tok", d, s, self.langs, self.split_count(s), " (the raw count)")
 

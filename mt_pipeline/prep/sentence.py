@@ -206,7 +206,7 @@ def stage_tok(p):
         for lang in p.langs:
             check_lang_tool(lang, run.dry, run.log)
         tok.tokenize_files(run, os.path.join(p.out, "raw"), x, p.splits, p.langs,
-                           lambda s: dict(r, replace_apostrophe=s in r.get("replace_apostrophe", [])))
+                           lambda s: tok.split_recipe(r, s))
         if r.get("clean") and "train" in p.splits:
             tok.clean_train(run, x, p.langs, r["clean"])
         if every:

@@ -1,7 +1,9 @@
 """Stage tok: Moses tokenisation (sacremoses) by a corpus recipe, and the corpus-level cleaning.
 
 Recipe keys (all optional): ``normalize_punct`` (MosesPunctNormalizer), ``remove_non_printing``
-(remove-non-printing-char.perl), ``romanian`` (WMT16 Ro normalisation + diacritics removed),
+(remove-non-printing-char.perl) -- each ``true`` (every split) or a list of splits (fairseq's
+prepare-wmt14en2de.sh normalises the training data only: its test set gets ``’ -> '`` and the
+tokenizer, so its tokenized-BLEU reference keeps „ “ and –), ``romanian`` (WMT16 Ro normalisation + diacritics removed),
 ``replace_apostrophe`` (splits whose U+2019 becomes ``'``), ``escape`` (tokenizer.perl's XML
 escaping, default true), ``aggressive_dash_splits`` (``-a``, default false),
 ``perl_final_period`` (tokenizer.perl's final-period rule, :func:`moses_final_period`, default
@@ -58,6 +60,16 @@ def clean_ok(sides, c):
     return max(n) / min(n) <= c["ratio"]
 
 
+#: recipe keys that may name the splits they apply to (a list) instead of all of them (``true``)
+PER_SPLIT_KEYS = ("normalize_punct", "remove_non_printing", "replace_apostrophe")
+
+
+def split_recipe(r, split):
+    """Recipe ``r`` as it applies to ``split``: each of :data:`PER_SPLIT_KEYS` given as a list of
+    splits becomes whether ``split`` is among them (a boolean stays as it is)."""
+    return dict(r, **{k: split in r[k] for k in PER_SPLIT_KEYS if isinstance(r.get(k), (list, tuple))})
+
+
 def describe(r, langs):
     """``{LANG: text}``: what the tokenisation of recipe ``r`` does per language (in the stamps)."""
     out = {}
@@ -66,10 +78,11 @@ def describe(r, langs):
             out[l] = "already tokenized upstream: whitespace normalised only" + (" | lowercase" if r.get("lowercase") else "")
             continue
         parts = []
+        only = lambda k: f" ({', '.join(r[k])} only)" if isinstance(r.get(k), (list, tuple)) else ""  # noqa: E731
         if r.get("normalize_punct"):
-            parts.append("MosesPunctNormalizer")
+            parts.append("MosesPunctNormalizer" + only("normalize_punct"))
         if r.get("remove_non_printing"):
-            parts.append("remove-non-printing-char")
+            parts.append("remove-non-printing-char" + only("remove_non_printing"))
         if r.get("replace_apostrophe"):
             parts.append("’->'")
         if l in LANG_TOOLS:
