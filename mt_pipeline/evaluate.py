@@ -47,8 +47,8 @@ from .atomic import (NotOwnedError, OwnedFiles, atomic_path, remove_leftovers, w
 from .provenance import ROOT
 from .provenance import file_sha256 as checkpoint_sha256
 
-__all__ = ["checkpoint_sha256", "done_subsets", "evaluate", "testset_name", "tokenized_with_escaping", "main",
-           "EvaluateError", "window_report"]
+__all__ = ["checkpoint_sha256", "done_subsets", "evaluate", "testset_name", "tokenized_with_escaping", "lowercased",
+           "main", "EvaluateError", "window_report"]
 
 #: files of one subset ``S`` in an evaluation directory
 SUBSET_FILES = ("{s}.json", "{s}.hyp.tok", "{s}.hyp.tc", "{s}.hyp.detok", "{s}.score.txt",
@@ -84,6 +84,26 @@ def tokenized_with_escaping(prep_dir: str, lang: str) -> bool:
     except OSError:
         return False
     return f"MosesTokenizer({lang}, escape=True" in stamp
+
+
+def lowercased(prep_dir: str, lang: str) -> bool:
+    """Whether the prep in ``prep_dir`` lowercased ``lang`` (its tok stage's stamp describes
+    ``... | lowercase`` for it: IWSLT14 De-En's recipe).  A model trained on it writes lowercase, so
+    sacreBLEU then compares lowercased text (``case:lc``) against the cased raw reference.  False
+    without a stamp or a per-language recipe line (Multi30k, the long-document sets keep case)."""
+    try:
+        with open(os.path.join(prep_dir, "tok", ".done"), encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return False
+    for line in lines:
+        if line.startswith("recipe="):
+            try:
+                desc = json.loads(line[len("recipe="):])
+            except ValueError:
+                return False
+            return isinstance(desc, dict) and str(desc.get(lang, "")).endswith("| lowercase")
+    return False
 
 
 def testset_name(prep_dir: str, subset: str) -> str:
@@ -348,6 +368,7 @@ def evaluate(a) -> List[Dict]:
         raise EvaluateError(str(err)) from None
     truecased = os.path.isfile(os.path.join(a.prep_dir, "tc", f"truecase-model.{a.tgt}"))
     escaped = tokenized_with_escaping(a.prep_dir, a.tgt)
+    lower = lowercased(a.prep_dir, a.tgt)  # sacreBLEU case:lc for a lowercasing recipe
     post = ("remove-bpe,detruecase,detokenize" if truecased else "remove-bpe,detokenize")
     post += ",unescape" if escaped else ""
     print(f"[evaluate] checkpoint={a.checkpoint} sha256={sha[:12]} direction={a.src}->{a.tgt} beam={a.beam} "
@@ -371,7 +392,7 @@ def evaluate(a) -> List[Dict]:
         if hypotheses.main(argv) != 0:
             raise EvaluateError(f"could not extract {n} hypotheses for subset {s} from {log}")
         try:
-            res = scoring.score_files(hyp_detok, ref, hyp_tok, tok_ref, ribes=a.ribes)
+            res = scoring.score_files(hyp_detok, ref, hyp_tok, tok_ref, ribes=a.ribes, lowercase=lower)
         except (scoring.LineCountError, scoring.TextError) as err:
             raise EvaluateError(f"scoring failed for subset {s}: {err}") from err
         # wall seconds of this subset's steps: the fairseq-generate process (start-up, model load,

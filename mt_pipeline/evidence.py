@@ -248,7 +248,7 @@ def rescore(result_path: str, tolerance: float = 0.005) -> List[Dict]:
         if score.get("ref_sha256") and file_sha256(ref) != score["ref_sha256"]:
             problems.append(f"{subset}: reference {score['ref']} differs from the one scored (sha256)")
             continue
-        new = score_files(hyp, ref)
+        new = score_files(hyp, ref, lowercase="case:lc" in (score.get("signature") or ""))  # as it was scored
         rows.append({"subset": subset, "bleu": new["bleu"], "recorded_bleu": score["bleu"],
                      "chrf": new.get("chrf"), "recorded_chrf": score.get("chrf")})
         if abs(new["bleu"] - score["bleu"]) > tolerance:

@@ -28,7 +28,7 @@ score.  Files are read as UTF-8 and split on ``\\n`` only.
 information, ``bleu_str``, ``tok_signature``, ``tok_hyp``, ``tok_ref``, plus any
 ``--meta KEY=VALUE`` pairs (strings; e.g. checkpoint, subset, beam -- see scripts/evaluate.sh).
 
-Importable: ``score_files(hyp, ref, tok_hyp=None, tok_ref=None, ribes=False) -> dict`` (same dict;
+Importable: ``score_files(hyp, ref, tok_hyp=None, tok_ref=None, ribes=False, lowercase=False) -> dict`` (same dict;
 raises :class:`LineCountError` on a line-count mismatch).
 """
 
@@ -86,10 +86,14 @@ def _check_counts(hyp_path, hyp_lines, ref_path, ref_lines):
         raise LineCountError(f"reference {ref_path} is empty")
 
 
-def score_files(hyp, ref, tok_hyp=None, tok_ref=None, ribes=False):
+def score_files(hyp, ref, tok_hyp=None, tok_ref=None, ribes=False, lowercase=False):
     """Score ``hyp`` against ``ref`` (file paths) and return a result dict.
 
-    Keys: ``bleu`` (float, sacreBLEU 13a mixed case), ``bleu_str``, ``signature`` (str),
+    ``lowercase``: sacreBLEU's BLEU and chrF compare lowercased text (signature ``case:lc``) --
+    for a model trained on lowercased data (IWSLT14 De-En's recipe), whose hypotheses cannot match
+    a cased reference's capitals.
+
+    Keys: ``bleu`` (float, sacreBLEU 13a, mixed case unless ``lowercase``), ``bleu_str``, ``signature`` (str),
     ``chrf`` (float, sacreBLEU's chrF on the detokenized text), ``chrf_signature``,
     ``tok_bleu`` (float or None; BLEU with ``tokenize='none'`` on ``tok_hyp``/``tok_ref``),
     ``tok_signature``, ``tok_ribes`` (float in [0, 1], or None unless ``ribes``; RIBES on the
@@ -108,9 +112,9 @@ def score_files(hyp, ref, tok_hyp=None, tok_ref=None, ribes=False):
     hyp_lines, ref_lines = read_lines(hyp), read_lines(ref)
     _check_counts(hyp, hyp_lines, ref, ref_lines)
 
-    bleu = BLEU()  # defaults: tokenize='13a', lowercase=False, smooth_method='exp'
+    bleu = BLEU(lowercase=lowercase)  # defaults: tokenize='13a', lowercase=False, smooth_method='exp'
     score = bleu.corpus_score(hyp_lines, [ref_lines])
-    chrf = CHRF()  # defaults: character 6-grams, no word n-grams (chrF, not chrF++), beta 2
+    chrf = CHRF(lowercase=lowercase)  # defaults: character 6-grams, no word n-grams (chrF, not chrF++), beta 2
     chrf_score = chrf.corpus_score(hyp_lines, [ref_lines])
     result = {
         "bleu": score.score,
@@ -164,6 +168,8 @@ def main(argv=None):
     parser.add_argument("--tokenized-ref", help="Moses-tokenised reference (for tokenized BLEU)")
     parser.add_argument("--ribes", action="store_true",
                         help="also compute RIBES on the tokenized files (slow on long sentences)")
+    parser.add_argument("--lowercase", action="store_true",
+                        help="sacreBLEU BLEU and chrF on lowercased text (case:lc), for models trained on lowercased data")
     parser.add_argument("--json", metavar="OUT", help="write the scores as JSON to OUT (atomically)")
     parser.add_argument("--meta", action="append", default=[], metavar="KEY=VALUE",
                         help="extra string field for the --json dict (repeatable)")
@@ -187,7 +193,8 @@ def main(argv=None):
         print(f"mt-score: error: --json {args.json}: {writable_problem(args.json, is_dir=False)}", file=sys.stderr)
         return 1
     try:
-        result = score_files(args.hyp, args.ref, args.tokenized_hyp, args.tokenized_ref, ribes=args.ribes)
+        result = score_files(args.hyp, args.ref, args.tokenized_hyp, args.tokenized_ref, ribes=args.ribes,
+                             lowercase=args.lowercase)
     except (LineCountError, TextError) as e:
         print(f"mt-score: error: {e}", file=sys.stderr)
         return 1

@@ -69,3 +69,38 @@ def test_table_cell_shows_ribes_only_when_the_spec_asks():
     assert run_table._score_cell(scored, {"ribes": True}) == "20.00 (21.50) / 0.8125"
     with pytest.raises(ValueError, match="re-score"):
         run_table._score_cell({**scored, "tok_ribes": None}, {"ribes": True})
+
+
+def test_a_lowercasing_recipe_is_scored_case_insensitively(tmp_path):
+    """IWSLT14 De-En's recipe lowercases: its models write lowercase, so mt-evaluate reads that from
+    the prep's tok stamp and sacreBLEU compares lowercased text (case:lc); Multi30k's stamp keeps
+    case; a re-score of the committed evidence scores as the signature says."""
+    from mt_pipeline import evaluate
+    from mt_pipeline.prep import tok
+    from mt_pipeline.prep.run import stamp_text
+    from mt_pipeline.prep.spec import load_spec
+
+    for corpus, want in (("iwslt14_de_en", True), ("wmt14_en_de", False)):
+        prep = tmp_path / corpus
+        (prep / "tok").mkdir(parents=True)
+        (prep / "tok" / ".done").write_text(stamp_text("tok", upstream="x", recipe=tok.describe(
+            load_spec(corpus)["recipe"], ["de", "en"])) + "\n")
+        assert evaluate.lowercased(str(prep), "en") is want and evaluate.lowercased(str(prep), "de") is want
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    assert not evaluate.lowercased(os.path.join(root, "data-bin", "multi30k_en_de"), "de")  # its own stamp format
+    assert not evaluate.lowercased(str(tmp_path / "nowhere"), "en")
+    ref, hyp = tmp_path / "ref", tmp_path / "hyp"
+    ref.write_text("A Man rides a Bike in Paris .\nThe Cat sat on the Mat today .\n")
+    hyp.write_text("a man rides a bike in paris .\nthe cat sat on the mat today .\n")
+    cased, lower = score.score_files(str(hyp), str(ref)), score.score_files(str(hyp), str(ref), lowercase=True)
+    assert lower["bleu"] == pytest.approx(100.0) and cased["bleu"] < 60
+    assert "case:lc" in lower["signature"] and "case:mixed" in cased["signature"] and "lc" in lower["chrf_signature"]
+    # a committed record scored case:lc re-scores as it was scored (and the cased score would not match)
+    from mt_pipeline import evidence
+
+    rec = tmp_path / "result.json"
+    rec.write_text(json.dumps({"scores": {"test": dict(lower, hyp=str(hyp), ref=str(ref))}}))
+    assert evidence.rescore(str(rec))[0]["bleu"] == pytest.approx(100.0)
+    rec.write_text(json.dumps({"scores": {"test": dict(cased, hyp=str(hyp), ref=str(ref), bleu=lower["bleu"])}}))
+    with pytest.raises(evidence.RescoreError):
+        evidence.rescore(str(rec))
