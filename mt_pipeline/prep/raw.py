@@ -31,7 +31,8 @@ def extract(text, fmt, src=None):
     (lines with ``<url>``, ``<talkid>``, ``<keywords>`` dropped; ``<title>``/``<description>``
     tags removed, every other line kept -- exactly prepare-iwslt14.sh's grep/sed chain).
     ``tmx:LANG``: the ``<seg>`` of every ``<tuv xml:lang="LANG">``.  ``bars:N``: field N of
-    ``a ||| b ||| c`` lines (ASPEC).  ``tsv:N``: column N of a TSV file.
+    ``a ||| b ||| c`` lines, split on ``|||`` and stripped (ASPEC; WMT's wiki-headlines titles, as
+    tensorflow-datasets reads them).  ``tsv:N``: column N of a TSV file.
 
     Raises:
         SystemExit: unknown format (names the valid ones); a ``bars:N``/``tsv:N`` line with fewer
@@ -70,7 +71,7 @@ def extract(text, fmt, src=None):
             if m and cur == want:
                 out.append(html.unescape(m.group(1)).strip())
         return out
-    for kind, sep, name in (("bars:", " ||| ", "' ||| '-separated fields"), ("tsv:", "\t", "tab-separated columns")):
+    for kind, sep, name in (("bars:", "|||", "'|||'-separated fields"), ("tsv:", "\t", "tab-separated columns")):
         if fmt.startswith(kind):
             try:
                 col = int(fmt.split(":")[1])
