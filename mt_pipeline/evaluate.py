@@ -48,7 +48,7 @@ from .provenance import ROOT
 from .provenance import file_sha256 as checkpoint_sha256
 
 __all__ = ["checkpoint_sha256", "done_subsets", "evaluate", "testset_name", "tokenized_with_escaping", "lowercased",
-           "main", "EvaluateError", "window_report"]
+           "dash_split", "main", "EvaluateError", "window_report"]
 
 #: files of one subset ``S`` in an evaluation directory
 SUBSET_FILES = ("{s}.json", "{s}.hyp.tok", "{s}.hyp.tc", "{s}.hyp.detok", "{s}.score.txt",
@@ -70,6 +70,16 @@ def window_report(generate_log: str) -> Optional[Dict]:
         return parse_window_report(f.read())
 
 
+def _tok_stamp(prep_dir: str) -> str:
+    """The prep's tok-stage stamp (``<prep_dir>/tok/.done``, written by :mod:`mt_pipeline.prep`),
+    or "" without one."""
+    try:
+        with open(os.path.join(prep_dir, "tok", ".done"), encoding="utf-8") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
 def tokenized_with_escaping(prep_dir: str, lang: str) -> bool:
     """Whether the prep in ``prep_dir`` Moses-tokenised ``lang`` with tokenizer.perl's XML escaping
     (``&quot;`` for ``"``, ...): its tok stage's stamp (``<prep_dir>/tok/.done``, written by
@@ -78,12 +88,15 @@ def tokenized_with_escaping(prep_dir: str, lang: str) -> bool:
     -- the raw references are plain text.  False without a stamp, for recipes without escaping
     (Multi30k, the long-document sets) and for pretokenized corpora, whose raw reference keeps
     the corpus's own entities."""
-    try:
-        with open(os.path.join(prep_dir, "tok", ".done"), encoding="utf-8") as f:
-            stamp = f.read()
-    except OSError:
-        return False
-    return f"MosesTokenizer({lang}, escape=True" in stamp
+    return f"MosesTokenizer({lang}, escape=True" in _tok_stamp(prep_dir)
+
+
+def dash_split(prep_dir: str, lang: str) -> bool:
+    """Whether the prep tokenized ``lang`` with tokenizer.perl's ``-a`` (``@-@``; the WMT recipes):
+    then ``S.json`` also records ``tok_bleu_compound``, fairseq's compound-split tokenized BLEU
+    (:func:`mt_pipeline.scoring.compound_split`)."""
+    return re.search(rf"MosesTokenizer\({re.escape(lang)}, escape=\w+, aggressive_dash_splits=True",
+                     _tok_stamp(prep_dir)) is not None
 
 
 def lowercased(prep_dir: str, lang: str) -> bool:
@@ -91,12 +104,7 @@ def lowercased(prep_dir: str, lang: str) -> bool:
     ``... | lowercase`` for it: IWSLT14 De-En's recipe).  A model trained on it writes lowercase, so
     sacreBLEU then compares lowercased text (``case:lc``) against the cased raw reference.  False
     without a stamp or a per-language recipe line (Multi30k, the long-document sets keep case)."""
-    try:
-        with open(os.path.join(prep_dir, "tok", ".done"), encoding="utf-8") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return False
-    for line in lines:
+    for line in _tok_stamp(prep_dir).splitlines():
         if line.startswith("recipe="):
             try:
                 desc = json.loads(line[len("recipe="):])
@@ -369,6 +377,7 @@ def evaluate(a) -> List[Dict]:
     truecased = os.path.isfile(os.path.join(a.prep_dir, "tc", f"truecase-model.{a.tgt}"))
     escaped = tokenized_with_escaping(a.prep_dir, a.tgt)
     lower = lowercased(a.prep_dir, a.tgt)  # sacreBLEU case:lc for a lowercasing recipe
+    compound = dash_split(a.prep_dir, a.tgt)  # tokenizer.perl -a: also compound-split tokenized BLEU
     post = ("remove-bpe,detruecase,detokenize" if truecased else "remove-bpe,detokenize")
     post += ",unescape" if escaped else ""
     print(f"[evaluate] checkpoint={a.checkpoint} sha256={sha[:12]} direction={a.src}->{a.tgt} beam={a.beam} "
@@ -392,7 +401,8 @@ def evaluate(a) -> List[Dict]:
         if hypotheses.main(argv) != 0:
             raise EvaluateError(f"could not extract {n} hypotheses for subset {s} from {log}")
         try:
-            res = scoring.score_files(hyp_detok, ref, hyp_tok, tok_ref, ribes=a.ribes, lowercase=lower)
+            res = scoring.score_files(hyp_detok, ref, hyp_tok, tok_ref, ribes=a.ribes, lowercase=lower,
+                                      compound=compound)
         except (scoring.LineCountError, scoring.TextError) as err:
             raise EvaluateError(f"scoring failed for subset {s}: {err}") from err
         # wall seconds of this subset's steps: the fairseq-generate process (start-up, model load,

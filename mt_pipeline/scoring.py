@@ -34,6 +34,7 @@ raises :class:`LineCountError` on a line-count mismatch).
 
 import argparse
 import os
+import re
 import sys
 
 from .atomic import writable_problem, write_json_atomic
@@ -86,8 +87,24 @@ def _check_counts(hyp_path, hyp_lines, ref_path, ref_lines):
         raise LineCountError(f"reference {ref_path} is empty")
 
 
-def score_files(hyp, ref, tok_hyp=None, tok_ref=None, ribes=False, lowercase=False):
+#: fairseq's scripts/compound_split_bleu.sh: ``perl -ple 's{(\S)-(\S)}{$1 ##AT##-##AT## $2}g'``
+_COMPOUND = re.compile(r"(\S)-(\S)")
+
+
+def compound_split(line: str) -> str:
+    """fairseq's ``compound_split_bleu.sh`` rewrite of one tokenized line (WMT14 En-De's usual
+    tokenized BLEU, after tensor2tensor): every ``X-Y`` becomes ``X ##AT##-##AT## Y`` -- with
+    tokenizer.perl ``-a`` output, ``@-@`` becomes ``@ ##AT##-##AT## @``.  Perl's global
+    substitution does not overlap matches; neither does :meth:`re.Pattern.sub`."""
+    return _COMPOUND.sub(r"\1 ##AT##-##AT## \2", line)
+
+
+def score_files(hyp, ref, tok_hyp=None, tok_ref=None, ribes=False, lowercase=False, compound=False):
     """Score ``hyp`` against ``ref`` (file paths) and return a result dict.
+
+    ``compound``: also ``tok_bleu_compound``, the tokenized BLEU of fairseq's
+    ``compound_split_bleu.sh`` (:func:`compound_split` on both tokenized files) -- the variant
+    many WMT14 En-De numbers use; needs ``tok_hyp``/``tok_ref``.
 
     ``lowercase``: sacreBLEU's BLEU and chrF compare lowercased text (signature ``case:lc``) --
     for a model trained on lowercased data (IWSLT14 De-En's recipe), whose hypotheses cannot match
@@ -148,6 +165,9 @@ def score_files(hyp, ref, tok_hyp=None, tok_ref=None, ribes=False, lowercase=Fal
 
             result["tok_ribes"] = corpus_ribes([[r.split()] for r in tok_ref_lines],
                                                [h.split() for h in tok_hyp_lines])
+        if compound:
+            result["tok_bleu_compound"] = tok_bleu.corpus_score(
+                [compound_split(h) for h in tok_hyp_lines], [[compound_split(r) for r in tok_ref_lines]]).score
         result.update(
             tok_bleu=tok_score.score,
             tok_signature=str(tok_bleu.get_signature()),

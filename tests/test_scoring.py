@@ -104,3 +104,33 @@ def test_a_lowercasing_recipe_is_scored_case_insensitively(tmp_path):
     rec.write_text(json.dumps({"scores": {"test": dict(cased, hyp=str(hyp), ref=str(ref), bleu=lower["bleu"])}}))
     with pytest.raises(evidence.RescoreError):
         evidence.rescore(str(rec))
+
+
+def test_compound_split_tokenized_bleu_is_fairseqs(tmp_path):
+    """fairseq's compound_split_bleu.sh (WMT14 En-De): ``(\\S)-(\\S)`` -> ``$1 ##AT##-##AT## $2`` on
+    both tokenized files, then BLEU on tokens; recorded as tok_bleu_compound for a prep tokenized
+    with -a (the WMT recipes), not for one without."""
+    import sacrebleu
+
+    from mt_pipeline import evaluate
+    from mt_pipeline.prep import tok
+    from mt_pipeline.prep.run import stamp_text
+    from mt_pipeline.prep.spec import load_spec
+
+    assert score.compound_split("das Know @-@ how , e-mail") == "das Know @ ##AT##-##AT## @ how , e ##AT##-##AT## mail"
+    assert score.compound_split("a-b-c") == "a ##AT##-##AT## b-c"  # as perl's s///g: matches do not overlap
+    hyp, ref = tmp_path / "h", tmp_path / "r"
+    hyp.write_text("ein Know @-@ how Test für alle\nder Bundes @-@ staat ist groß\n")
+    ref.write_text("das Know @-@ how Test für alle\nein Bundes @-@ land ist groß\n")
+    res = score.score_files(str(hyp), str(ref), str(hyp), str(ref), compound=True)
+    h = [score.compound_split(l) for l in hyp.read_text().splitlines()]
+    r = [score.compound_split(l) for l in ref.read_text().splitlines()]
+    want = sacrebleu.corpus_bleu(h, [r], tokenize="none", force=True).score
+    assert res["tok_bleu_compound"] == pytest.approx(want) and res["tok_bleu_compound"] > res["tok_bleu"]
+    assert "tok_bleu_compound" not in score.score_files(str(hyp), str(ref), str(hyp), str(ref))
+    for corpus, want_split in (("wmt14_en_de", True), ("iwslt14_de_en", False)):
+        prep = tmp_path / corpus
+        (prep / "tok").mkdir(parents=True)
+        (prep / "tok" / ".done").write_text(stamp_text("tok", upstream="x", recipe=tok.describe(
+            load_spec(corpus)["recipe"], ["de", "en"])) + "\n")
+        assert evaluate.dash_split(str(prep), "de") is want_split
