@@ -164,8 +164,9 @@ class WindowStats:
       means over the sentences -- :meth:`sentence_average_window`.  ``sentences``,
       ``sentence_windows`` (sum of the per-sentence means) and ``sentence_source`` (sum of their
       source lengths) count it, up to the batch still open (read them after
-      :meth:`sentence_average_window`, which closes it); it needs the sentence of each hypothesis (:meth:`begin_batch`,
-      ``sentence_ids``), which the RNNsearch decoder passes from its encoder output.
+      :meth:`sentence_average_window`, which closes it); it needs the sentence of each
+      hypothesis (:meth:`begin_batch`, ``sentence_ids``), which the RNNsearch decoder passes from
+      its encoder output.
     * **Pooled**: ``positions`` (sum of window sizes) over ``queries`` (hypothesis-steps), with
       ``source`` the sum of the source lengths of the same queries -- :meth:`average_window`; long
       sentences weigh more (for Global it is ``sum L^2 / sum L``-like, not the mean length).
@@ -197,7 +198,7 @@ class WindowStats:
         self._close_batch()
         n = sentence_ids.numel()
         z = torch.zeros(n, dtype=torch.float64, device=lengths.device)
-        self._batch = {"ids": sentence_ids, "sum": z, "steps": z.clone(),
+        self._batch = {"sum": z, "steps": z.clone(),
                        "length": z.clone().index_put_((sentence_ids,), lengths.to(torch.float64)),
                        "py": {}}
 

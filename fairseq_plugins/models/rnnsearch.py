@@ -31,8 +31,9 @@ X positions per sentence over N sentences (...; average source length L); pooled
 hypothesis-step over M hypothesis-steps (average source length L')`` is written to stderr (X is the
 paper's average, §5.2: per step over the hypotheses, per sentence over its steps, then over the
 sentences -- for Global attention the mean source length; Y pools all hypothesis-steps,
-:class:`~fairseq_plugins.attention.additive.WindowStats`) (an ``atexit`` hook registered by the model on its first counted step -- fairseq has no
-end-of-generation callback a ``--user-dir`` can reach, and this needs no wrapper or patch).
+:class:`~fairseq_plugins.attention.additive.WindowStats`) by an ``atexit`` hook the model
+registers on its first counted step (fairseq has no end-of-generation callback a ``--user-dir``
+can reach, and this needs no wrapper or patch).
 """
 
 import atexit
