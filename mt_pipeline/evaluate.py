@@ -110,7 +110,7 @@ def lowercased(prep_dir: str, lang: str) -> bool:
                 desc = json.loads(line[len("recipe="):])
             except ValueError:
                 return False
-            return isinstance(desc, dict) and str(desc.get(lang, "")).endswith("| lowercase")
+            return isinstance(desc, dict) and "lowercase" in str(desc.get(lang, "")).split(" | ")
     return False
 
 
