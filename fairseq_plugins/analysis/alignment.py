@@ -16,8 +16,9 @@ subword merging and the hard alignment below are our choices, stated where they 
   look at?", Section 2) for word-level attention maps.  Zenkel et al. 2019 average over
   subwords on both sides (``source_merge="mean"``, ``--aer-source-merge mean``); with the argmax
   alignment used here the source-side choice matters only when subword counts differ, but then it
-  does: on 100 RWTH pairs a converged Multi30k En->De model's layer AER moved by up to 2.1 points
-  (an independent audit, 2026-11-29).  Positions of no word (``eos``, padding) are dropped.
+  does: on the whole RWTH set one layer of a converged Multi30k En->De model moves by 4.5 AER
+  points (results/analysis/aer_domain_check_mean.md).  Positions of no word (``eos``, padding) are
+  dropped.
 * Hard alignment: each target word is linked to the source word of highest word-level weight
   (as fairseq's ``utils.extract_hard_alignment``, ``eos`` excluded); a target word whose row is
   all zero (null attention) gets no link.

@@ -3,9 +3,9 @@
 Recipe keys (all optional): ``normalize_punct`` (MosesPunctNormalizer), ``remove_non_printing``
 (remove-non-printing-char.perl) -- each ``true`` (every split) or a list of splits (fairseq's
 prepare-wmt14en2de.sh normalises the training data only: its test set gets ``’ -> '`` and the
-tokenizer, so its tokenized-BLEU reference keeps „ “ and –), ``romanian`` (WMT16 Ro normalisation + diacritics removed),
-``replace_apostrophe`` (splits whose U+2019 becomes ``'``), ``escape`` (tokenizer.perl's XML
-escaping, default true), ``aggressive_dash_splits`` (``-a``, default false),
+tokenizer, so its tokenized-BLEU reference keeps „ “ and –), ``romanian`` (WMT16 Ro normalisation
++ diacritics removed), ``replace_apostrophe`` (splits whose U+2019 becomes ``'``), ``escape``
+(tokenizer.perl's XML escaping, default true), ``aggressive_dash_splits`` (``-a``, default false),
 ``perl_final_period`` (tokenizer.perl's final-period rule, :func:`moses_final_period`, default
 true), ``lowercase``, ``pretokenized`` (text tokenized upstream: whitespace normalised only),
 ``clean`` (clean-corpus-n.perl on train), ``valid_every`` (valid = every N-th training pair).
