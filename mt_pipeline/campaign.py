@@ -859,27 +859,43 @@ def claim_verdict(plan: Dict, claim: Dict) -> Dict:
         direction = "better" if delta > 0 else "worse" if delta < 0 else "equal"
         return {"ours": ours, "seeds": len(common), "trend": trend,
                 "verdict": f"not tested yet ({len(common)}/{MIN_SEEDS} seeds, {reg}): so far {direction}; {words}"}
-    beyond = words.startswith("exceeds")
+    from .significance import ALPHA, welch
+
     a, b = seed_summary(sys_s), seed_summary(ref_s)
-    two_se = 2 * math.sqrt(a["sd"] ** 2 / a["n"] + b["sd"] ** 2 / b["n"])
-    if claim["expect"] == "equal":
-        m = float(claim.get("margin", 1.0))
-        if abs(delta) + two_se <= m:
-            v = f"reproduced: equivalent within ±{m:g} BLEU"
-        elif beyond and abs(delta) - two_se > m:
-            v = f"not reproduced: differs by more than {m:g} BLEU, beyond seed noise"
-        elif beyond:
-            way = "better" if delta > 0 else "worse"
-            v = (f"inconclusive: {way} beyond seed noise, but Δ ± 2 standard errors reaches inside "
-                 f"±{m:g} BLEU (neither equivalent nor different by more than {m:g})")
-        else:
-            v = f"inconclusive: neither equivalent within ±{m:g} BLEU nor different beyond it"
-    elif beyond and (delta > 0) == (claim["expect"] == "better"):
-        v = f"reproduced: {claim['expect']} beyond seed noise"
-    elif beyond:
-        v = "not reproduced: the opposite direction, beyond seed noise"
-    else:
-        v = f"inconclusive: no difference beyond seed noise (expected {claim['expect']})"
+    se = math.sqrt(a["sd"] ** 2 / a["n"] + b["sd"] ** 2 / b["n"])
+    all_p = all(t["bleu_p"] < ALPHA for t in tests)
+
+    def decide(half: float, what: str) -> str:
+        """The rule's verdict with the interval Δ ± ``half`` (``what`` names it)."""
+        beyond = abs(delta) > half and all_p
+        if claim["expect"] == "equal":
+            m = float(claim.get("margin", 1.0))
+            if abs(delta) + half <= m:
+                return f"reproduced: equivalent within ±{m:g} BLEU"
+            if beyond and abs(delta) - half > m:
+                return f"not reproduced: differs by more than {m:g} BLEU, beyond seed noise"
+            if beyond:
+                way = "better" if delta > 0 else "worse"
+                return (f"inconclusive: {way} beyond seed noise, but Δ ± {what} reaches inside "
+                        f"±{m:g} BLEU (neither equivalent nor different by more than {m:g})")
+            return f"inconclusive: neither equivalent within ±{m:g} BLEU nor different beyond it"
+        if beyond and (delta > 0) == (claim["expect"] == "better"):
+            return f"reproduced: {claim['expect']} beyond seed noise"
+        if beyond:
+            return "not reproduced: the opposite direction, beyond seed noise"
+        return f"inconclusive: no difference beyond seed noise (expected {claim['expect']})"
+
+    v = decide(2 * se, "2 standard errors")
+    try:
+        w = welch(ref_s, sys_s)
+    except ValueError:  # no spread at all: the t interval is the point itself, as the normal one
+        w = None
+    if w is not None:
+        alt = decide(w["t"] * w["se"], "a Welch t interval")
+        if alt.split(":")[0] != v.split(":")[0]:
+            v += (f"; with a Welch t interval instead of 2 standard errors (ν = {w['df']:.1f}, ×{w['t']:.2f}: "
+                  f"Δ in [{delta - w['t'] * w['se']:.2f}, {delta + w['t'] * w['se']:.2f}]) it would be "
+                  f"{alt.split(':')[0]}")
     return {"ours": ours, "verdict": f"{v} ({words})", "seeds": len(common), "trend": trend}
 
 
@@ -902,6 +918,8 @@ def render_verdicts(plan: Dict, page: Optional[str] = None) -> Optional[str]:
              "p < 0.05; within it: inconclusive. A \"matches\" claim "
              "is an equivalence test on Δ ± 2 standard errors: reproduced when it lies inside ± the claim's margin, "
              "not reproduced when it lies wholly outside it (beyond seed noise), else inconclusive. "
+             "The 2 is the normal approximation: a verdict that a Welch t interval (Student's t for so few "
+             "seeds, `significance.welch`) would change says so. "
              "Evidence of every run: `results/runs/`.", "",
              "| claim | paper | ours | seeds | verdict | validation NLL gap during training (not part of the verdict) |",
              "|---|---|---|---|---|---|"]

@@ -14,7 +14,8 @@ bootstrap, seed noise from several training runs.
   error ``sqrt(sd_sys^2 / n_sys + sd_base^2 / n_base)`` *and* every seed-matched paired bootstrap
   has ``p < 0.05``: "exceeds seed noise".  With one seed the seed noise is unknown and the verdict
   says so.  The 2 is the normal approximation; with three seeds a Student t multiplier (Welch,
-  2-4 degrees of freedom: 2.8-4.3) is wider -- results/README.md says which verdict that would move.
+  2-4 degrees of freedom: 2.8-4.3, :func:`welch`) is wider, and the campaign's verdicts say when it
+  would give another verdict.
 """
 
 import math
@@ -67,6 +68,27 @@ def seed_summary(scores: Sequence[float]) -> Dict[str, Optional[float]]:
     scores = list(scores)
     return {"mean": statistics.fmean(scores), "sd": statistics.stdev(scores) if len(scores) > 1 else None,
             "n": len(scores)}
+
+
+def welch(base: Sequence[float], system: Sequence[float], level: float = 0.95) -> Dict[str, float]:
+    """Student t version of the seed test (Welch 1947): ``{"se", "df", "t"}`` -- the unpaired standard
+    error ``sqrt(s_sys^2 / n_sys + s_base^2 / n_base)`` (as :func:`verdict`), its Welch-Satterthwaite
+    degrees of freedom and the two-sided ``level`` quantile of Student's t with them (2.83 for 3 + 3
+    seeds of equal spread; :func:`verdict`'s normal approximation uses 2).  Needs >= 2 seeds a side.
+
+    Raises:
+        ValueError: fewer than 2 scores on a side, or both sides without spread.
+    """
+    from scipy.stats import t as student_t
+
+    b, s = seed_summary(base), seed_summary(system)
+    if b["n"] < 2 or s["n"] < 2:
+        raise ValueError(f"welch needs at least 2 seeds a side (got {b['n']} and {s['n']})")
+    vb, vs = b["sd"] ** 2 / b["n"], s["sd"] ** 2 / s["n"]
+    if vb + vs == 0:
+        raise ValueError("welch: no spread on either side")
+    df = (vb + vs) ** 2 / (vb ** 2 / (b["n"] - 1) + vs ** 2 / (s["n"] - 1))
+    return {"se": math.sqrt(vb + vs), "df": df, "t": float(student_t.ppf(0.5 + level / 2, df))}
 
 
 def verdict(base: Sequence[float], system: Sequence[float], p_values: Sequence[float]) -> str:

@@ -336,6 +336,12 @@ def test_claim_verdicts_follow_the_rule_of_the_results_page(tmp_path):
     assert v_st.startswith("inconclusive: worse beyond seed noise, but Δ ± 2 standard errors reaches inside"), v_st
     assert campaign.claim_verdict(plan, dict(far, margin=abs(delta) - 1.5 * two_se))["verdict"].startswith(
         "not reproduced: differs by more than")
+    # 2 SE is the normal approximation: where a Welch t interval (3 + 3 seeds: t >= 2.78, i.e. >= 1.39
+    # times the 2-SE half-width) reaches inside the margin and 2 SE does not, the verdict says so
+    v_t = campaign.claim_verdict(plan, dict(far, margin=abs(delta) - 1.2 * two_se))["verdict"]
+    assert v_t.startswith("not reproduced: differs by more than"), v_t
+    assert "; with a Welch t interval instead of 2 standard errors (ν = " in v_t and "it would be inconclusive" in v_t
+    assert "Welch" not in v_far  # the same verdict either way: nothing added
     assert v_worse["seeds"] == 3
     assert re.fullmatch(r"\d+\.\d\d ± \d+\.\d\d vs \d+\.\d\d ± \d+\.\d\d \(Δ [-+]\d+\.\d\d, 3 seeds, converged\)",
                         v_worse["ours"]), v_worse  # mean ± sd over seeds, both rows

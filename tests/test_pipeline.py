@@ -427,3 +427,18 @@ def test_escaped_preps_are_unescaped_when_detokenized(tmp_path):
     # lines without an entity come out the same either way
     plain = [i for i, t in enumerate(toks) if "&" not in t]
     assert len(plain) > 300 and all(out[True][i] == out[False][i] for i in plain)
+
+
+def test_welch_t_interval_is_the_textbook_one():
+    """Welch-Satterthwaite degrees of freedom and Student's t quantile: 3 + 3 seeds of equal spread
+    give ν = 4 and t = 2.776 (a table value); unequal spreads fewer degrees of freedom; the verdict
+    sensitivity the campaign prints rests on it."""
+    from mt_pipeline.significance import welch
+
+    w = welch([1.0, 2.0, 3.0], [2.0, 3.0, 4.0])
+    assert w["df"] == pytest.approx(4.0) and w["t"] == pytest.approx(2.7764, abs=1e-4)
+    assert w["se"] == pytest.approx((2 / 3) ** 0.5)
+    u = welch([1.0, 2.0, 3.0], [2.0, 2.1, 2.2])
+    assert 2.0 < u["df"] < 2.1 and u["t"] > 4.2  # the spread of one side dominates: ~2 degrees of freedom
+    with pytest.raises(ValueError, match="at least 2 seeds"):
+        welch([1.0], [2.0, 3.0])
