@@ -36,7 +36,7 @@ import torch
 __all__ = [
     "read_talp", "aer", "AERCounts", "merge_subwords", "argmax_links", "target_rows",
     "segment_words", "read_tokenized", "layer_head_links", "new_counts", "summarize_counts",
-    "diagonal_links",
+    "diagonal_links", "SOURCE_MERGES", "check_source_merge",
 ]
 
 Link = Tuple[int, int]
@@ -146,6 +146,16 @@ def _assignment(word_ids: Sequence[int], n_words: int, mean: bool) -> torch.Tens
 SOURCE_MERGES = ("sum", "mean")
 
 
+def check_source_merge(source_merge: str) -> str:
+    """``source_merge`` if it is one of :data:`SOURCE_MERGES`.
+
+    Raises:
+        ValueError: it is not (the message names the valid choices)."""
+    if source_merge not in SOURCE_MERGES:
+        raise ValueError(f"source_merge {source_merge!r}: valid choices are {', '.join(SOURCE_MERGES)}")
+    return source_merge
+
+
 def merge_subwords(attn: torch.Tensor, tgt_word_ids: Sequence[int], src_word_ids: Sequence[int],
                    n_tgt: Optional[int] = None, n_src: Optional[int] = None,
                    source_merge: str = "sum") -> torch.Tensor:
@@ -160,8 +170,7 @@ def merge_subwords(attn: torch.Tensor, tgt_word_ids: Sequence[int], src_word_ids
         ValueError: id lists do not match ``T`` / ``S``; ``source_merge`` not one of
             :data:`SOURCE_MERGES` (named).
     """
-    if source_merge not in SOURCE_MERGES:
-        raise ValueError(f"source_merge {source_merge!r}: valid choices are {', '.join(SOURCE_MERGES)}")
+    check_source_merge(source_merge)
     T, S = attn.shape[-2:]
     if len(tgt_word_ids) != T or len(src_word_ids) != S:
         raise ValueError(f"word ids ({len(tgt_word_ids)}, {len(src_word_ids)}) do not match attention ({T}, {S})")

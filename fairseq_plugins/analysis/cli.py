@@ -210,6 +210,18 @@ def _trained(report: dict) -> dict:
     return out
 
 
+def _merge_words(aer: Dict[str, dict]) -> str:
+    """How the AER models merged a source word's subword columns, in words: "summed (`--aer-source-merge
+    sum`)", or per model when they differ."""
+    how = {"sum": "summed", "mean": "averaged (Zenkel et al. 2019)"}
+    merges = {label: a.get("source_merge", "sum") for label, a in aer.items()}
+    if len(set(merges.values())) == 1:
+        m = next(iter(merges.values()))
+        return f"{how[m]} (`--aer-source-merge {m}`)"
+    return " / ".join(f"{how[m]} (`--aer-source-merge {m}`: {', '.join(l for l, x in merges.items() if x == m)})"
+                      for m in dict.fromkeys(merges.values()))
+
+
 def _aer_markdown(report: dict) -> List[str]:
     """The AER section of a report (``report["aer"]``; ``[]`` without AER models): AoL / AoH per
     model and mode, the diagonal baseline, the per-layer curves."""
@@ -218,12 +230,7 @@ def _aer_markdown(report: dict) -> List[str]:
         md += ["## AER (%) of cross-attention vs RWTH De-En gold alignments (ReLA Fig. 4, Table 5)", "",
                "AoL: mean over layers of the layer attention's AER; AoH: mean over layers of the best head's. "
                "Each model is scored in its own direction (source word -> target word links). Subwords to words: "
-               "a target word's rows are averaged, a source word's columns "
-               + " / ".join(f"{'summed' if m == 'sum' else 'averaged (Zenkel et al. 2019)'} (`--aer-source-merge {m}`"
-                            + (f": {', '.join(l for l, a in report['aer'].items() if a.get('source_merge', 'sum') == m)})"
-                               if len({a.get('source_merge', 'sum') for a in report['aer'].values()}) > 1 else ")")
-                            for m in dict.fromkeys(a.get("source_merge", "sum") for a in report["aer"].values()))
-               + ".", "",
+               "a target word's rows are averaged, a source word's columns " + _merge_words(report["aer"]) + ".", "",
                "| model | direction | normal AoL | normal AoH | shifted AoL | shifted AoH | unk rate |",
                "|---|---|---|---|---|---|---|"]
         for l, a in report["aer"].items():

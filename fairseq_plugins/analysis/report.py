@@ -226,10 +226,9 @@ def alignment_aer(model, task, gold_dir: str, bpe_codes: Optional[str], src_lang
     """
     import os
 
-    from .alignment import SOURCE_MERGES
+    from .alignment import check_source_merge
 
-    if source_merge not in SOURCE_MERGES:
-        raise ValueError(f"source_merge {source_merge!r}: valid choices are {', '.join(SOURCE_MERGES)}")
+    check_source_merge(source_merge)  # before any work
 
     if (src_lang, tgt_lang) not in (("de", "en"), ("en", "de")):
         raise ValueError(f"the RWTH gold set aligns German and English: the model must translate de->en or en->de; "
