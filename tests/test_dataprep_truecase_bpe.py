@@ -1,7 +1,8 @@
-"""Truecasing and separate (per-language) BPE in the data-prep pipeline (mt_pipeline.prep.sentence),
-as E-ATT preprocesses its corpora (Wan et al. 2022, App. A: Moses truecasers learned on the train
-set; joint BPE for En-Vi and En-De, separate BPE for Zh-En), and the scoring side that undoes the
-truecasing (scripts/extract_hypotheses.py --detruecase, picked by scripts/evaluate.sh).
+"""Truecasing, separate (per-language) BPE and character vocabularies in the data-prep pipeline
+(mt_pipeline.prep.sentence), as E-ATT preprocesses its corpora (Wan et al. 2022, App. A: Moses
+truecasers learned on the train set; joint BPE for En-Vi and En-De, separate BPE for Zh-En) and as
+Flexible Attention's character models (§5.4), and the scoring side that undoes the truecasing
+(scripts/extract_hypotheses.py --detruecase, picked by scripts/evaluate.sh).
 
 Everything runs on real files of ../shared/data in local-directory mode: a local directory in the
 corpus's layout whose optional training split is a real dev set (IWSLT15 En-Vi: tst2012's first
@@ -344,6 +345,46 @@ def test_wmt14_eatt_variant_is_truecased_and_leaves_the_default_prep_cased(tmp_p
     assert experiment.prep_dir(budget) == os.path.join(ROOT, "data-bin", "wmt14_en_de", "eatt")
 
 
+def test_char_vocab_splits_into_characters_and_keeps_the_most_frequent(tmp_path):
+    """A character vocabulary (recipe ``char_vocab``, here ``--char-vocab`` on WMT14 En-De's real
+    newstests; ASPEC's ``char`` variant, Flexible §5.4): char/ holds every token split into its
+    characters ("@@" removed gives tok/ back), each dictionary keeps exactly the N most frequent
+    characters of its training side (counted here from tok/ itself), and the binarized test set
+    holds <unk> exactly where a character is not kept -- nothing else."""
+    from collections import Counter
+
+    from fairseq.data import Dictionary, indexed_dataset
+
+    loc = tmp_path / "local"
+    (loc / "plain").mkdir(parents=True)
+    shutil.copytree(os.path.join(DATA, "wmt", "sgm"), loc / "sgm")
+    for lang in ("en", "de"):
+        shutil.copy(os.path.join(DATA, "wmt", "plain", f"newstest2013.de-en.{lang}.gz"), loc / "plain")
+        shutil.copy(os.path.join(DATA, "wmt", "plain", f"newstest2012.de-en.{lang}.gz"),
+                    loc / "plain" / f"train.de-en.{lang}.gz")
+    out, n = tmp_path / "out", {"en": 40, "de": 50}
+    log = prepare("wmt14_en_de", "--local-dir", str(loc), "--out", str(out), "--char-vocab", "en=40", "de=50")
+    assert "characters (en 40, de 50 characters kept, others -> <unk>); separate dictionaries" in log
+    assert not (out / "bpe").exists()
+    for lang in ("en", "de"):
+        tok = lines(out / "tok" / f"train.{lang}")
+        assert [c.replace("@@ ", "") for c in lines(out / "char" / f"train.{lang}")] == tok
+        freq = Counter(ch for t in tok for ch in t if not ch.isspace())
+        top = {ch for ch, _ in sorted(freq.items(), key=lambda kv: (-kv[1], kv[0]))[:n[lang]]}
+        d = Dictionary.load(str(out / "bin" / f"dict.{lang}.txt"))
+        symbols = d.symbols[d.nspecial:]
+        assert {s[:-2] if len(s) > 2 and s.endswith("@@") else s for s in symbols} == top
+        assert len(symbols) == 2 * n[lang]  # each kept character inside and at the end of a word
+        test = lines(out / "char" / f"test.{lang}")
+        ds = indexed_dataset.MMapIndexedDataset(str(out / "bin" / f"test.en-de.{lang}"))
+        unk = sum(int((ds[i] == d.unk()).sum()) for i in range(len(ds)))
+        oov = sum(1 for t in test for s in t.split() if (s[:-2] if len(s) > 2 and s.endswith("@@") else s) not in top)
+        assert unk == oov > 0 and len(ds) == len(test)
+    with pytest.raises(AssertionError, match="has no BPE"):
+        prepare("wmt14_en_de", "--local-dir", str(loc), "--out", str(tmp_path / "o2"), "--char-vocab", "40",
+                "--bpe-merges", "100")
+
+
 def test_eatt_corpus_recipes_follow_the_paper():
     """E-ATT App. A: every corpus truecased; 32K merges (the budgets' --bpe-merges); joint BPE for
     En-Vi and En-De, separate for Zh-En -- and the shared WMT14 default recipe stays cased."""
@@ -373,8 +414,9 @@ def test_flexible_and_rela_vocabularies_follow_the_papers():
             budget = experiment.load_budget(os.path.join(ROOT, "configs", "flexible", corpus, f"{name}.yaml"))
             assert "--bpe-merges" not in experiment.prep_cmd(budget) and not budget["data"].get("variant")
     char = prep_spec.effective_recipe(prep_spec.load_spec("aspec_en_ja"), "char")
-    assert prep_spec.word_vocab_for(char, ["en", "ja"]) is None and char["bpe_merges"] == 1
-    assert prep_spec.joined_dictionary(char)
+    assert prep_spec.word_vocab_for(char, ["en", "ja"]) is None  # §5.4: 100 English, 3,000 Japanese characters
+    assert prep_spec.char_vocab_for(char, ["en", "ja"]) == {"en": 100, "ja": 3000}
+    assert not prep_spec.joined_dictionary(char)
     for name in ("budget_char", "finetune_char"):
         budget = experiment.load_budget(os.path.join(ROOT, "configs", "flexible", "aspec_en_ja", f"{name}.yaml"))
         assert experiment.prep_dir(budget) == os.path.join(ROOT, "data-bin", "aspec_en_ja", "char")
@@ -396,6 +438,16 @@ def test_bad_options_name_the_valid_choices(tmp_path, monkeypatch):
         prep_spec.effective_recipe(spec, "nope")
     with pytest.raises(SystemExit, match="a variant may only set"):
         prep_spec.effective_recipe(dict(spec, variants={"x": {"lowercase": True}}), "x")
+    with pytest.raises(SystemExit, match="characters or words, not both"):
+        prep_spec.char_vocab_for({"char_vocab": 100, "word_vocab": 500}, ["en", "de"])
+    with pytest.raises(SystemExit, match="needs separate dictionaries"):
+        prep_spec.char_vocab_for({"char_vocab": 100, "dictionary": "joined"}, ["en", "de"])
+    with pytest.raises(SystemExit, match="exactly the languages"):
+        prep_spec.char_vocab_for({"char_vocab": {"en": 100}}, ["en", "de"])
+    # a CLI vocabulary replaces the recipe's other one
+    aspec = prep_spec.load_spec("aspec_en_ja")
+    assert prep_spec.effective_recipe(aspec, "char", word_vocab=500)["char_vocab"] is None
+    assert prep_spec.effective_recipe(aspec, char_vocab=50)["word_vocab"] is None
     with pytest.raises(SystemExit, match="needs separate BPE"):
         prep_spec.bpe_merges_for({"bpe_merges": {"en": 1, "de": 2}}, ["en", "de"], joint=True)
     with pytest.raises(SystemExit, match="unknown dictionary 'shared'; valid: joined, separate"):

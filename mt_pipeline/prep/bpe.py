@@ -1,4 +1,5 @@
-"""Stage bpe (subword-nmt) and its character-level alternative (``--char``).
+"""Stage bpe (subword-nmt) and its character-level alternative (Multi30k's ``--char``, a recipe's
+``char_vocab``).
 
 BPE uses subword-nmt's Python API: ``learn_bpe`` (min-frequency 2) on the concatenated training
 files, ``BPE.process_line`` (separator ``@@``) on every line.  (The ``subword-nmt`` CLI is not
@@ -7,6 +8,7 @@ used: it reads with ``codecs``, whose readline also breaks lines at U+2028, U+00
 text (``bpe/codes``); separate BPE one per language on its own side (``bpe/codes.LANG``).
 """
 
+import collections
 import contextlib
 import gzip
 import io
@@ -175,6 +177,42 @@ def split_chars_files(pairs):
         except ValueError as e:
             raise SystemExit(f"split-chars: {src}: {e}") from None
         write_lines_atomic(dst, out)
+
+
+def char_dictionary(train_file, n_chars):
+    """The fairseq dictionary (lines ``SYMBOL COUNT``, most frequent first, ties by symbol) of a
+    character-split training file (:func:`split_chars`) that keeps its ``n_chars`` most frequent
+    characters: a character's frequency counts it with and without :data:`CHAR_SEPARATOR`, and
+    both its symbols are kept (count 0 for a form training never shows); symbols of every other
+    character are left out (fairseq-preprocess
+    ``--srcdict`` / ``--tgtdict`` maps them to ``<unk>``).  Flexible Attention (Shu & Nakayama
+    2017) §5.4: the 100 most frequent English and 3,000 Japanese characters.
+
+    Args:
+        train_file: the training side of one language, after :func:`split_chars`.
+        n_chars: characters kept (> 0); fewer when the file has fewer.
+
+    Returns:
+        ``(lines, kept, total)``: the dictionary lines, the characters kept and the characters the
+        file has (counts of types).
+
+    Raises:
+        ValueError: ``n_chars`` is not positive."""
+    if n_chars <= 0:
+        raise ValueError(f"n_chars must be positive (got {n_chars})")
+    counts = collections.Counter()
+    for line in read_lines(train_file):
+        counts.update(line.split())
+    sep = len(CHAR_SEPARATOR)
+    base = {s: (s[:-sep] if len(s) > sep and s.endswith(CHAR_SEPARATOR) else s) for s in counts}
+    per_char = collections.Counter()
+    for s, n in counts.items():
+        per_char[base[s]] += n
+    kept = {c for c, _ in sorted(per_char.items(), key=lambda kv: (-kv[1], kv[0]))[:n_chars]}
+    # both symbols of a kept character, also the one training never shows (a character seen only
+    # inside words may end one in the test set): its count is 0
+    symbols = sorted((s for c in kept for s in (c, c + CHAR_SEPARATOR)), key=lambda s: (-counts[s], s))
+    return [f"{s} {counts[s]}" for s in symbols], len(kept), len(per_char)
 
 
 def io_pairs(src_dir, dst_dir, splits, langs):

@@ -12,12 +12,16 @@ Stages (``<out>/``; every one idempotent and atomic, :class:`~mt_pipeline.prep.r
     bpe     joint (one model, ``bpe/codes``: learned, the codes the corpus ships, or --bpe-codes) or
             separate BPE (``bpe/codes.LANG``) on tc/ or tok/ (:mod:`~mt_pipeline.prep.bpe`); none
             with a word vocabulary (recipe ``word_vocab``, --word-vocab)
+    char    instead of bpe with a character vocabulary (recipe ``char_vocab``, --char-vocab): every
+            token split into characters ("@@" on all but its last) -> char/SPLIT.LANG, and
+            char/dict.LANG.txt keeping each language's N most frequent training characters
     bin     fairseq-preprocess -> bin/ (+ subsets.json): a joined dictionary with joint BPE, separate
-            ones with separate BPE or words (recipe ``dictionary``, --dictionary, overrides); with a
-            word vocabulary each dictionary keeps the N most frequent training words, OOV -> <unk>
+            ones with separate BPE, words or characters (recipe ``dictionary``, --dictionary,
+            overrides); with a word vocabulary each dictionary keeps the N most frequent training
+            words, with a character vocabulary char/'s dictionaries; OOV -> <unk>
 
 Variants (``--variant NAME``, spec ``variants``) share download/, raw/ and tok/ with the default
-recipe and write tc/, bpe/, bin/ to ``<out>/<variant>/`` (raw/ and tok/ there are links to the
+recipe and write tc/, bpe/ (or char/), bin/ to ``<out>/<variant>/`` (raw/ and tok/ there are links to the
 shared ones).  Where the training data is not available (local mode on ../shared/data holds only
 dev/test sets), the stages run on the splits that are there and the run ends naming what is
 missing and how to get it.  The stamps (:func:`~mt_pipeline.prep.run.stamp_text`) hold the stage
@@ -33,8 +37,8 @@ from mt_pipeline.prep import bpe, fetch, raw, tc, tok
 from mt_pipeline.provenance import file_sha256
 from mt_pipeline.prep.binarize import preprocess_cmd, run_preprocess
 from mt_pipeline.prep.run import PrepRun, stamp_text
-from mt_pipeline.prep.spec import (DICTIONARIES, SHARED_DATA, bpe_merges_for, effective_recipe, joined_dictionary,
-                                   spec_digest, truecase_langs, word_vocab_for)
+from mt_pipeline.prep.spec import (DICTIONARIES, SHARED_DATA, bpe_merges_for, char_vocab_for, effective_recipe,
+                                   joined_dictionary, spec_digest, truecase_langs, word_vocab_for)
 from mt_pipeline.prep.textio import check_pair, count_lines, write_text_atomic
 from mt_pipeline.prep.tools import check_lang_tool, check_tool, tool_versions
 
@@ -67,6 +71,10 @@ def add_arguments(p, spec):
                    "most frequent training words of each language (one N, or LANG=N for every language; "
                    "fairseq's 4 special symbols included), every other word -> <unk> (default: the recipe's "
                    "`word_vocab`)")
+    p.add_argument("--char-vocab", nargs="+", metavar="N|LANG=N", help="character-level symbols instead of BPE "
+                   "(\"@@\" on all but a token's last, so --remove-bpe restores the tokens): the N most frequent "
+                   "training characters of each language kept (one N, or LANG=N for every language), every other "
+                   "character -> <unk>; separate dictionaries (default: the recipe's `char_vocab`)")
     p.add_argument("--bpe-codes", nargs="+", metavar="FILE|LANG=FILE", help="use these BPE codes instead of learning "
                    "them: one FILE (joint BPE) or LANG=FILE for every language (separate BPE)")
     p.add_argument("--src", metavar="LANG", help="source language for bin/ (default: the spec's first language)")
@@ -84,18 +92,23 @@ class SentencePrep:
         try:
             self.recipe = effective_recipe(spec, self.variant, truecase=args.truecase, bpe=args.bpe,
                                            merges=args.bpe_merges, dictionary=args.dictionary,
-                                           word_vocab=_word_vocab_arg(args.word_vocab, self.langs))
+                                           word_vocab=_vocab_arg(args.word_vocab, self.langs, "--word-vocab"),
+                                           char_vocab=_vocab_arg(args.char_vocab, self.langs, "--char-vocab"))
             self.tc_langs = truecase_langs(self.recipe, self.langs)
             self.joint = self.recipe.get("bpe_joint", True)
             #: ``{LANG: N}`` with a word vocabulary (no BPE), else None
             self.words = word_vocab_for(self.recipe, self.langs)
+            #: ``{LANG: N}`` with a character vocabulary (no BPE), else None
+            self.chars = char_vocab_for(self.recipe, self.langs)
             self.joined = joined_dictionary(self.recipe)
-            if self.words is None:
+            vocab = ("word_vocab", self.words) if self.words else ("char_vocab", self.chars) if self.chars else None
+            if vocab is None:
                 bpe_merges_for(self.recipe, self.langs, self.joint)
             elif args.bpe or args.bpe_merges or args.bpe_codes:
-                raise SystemExit("a word vocabulary (word_vocab: " + ", ".join(f"{l} {n}" for l, n in self.words.items())
+                raise SystemExit(f"a {vocab[0].split('_')[0]} vocabulary ({vocab[0]}: "
+                                 + ", ".join(f"{l} {n}" for l, n in vocab[1].items())
                                  + ") has no BPE: drop --bpe / --bpe-merges / --bpe-codes, or pass a recipe "
-                                 "without word_vocab")
+                                 f"without {vocab[0]}")
         except SystemExit as e:
             run.die(str(e))
         self.sources = raw.Sources(spec, mode, local_dir, os.path.join(self.out, "download"), not args.no_checksum)
@@ -149,7 +162,10 @@ class SentencePrep:
         if self.variant and spec["variants"][self.variant].get("about"):
             run.log(f"variant {self.variant}: " + " ".join(spec["variants"][self.variant]["about"].split()))
         sub = ("; word vocabularies (" + ", ".join(f"{l} {n}" for l, n in self.words.items()) + " words, others -> <unk>)"
-               if self.words else ("; joint BPE" if self.joint else "; separate BPE per language"))
+               if self.words else
+               "; characters (" + ", ".join(f"{l} {n}" for l, n in self.chars.items())
+               + " characters kept, others -> <unk>)"
+               if self.chars else ("; joint BPE" if self.joint else "; separate BPE per language"))
         run.log("after tokenisation: " + (f"truecase {', '.join(self.tc_langs)}" if self.tc_langs else "no truecasing")
                 + sub + ("; joined dictionary" if self.joined else "; separate dictionaries"))
         with run.lock():
@@ -162,7 +178,7 @@ class SentencePrep:
             stage_tok(self)
             if self.variant:
                 link_shared(self)
-            if stage_tc(self) and stage_bpe(self):
+            if stage_tc(self) and (stage_char(self) if self.chars else stage_bpe(self)):
                 stage_bin(self)
         self.finish()
 
@@ -259,8 +275,9 @@ def stage_tc(p):
     return True
 
 
-def _word_vocab_arg(values, langs):
-    """``--word-vocab N`` / ``LANG=N ...`` as the recipe value (int or ``{LANG: N}``); None = not given.
+def _vocab_arg(values, langs, option):
+    """``--word-vocab`` / ``--char-vocab`` (``option``) ``N`` or ``LANG=N ...`` as the recipe value
+    (int or ``{LANG: N}``); None = not given.
 
     Raises:
         SystemExit: a value that is not ``N`` or ``LANG=N`` with an integer N."""
@@ -274,7 +291,7 @@ def _word_vocab_arg(values, langs):
             raise ValueError
         return {k: int(n) for k, _, n in pairs}
     except ValueError:
-        raise SystemExit(f"--word-vocab takes one N or LANG=N for each of {', '.join(langs)} "
+        raise SystemExit(f"{option} takes one N or LANG=N for each of {', '.join(langs)} "
                          f"(got {' '.join(values)})") from None
 
 
@@ -332,28 +349,64 @@ def stage_bpe(p):
     return True
 
 
+def stage_char(p):
+    """Stage char (a character vocabulary, instead of bpe): tc/ (truecasing on) or tok/ split into
+    characters (:func:`~mt_pipeline.prep.bpe.split_chars`) -> char/SPLIT.LANG, and, with the
+    training split, char/dict.LANG.txt keeping each language's ``p.chars[LANG]`` most frequent
+    training characters (:func:`~mt_pipeline.prep.bpe.char_dictionary`).  Always True."""
+    run, d = p.run, os.path.join(p.vout, "char")
+    src_stage, src_base = ("tc", p.vout) if p.tc_langs else ("tok", p.out)
+    src_dir = os.path.join(src_base, src_stage)
+    dicts = "train" in p.splits
+    stamp, legacy = stamps("char", upstream=p.prev(src_stage, src_base), input=src_stage,
+                           segmentation="characters, @@ on all but a token's last (bpe.split_chars)",
+                           chars=[p.chars[l] for l in p.langs])
+    files = [os.path.join(d, f"{s}.{l}") for s in p.splits for l in p.langs] + (
+        [os.path.join(d, f"dict.{l}.txt") for l in p.langs] if dicts else [])
+
+    def body(x):
+        run.step(f"split {src_stage}/{{{','.join(p.splits)}}}.{bpe.alts(p.langs)} into characters -> char/")
+        if run.dry:
+            return
+        bpe.split_chars_files(bpe.io_pairs(src_dir, x, p.splits, p.langs))
+        for s in p.splits:
+            check_pair(run, "char", x, s, p.langs, count_lines(os.path.join(src_dir, f"{s}.{p.langs[0]}")))
+        for lang in (p.langs if dicts else []):
+            lines, kept, total = bpe.char_dictionary(os.path.join(x, f"train.{lang}"), p.chars[lang])
+            write_text_atomic(os.path.join(x, f"dict.{lang}.txt"), "".join(f"{line}\n" for line in lines))
+            run.log(f"char/dict.{lang}.txt: {kept} of the {total} characters of train.{lang} "
+                    f"(limit {p.chars[lang]}), {len(lines)} symbols")
+    run.stage("char", d, stamp, files, body, legacy=[legacy])
+    return True
+
+
 def stage_bin(p):
-    """Stage bin: fairseq-preprocess + subsets.json; needs train.  Input: bpe/, or with a word
+    """Stage bin: fairseq-preprocess + subsets.json; needs train.  Input: bpe/; with a word
     vocabulary tc/ (truecasing on) or tok/, each dictionary cropped to its size (``--nwordssrc`` /
-    ``--nwordstgt``).  Dictionaries: :attr:`SentencePrep.joined`."""
+    ``--nwordstgt``); with a character vocabulary char/ and its dictionaries (``--srcdict`` /
+    ``--tgtdict``).  Dictionaries: :attr:`SentencePrep.joined`."""
     if "train" not in p.splits:
         p.missing.append("bin/: fairseq-preprocess needs the training split for the dictionary")
         return
     run, a = p.run, p.a
     src, tgt = a.src or p.langs[0], a.tgt or p.langs[1]
     b = os.path.join(p.vout, "bin")
-    stage_in, base_in = ("bpe", p.vout) if not p.words else (("tc", p.vout) if p.tc_langs else ("tok", p.out))
+    stage_in, base_in = (("char", p.vout) if p.chars else ("bpe", p.vout) if not p.words
+                         else ("tc", p.vout) if p.tc_langs else ("tok", p.out))
     bp = os.path.join(base_in, stage_in)
     tests = [s for s in p.splits if s not in ("train", "valid")]
     # (the stamp of a BPE prep with its default dictionary is unchanged: existing preps stay up to date)
-    extra = {"words": [p.words[src], p.words[tgt]]} if p.words else {}
+    extra = ({"words": [p.words[src], p.words[tgt]]} if p.words else
+             {"chars": [p.chars[src], p.chars[tgt]]} if p.chars else {})
     stamp, legacy = stamps("bin", upstream=p.prev(stage_in, base_in), src=src, tgt=tgt, tests=tests,
                            joined_dictionary=p.joined, **extra)
 
     def body(x):
         cmd = preprocess_cmd(src, tgt, x, run.workers, trainpref=f"{bp}/train", validpref=f"{bp}/valid",
                              testprefs=[f"{bp}/{s}" for s in tests], joined=p.joined,
-                             nwords=(p.words[src], p.words[tgt]) if p.words else None)
+                             nwords=(p.words[src], p.words[tgt]) if p.words else None,
+                             srcdict=f"{bp}/dict.{src}.txt" if p.chars else None,
+                             tgtdict=f"{bp}/dict.{tgt}.txt" if p.chars else None)
         run_preprocess(run, cmd, os.path.join(p.vout, "logs", "bin.log"))
         if not run.dry:
             write_text_atomic(os.path.join(x, "subsets.json"),

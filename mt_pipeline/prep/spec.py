@@ -18,7 +18,7 @@ SHARED_DATA = os.path.normpath(os.path.join(REPO, "..", "shared", "data"))
 
 PIPELINES = ("sentence", "multi30k", "long_documents")
 # What a variant may change: the steps after tokenisation (it shares raw/ and tok/ with the default).
-VARIANT_KEYS = {"truecase", "bpe_joint", "bpe_merges", "dictionary", "word_vocab"}
+VARIANT_KEYS = {"truecase", "bpe_joint", "bpe_merges", "dictionary", "word_vocab", "char_vocab"}
 #: the recipe key ``dictionary``: fairseq-preprocess's dictionaries (default: joined with joint BPE,
 #: separate otherwise, and separate for word vocabularies)
 DICTIONARIES = ("joined", "separate")
@@ -35,7 +35,7 @@ LOCAL_KEYS = ("default_dir", "splits", "missing")
 RECIPE_KEYS = ("bpe_merges", "bpe_joint", "escape", "aggressive_dash_splits", "clean", "normalize_punct",
                "remove_non_printing", "replace_apostrophe", "perl_final_period", "truecase", "lengths",
                "pretokenized", "lowercase", "valid_every", "shipped_codes", "romanian", "dictionary",
-               "word_vocab")
+               "word_vocab", "char_vocab")
 #: source formats (``{lang}``/``{col}`` are filled per language); bars:N and tsv:N take a column number
 FORMAT_NAMES = ("plain", "seg", "sgm", "iwslt_tags")
 
@@ -207,11 +207,13 @@ def spec_digest(spec):
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def effective_recipe(spec, variant=None, truecase=None, bpe=None, merges=None, dictionary=None, word_vocab=None):
+def effective_recipe(spec, variant=None, truecase=None, bpe=None, merges=None, dictionary=None, word_vocab=None,
+                     char_vocab=None):
     """The recipe a run uses: the spec's ``recipe``, updated by the spec's variant ``variant``
-    (``variants: {NAME: {about, truecase, bpe_joint, bpe_merges, dictionary, word_vocab}}``), then by
-    the CLI overrides ``truecase`` (bool), ``bpe`` ('joint' / 'separate'), ``merges`` (int),
-    ``dictionary`` ('joined' / 'separate') and ``word_vocab`` (int or ``{LANG: int}``); None = not given.
+    (``variants: {NAME: {about, truecase, bpe_joint, bpe_merges, dictionary, word_vocab, char_vocab}}``),
+    then by the CLI overrides ``truecase`` (bool), ``bpe`` ('joint' / 'separate'), ``merges`` (int),
+    ``dictionary`` ('joined' / 'separate'), ``word_vocab`` and ``char_vocab`` (int or ``{LANG: int}``;
+    either one given replaces the other of the recipe: a run has one segmentation); None = not given.
 
     Raises:
         SystemExit: unknown variant (lists the valid ones), a variant key outside VARIANT_KEYS, an
@@ -239,7 +241,9 @@ def effective_recipe(spec, variant=None, truecase=None, bpe=None, merges=None, d
     if dictionary is not None:
         r["dictionary"] = dictionary
     if word_vocab is not None:
-        r["word_vocab"] = word_vocab
+        r["word_vocab"], r["char_vocab"] = word_vocab, None
+    if char_vocab is not None:
+        r["char_vocab"], r["word_vocab"] = char_vocab, None
     if r.get("dictionary", "joined") not in DICTIONARIES:
         raise SystemExit(f"unknown dictionary '{r['dictionary']}'; valid: {', '.join(DICTIONARIES)}")
     return r
@@ -269,12 +273,42 @@ def word_vocab_for(r, langs):
     return out
 
 
+def char_vocab_for(r, langs):
+    """The character vocabulary of recipe ``r``: None, or ``{LANG: N}``.  With one, every token is
+    split into its characters (:func:`~mt_pipeline.prep.bpe.split_chars`: "@@" on all but a
+    token's last, so ``--remove-bpe`` restores the tokens) instead of BPE, and each language keeps
+    its N most frequent training *characters* (a character with and without "@@" is one character:
+    both its symbols are kept), every other character -> ``<unk>``; separate dictionaries
+    (:func:`~mt_pipeline.prep.bpe.char_dictionary`).  Flexible Attention (Shu & Nakayama 2017)
+    §5.4: "We keep 100 most frequent types of character for the English side and 3000 types for the
+    Japanese side."  ``char_vocab`` is one number for every language or ``{LANG: N}``.
+
+    Raises:
+        SystemExit: not a positive integer, languages other than ``langs``, a word vocabulary
+        too (one segmentation), or a joined dictionary (each language keeps its own characters)."""
+    c = r.get("char_vocab")
+    if c is None:
+        return None
+    out = dict(c) if isinstance(c, dict) else {l: c for l in langs}
+    if sorted(out) != sorted(langs):
+        raise SystemExit(f"char_vocab {c}: give sizes for exactly the languages {list(langs)}")
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in out.values()):
+        raise SystemExit(f"char_vocab must be positive integers (characters kept per language; got {c!r})")
+    if r.get("word_vocab") is not None:
+        raise SystemExit(f"char_vocab {c} and word_vocab {r['word_vocab']} both given: a recipe segments into "
+                         "characters or words, not both")
+    if r.get("dictionary") == "joined":
+        raise SystemExit(f"char_vocab {c} keeps each language's own characters, which needs separate "
+                         "dictionaries (dictionary: separate)")
+    return out
+
+
 def joined_dictionary(r):
     """Whether recipe ``r`` binarizes with one joined dictionary: its ``dictionary`` when given, else
-    joined exactly for joint BPE (separate for separate BPE and for word vocabularies)."""
+    joined exactly for joint BPE (separate for separate BPE and for word or character vocabularies)."""
     if r.get("dictionary"):
         return r["dictionary"] == "joined"
-    return r.get("word_vocab") is None and r.get("bpe_joint", True)
+    return r.get("word_vocab") is None and r.get("char_vocab") is None and r.get("bpe_joint", True)
 
 
 def truecase_langs(r, langs):
