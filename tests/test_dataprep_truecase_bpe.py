@@ -306,11 +306,9 @@ def test_evaluate_detruecases_a_truecased_prep(iwslt, tmp_path):
     assert res["tok_hyp"] == str(tmp_path / "eval" / "test.hyp.tok") and res["tok_ref"] == str(out / "tok" / "test.vi")
 
 
-def test_wmt14_eatt_variant_is_truecased_and_leaves_the_default_prep_cased(tmp_path):
-    """wmt14_en_de is shared by ReLA, ReLUFormer and E-ATT: `--variant eatt` writes tc/, bpe/, bin/
-    to <out>/eatt/ (raw/ and tok/ linked to the shared ones), the default recipe (cased) is
-    untouched and reuses the same raw/ and tok/.  Train = newstest2012, valid = newstest2013,
-    test = newstest2014 (sgm), all real."""
+def wmt14_local(tmp_path):
+    """A WMT14 En-De local directory of real files: train = newstest2012, valid = newstest2013,
+    test = newstest2014 (sgm)."""
     loc = tmp_path / "local"
     (loc / "plain").mkdir(parents=True)
     shutil.copytree(os.path.join(DATA, "wmt", "sgm"), loc / "sgm")
@@ -318,6 +316,15 @@ def test_wmt14_eatt_variant_is_truecased_and_leaves_the_default_prep_cased(tmp_p
         shutil.copy(os.path.join(DATA, "wmt", "plain", f"newstest2013.de-en.{lang}.gz"), loc / "plain")
         shutil.copy(os.path.join(DATA, "wmt", "plain", f"newstest2012.de-en.{lang}.gz"),
                     loc / "plain" / f"train.de-en.{lang}.gz")
+    return loc
+
+
+def test_wmt14_eatt_variant_is_truecased_and_leaves_the_default_prep_cased(tmp_path):
+    """wmt14_en_de is shared by ReLA, ReLUFormer and E-ATT: `--variant eatt` writes tc/, bpe/, bin/
+    to <out>/eatt/ (raw/ and tok/ linked to the shared ones), the default recipe (cased) is
+    untouched and reuses the same raw/ and tok/.  Train = newstest2012, valid = newstest2013,
+    test = newstest2014 (sgm), all real."""
+    loc = wmt14_local(tmp_path)
     out = tmp_path / "out"
     common = ("--local-dir", str(loc), "--out", str(out), "--bpe-merges", "1000")
     log = prepare("wmt14_en_de", *common, "--variant", "eatt")
@@ -355,13 +362,7 @@ def test_char_vocab_splits_into_characters_and_keeps_the_most_frequent(tmp_path)
 
     from fairseq.data import Dictionary, indexed_dataset
 
-    loc = tmp_path / "local"
-    (loc / "plain").mkdir(parents=True)
-    shutil.copytree(os.path.join(DATA, "wmt", "sgm"), loc / "sgm")
-    for lang in ("en", "de"):
-        shutil.copy(os.path.join(DATA, "wmt", "plain", f"newstest2013.de-en.{lang}.gz"), loc / "plain")
-        shutil.copy(os.path.join(DATA, "wmt", "plain", f"newstest2012.de-en.{lang}.gz"),
-                    loc / "plain" / f"train.de-en.{lang}.gz")
+    loc = wmt14_local(tmp_path)
     out, n = tmp_path / "out", {"en": 40, "de": 50}
     log = prepare("wmt14_en_de", "--local-dir", str(loc), "--out", str(out), "--char-vocab", "en=40", "de=50")
     assert "characters (en 40, de 50 characters kept, others -> <unk>); separate dictionaries" in log

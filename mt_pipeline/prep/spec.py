@@ -249,6 +249,24 @@ def effective_recipe(spec, variant=None, truecase=None, bpe=None, merges=None, d
     return r
 
 
+def _sizes_per_lang(r, key, langs, least, what):
+    """Recipe ``r``'s ``key`` (one number for every language or ``{LANG: N}``) as ``{LANG: N}``,
+    or None when not set.
+
+    Raises:
+        SystemExit: languages other than ``langs``, or a value that is not an integer >= ``least``
+        (the message says it must be ``what``)."""
+    v = r.get(key)
+    if v is None:
+        return None
+    out = dict(v) if isinstance(v, dict) else {l: v for l in langs}
+    if sorted(out) != sorted(langs):
+        raise SystemExit(f"{key} {v}: give sizes for exactly the languages {list(langs)}")
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= least for n in out.values()):
+        raise SystemExit(f"{key} must be {what}; got {v!r})")
+    return out
+
+
 def word_vocab_for(r, langs):
     """The word vocabulary of recipe ``r``: None (subwords: BPE) or ``{LANG: N}``, the N most frequent
     training words of each language kept and every other word mapped to ``<unk>`` (fairseq-preprocess
@@ -259,14 +277,9 @@ def word_vocab_for(r, langs):
         SystemExit: not a positive integer, languages other than ``langs``, or per-language sizes
         with a joined dictionary (one dictionary takes one size)."""
     w = r.get("word_vocab")
-    if w is None:
+    out = _sizes_per_lang(r, "word_vocab", langs, 5, "integers > 4 (words kept, fairseq's 4 special symbols included")
+    if out is None:
         return None
-    out = dict(w) if isinstance(w, dict) else {l: w for l in langs}
-    if sorted(out) != sorted(langs):
-        raise SystemExit(f"word_vocab {w}: give sizes for exactly the languages {list(langs)}")
-    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 4 for v in out.values()):
-        raise SystemExit(f"word_vocab must be integers > 4 (words kept, fairseq's 4 special symbols "
-                         f"included; got {w!r})")
     if r.get("dictionary") == "joined" and len(set(out.values())) > 1:
         raise SystemExit(f"word_vocab {w} gives a size per language, which needs separate dictionaries "
                          "(dictionary: separate); a joined dictionary takes one size")
@@ -287,13 +300,9 @@ def char_vocab_for(r, langs):
         SystemExit: not a positive integer, languages other than ``langs``, a word vocabulary
         too (one segmentation), or a joined dictionary (each language keeps its own characters)."""
     c = r.get("char_vocab")
-    if c is None:
+    out = _sizes_per_lang(r, "char_vocab", langs, 1, "positive integers (characters kept per language")
+    if out is None:
         return None
-    out = dict(c) if isinstance(c, dict) else {l: c for l in langs}
-    if sorted(out) != sorted(langs):
-        raise SystemExit(f"char_vocab {c}: give sizes for exactly the languages {list(langs)}")
-    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in out.values()):
-        raise SystemExit(f"char_vocab must be positive integers (characters kept per language; got {c!r})")
     if r.get("word_vocab") is not None:
         raise SystemExit(f"char_vocab {c} and word_vocab {r['word_vocab']} both given: a recipe segments into "
                          "characters or words, not both")
