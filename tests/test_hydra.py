@@ -95,6 +95,92 @@ def test_hydra_example_trains_and_the_checkpoint_records_the_functions(paper, da
         assert sum(1 for line in out.splitlines() if line.startswith("H-")) == n_valid
 
 
+# paper -> the table row its example says it trains: (table spec, row id, budget override or None)
+ROWS = {"rela": ("configs/rela/table1.yaml", 7, None),  # ReLA-g in all three attention types
+        # the smoke budget with the λ = 0.01 of the converged Table 4 (the smoke page's row 5 has λ = 1)
+        "reluformer": ("configs/reluformer/table4_multi30k_converged.yaml", 5, "configs/multi30k/small_cpu.yaml"),
+        "eatt": ("configs/eatt/table4_multi30k.yaml", 2, None),
+        "flexible": ("configs/flexible/table1_multi30k_en_de.yaml", 3, None)}
+# settings fairseq derives from others (optimization.lr, dataset.max_tokens, common.tpu)
+DERIVED = {("optimizer", "lr"), ("lr_scheduler", "lr"), ("optimizer", "tpu"), ("dataset", "max_tokens_valid")}
+COMPONENTS = {"task": "task", "criterion": "criterion", "optimizer": "optimizer", "lr_scheduler": "lr_scheduler"}
+
+
+def _cli_cfg(cmd):
+    """``{group: {key: value}}`` of a fairseq-train command as fairseq-train builds its config
+    (its parser, then ``convert_namespace_to_omegaconf``); a legacy ``Namespace`` group as a dict."""
+    import argparse
+
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from omegaconf import OmegaConf
+
+    from mt_pipeline.reproduce import check_row
+
+    cfg, out = convert_namespace_to_omegaconf(check_row(cmd)), {}
+    for g in cfg:
+        v = cfg[g]
+        out[g] = (dict(vars(v)) if isinstance(v, argparse.Namespace)
+                  else OmegaConf.to_container(v, resolve=True) if OmegaConf.is_config(v) else v)
+    return out
+
+
+def _same(a, b):
+    import ast
+
+    norm = lambda v: list(ast.literal_eval(v)) if isinstance(v, str) and v.startswith("(") else (  # noqa: E731
+        list(v) if isinstance(v, tuple) else v)
+    return norm(a) == norm(b)
+
+
+@pytest.mark.parametrize("paper", sorted(ROWS))
+def test_hydra_example_is_the_table_row_it_names(paper):
+    """Each hydra example trains the table row its header names, under the same budget: every key it
+    sets equals that row's fairseq-train setting, and every setting of the row's command that is not
+    its components' or arch preset's default (the budget's and the row's flags) is set by the example
+    to the same value -- so a budget or row edited without its example (or the reverse) fails here.
+    Both sides as fairseq builds them: the row's command through fairseq's parser and
+    ``convert_namespace_to_omegaconf``, the example's YAML over the same components' defaults."""
+    import argparse
+
+    import yaml
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    from mt_pipeline import budget as B, tables
+
+    spec_path, rid, budget = ROWS[paper]
+    h = yaml.safe_load(open(os.path.join(ROOT, "configs", "hydra", paper, "multi30k_small_cpu.yaml"), encoding="utf-8"))
+    spec = tables.load_table(os.path.join(ROOT, spec_path), budget and os.path.join(ROOT, budget))
+    row = next(r for r in spec["rows"] if r["id"] == rid)
+    assert (h["task"]["source_lang"], h["model"]["_name"]) == (spec["src"], row["arch"])
+    cmd = B.build_train_cmd("DATA", "SAVE", row["arch"], spec["src"], spec["tgt"], dict(row["_budget"]["train"]),
+                            row.get("fns"), row.get("extra", ""), cpu=True)
+    got = _cli_cfg(cmd)
+    # the same arch and components with their defaults: what the example gets for a key it leaves out
+    names = {g: (got[g].get(flag) if isinstance(got[g], dict) else None) for g, flag in COMPONENTS.items()}
+    names["task"] = got["task"].get("_name", names["task"])
+    base = _cli_cfg(B.build_train_cmd("DATA", "SAVE", row["arch"], spec["src"], spec["tgt"], {}, None, (
+        f"--task {names['task']} --criterion {got['criterion']['_name']} --optimizer {got['optimizer']['_name']} "
+        f"--lr-scheduler {got['lr_scheduler']['_name']}"), cpu=True))
+    p = argparse.ArgumentParser()
+    ARCH_MODEL_REGISTRY[row["arch"]].add_args(p)
+    model_keys = {a.dest for a in p._actions} - {"help"}
+    for g, kv in h.items():
+        for k, v in kv.items():
+            if v == "???" or k == "save_dir":
+                continue
+            assert _same(got[g].get(k), v), f"{paper}: {g}.{k} = {v} in the example, {got[g].get(k)} in the row"
+    for g, kv in got.items():
+        if not isinstance(kv, dict):
+            continue
+        for k, v in kv.items():
+            if (g, k) in DERIVED or k in ("save_dir", "data", "user_dir", "_name") or (
+                    g == "model" and k not in model_keys):
+                continue
+            if not _same(v, (base.get(g) or {}).get(k)):
+                assert _same((h.get(g) or {}).get(k), v), (f"{paper}: the row sets {g}.{k} = {v}, the example "
+                                                          f"{(h.get(g) or {}).get(k, 'leaves it at the default')}")
+
+
 def test_hydra_refuses_a_misspelt_model_key(data_bin, tmp_path):
     """A typo in ``model:`` fails at build with the key's name, before any update."""
     import subprocess
