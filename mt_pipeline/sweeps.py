@@ -397,9 +397,11 @@ def table1(runs, metric, max_loss, out_path, figure=None,
               "BLEU; RIBES for En-Ja). "
               "Window = source positions scored, averaged as §5.2 says: at each decoding step over the beam's "
               "hypotheses, then over the sentence's steps, then over the test sentences -- for Global attention "
-              "the mean source length (positions are BPE pieces plus the EOS; each decode's record keeps the "
-              "average pooled over hypothesis-steps too). tau chosen on the validation set by the paper's rule "
-              f"(smallest of {list(SELECT_FROM)} losing at most {max_loss} {metric} against tau = inf). "
+              "the mean source length (positions are the source's tokens -- BPE pieces, words or characters, as the "
+              "data were prepared -- plus the EOS fairseq appends, which the paper's windows do not count; each "
+              "decode's record keeps the average pooled over hypothesis-steps too). tau chosen on the validation "
+              f"set by the paper's rule (§5.2: at most {max_loss} {metric} lost against tau = inf; the smallest "
+              f"such tau of {list(SELECT_FROM)}, our reading). "
               "SacreBLEU with tokenized BLEU in brackets.", ""]
     for rdir, res3, sw, tau, entries in sections:
         column = "En-Ja" if res3["direction"].split("-")[-1] == "ja" else "De-En"
@@ -414,7 +416,7 @@ def table1(runs, metric, max_loss, out_path, figure=None,
             lines.append(f"| {e['id']} | {e['name']} | {paper[e['key']][0]} | {paper[e['key']][1]} | " + " | ".join(cells) + " |")
         src_len = next((e["v"]["source_length"] for e in entries if e["v"] and e["v"].get("source_length")), None)
         if src_len is not None:
-            lines += ["", f"Test sources: {src_len:.2f} positions a sentence on average (BPE pieces + EOS)."]
+            lines += ["", f"Test sources: {src_len:.2f} positions a sentence on average (tokens + EOS)."]
         sig = next((e["v"].get("signature") for e in entries if e["v"] and e["v"].get("signature")), "n/a")
         table = _training_table(rdir)
         lines += ["", f"Runs: `{repo_relative(rdir)}/row1..4`; their commands, configs, commits, hardware and "

@@ -512,9 +512,10 @@ def attention_transformer_base(args):
 @register_model_architecture("attention_transformer", "rela_transformer")
 def rela_transformer(args):
     """ReLA paper setting (Section 5): Transformer base, ReLA-g in all three attention types.
-    fairseq's base defaults otherwise: the paper's attention dropout 0.1 and shared embeddings come
-    from ``configs/rela/paper_base.yaml`` (pass ``--attention-dropout 0.1 --share-all-embeddings``
-    when training by hand)."""
+    fairseq's base defaults otherwise: the paper's attention dropout 0.1, the released code's FFN
+    dropout 0.1 and its embeddings (separate dictionaries, the target embedding tied to the softmax;
+    the paper does not say) come from ``configs/rela/paper_base.yaml`` (by hand: ``--attention-dropout
+    0.1 --activation-dropout 0.1 --share-decoder-input-output-embed``)."""
     apply_family(args, RelaTransformerConfig)
     with config_context(args):
         base_architecture(args)
