@@ -51,6 +51,13 @@ def test_iwslt14_recipe_reproduces_fairseq_test_set_byte_for_byte(tmp_path):
     for lang in ("de", "en"):
         assert (out / "tok" / f"test.{lang}").read_bytes() == gz_bytes(f"{DATA}/iwslt14_de_en/tok_lc/test.{lang}.gz")
         assert (out / "bpe" / f"test.{lang}").read_bytes() == gz_bytes(f"{DATA}/iwslt14_de_en/bpe10k/test.{lang}.gz")
+        # test1, ReLUFormer App. A.1's test set: fairseq's without TEDX.dev2012 (its second part)
+        n_dev2010, n_tedx = (len(re.findall(rb"<seg[ >]", gz_bytes(f"{DATA}/iwslt14_de_en/orig_xml/IWSLT14.{n}.de-en."
+                                                                    f"{lang}.xml.gz"))) for n in ("TED.dev2010", "TEDX.dev2012"))
+        for stage in ("tok", "bpe"):
+            test = (out / stage / f"test.{lang}").read_text(encoding="utf-8").splitlines()
+            test1 = (out / stage / f"test1.{lang}").read_text(encoding="utf-8").splitlines()
+            assert test1 == test[:n_dev2010] + test[n_dev2010 + n_tedx:] and len(test1) == 5585
     # local mode says what is missing here (training data -> no bin/)
     assert "training data" in r.stdout and "NOT complete" in r.stdout
     assert not (out / "bin").exists()
