@@ -305,7 +305,11 @@ def batch_flags(batch, gpus):
     per_gpu, uf = batch_for_gpus(batch, gpus)
     over = {"max-tokens" if unit == "tokens" else "batch-size": per_gpu, "update-freq": uf,
             "distributed-world-size": gpus, "fp16": bool(batch.get("fp16", True))}
-    return over, (f"~{batch[keys[unit][0]]} {unit} per update = {gpus} x {per_gpu} {unit} x update-freq {uf}")
+    want, got = int(batch[keys[unit][0]]), gpus * per_gpu * uf
+    # a sentence batch is exact (a token batch is a cap): say when the GPUs make it larger
+    off = (f" = {got}, not {want}: {gpus} GPUs x update-freq {uf} do not divide {want}"
+           if unit == "sentences" and got != want else "")
+    return over, f"~{want} {unit} per update = {gpus} x {per_gpu} {unit} x update-freq {uf}{off}"
 
 
 def resolve_spec(spec_path, gpus, scale="paper"):

@@ -11,6 +11,7 @@ a trailing space; multi-dots (``...``) are not split by tokenizer.perl and are l
 """
 
 import gzip
+import math
 import importlib.machinery
 import importlib.util
 import os
@@ -425,6 +426,10 @@ def test_batch_for_gpus_keeps_the_tokens_per_update(gpus):
         assert over == {"max-tokens" if unit == "tokens" else "batch-size": mt, "update-freq": uf,
                         "distributed-world-size": gpus, "fp16": False}
     assert REPRO.batch_flags({"tokens_per_update": 10, "max_tokens_per_gpu": 10}, gpus)[0]["fp16"] is True
+    # Flexible's 64-sentence batches: exact where the GPUs divide them, and the description says when not
+    desc = REPRO.batch_flags({"sentences_per_update": 64, "max_sentences_per_gpu": 64}, gpus)[1]
+    n = gpus * math.ceil(64 / gpus)
+    assert (f"= {n}, not 64" in desc) == (64 % gpus != 0)
     with pytest.raises(SystemExit, match="tokens_per_update \\+ max_tokens_per_gpu or sentences_per_update"):
         REPRO.batch_flags({"sentences_per_update": 64}, gpus)
 
