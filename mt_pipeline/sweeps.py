@@ -397,7 +397,7 @@ def table1(runs, metric, max_loss, out_path, figure=None,
               "BLEU; RIBES for En-Ja). "
               "Window = source positions scored, averaged as §5.2 says: at each decoding step over the beam's "
               "hypotheses, then over the sentence's steps, then over the test sentences -- for Global attention "
-              "the mean source length (positions are the source's tokens -- BPE pieces, words or characters, as the "
+              "the mean number of source positions (positions are the source's tokens -- BPE pieces, words or characters, as the "
               "data were prepared -- plus the EOS fairseq appends, which the paper's windows do not count; each "
               "decode's record keeps the average pooled over hypothesis-steps too). tau chosen on the validation "
               f"set by the paper's rule (§5.2: at most {max_loss} {metric} lost against tau = inf; the smallest "

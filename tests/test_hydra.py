@@ -103,7 +103,8 @@ ROWS = {"rela": ("configs/rela/table1.yaml", 7, None),  # ReLA-g in all three at
         "flexible": ("configs/flexible/table1_multi30k_en_de.yaml", 3, None)}
 # settings fairseq derives from others (optimization.lr, dataset.max_tokens, common.tpu)
 DERIVED = {("optimizer", "lr"), ("lr_scheduler", "lr"), ("optimizer", "tpu"), ("dataset", "max_tokens_valid")}
-COMPONENTS = {"task": "task", "criterion": "criterion", "optimizer": "optimizer", "lr_scheduler": "lr_scheduler"}
+# config group -> the fairseq-train flag that picks its component
+COMPONENTS = {"task": "task", "criterion": "criterion", "optimizer": "optimizer", "lr_scheduler": "lr-scheduler"}
 
 
 def _cli_cfg(cmd):
@@ -138,8 +139,9 @@ def test_hydra_example_is_the_table_row_it_names(paper):
     sets equals that row's fairseq-train setting, and every setting of the row's command that is not
     its components' or arch preset's default (the budget's and the row's flags) is set by the example
     to the same value -- so a budget or row edited without its example (or the reverse) fails here.
-    Both sides as fairseq builds them: the row's command through fairseq's parser and
-    ``convert_namespace_to_omegaconf``, the example's YAML over the same components' defaults."""
+    The row's side as fairseq-train builds it (its parser, then ``convert_namespace_to_omegaconf``);
+    the example's side is its YAML, whose missing keys take the same components' defaults (what
+    fairseq-hydra-train's config dataclasses give them)."""
     import argparse
 
     import yaml
@@ -156,11 +158,8 @@ def test_hydra_example_is_the_table_row_it_names(paper):
                             row.get("fns"), row.get("extra", ""), cpu=True)
     got = _cli_cfg(cmd)
     # the same arch and components with their defaults: what the example gets for a key it leaves out
-    names = {g: (got[g].get(flag) if isinstance(got[g], dict) else None) for g, flag in COMPONENTS.items()}
-    names["task"] = got["task"].get("_name", names["task"])
-    base = _cli_cfg(B.build_train_cmd("DATA", "SAVE", row["arch"], spec["src"], spec["tgt"], {}, None, (
-        f"--task {names['task']} --criterion {got['criterion']['_name']} --optimizer {got['optimizer']['_name']} "
-        f"--lr-scheduler {got['lr_scheduler']['_name']}"), cpu=True))
+    base = _cli_cfg(B.build_train_cmd("DATA", "SAVE", row["arch"], spec["src"], spec["tgt"], {}, None, " ".join(
+        f"--{flag} {got[g]['_name']}" for g, flag in COMPONENTS.items()), cpu=True))
     p = argparse.ArgumentParser()
     ARCH_MODEL_REGISTRY[row["arch"]].add_args(p)
     model_keys = {a.dest for a in p._actions} - {"help"}
@@ -168,7 +167,8 @@ def test_hydra_example_is_the_table_row_it_names(paper):
         for k, v in kv.items():
             if v == "???" or k == "save_dir":
                 continue
-            assert _same(got[g].get(k), v), f"{paper}: {g}.{k} = {v} in the example, {got[g].get(k)} in the row"
+            assert k in got[g], f"{paper}: the example sets {g}.{k}, which fairseq's {g} config has not"
+            assert _same(got[g][k], v), f"{paper}: {g}.{k} = {v} in the example, {got[g][k]} in the row"
     for g, kv in got.items():
         if not isinstance(kv, dict):
             continue

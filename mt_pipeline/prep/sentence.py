@@ -14,7 +14,9 @@ Stages (``<out>/``; every one idempotent and atomic, :class:`~mt_pipeline.prep.r
             with a word vocabulary (recipe ``word_vocab``, --word-vocab)
     char    instead of bpe with a character vocabulary (recipe ``char_vocab``, --char-vocab): every
             token split into characters ("@@" on all but its last) -> char/SPLIT.LANG, and
-            char/dict.LANG.txt keeping each language's N most frequent training characters
+            char/dict.LANG.txt keeping each language's N most frequent training characters (a
+            character not kept is one <unk> with or without "@@", so a generated word around an
+            <unk> splits there after --remove-bpe)
     bin     fairseq-preprocess -> bin/ (+ subsets.json): a joined dictionary with joint BPE, separate
             ones with separate BPE, words or characters (recipe ``dictionary``, --dictionary,
             overrides); with a word vocabulary each dictionary keeps the N most frequent training
@@ -58,7 +60,7 @@ def check_args(p, spec, args):
 def add_arguments(p, spec):
     """The options of ``mt-prep CORPUS`` for a spec corpus (besides the common ones of the CLI)."""
     p.add_argument("--variant", metavar="NAME", help="a named variant of the recipe (corpus.yaml `variants`: truecasing / BPE "
-                   "settings of one paper); tc/, bpe/, bin/ go to <out>/<variant>/")
+                   "settings of one paper); tc/, bpe/ (or char/), bin/ go to <out>/<variant>/")
     p.add_argument("--truecase", action="store_true", default=None, help="learn Moses truecasers on the tokenized "
                    "train set and truecase every split (default: the recipe's `truecase`)")
     p.add_argument("--no-truecase", dest="truecase", action="store_false", help="do not truecase")
@@ -66,7 +68,7 @@ def add_arguments(p, spec):
                    "per language (separate dictionaries); default: the recipe's `bpe_joint`")
     p.add_argument("--dictionary", choices=DICTIONARIES, help="joined: one fairseq dictionary for both languages "
                    "(--joined-dictionary); separate: one per language; default: the recipe's `dictionary`, else "
-                   "joined with joint BPE and separate with separate BPE or a word vocabulary")
+                   "joined with joint BPE and separate with separate BPE or a word or character vocabulary")
     p.add_argument("--word-vocab", nargs="+", metavar="N|LANG=N", help="word-level vocabularies instead of BPE: the N "
                    "most frequent training words of each language (one N, or LANG=N for every language; "
                    "fairseq's 4 special symbols included), every other word -> <unk> (default: the recipe's "
@@ -157,7 +159,7 @@ class SentencePrep:
         run, spec = self.run, self.spec
         self.codes_given()  # a --bpe-codes that does not fit: fail now
         run.log(f"{spec['title']}: mode={self.mode}" + (f" ({self.local_dir})" if self.local_dir else "")
-                + f" out={self.out}" + (f" variant={self.variant} (tc/, bpe/, bin/ in {self.vout})" if self.variant else "")
+                + f" out={self.out}" + (f" variant={self.variant} (tc/, bpe/ or char/, bin/ in {self.vout})" if self.variant else "")
                 + (" [dry run: nothing is written]" if run.dry else ""))
         if self.variant and spec["variants"][self.variant].get("about"):
             run.log(f"variant {self.variant}: " + " ".join(spec["variants"][self.variant]["about"].split()))
@@ -264,7 +266,7 @@ def stage_tc(p):
         return True
     if "train" not in p.splits:
         p.missing.append(f"truecaser models ({', '.join(p.tc_langs)}): learned on the training data, "
-                         "which is not here -- so no tc/, bpe/ or bin/")
+                         "which is not here -- so no tc/, bpe/ (char/) or bin/")
         return False
     check_tool("truecase", run.dry, run.log)
     stamp, legacy = stamps("tc", upstream=p.prev("tok"), langs=p.tc_langs, how=tc.DESCRIPTION, versions=tool_versions())
@@ -365,7 +367,9 @@ def stage_char(p):
         [os.path.join(d, f"dict.{l}.txt") for l in p.langs] if dicts else [])
 
     def body(x):
-        run.step(f"split {src_stage}/{{{','.join(p.splits)}}}.{bpe.alts(p.langs)} into characters -> char/")
+        run.step(f"split {src_stage}/{{{','.join(p.splits)}}}.{bpe.alts(p.langs)} into characters -> char/"
+                 + (f"; keep the {', '.join(f'{n} {l}' for l, n in p.chars.items())} most frequent training "
+                    "characters -> char/dict.LANG.txt" if dicts else ""))
         if run.dry:
             return
         bpe.split_chars_files(bpe.io_pairs(src_dir, x, p.splits, p.langs))

@@ -20,7 +20,7 @@ PIPELINES = ("sentence", "multi30k", "long_documents")
 # What a variant may change: the steps after tokenisation (it shares raw/ and tok/ with the default).
 VARIANT_KEYS = {"truecase", "bpe_joint", "bpe_merges", "dictionary", "word_vocab", "char_vocab"}
 #: the recipe key ``dictionary``: fairseq-preprocess's dictionaries (default: joined with joint BPE,
-#: separate otherwise, and separate for word vocabularies)
+#: separate otherwise, and separate for word and character vocabularies)
 DICTIONARIES = ("joined", "separate")
 
 
