@@ -183,6 +183,26 @@ def test_segment_words_keeps_gold_boundaries():
     assert [p for p, i in zip(pieces, ids) if i == 1 and not p.endswith("@@")] == [m[-1] for m in moses]
 
 
+def test_segment_words_tokenizes_gold_words_as_the_models_prep():
+    """Gold words of a WMT / IWSLT model's prep: XML-escaped (tokenizer.perl's default) and, for the
+    WMT recipes, dash-split (-a) -- the pieces the model was trained on, each still mapped to its
+    gold word; the Multi30k default leaves both alone."""
+    words = ['Er', 'sagte', '"', 'wohl-bekannt', '"', '&', 'ja']
+    plain, _ = A.segment_words(words, "de")
+    assert plain == words
+    esc, ids = A.segment_words(words, "de", escape=True)
+    assert esc == ['Er', 'sagte', '&quot;', 'wohl-bekannt', '&quot;', '&amp;', 'ja'] and ids == list(range(7))
+    both, ids = A.segment_words(words, "de", escape=True, aggressive_dash_splits=True)
+    assert both[3:6] == ['wohl', '@-@', 'bekannt'] and ids[3:6] == [3, 3, 3] and ids[-1] == 6
+    assert len(both) == len(ids) == len(words) + 2
+    # the page says which models' gold words were escaped / dash-split (--aer-escape / --aer-dash-splits)
+    from fairseq_plugins.analysis.cli import _gold_tokenization
+
+    assert _gold_tokenization({"m": {"moses_escape": False}}) == ""
+    text = _gold_tokenization({"wmt": {"moses_escape": True, "moses_dash_splits": True}, "m30k": {}})
+    assert "wmt: XML escaping (`--aer-escape`) and -a (`--aer-dash-splits`)" in text and "m30k: neither" in text
+
+
 # ---------------------------------------------------------------------------------------------
 # capture
 # ---------------------------------------------------------------------------------------------
@@ -439,6 +459,9 @@ def test_aer_of_an_en_de_model_reads_the_gold_links_the_other_way(deen, ende, tm
     # gold links left German-first would score the same diagonal otherwise: the turn is what is tested
     assert abs(mine["diagonal_unturned"] - mine["diagonal"]) > 5
     assert "| ende | en-de |" in (out / "analysis.md").read_text()
+    # the Multi30k prep's tokenization of the gold words: recorded, and the page names no other
+    assert a["moses_escape"] is False and a["moses_dash_splits"] is False
+    assert "Gold words Moses-tokenized" not in (out / "analysis.md").read_text()
     # --aer-source-merge mean (Zenkel et al. 2019): the source word's pieces averaged, as recomputed
     sh([sys.executable, "-m", "fairseq_plugins.analysis.cli", "--aer-checkpoint", f"ende={ck_ende}",
         "--data", str(prep / "bin"), "--aer-gold", GOLD, "--aer-limit", "20", "--aer-source-merge", "mean",

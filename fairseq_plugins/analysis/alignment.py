@@ -202,20 +202,24 @@ def target_rows(n_target_tokens: int, shifted: bool) -> slice:
     return slice(1, n_target_tokens + 1) if shifted else slice(0, n_target_tokens)
 
 
-def segment_words(words: Sequence[str], lang: str, bpe=None, tokenizer=None) -> Tuple[List[str], List[int]]:
+def segment_words(words: Sequence[str], lang: str, bpe=None, tokenizer=None, escape: bool = False,
+                  aggressive_dash_splits: bool = False) -> Tuple[List[str], List[int]]:
     """Pieces of a gold-tokenized sentence as the model's data-prep would make them, and the
     gold word of each piece.
 
-    Every gold word is passed through the data-prep's Moses tokenizer (sacremoses,
-    ``escape=False``, no aggressive dash splitting: ``mt_pipeline.prep.tok``) and then
-    BPE (subword-nmt ``BPE.process_line``), so gold word boundaries are kept while the model
-    sees the pieces it was trained on.
+    Every gold word is passed through the data-prep's Moses tokenizer (sacremoses; by default as
+    the Multi30k prep: ``escape=False``, no aggressive dash splitting, ``mt_pipeline.prep.tok``;
+    the WMT / IWSLT recipes escape, the WMT ones split dashes) and then BPE (subword-nmt
+    ``BPE.process_line``), so gold word boundaries are kept while the model sees the pieces it was
+    trained on.
 
     Args:
         words: the gold sentence's tokens.
         lang: Moses language (``de``/``en``).
         bpe: a ``subword_nmt.apply_bpe.BPE`` or None (no BPE).
         tokenizer: a ``sacremoses.MosesTokenizer`` (built for ``lang`` if None).
+        escape: tokenizer.perl's XML escaping (``"`` -> ``&quot;``, ...), as the models' prep.
+        aggressive_dash_splits: tokenizer.perl's ``-a`` (``a-b`` -> ``a @-@ b``), as the models' prep.
 
     Returns:
         ``(pieces, word_ids)`` of equal length.
@@ -226,7 +230,8 @@ def segment_words(words: Sequence[str], lang: str, bpe=None, tokenizer=None) -> 
         tokenizer = MosesTokenizer(lang=lang)
     pieces, ids = [], []
     for wi, word in enumerate(words):
-        toks = tokenizer.tokenize(word, escape=False, aggressive_dash_splits=False, return_str=True).split()
+        toks = tokenizer.tokenize(word, escape=escape, aggressive_dash_splits=aggressive_dash_splits,
+                                  return_str=True).split()
         line = " ".join(toks) if toks else word
         sub = (bpe.process_line(line) if bpe is not None else line).split()
         pieces += sub

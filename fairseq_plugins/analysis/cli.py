@@ -123,6 +123,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--aer-gold", default=os.path.join(os.path.dirname(ROOT), "shared", "data",
                                                       "rwth_gold_alignment_de_en"))
     p.add_argument("--aer-lowercase", action="store_true", help="use the lowercased gold text (test.{de,en})")
+    p.add_argument("--aer-escape", action="store_true", help="Moses-tokenize the gold words with tokenizer.perl's XML "
+                   "escaping (&quot; ...), as the models' prep did (the WMT and IWSLT recipes; Multi30k: not)")
+    p.add_argument("--aer-dash-splits", action="store_true", help="... and with tokenizer.perl's -a (a-b -> a @-@ b), "
+                   "as the WMT recipes")
     p.add_argument("--aer-limit", type=int, help="only the first N gold pairs")
     p.add_argument("--aer-source-merge", choices=SOURCE_MERGES, default="sum",
                    help="how a source word's subword columns merge into the word's: sum (default; the row stays a "
@@ -210,6 +214,18 @@ def _trained(report: dict) -> dict:
     return out
 
 
+def _gold_tokenization(aer: Dict[str, dict]) -> str:
+    """" Gold words Moses-tokenized with ..." when a model's gold words were escaped or dash-split
+    (``--aer-escape`` / ``--aer-dash-splits``), else "" (the Multi30k prep's tokenization)."""
+    used = {label: [o for k, o in (("moses_escape", "XML escaping (`--aer-escape`)"),
+                                   ("moses_dash_splits", "-a (`--aer-dash-splits`)")) if a.get(k)]
+            for label, a in aer.items()}
+    if not any(used.values()):
+        return ""
+    return " Gold words Moses-tokenized as the models' prep: " + "; ".join(
+        f"{label}: {' and '.join(o) or 'neither'}" for label, o in used.items()) + "."
+
+
 def _merge_words(aer: Dict[str, dict]) -> str:
     """How the AER models merged a source word's subword columns, in words: "summed (`--aer-source-merge
     sum`)", or per model when they differ."""
@@ -230,7 +246,8 @@ def _aer_markdown(report: dict) -> List[str]:
         md += ["## AER (%) of cross-attention vs RWTH De-En gold alignments (ReLA Fig. 4, Table 5)", "",
                "AoL: mean over layers of the layer attention's AER; AoH: mean over layers of the best head's. "
                "Each model is scored in its own direction (source word -> target word links). Subwords to words: "
-               "a target word's rows are averaged, a source word's columns " + _merge_words(report["aer"]) + ".", "",
+               "a target word's rows are averaged, a source word's columns " + _merge_words(report["aer"]) + "."
+               + _gold_tokenization(report["aer"]), "",
                "| model | direction | normal AoL | normal AoH | shifted AoL | shifted AoH | unk rate |",
                "|---|---|---|---|---|---|---|"]
         for l, a in report["aer"].items():
@@ -507,7 +524,8 @@ def main(argv=None):
         src_lang, tgt_lang = aer_directions[label]
         model, task, info = _load_or_exit(load_model_for_analysis, path, args.aer_data or args.data, src_lang, tgt_lang)
         res = alignment_aer(model, task, args.aer_gold, args.bpe_codes, src_lang, tgt_lang, cased=not args.aer_lowercase,
-                            max_tokens=args.max_tokens, limit=args.aer_limit, source_merge=args.aer_source_merge)
+                            max_tokens=args.max_tokens, limit=args.aer_limit, source_merge=args.aer_source_merge,
+                            escape=args.aer_escape, aggressive_dash_splits=args.aer_dash_splits)
         training = provenance.trained_model(path)
         res.update(checkpoint=provenance.repo_relative(os.path.abspath(path)), sha256=training["sha256"], training=training, info=info)
         report["aer"][label] = res

@@ -195,7 +195,8 @@ def rank_pairs(scores: torch.Tensor) -> List[int]:
 @torch.no_grad()
 def alignment_aer(model, task, gold_dir: str, bpe_codes: Optional[str], src_lang: str = "de",
                   tgt_lang: str = "en", cased: bool = True, max_tokens: int = 4096,
-                  limit: Optional[int] = None, source_merge: str = "sum") -> dict:
+                  limit: Optional[int] = None, source_merge: str = "sum", escape: bool = False,
+                  aggressive_dash_splits: bool = False) -> dict:
     """AER of the cross-attention of a ``src_lang``->``tgt_lang`` model on the RWTH De-En gold set
     (ReLA §5.2, Table 5 / Figure 4; AER of Och & Ney 2000).
 
@@ -213,6 +214,9 @@ def alignment_aer(model, task, gold_dir: str, bpe_codes: Optional[str], src_lang
         limit: only the first ``limit`` pairs (tests).
         source_merge: how a source word's subword columns merge, ``sum`` or ``mean`` (Zenkel et al.
             2019), :func:`~fairseq_plugins.analysis.alignment.merge_subwords`.
+        escape, aggressive_dash_splits: the Moses options of the models' prep, applied to the gold
+            words (:func:`~fairseq_plugins.analysis.alignment.segment_words`; default: the Multi30k
+            prep's, neither).
 
     Returns:
         :func:`~fairseq_plugins.analysis.alignment.summarize_counts` for normal and shifted
@@ -257,8 +261,8 @@ def alignment_aer(model, task, gold_dir: str, bpe_codes: Optional[str], src_lang
     srcs, tgts, sids, tids = [], [], [], []
     n_unk = n_pieces = 0
     for sw, tw in zip(src_words, tgt_words):
-        sp, si = segment_words(sw, src_lang, bpe, toks[src_lang])
-        tp, ti = segment_words(tw, tgt_lang, bpe, toks[tgt_lang])
+        sp, si = segment_words(sw, src_lang, bpe, toks[src_lang], escape, aggressive_dash_splits)
+        tp, ti = segment_words(tw, tgt_lang, bpe, toks[tgt_lang], escape, aggressive_dash_splits)
         s = sd.encode_line(" ".join(sp), add_if_not_exist=False, append_eos=True).long()
         t = td.encode_line(" ".join(tp), add_if_not_exist=False, append_eos=True).long()
         n_unk += int(s[:-1].eq(sd.unk()).sum() + t[:-1].eq(td.unk()).sum())
@@ -295,6 +299,7 @@ def alignment_aer(model, task, gold_dir: str, bpe_codes: Optional[str], src_lang
     for sw, tw, (sure, poss) in zip(src_words, tgt_words, gold):
         diag.add(diagonal_links(len(sw), len(tw)), sure, poss)
     res.update(n_pairs=len(gold), direction=f"{src_lang}-{tgt_lang}", unk_rate=n_unk / max(n_pieces, 1), cased=cased,
-               diagonal_aer=100.0 * diag.aer, source_merge=source_merge,
+               diagonal_aer=100.0 * diag.aer, source_merge=source_merge, moses_escape=escape,
+               moses_dash_splits=aggressive_dash_splits,
                bpe_codes=os.path.abspath(bpe_codes) if bpe_codes else None)
     return res
