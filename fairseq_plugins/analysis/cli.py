@@ -125,8 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--aer-lowercase", action="store_true", help="use the lowercased gold text (test.{de,en})")
     p.add_argument("--aer-escape", action="store_true", help="Moses-tokenize the gold words with tokenizer.perl's XML "
                    "escaping (&quot; ...), as the models' prep did (the WMT and IWSLT recipes; Multi30k: not)")
-    p.add_argument("--aer-dash-splits", action="store_true", help="... and with tokenizer.perl's -a (a-b -> a @-@ b), "
-                   "as the WMT recipes")
+    p.add_argument("--aer-dash-splits", action="store_true", help="Moses-tokenize the gold words with tokenizer.perl's "
+                   "-a (a-b -> a @-@ b), as the models' prep did (the WMT recipes; Multi30k, IWSLT14: not)")
     p.add_argument("--aer-limit", type=int, help="only the first N gold pairs")
     p.add_argument("--aer-source-merge", choices=SOURCE_MERGES, default="sum",
                    help="how a source word's subword columns merge into the word's: sum (default; the row stays a "
