@@ -195,12 +195,51 @@ def test_segment_words_tokenizes_gold_words_as_the_models_prep():
     both, ids = A.segment_words(words, "de", escape=True, aggressive_dash_splits=True)
     assert both[3:6] == ['wohl', '@-@', 'bekannt'] and ids[3:6] == [3, 3, 3] and ids[-1] == 6
     assert len(both) == len(ids) == len(words) + 2
-    # the page says which models' gold words were escaped / dash-split (--aer-escape / --aer-dash-splits)
-    from fairseq_plugins.analysis.cli import _gold_tokenization
+    # the page says which models' gold words were escaped / dash-split (--moses-escape / --moses-dash-splits)
+    from fairseq_plugins.analysis.cli import _gold_tokenization, build_parser
 
     assert _gold_tokenization({"m": {"moses_escape": False}}) == ""
     text = _gold_tokenization({"wmt": {"moses_escape": True, "moses_dash_splits": True}, "m30k": {}})
-    assert "wmt: XML escaping (`--aer-escape`) and -a (`--aer-dash-splits`)" in text and "m30k: neither" in text
+    assert "wmt: XML escaping (`--moses-escape`) and -a (`--moses-dash-splits`)" in text and "m30k: neither" in text
+    # the options' first names (--aer-escape / --aer-dash-splits) still parse, to the same settings
+    base = ["--checkpoint", "x.pt", "--data", "d", "--out", "o"]
+    old = build_parser().parse_args(base + ["--aer-escape", "--aer-dash-splits"])
+    assert old.moses_escape and old.moses_dash_splits
+    assert not build_parser().parse_args(base).moses_escape
+
+
+def test_rank_raw_text_is_tokenized_as_the_models_prep(tmp_path):
+    """--rank-raw applies the prep's Moses settings (as the AER gold words do): a WMT model's raw
+    text gets tokenizer.perl's escaping and -a, a Multi30k model's neither; every symbol the prep
+    would make is found in the dictionary (no <unk>), and --rank-pretokenized leaves the text alone."""
+    from fairseq.data import Dictionary
+
+    from fairseq_plugins.analysis.cli import _raw_pairs
+
+    class Task:
+        source_dictionary, target_dictionary = Dictionary(), Dictionary()
+
+    src_raw, tgt_raw = 'Er sagte "wohl-bekannt" & ja.', 'He said "well-known" & yes.'
+    src_wmt = 'Er sagte &quot; wohl @-@ bekannt &quot; &amp; ja .'
+    tgt_wmt = 'He said &quot; well @-@ known &quot; &amp; yes .'
+    for w in (src_wmt + ' " wohl-bekannt').split():
+        Task.source_dictionary.add_symbol(w)
+    for w in (tgt_wmt + ' " well-known').split():
+        Task.target_dictionary.add_symbol(w)
+    paths = [str(tmp_path / "c.de"), str(tmp_path / "c.en")]
+    for p, line in zip(paths, (src_raw, tgt_raw)):
+        with open(p, "w", encoding="utf-8") as f:
+            f.write(line + "\n")
+    src, tgt, s_txt, t_txt = _raw_pairs(Task, paths, "de", "en", None, False, escape=True,
+                                        aggressive_dash_splits=True)
+    assert (s_txt, t_txt) == ([src_wmt], [tgt_wmt])
+    unk = Task.source_dictionary.unk()
+    assert unk not in src[0].tolist() and unk not in tgt[0].tolist()
+    assert src[0].tolist() == Task.source_dictionary.encode_line(src_wmt, add_if_not_exist=False).tolist()
+    _, _, s_txt, t_txt = _raw_pairs(Task, paths, "de", "en", None, False)
+    assert s_txt == ['Er sagte " wohl-bekannt " & ja .'] and t_txt == ['He said " well-known " & yes .']
+    _, _, s_txt, _ = _raw_pairs(Task, paths, "de", "en", None, True)
+    assert s_txt == [src_raw]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -123,18 +123,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--aer-gold", default=os.path.join(os.path.dirname(ROOT), "shared", "data",
                                                       "rwth_gold_alignment_de_en"))
     p.add_argument("--aer-lowercase", action="store_true", help="use the lowercased gold text (test.{de,en})")
-    p.add_argument("--aer-escape", action="store_true", help="Moses-tokenize the gold words with tokenizer.perl's XML "
-                   "escaping (&quot; ...), as the models' prep did (the WMT and IWSLT recipes; Multi30k: not)")
-    p.add_argument("--aer-dash-splits", action="store_true", help="Moses-tokenize the gold words with tokenizer.perl's "
-                   "-a (a-b -> a @-@ b), as the models' prep did (the WMT recipes; Multi30k, IWSLT14: not)")
     p.add_argument("--aer-limit", type=int, help="only the first N gold pairs")
     p.add_argument("--aer-source-merge", choices=SOURCE_MERGES, default="sum",
                    help="how a source word's subword columns merge into the word's: sum (default; the row stays a "
                         "distribution over words) or mean (Zenkel et al. 2019, both sides averaged)")
     p.add_argument("--bpe-codes", help="BPE codes of the models' data-prep (AER gold text, --rank-raw)")
+    p.add_argument("--moses-escape", "--aer-escape", dest="moses_escape", action="store_true",
+                   help="Moses-tokenize the AER gold words and the --rank-raw text with tokenizer.perl's XML escaping "
+                        "(&quot; ...), as the models' prep did (the WMT and IWSLT recipes; Multi30k: not)")
+    p.add_argument("--moses-dash-splits", "--aer-dash-splits", dest="moses_dash_splits", action="store_true",
+                   help="Moses-tokenize the AER gold words and the --rank-raw text with tokenizer.perl's -a "
+                        "(a-b -> a @-@ b), as the models' prep did (the WMT recipes; Multi30k, IWSLT14: not)")
     p.add_argument("--rank-split", help="rank the pairs of this binarized split of --data by cross null rate")
     p.add_argument("--rank-raw", nargs=2, metavar=("SRC", "TGT"),
-                   help="rank a raw parallel corpus (Moses-tokenised and BPE'd like the data-prep)")
+                   help="rank a raw parallel corpus, Moses-tokenised (sacremoses; --moses-escape, --moses-dash-splits "
+                        "as the models' prep) and BPE'd (--bpe-codes); text a recipe also normalised or truecased: "
+                        "prepare it with mt-prep and pass --rank-pretokenized")
     p.add_argument("--rank-pretokenized", action="store_true",
                    help="--rank-raw files are already tokenised and BPE'd (skip both)")
     p.add_argument("--rank-with", metavar="LABEL",
@@ -154,8 +158,17 @@ def _subset(task, dataset, limit):
     return pairs_dataset(task, src[:limit], tgt[:limit])
 
 
-def _raw_pairs(task, paths, src_lang, tgt_lang, bpe_codes, pretokenized):
-    """Token tensors of a raw parallel corpus: Moses (data-prep settings) + BPE + dictionary."""
+def _raw_pairs(task, paths, src_lang, tgt_lang, bpe_codes, pretokenized, escape=False, aggressive_dash_splits=False):
+    """A raw parallel corpus as the models' data-prep would present it: sacremoses' Moses tokenizer
+    (``escape`` / ``aggressive_dash_splits``: tokenizer.perl's XML escaping / ``-a``, as the recipe;
+    both False is the Multi30k prep) + BPE (``bpe_codes``) + the task's dictionaries; ``pretokenized``:
+    the files already are (whitespace-split only).
+
+    Returns:
+        ``(src, tgt, src_text, tgt_text)``: per pair a 1-D LongTensor with EOS and the text encoded.
+
+    Raises:
+        SystemExit: the two files have different line counts."""
     def lines(path):
         with open(path, encoding="utf-8", newline="\n") as f:
             return [l[:-1] if l.endswith("\n") else l for l in f]
@@ -177,7 +190,8 @@ def _raw_pairs(task, paths, src_lang, tgt_lang, bpe_codes, pretokenized):
 
         def prep(texts, lang):
             tok = MosesTokenizer(lang=lang)
-            out = [tok.tokenize(t, escape=False, aggressive_dash_splits=False, return_str=True) for t in texts]
+            out = [tok.tokenize(t, escape=escape, aggressive_dash_splits=aggressive_dash_splits, return_str=True)
+                   for t in texts]
             return [bpe.process_line(t) for t in out] if bpe else out
 
         s_lines, t_lines = prep(s_lines, src_lang), prep(t_lines, tgt_lang)
@@ -216,9 +230,9 @@ def _trained(report: dict) -> dict:
 
 def _gold_tokenization(aer: Dict[str, dict]) -> str:
     """" Gold words Moses-tokenized with ..." when a model's gold words were escaped or dash-split
-    (``--aer-escape`` / ``--aer-dash-splits``), else "" (the Multi30k prep's tokenization)."""
-    used = {label: [o for k, o in (("moses_escape", "XML escaping (`--aer-escape`)"),
-                                   ("moses_dash_splits", "-a (`--aer-dash-splits`)")) if a.get(k)]
+    (``--moses-escape`` / ``--moses-dash-splits``), else "" (the Multi30k prep's tokenization)."""
+    used = {label: [o for k, o in (("moses_escape", "XML escaping (`--moses-escape`)"),
+                                   ("moses_dash_splits", "-a (`--moses-dash-splits`)")) if a.get(k)]
             for label, a in aer.items()}
     if not any(used.values()):
         return ""
@@ -504,9 +518,14 @@ def main(argv=None):
             name = args.rank_split
         else:
             src, tgt, s_txt, t_txt = _raw_pairs(task, args.rank_raw, task.cfg.source_lang, task.cfg.target_lang,
-                                                args.bpe_codes, args.rank_pretokenized)
+                                                args.bpe_codes, args.rank_pretokenized, escape=args.moses_escape,
+                                                aggressive_dash_splits=args.moses_dash_splits)
             ds = pairs_dataset(task, src, tgt)
             corpus = " + ".join(provenance.repo_relative(os.path.abspath(p)) for p in args.rank_raw)
+            corpus += (" (pretokenized)" if args.rank_pretokenized else
+                       f" (MosesTokenizer escape={args.moses_escape}, aggressive_dash_splits={args.moses_dash_splits}"
+                       + (f"; BPE {provenance.repo_relative(os.path.abspath(args.bpe_codes))})" if args.bpe_codes
+                          else "; no BPE)"))
             name = "raw"
         scores = cross_null_by_sentence(model, task, ds, args.max_tokens)
         order = rank_pairs(scores)
@@ -525,7 +544,7 @@ def main(argv=None):
         model, task, info = _load_or_exit(load_model_for_analysis, path, args.aer_data or args.data, src_lang, tgt_lang)
         res = alignment_aer(model, task, args.aer_gold, args.bpe_codes, src_lang, tgt_lang, cased=not args.aer_lowercase,
                             max_tokens=args.max_tokens, limit=args.aer_limit, source_merge=args.aer_source_merge,
-                            escape=args.aer_escape, aggressive_dash_splits=args.aer_dash_splits)
+                            escape=args.moses_escape, aggressive_dash_splits=args.moses_dash_splits)
         training = provenance.trained_model(path)
         res.update(checkpoint=provenance.repo_relative(os.path.abspath(path)), sha256=training["sha256"], training=training, info=info)
         report["aer"][label] = res
