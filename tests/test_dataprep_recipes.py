@@ -71,6 +71,52 @@ def test_iwslt14_recipe_reproduces_fairseq_test_set_byte_for_byte(tmp_path):
 
 
 @needs_data
+def test_iwslt14_download_mode_binarizes_test1_as_fairseq_subset_test1(tmp_path):
+    """The whole recipe through bin/ (local mode stops before it: no training data here): a de-en.tgz
+    in download/ holding the real dev/test XML and, as the training stand-in, 3,000 Multi30k pairs in
+    train.tags form (tag lines that prepare-iwslt14.sh drops included).  bin/subsets.json maps
+    fairseq's subsets to the splits -- test = fairseq's 6,750 pairs, test1 = App. A.1's 5,585 --
+    and fairseq's translation task loads test1 as test without its TEDX.dev2012 part, symbol for symbol."""
+    import io
+    import json
+    import tarfile
+
+    from fairseq.data import Dictionary, data_utils
+
+    out = tmp_path / "iwslt14"
+    (out / "download").mkdir(parents=True)
+    with tarfile.open(out / "download" / "de-en.tgz", "w:gz") as t:
+        def add(name, data):
+            info = tarfile.TarInfo(f"de-en/{name}")
+            info.size = len(data)
+            t.addfile(info, io.BytesIO(data))
+
+        for f in sorted(os.listdir(f"{DATA}/iwslt14_de_en/orig_xml")):
+            if f.endswith(".xml.gz"):
+                add(f[:-3], gz_bytes(f"{DATA}/iwslt14_de_en/orig_xml/{f}"))
+        for lang in ("de", "en"):
+            lines = gz_bytes(f"{DATA}/multi30k_en_de/raw/train.{lang}.gz").decode("utf-8").split("\n")[:3000]
+            tags = [f"<url>http://www.ted.com/talks/{lang}</url>", "<talkid>1</talkid>", "<keywords>k</keywords>"]
+            add(f"train.tags.de-en.{lang}", "\n".join(tags + lines + [""]).encode("utf-8"))
+    r = prepare("iwslt14_de_en", "--download", "--out", str(out), "--bpe-merges", "500")
+    assert r.returncode == 0, r.stderr + r.stdout
+    assert (out / "raw" / "train.de").read_text(encoding="utf-8").count("\n") == 3000  # tag lines dropped
+    b = out / "bin"
+    assert json.loads((b / "subsets.json").read_text()) == {"test": "test", "test1": "test1"}
+    n_dev2010, n_tedx = (len(re.findall(rb"<seg[ >]", gz_bytes(f"{DATA}/iwslt14_de_en/orig_xml/IWSLT14.{n}.de-en."
+                                                                f"de.xml.gz"))) for n in ("TED.dev2010", "TEDX.dev2012"))
+    for lang in ("de", "en"):
+        d = Dictionary.load(str(b / f"dict.{lang}.txt"))
+        test, test1 = (data_utils.load_indexed_dataset(str(b / f"{s}.de-en.{lang}"), d) for s in ("test", "test1"))
+        assert (len(test), len(test1)) == (6750, 5585)
+        keep = list(range(n_dev2010)) + list(range(n_dev2010 + n_tedx, 6750))
+        assert all(test1[i].tolist() == test[j].tolist() for i, j in enumerate(keep))
+        bpe1 = (out / "bpe" / f"test1.{lang}").read_text(encoding="utf-8").split("\n")[:-1]
+        assert [len(test1[i]) for i in range(0, 5585, 97)] == [len(bpe1[i].split()) + 1 for i in range(0, 5585, 97)]
+    assert "NOT complete" not in r.stdout
+
+
+@needs_data
 def test_iwslt14_tampered_input_fails_its_checksum(tmp_path):
     local = tmp_path / "local" / "orig_xml"
     local.mkdir(parents=True)
