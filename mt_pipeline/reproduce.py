@@ -46,17 +46,23 @@ from .budget import REGIMES, regime
 from .evidence import predates_evidence
 from .provenance import ROOT, git_commit
 
-def _aer_command(runs, out):
+def _aer_command(runs, out, seeds=(), prep="data-bin/multi30k_en_de", moses=()):
     """ReLA Table 5's post-training step: AER of the En->De models in ``runs``/row1, row2, row3, row7
     (ReLA Table 1's softmax, sparsemax, 1.5-entmax and ReLA-g rows: §5.2 analyses the Table 1 models;
     each run directory stands for the checkpoint it was scored with) against the RWTH De-En gold
     alignments (``--aer-gold``'s default, ``../shared/data/rwth_gold_alignment_de_en``), tokenised
-    with the Multi30k data-prep's BPE; writes ``<out>.md`` and ``<out>/`` (analysis.json,
-    figures/aer.png)."""
+    as the data-prep ``prep`` (its ``bin/`` and ``bpe/codes``; ``moses``: the Moses options of its
+    recipe, e.g. ``--moses-escape``); writes ``<out>.md`` and ``<out>/`` (analysis.json,
+    figures/aer.png).  ``seeds``: every model is the mean over these seeds (seed 1 in ``rowN``, seed k
+    in ``rowN-seed<k>``, as :func:`mt_pipeline.tables.run_dir` names them; ReLA §5.2 averages three)."""
     labels = {1: "softmax", 2: "sparsemax", 3: "entmax15", 7: "rela_g"}
+
+    def paths(i):
+        return ",".join(f"{runs}/row{i}" + ("" if k == 1 else f"-seed{k}") for k in (seeds or (1,)))
+
     return [sys.executable, "-m", "fairseq_plugins.analysis.cli",
-            "--aer-checkpoint", *[f"{label}={runs}/row{i}" for i, label in labels.items()],
-            "--data", "data-bin/multi30k_en_de/bin", "--bpe-codes", "data-bin/multi30k_en_de/bpe/codes",
+            "--aer-checkpoint", *[f"{label}={paths(i)}" for i, label in labels.items()],
+            "--data", f"{prep}/bin", "--bpe-codes", f"{prep}/bpe/codes", *moses,
             "--out", out, "--md", f"{out}.md"]
 
 
@@ -91,15 +97,23 @@ TABLES = {
         # Table 5 / Figure 4 (AER of cross-attention vs the RWTH De-En gold alignments) of Table 1's
         # En->De models (§5.2: "we quantitatively analyze these weights on WMT14 En-De"): the spec
         # names Table 1's rows 1, 2, 3, 7 (the same runs), the AER is the post-training step
-        "table5": {"small": ["configs/rela/table5_aer.yaml"],
+        # At paper scale every model is three seeds (§5.2), their mean on the page: the table's default seeds
+        "table5": {"small": ["configs/rela/table5_aer.yaml"], "paper": ["configs/rela/wmt14_en_de/table5_aer.yaml"],
+                   "seeds": {"paper": "1,2,3"},
                    "after": {
                        "small": [_aer_command("runs/rela_table1", "results/rela/table5_aer_multi30k")],
                        "converged": [_aer_command("runs/converged/rela_table1",
                                                   "results/rela/table5_aer_multi30k_converged")],
+                       # the rela variant of the WMT14 prep (joint BPE, configs/rela/wmt14_en_de/budget.yaml);
+                       # its recipe escapes and splits dashes (tokenizer.perl -a), so the gold words are too
+                       "paper": [_aer_command("runs/paper/rela_table1", "results/rela/table5_aer_wmt14",
+                                              seeds=(1, 2, 3), prep="data-bin/wmt14_en_de/rela",
+                                              moses=("--moses-escape", "--moses-dash-splits"))],
                        "note": "AER (%) of the En->De cross-attention of ReLA Table 1's rows 1, 2, 3, 7 (softmax, "
                                "sparsemax, 1.5-entmax, ReLA-g) against the RWTH De-En gold alignments, normal and "
                                "shifted, layer attention and best head per layer (paper Table 5, Figure 4; "
-                               "fairseq-attention-analysis --aer-checkpoint)"}},
+                               "fairseq-attention-analysis --aer-checkpoint; at paper scale the mean of seeds 1-3, "
+                               "as §5.2)"}},
     },
     "reluformer": {
         "table1": {"small": ["configs/reluformer/table1_ffn_memory.yaml"],
@@ -379,9 +393,10 @@ def check_row(train_cmd):
         raise SystemExit(f"row does not resolve (fairseq rejected the flags; see above): {' '.join(args)}") from err
 
 
-def dry_run(spec_path, rows, gpus, scale, check=True, shown=None, budget=None):
-    """Print every command of the table spec's rows (under ``budget`` when given); parse each
-    training command (see check_row).  Returns the number of rows checked."""
+def dry_run(spec_path, rows, gpus, scale, check=True, shown=None, budget=None, seeds=None):
+    """Print every command of the table spec's rows (under ``budget`` when given; for every seed of
+    ``seeds``, comma-separated, as :mod:`mt_pipeline.tables` runs them); parse each row's training
+    command (see check_row).  Returns the number of rows checked."""
     spec = run_table.load_table(spec_path, None if budget is None else os.path.join(ROOT, budget))
     q = lambda cmd: " ".join(shlex.quote(str(c)) for c in cmd)  # noqa: E731
     shown = shown or os.path.relpath(spec_path, ROOT)
@@ -391,36 +406,39 @@ def dry_run(spec_path, rows, gpus, scale, check=True, shown=None, budget=None):
     n = 0
     for r in select_rows(spec, rows):
         row_budget = r["_budget"]
-        rdir = run_table.run_dir(spec, r)
-        print(f"\n# row {r['id']}: {r['name']}  (paper: {'–' if r.get('paper') is None else r['paper']})  run dir {os.path.relpath(rdir, ROOT)}")
-        pcmd = experiment.prep_cmd(row_budget)
-        if q(pcmd) not in prepped:
-            prepped.add(q(pcmd))
-            print("$ " + q(pcmd))
-        prep = experiment.prep_dir(row_budget)
-        data_bin = os.path.join(prep, "bin")
-        train_cfg = dict(row_budget["train"])
-        cmd = experiment.build_train_cmd(data_bin, os.path.join(rdir, "checkpoints"), r["arch"], spec["src"],
-                                         spec["tgt"], train_cfg, r.get("fns"), r.get("extra", ""),
-                                         cpu=(scale != "paper" and gpus == 0))
-        print("$ " + q(cmd) + "    # resumes from checkpoint_last.pt")
-        avg, avg_cmd = experiment.decode_checkpoint(row_budget, rdir)
-        if avg_cmd:
-            print("$ " + q(avg_cmd))
-        else:
-            print(f"# evaluate {os.path.relpath(avg, ROOT)} (fairseq's best checkpoint on the validation set)")
-        print("$ " + q(experiment.eval_cmd(row_budget["generate"], avg, data_bin, prep, spec["src"], spec["tgt"],
-                                           row_budget["data"]["subsets"], os.path.join(rdir, "eval"))))
-        for an in spec.get("analyses") or []:
-            print("$ " + q([sys.executable, an["script"], "--checkpoint", avg, "--data-bin", data_bin,
-                            "--src", spec["src"], "--tgt", spec["tgt"], "--json",
-                            os.path.join(rdir, f"analysis_{an['name']}.json")]))
-        if check:
-            check_row(cmd)
-            print("  (resolved: fairseq's training parser accepts this command)")
+        for k, seed in enumerate([int(x) for x in seeds.split(",")] if seeds else [None]):
+            rdir = run_table.run_dir(spec, r, seed)
+            print(f"\n# row {r['id']}: {r['name']}" + (f", seed {seed}" if seed is not None else "")
+                  + f"  (paper: {'–' if r.get('paper') is None else r['paper']})  run dir {os.path.relpath(rdir, ROOT)}")
+            pcmd = experiment.prep_cmd(row_budget)
+            if q(pcmd) not in prepped:
+                prepped.add(q(pcmd))
+                print("$ " + q(pcmd))
+            prep = experiment.prep_dir(row_budget)
+            data_bin = os.path.join(prep, "bin")
+            train_cfg = dict(row_budget["train"], **({"seed": seed} if seed is not None else {}))
+            cmd = experiment.build_train_cmd(data_bin, os.path.join(rdir, "checkpoints"), r["arch"], spec["src"],
+                                             spec["tgt"], train_cfg, r.get("fns"), r.get("extra", ""),
+                                             cpu=(scale != "paper" and gpus == 0))
+            print("$ " + q(cmd) + "    # resumes from checkpoint_last.pt")
+            avg, avg_cmd = experiment.decode_checkpoint(row_budget, rdir)
+            if avg_cmd:
+                print("$ " + q(avg_cmd))
+            else:
+                print(f"# evaluate {os.path.relpath(avg, ROOT)} (fairseq's best checkpoint on the validation set)")
+            print("$ " + q(experiment.eval_cmd(row_budget["generate"], avg, data_bin, prep, spec["src"], spec["tgt"],
+                                               row_budget["data"]["subsets"], os.path.join(rdir, "eval"))))
+            for an in spec.get("analyses") or []:
+                print("$ " + q([sys.executable, an["script"], "--checkpoint", avg, "--data-bin", data_bin,
+                                "--src", spec["src"], "--tgt", spec["tgt"], "--json",
+                                os.path.join(rdir, f"analysis_{an['name']}.json")]))
+            if check and k == 0:  # the seeds' commands differ only in --seed and the directory
+                check_row(cmd)
+                print("  (resolved: fairseq's training parser accepts this command)")
         n += 1
     print(f"\n$ mt-table --table {shown}" + (f" --budget {budget}" if budget else "")
-          + (f" --rows {rows}" if rows else "") + "    # renders " + spec["out"] + "\n")
+          + (f" --rows {rows}" if rows else "") + (f" --seeds {seeds}" if seeds else "")
+          + "    # renders " + spec["out"] + "\n")
     return n
 
 
@@ -697,6 +715,11 @@ def main(argv=None):
         p.error("--gpus must be >= 1 with --scale paper (>= 0 with --scale small or converged)")
     if a.seeds and "benchmark" in entry:
         p.error("--seeds applies to trained tables, not to benchmarks")
+    default_seeds = (entry.get("seeds") or {}).get(a.scale)
+    if a.seeds is None and default_seeds:  # a table whose paper averages seeds (ReLA Table 5: three)
+        a.seeds = default_seeds
+        print(f"[reproduce] {a.paper} {a.table} at {a.scale} scale trains seeds {a.seeds} (the paper averages them; "
+              "--seeds overrides)")
 
     if "benchmark" in entry:
         cmd = entry["benchmark"][a.scale]
@@ -718,7 +741,8 @@ def main(argv=None):
                 path = os.path.join(ROOT, s) if a.scale != "paper" else _resolve_in(tmp, s, gpus)
                 shown = s if a.scale != "paper" else os.path.join(
                     yaml.safe_load(open(os.path.join(ROOT, s)))["runs"], f"gpus{gpus}", os.path.basename(s))
-                n += dry_run(path, a.rows, gpus, a.scale, check=not a.no_check, shown=shown, budget=override)
+                n += dry_run(path, a.rows, gpus, a.scale, check=not a.no_check, shown=shown, budget=override,
+                             seeds=a.seeds)
         after = after_steps(entry, a.scale)
         if after:
             print(f"# after the rows: {entry['after']['note']}")

@@ -474,6 +474,48 @@ def test_aer_only_run_writes_its_page_where_md_says(deen, tmp_path):
             f"{a['shifted']['AoH']:.2f} |") in md
 
 
+def test_aer_of_several_seeds_is_their_mean_as_rela_reports_it(deen, ende, tmp_path_factory):
+    """ReLA §5.2 averages Table 5 / Figure 4 over three seeds: ``LABEL=CK1,CK2`` scores each seed
+    (each seed's numbers equal the seed scored alone) and reports the mean of every number, AoL / AoH
+    with the seeds' sample sd; the page says so and lists each seed's run.  Seeds given twice, of
+    different directions, or a lone seed mean are refused before any model is scored."""
+    from fairseq_plugins.analysis.report import seed_mean_aer
+
+    prep, ck1 = deen
+    ck2 = _train_tiny(prep, tmp_path_factory.mktemp("ck_s3"), "de", "en", seed=3)
+    out = tmp_path_factory.mktemp("seeds")
+    sh([sys.executable, "-m", "fairseq_plugins.analysis.cli", "--aer-checkpoint", f"relag={ck1},{ck2}",
+        f"one={ck1}", f"two={ck2}", "--data", str(prep / "bin"), "--aer-gold", GOLD, "--aer-limit", "12",
+        "--bpe-codes", str(prep / "bpe" / "codes"), "--out", str(out / "o"), "--md", str(out / "t5.md")])
+    rep = json.load(open(out / "o" / "analysis.json"))
+    a, one, two = rep["aer"]["relag"], rep["aer"]["one"], rep["aer"]["two"]
+    assert [x["checkpoint"] for x in a["seeds"]] == [one["checkpoint"], two["checkpoint"]]
+    for mode in ("normal", "shifted"):
+        assert a["seeds"][0][mode] == one[mode] and a["seeds"][1][mode] == two[mode]
+        for key in ("layer", "best_head"):
+            assert a[mode][key] == pytest.approx([(x + y) / 2 for x, y in zip(one[mode][key], two[mode][key])])
+        for key in ("AoL", "AoH"):
+            assert a[mode][key] == pytest.approx((one[mode][key] + two[mode][key]) / 2)
+            assert a[mode][key + "_sd"] == pytest.approx(abs(one[mode][key] - two[mode][key]) / math.sqrt(2))
+        assert "best_head_index" not in a[mode]
+    assert one["normal"]["per_head"] != two["normal"]["per_head"]  # two different models were averaged
+    md = (out / "t5.md").read_text()
+    assert (f"| relag (mean of 2 seeds) | de-en | {a['normal']['AoL']:.2f} ± {a['normal']['AoL_sd']:.2f} |") in md
+    assert "**relag** = 2 seeds: `" in md and "### Model aer:relag seed 1: `" in md and "### Model aer:relag seed 2: `" in md
+    assert "mean of each seed's best" in md and "three times with different random seeds" in md
+    # refused before any work: a seed twice, seeds of two directions
+    _, ck_ende = ende
+    for seeds, msg in ((f"{ck1},{ck1}", "a checkpoint is given twice"), (f"{ck1},{ck_ende}", "different directions")):
+        r = subprocess.run([sys.executable, "-m", "fairseq_plugins.analysis.cli", "--aer-checkpoint", f"x={seeds}",
+                            "--data", str(prep / "bin"), "--aer-gold", GOLD, "--out", str(out / "bad")],
+                           capture_output=True, text=True, cwd=ROOT)
+        assert r.returncode != 0 and msg in r.stderr and not (out / "bad").exists(), r.stderr
+    with pytest.raises(ValueError, match="at least two"):
+        seed_mean_aer([one])
+    with pytest.raises(ValueError, match="'source_merge'"):
+        seed_mean_aer([one, dict(two, source_merge="mean")])
+
+
 def test_aer_of_an_en_de_model_reads_the_gold_links_the_other_way(deen, ende, tmp_path):
     """ReLA §5.2 measures AER on its En->De models: an --aer-checkpoint trained En->De is scored in
     that direction (English gold words as its source, the German-first gold links turned round),

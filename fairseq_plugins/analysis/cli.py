@@ -17,6 +17,7 @@ All files are written atomically.
 """
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -29,12 +30,35 @@ __all__ = ["main", "build_parser"]
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _labelled(items: List[str], flag: str) -> List[Tuple[str, str]]:
+def _labelled_seeds(items: List[str], flag: str) -> List[Tuple[str, List[str]]]:
+    """``[LABEL=]PATH[,PATH...]`` arguments as ``(label, [checkpoint file, ...])``: several
+    comma-separated PATHs are seeds of one configuration (each resolved as by :func:`_labelled`;
+    the default label is the first's).  Exits with a message naming the flag on a repeated label,
+    a repeated path or a missing checkpoint, before anything is loaded."""
+    out, seen = [], set()
+    for it in items:
+        label, paths = it.split("=", 1) if "=" in it else (None, it)
+        parts = [x for x in paths.split(",") if x]
+        if not parts:
+            raise SystemExit(f"{flag}: no checkpoint in {it!r}")
+        files = [p for _, p in _labelled(parts, flag, repeat_ok=True)]
+        label = label if label is not None else _labelled(parts[:1], flag)[0][0]
+        if label in seen:
+            raise SystemExit(f"{flag}: label {label!r} given twice")
+        if len(set(files)) != len(files):
+            raise SystemExit(f"{flag} {label}: a checkpoint is given twice ({', '.join(parts)}): seeds are "
+                             "different runs")
+        seen.add(label)
+        out.append((label, files))
+    return out
+
+
+def _labelled(items: List[str], flag: str, repeat_ok: bool = False) -> List[Tuple[str, str]]:
     """``[LABEL=]PATH`` arguments as ``(label, checkpoint file)``.  PATH is a checkpoint file or an
     ``mt-experiment`` run directory, which stands for the checkpoint the run was scored with
     (:func:`fairseq_plugins.provenance.decoded_checkpoint`); the default label is the run
     directory's name (for a file: its folder's).  Exits with a message naming the flag on a
-    repeated label or a missing checkpoint, before anything is loaded."""
+    repeated label (unless ``repeat_ok``) or a missing checkpoint, before anything is loaded."""
     from ..provenance import decoded_checkpoint
 
     out, seen = [], set()
@@ -45,7 +69,7 @@ def _labelled(items: List[str], flag: str) -> List[Tuple[str, str]]:
             if os.path.basename(run) == "checkpoints":
                 run = os.path.dirname(run)
             label = os.path.basename(run) or it
-        if label in seen:
+        if label in seen and not repeat_ok:
             raise SystemExit(f"{flag}: label {label!r} given twice")
         seen.add(label)
         if os.path.isdir(path):
@@ -115,10 +139,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also teacher-force on the model's own beam-search translations")
     p.add_argument("--beam", type=int, default=4)
     p.add_argument("--seed", type=int, default=1, help="seed of the reference shuffle")
-    p.add_argument("--aer-checkpoint", nargs="+", default=[], metavar="[LABEL=]PATH",
+    p.add_argument("--aer-checkpoint", nargs="+", default=[], metavar="[LABEL=]PATH[,PATH...]",
                    help="De->En or En->De checkpoint(s) (file or run directory, as --checkpoint) whose cross-attention "
                         "is scored against the RWTH De-En gold alignments, each in the direction it was trained "
-                        "(ReLA Table 5 / Fig. 4 measure the En->De models)")
+                        "(ReLA Table 5 / Fig. 4 measure the En->De models); comma-separated PATHs are seeds of one "
+                        "model: each is scored and the page shows their mean ± sd (ReLA §5.2 averages three seeds)")
     p.add_argument("--aer-data", help="data dir of the --aer-checkpoint models (default: --data)")
     p.add_argument("--aer-gold", default=os.path.join(os.path.dirname(ROOT), "shared", "data",
                                                       "rwth_gold_alignment_de_en"))
@@ -220,11 +245,16 @@ def _md_layer_table(results, kind, metric, pct) -> List[str]:
 
 
 def _trained(report: dict) -> dict:
-    """``{label: training record}`` of every model of the report (AER models as ``aer:<label>``)
-    that has one (:func:`fairseq_plugins.provenance.trained_model`; reports written before it
+    """``{label: training record}`` of every model of the report (AER models as ``aer:<label>``,
+    the seeds of a seed mean as ``aer:<label> seed <k>``) that has one (:func:`fairseq_plugins.provenance.trained_model`; reports written before it
     have none)."""
     out = {l: r["training"] for l, r in report["models"].items() if "training" in r}
-    out.update({f"aer:{l}": r["training"] for l, r in (report.get("aer") or {}).items() if "training" in r})
+    for l, r in (report.get("aer") or {}).items():
+        if "seeds" in r:  # a seed mean: one record per seed
+            out.update({f"aer:{l} seed {x['training'].get('seed') or i}": x["training"]
+                        for i, x in enumerate(r["seeds"], 1) if "training" in x})
+        elif "training" in r:
+            out[f"aer:{l}"] = r["training"]
     return out
 
 
@@ -252,6 +282,13 @@ def _merge_words(aer: Dict[str, dict]) -> str:
                       for m in dict.fromkeys(merges.values()))
 
 
+def _checkpoints(a: dict) -> str:
+    """The checkpoint(s) of an AER model in Markdown: one, or "N seeds: `a`, `b`, ..."."""
+    if "seeds" in a:
+        return f"{len(a['seeds'])} seeds: " + ", ".join(f"`{x['checkpoint']}`" for x in a["seeds"])
+    return f"`{a['checkpoint']}`"
+
+
 def _aer_markdown(report: dict) -> List[str]:
     """The AER section of a report (``report["aer"]``; ``[]`` without AER models): AoL / AoH per
     model and mode, the diagonal baseline, the per-layer curves."""
@@ -264,9 +301,18 @@ def _aer_markdown(report: dict) -> List[str]:
                + _gold_tokenization(report["aer"]), "",
                "| model | direction | normal AoL | normal AoH | shifted AoL | shifted AoH | unk rate |",
                "|---|---|---|---|---|---|---|"]
+        def cell(m, key):
+            return f"{m[key]:.2f}" + (f" ± {m[key + '_sd']:.2f}" if key + "_sd" in m else "")
+
         for l, a in report["aer"].items():
-            md.append(f"| {l} | {a.get('direction', 'de-en')} | {a['normal']['AoL']:.2f} | {a['normal']['AoH']:.2f} | "
-                      f"{a['shifted']['AoL']:.2f} | {a['shifted']['AoH']:.2f} | {100 * a['unk_rate']:.1f}% |")
+            name = f"{l} (mean of {len(a['seeds'])} seeds)" if "seeds" in a else l
+            md.append(f"| {name} | {a.get('direction', 'de-en')} | {cell(a['normal'], 'AoL')} | "
+                      f"{cell(a['normal'], 'AoH')} | {cell(a['shifted'], 'AoL')} | {cell(a['shifted'], 'AoH')} | "
+                      f"{100 * a['unk_rate']:.1f}% |")
+        if any("seeds" in a for a in report["aer"].values()):
+            md += ["", "A model of several seeds (ReLA §5.2: \"We train each model three times with different random "
+                   "seeds ... and report the average results\"): every AER is the mean over its seeds (AoH: each "
+                   "seed's own best head per layer), ± the sample standard deviation of the seeds' AoL / AoH."]
         diags = {a.get("direction", "de-en"): a["diagonal_aer"] for a in report["aer"].values()
                  if a.get("diagonal_aer") is not None}
         if diags:
@@ -276,9 +322,12 @@ def _aer_markdown(report: dict) -> List[str]:
         md.append("")
         for l, a in report["aer"].items():
             for mode in ("normal", "shifted"):
-                md.append(f"*{l}, {mode}*: layer attention " + ", ".join(f"{x:.1f}" for x in a[mode]["layer"])
-                          + "; best head " + ", ".join(f"{x:.1f} (h{h})" for x, h in
-                                                     zip(a[mode]["best_head"], a[mode]["best_head_index"])))
+                m = a[mode]
+                best = (", ".join(f"{x:.1f} (h{h})" for x, h in zip(m["best_head"], m["best_head_index"]))
+                        if "best_head_index" in m else
+                        ", ".join(f"{x:.1f}" for x in m["best_head"]) + " (mean of each seed's best)")
+                md.append(f"*{l}, {mode}*: layer attention " + ", ".join(f"{x:.1f}" for x in m["layer"])
+                          + "; best head " + best)
                 md.append("")
     return md
 
@@ -296,7 +345,7 @@ def render_markdown(report: dict) -> str:
         md = ["# AER of cross-attention against the RWTH De-En gold alignments (ReLA Table 5, Figure 4)", ""] + (
               [head] if head else []) + [
               f"Commit `{report['provenance']['git_commit']}`; command: `{report['provenance']['command']}`.", "",
-              "Models: " + ", ".join(f"**{l}** = `{a['checkpoint']}` ({a['info']['arch']}, "
+              "Models: " + ", ".join(f"**{l}** = {_checkpoints(a)} ({a['info']['arch']}, "
                                       f"{'/'.join(a['info']['attention_fns'].values())}; {a.get('direction', 'de-en')})"
                                       for l, a in aer.items()), ""]
         return "\n".join(md + _aer_markdown(report) + ([section] if section else [])) + "\n"
@@ -431,7 +480,7 @@ def main(argv=None):
     if not md_path.endswith(".md"):
         parser.error(f"--md {args.md}: the Markdown page's name must end in .md")
     models = _labelled(args.checkpoint + args.compare, "--checkpoint")
-    aer_models = _labelled(args.aer_checkpoint, "--aer-checkpoint")
+    aer_models = _labelled_seeds(args.aer_checkpoint, "--aer-checkpoint")
     if not models and not aer_models:
         raise SystemExit("nothing to do: give --checkpoint and/or --aer-checkpoint")
     if (args.rank_split or args.rank_raw) and not models:
@@ -443,11 +492,15 @@ def main(argv=None):
     if aer_models and not os.path.isdir(args.aer_gold):
         raise SystemExit(f"--aer-gold: not a directory: {args.aer_gold}")
     aer_directions = {}
-    for label, path in aer_models:  # scored in the direction it was trained (ReLA §5.2: En->De), checked first
-        direction = _trained_direction(path)
+    for label, paths in aer_models:  # scored in the direction it was trained (ReLA §5.2: En->De), checked first
+        directions = [_trained_direction(path) for path in paths]
+        direction = directions[0]
         if direction not in (("de", "en"), ("en", "de")):
             raise SystemExit(f"--aer-checkpoint {label}: the model translates {direction[0]}->{direction[1]}; the RWTH "
                              "gold set aligns German and English, so AER needs a de->en or en->de model")
+        if any(d != direction for d in directions):
+            raise SystemExit(f"--aer-checkpoint {label}: its seeds translate in different directions ("
+                             + ", ".join(f"{p}: {d[0]}->{d[1]}" for p, d in zip(paths, directions)) + ")")
         aer_directions[label] = direction
     for path in filter(None, [args.bpe_codes] + list(args.rank_raw or [])):
         if not os.path.isfile(path):
@@ -461,7 +514,8 @@ def main(argv=None):
     from .. import provenance
     from ..atomic import atomic_path, write_json_atomic, write_text_atomic
     from .metrics import ffn_anisotropy
-    from .report import alignment_aer, analyze_dataset, cross_null_by_sentence, hallucination_test, rank_pairs
+    from .report import (alignment_aer, analyze_dataset, cross_null_by_sentence, hallucination_test, rank_pairs,
+                         seed_mean_aer)
 
     t0 = time.time()
     os.makedirs(os.path.join(args.out, "figures"), exist_ok=True)
@@ -539,16 +593,29 @@ def main(argv=None):
                              "n_pairs": len(order), "mean": float(finite.mean()) if len(finite) else None,
                              "min": float(finite.min()) if len(finite) else None,
                              "max": float(finite.max()) if len(finite) else None}
-    for label, path in aer_models:
+    for label, paths in aer_models:
         src_lang, tgt_lang = aer_directions[label]
-        model, task, info = _load_or_exit(load_model_for_analysis, path, args.aer_data or args.data, src_lang, tgt_lang)
-        res = alignment_aer(model, task, args.aer_gold, args.bpe_codes, src_lang, tgt_lang, cased=not args.aer_lowercase,
-                            max_tokens=args.max_tokens, limit=args.aer_limit, source_merge=args.aer_source_merge,
-                            escape=args.moses_escape, aggressive_dash_splits=args.moses_dash_splits)
-        training = provenance.trained_model(path)
-        res.update(checkpoint=provenance.repo_relative(os.path.abspath(path)), sha256=training["sha256"], training=training, info=info)
-        report["aer"][label] = res
-        del model
+        per_seed = []
+        for path in paths:
+            model, task, info = _load_or_exit(load_model_for_analysis, path, args.aer_data or args.data, src_lang,
+                                              tgt_lang)
+            res = alignment_aer(model, task, args.aer_gold, args.bpe_codes, src_lang, tgt_lang,
+                                cased=not args.aer_lowercase, max_tokens=args.max_tokens, limit=args.aer_limit,
+                                source_merge=args.aer_source_merge, escape=args.moses_escape,
+                                aggressive_dash_splits=args.moses_dash_splits)
+            training = provenance.trained_model(path)
+            res.update(checkpoint=provenance.repo_relative(os.path.abspath(path)), sha256=training["sha256"],
+                       training=training, info=info)
+            per_seed.append(res)
+            del model
+        if len(per_seed) == 1:
+            report["aer"][label] = per_seed[0]
+            continue
+        kinds = {json.dumps(r["info"], sort_keys=True) for r in per_seed}
+        if len(kinds) > 1:
+            raise SystemExit(f"--aer-checkpoint {label}: its seeds are different models ("
+                             + "; ".join(f"{r['checkpoint']}: {r['info']}" for r in per_seed) + ")")
+        report["aer"][label] = dict(seed_mean_aer(per_seed), info=per_seed[0]["info"])
     if not args.no_figures:
         figures += curve_figures(report, args.out)
     report["figures"] = [os.path.relpath(f, args.out) for f in figures]

@@ -17,7 +17,7 @@ from .alignment import AERCounts, diagonal_links, layer_head_links, new_counts, 
 from .capture import ATTENTION_KINDS, AttentionCapture, dataset_pairs, iter_batches, pairs_dataset
 
 __all__ = ["AttentionStats", "analyze_dataset", "cross_null_by_sentence", "hallucination_test",
-           "rank_pairs", "alignment_aer", "DEFAULT_TOP_P", "DEFAULT_TAUS"]
+           "rank_pairs", "alignment_aer", "seed_mean_aer", "DEFAULT_TOP_P", "DEFAULT_TAUS"]
 
 #: top-p percentages reported (ReLUFormer Figs 2 and 4 use small p; sentences here are short)
 DEFAULT_TOP_P = (1.0, 5.0, 10.0, 20.0, 50.0)
@@ -303,3 +303,61 @@ def alignment_aer(model, task, gold_dir: str, bpe_codes: Optional[str], src_lang
                moses_dash_splits=aggressive_dash_splits,
                bpe_codes=os.path.abspath(bpe_codes) if bpe_codes else None)
     return res
+
+
+#: what every seed of one configuration shares in :func:`alignment_aer`'s result (the gold set, its
+#: reading and the data-prep): seeds that differ here are not seeds of one model
+_SEED_SHARED = ("n_pairs", "direction", "cased", "source_merge", "moses_escape", "moses_dash_splits", "bpe_codes",
+                "diagonal_aer")
+
+
+def seed_mean_aer(results: Sequence[dict]) -> dict:
+    """The AER of one configuration trained with several seeds, as ReLA §5.2 reports Table 5 /
+    Figure 4 ("We train each model three times with different random seeds on WMT14 En-De and
+    report the average results"): every number of :func:`alignment_aer` averaged over the seeds.
+
+    Per mode (normal / shifted): ``layer`` (the layer attention's AER per layer), ``best_head``
+    (per layer, each seed's own best head), ``per_head``, ``AoL`` and ``AoH`` are means over the
+    seeds (so AoL / AoH are also the means of the seeds' AoL / AoH); ``AoL_sd`` / ``AoH_sd`` are
+    their sample standard deviations across seeds.  ``best_head_index`` is left out (seeds pick
+    different heads).  ``unk_rate`` is the mean; the shared keys (gold pairs, direction, case,
+    subword merge, Moses options, BPE codes, diagonal AER) are kept; ``seeds`` holds the per-seed
+    results as given.
+
+    Raises:
+        ValueError: fewer than two results, or results that differ in a shared key or in their
+            number of layers or heads (named), before anything is averaged.
+    """
+    import statistics
+
+    if len(results) < 2:
+        raise ValueError(f"a seed mean needs at least two results, got {len(results)}")
+    first = results[0]
+    for k in _SEED_SHARED:
+        vals = [r.get(k) for r in results]
+        if any(v != vals[0] for v in vals):
+            raise ValueError(f"the seeds differ in {k!r} ({vals}): they are not seeds of one configuration "
+                             "scored the same way")
+    for mode in ("normal", "shifted"):
+        shapes = [[len(l) for l in r[mode]["per_head"]] for r in results]
+        if any(sh != shapes[0] for sh in shapes):
+            raise ValueError(f"the seeds differ in their layers / heads per layer ({shapes})")
+
+    def mean(xs):
+        return sum(xs) / len(xs)
+
+    out = {k: first.get(k) for k in _SEED_SHARED}
+    for mode in ("normal", "shifted"):
+        ms = [r[mode] for r in results]
+        out[mode] = {
+            "layer": [mean(v) for v in zip(*(m["layer"] for m in ms))],
+            "best_head": [mean(v) for v in zip(*(m["best_head"] for m in ms))],
+            "per_head": [[mean(v) for v in zip(*layers)] for layers in zip(*(m["per_head"] for m in ms))],
+            "AoL": mean([m["AoL"] for m in ms]),
+            "AoH": mean([m["AoH"] for m in ms]),
+            "AoL_sd": statistics.stdev(m["AoL"] for m in ms),
+            "AoH_sd": statistics.stdev(m["AoH"] for m in ms),
+        }
+    out["unk_rate"] = mean([r["unk_rate"] for r in results])
+    out["seeds"] = list(results)
+    return out
