@@ -255,22 +255,24 @@ def weakest_regime(regimes: Iterable[str]) -> str:
     return min(regimes, key=lambda r: order.index(r) if r in order else 0, default="unstated")
 
 
-def models_markdown(models: Dict[str, Dict[str, object]]) -> Tuple[str, str]:
+def models_markdown(models: Dict[str, Dict[str, object]], seeds_note: Optional[str] = None) -> Tuple[str, str]:
     """Markdown for a page that measured trained ``models`` (label -> :func:`trained_model`):
     ``(head, section)``.  ``head`` is the regime line (``**Regime: smoke** -- ...``, the weakest
     regime of the models when they differ) and, when any model's training run has no committed
     evidence for this checkpoint, :data:`NO_EVIDENCE` with the command that re-trains them;
     ``section`` is ``## Trained models`` with a ``### Model <label>:`` entry per model naming its
     run, regime, seed, updates, checkpoint SHA-256 and committed evidence (the format the results
-    audit, ``tests/test_results_audit.py``, reads)."""
+    audit, ``tests/test_results_audit.py``, reads).  ``seeds_note`` replaces the regime line's
+    "(one model per label: ...)" where the page averages seeds (the AER seed means)."""
     regimes = [str(m["regime"]) for m in models.values()]
     weakest = weakest_regime(regimes)
     seeds = sorted({m["seed"] for m in models.values() if m["seed"] is not None})
     head = [f"**Regime: {weakest}** -- measured on the trained models below "
             f"({', '.join(f'{k}: {m}' for k, m in zip(models, regimes))}): "
             f"{REGIMES.get(weakest, 'their training runs state no regime')}. "
-            f"Seeds: {', '.join(map(str, seeds)) or 'not recorded'} (one model per label: differences between "
-            "models are not tested against seed noise).", ""]
+            f"Seeds: {', '.join(map(str, seeds)) or 'not recorded'} ("
+            + (seeds_note or "one model per label: differences between models are not tested against seed noise")
+            + ").", ""]
     missing = [k for k, m in models.items() if not m["evidence"]]
     if missing:
         head += [f"{NO_EVIDENCE} The training runs of {', '.join(missing)} have no committed evidence "

@@ -52,8 +52,9 @@ def _aer_command(runs, out, seeds=(), prep="data-bin/multi30k_en_de", moses=()):
     each run directory stands for the checkpoint it was scored with) against the RWTH De-En gold
     alignments (``--aer-gold``'s default, ``../shared/data/rwth_gold_alignment_de_en``), tokenised
     as the data-prep ``prep`` (its ``bin/`` and ``bpe/codes``; ``moses``: the Moses options of its
-    recipe, e.g. ``--moses-escape``); writes ``<out>.md`` and ``<out>/`` (analysis.json,
-    figures/aer.png).  ``seeds``: every model is the mean over these seeds (seed 1 in ``rowN``, seed k
+    recipe, e.g. ``--moses-escape``), subword weights merged into word weights by averaging
+    (``--aer-source-merge mean``: §5.2 merges them "following Zenkel et al. (2019)", who average);
+    writes ``<out>.md`` and ``<out>/`` (analysis.json, figures/aer.png).  ``seeds``: every model is the mean over these seeds (seed 1 in ``rowN``, seed k
     in ``rowN-seed<k>``, as :func:`mt_pipeline.tables.run_dir` names them; ReLA §5.2 averages three)."""
     labels = {1: "softmax", 2: "sparsemax", 3: "entmax15", 7: "rela_g"}
 
@@ -62,7 +63,7 @@ def _aer_command(runs, out, seeds=(), prep="data-bin/multi30k_en_de", moses=()):
 
     return [sys.executable, "-m", "fairseq_plugins.analysis.cli",
             "--aer-checkpoint", *[f"{label}={paths(i)}" for i, label in labels.items()],
-            "--data", f"{prep}/bin", "--bpe-codes", f"{prep}/bpe/codes", *moses,
+            "--data", f"{prep}/bin", "--bpe-codes", f"{prep}/bpe/codes", *moses, "--aer-source-merge", "mean",
             "--out", out, "--md", f"{out}.md"]
 
 
@@ -693,7 +694,8 @@ def main(argv=None):
                    help="small: the CPU-sized specs with their own (smoke) budgets (default); converged: the "
                         "Multi30k specs under configs/multi30k/converged.yaml; paper: the paper's "
                         "hyper-parameters and data")
-    p.add_argument("--seeds", help="comma-separated training seeds, e.g. 1,2,3 (default: the budget's seed)")
+    p.add_argument("--seeds", help="comma-separated training seeds, e.g. 1,2,3 (default: the budget's seed; a table "
+                                   "whose paper averages seeds has its own, e.g. rela table5 at paper scale: 1,2,3)")
     p.add_argument("--dry-run", action="store_true", help="print every command, check every row, run nothing")
     p.add_argument("--gpus", type=int, default=None,
                    help="GPUs for --scale paper (default 1): sets --max-tokens/--update-freq to keep the paper's "
@@ -716,10 +718,13 @@ def main(argv=None):
     if a.seeds and "benchmark" in entry:
         p.error("--seeds applies to trained tables, not to benchmarks")
     default_seeds = (entry.get("seeds") or {}).get(a.scale)
-    if a.seeds is None and default_seeds:  # a table whose paper averages seeds (ReLA Table 5: three)
+    if default_seeds and a.seeds is not None and a.seeds.replace(" ", "") != default_seeds:
+        # its post-training step reads exactly these seeds' runs (ReLA Table 5: the AER mean over three)
+        p.error(f"{a.paper} {a.table} at {a.scale} scale trains and averages seeds {default_seeds} (its post-training "
+                f"step reads those runs); leave --seeds out (got {a.seeds!r})")
+    if default_seeds and a.seeds is None:  # a table whose paper averages seeds
         a.seeds = default_seeds
-        print(f"[reproduce] {a.paper} {a.table} at {a.scale} scale trains seeds {a.seeds} (the paper averages them; "
-              "--seeds overrides)")
+        print(f"[reproduce] {a.paper} {a.table} at {a.scale} scale trains seeds {a.seeds}: the paper averages them")
 
     if "benchmark" in entry:
         cmd = entry["benchmark"][a.scale]

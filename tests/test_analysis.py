@@ -427,6 +427,8 @@ def test_cli_end_to_end(deen, tmp_path):
         assert aer[mode]["AoH"] == pytest.approx(sum(aer[mode]["best_head"]) / 2)
         for layer, best in zip(aer[mode]["per_head"], aer[mode]["best_head"]):
             assert best == min(layer)
+    # the ranking names how the raw text was tokenized (the Multi30k prep: neither escaping nor -a)
+    assert "(MosesTokenizer escape=False, aggressive_dash_splits=False; BPE " in rep["ranking"]["corpus"]
     ranked = (out / "ranked_raw.tsv").read_text().splitlines()
     assert ranked[0].startswith("rank\tindex") and len(ranked) == 4
     scores = [float(line.split("\t")[2]) for line in ranked[1:]]
@@ -497,15 +499,18 @@ def test_aer_of_several_seeds_is_their_mean_as_rela_reports_it(deen, ende, tmp_p
         for key in ("AoL", "AoH"):
             assert a[mode][key] == pytest.approx((one[mode][key] + two[mode][key]) / 2)
             assert a[mode][key + "_sd"] == pytest.approx(abs(one[mode][key] - two[mode][key]) / math.sqrt(2))
-        assert "best_head_index" not in a[mode]
+        assert "best_head_index" not in a[mode] and "per_head" not in a[mode]  # heads do not match across seeds
     assert one["normal"]["per_head"] != two["normal"]["per_head"]  # two different models were averaged
     md = (out / "t5.md").read_text()
     assert (f"| relag (mean of 2 seeds) | de-en | {a['normal']['AoL']:.2f} ± {a['normal']['AoL_sd']:.2f} |") in md
     assert "**relag** = 2 seeds: `" in md and "### Model aer:relag seed 1: `" in md and "### Model aer:relag seed 2: `" in md
     assert "mean of each seed's best" in md and "three times with different random seeds" in md
+    assert "(AER of relag: the mean over each one's seeds, ± their sd;" in md  # not "one model per label"
     # refused before any work: a seed twice, seeds of two directions
     _, ck_ende = ende
-    for seeds, msg in ((f"{ck1},{ck1}", "a checkpoint is given twice"), (f"{ck1},{ck_ende}", "different directions")):
+    for seeds, msg in ((f"{ck1},{ck1}", "a checkpoint is given twice"), (f"{ck1},{ck_ende}", "different directions"),
+                       (f"{ck1},{os.path.dirname(ck1)}/../{os.path.basename(os.path.dirname(ck1))}/{os.path.basename(ck1)}",
+                        "a checkpoint is given twice"), (f"{ck1},other={ck2}", "no LABEL= after a comma")):
         r = subprocess.run([sys.executable, "-m", "fairseq_plugins.analysis.cli", "--aer-checkpoint", f"x={seeds}",
                             "--data", str(prep / "bin"), "--aer-gold", GOLD, "--out", str(out / "bad")],
                            capture_output=True, text=True, cwd=ROOT)

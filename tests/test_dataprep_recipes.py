@@ -76,7 +76,8 @@ def test_iwslt14_download_mode_binarizes_test1_as_fairseq_subset_test1(tmp_path)
     in download/ holding the real dev/test XML and, as the training stand-in, 3,000 Multi30k pairs in
     train.tags form (tag lines that prepare-iwslt14.sh drops included).  bin/subsets.json maps
     fairseq's subsets to the splits -- test = fairseq's 6,750 pairs, test1 = App. A.1's 5,585 --
-    and fairseq's translation task loads test1 as test without its TEDX.dev2012 part, symbol for symbol."""
+    and fairseq's indexed dataset of test1 (what its translation task loads as the subset test1) is
+    test's without its TEDX.dev2012 part, symbol for symbol."""
     import io
     import json
     import tarfile
@@ -287,6 +288,23 @@ def test_clean_and_final_period_rules():
 from mt_pipeline import reproduce as REPRO  # noqa: E402
 CASES = [(p, t, s) for p, ts in REPRO.TABLES.items() for t, e in ts.items()
          for s in ("small", "converged", "paper") if s in REPRO._scales(e) and "benchmark" not in e]
+
+
+def test_rela_table5_paper_aer_step_reads_the_seeds_the_table_trains(capsys):
+    """ReLA Table 5 at paper scale averages three seeds (§5.2): its AER step reads, for each model, the
+    run directories mt_pipeline.tables gives seeds 1-3 of the spec's rows (Table 1's), merges subwords by
+    averaging (Zenkel et al. 2019, whom §5.2 follows), and a --seeds other than the table's is refused."""
+    entry = REPRO.TABLES["rela"]["table5"]
+    spec = REPRO.run_table.load_table(os.path.join(ROOT, "configs/rela/wmt14_en_de/table5_aer.yaml"))
+    cmd, = REPRO.after_steps(entry, "paper")
+    given = cmd[cmd.index("--aer-checkpoint") + 1: cmd.index("--data")]
+    want = [",".join(os.path.relpath(REPRO.run_table.run_dir(spec, r, k), ROOT) for k in (1, 2, 3)) for r in spec["rows"]]
+    assert [a.split("=", 1)[1] for a in given] == want and "row1-seed3" in want[0]
+    assert cmd[cmd.index("--aer-source-merge") + 1] == "mean"
+    assert "--moses-escape" in cmd and "--moses-dash-splits" in cmd  # the WMT14 recipe's tokenizer.perl options
+    with pytest.raises(SystemExit):
+        REPRO.main(["rela", "table5", "--scale", "paper", "--dry-run", "--no-check", "--seeds", "1"])
+    assert "trains and averages seeds 1,2,3" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("paper,table,scale", CASES)

@@ -150,7 +150,7 @@ def _models(text):
     (:func:`fairseq_plugins.provenance.models_markdown`)."""
     out, label = {}, None
     for line in text.splitlines():
-        m = re.match(r"### Model (\S+?):", line)
+        m = re.match(r"### Model (.+?): `", line)  # labels hold ':' (aer:LABEL) and spaces (aer:LABEL seed K)
         if m:
             label = m.group(1)
             out[label] = {}

@@ -41,11 +41,14 @@ def _labelled_seeds(items: List[str], flag: str) -> List[Tuple[str, List[str]]]:
         parts = [x for x in paths.split(",") if x]
         if not parts:
             raise SystemExit(f"{flag}: no checkpoint in {it!r}")
+        if any("=" in x for x in parts):
+            raise SystemExit(f"{flag}: {it!r}: the seeds of one label are PATH,PATH,... (no LABEL= after a comma); "
+                             "give other models as separate arguments, LABEL1=PATH LABEL2=PATH")
         files = [p for _, p in _labelled(parts, flag, repeat_ok=True)]
         label = label if label is not None else _labelled(parts[:1], flag)[0][0]
         if label in seen:
             raise SystemExit(f"{flag}: label {label!r} given twice")
-        if len(set(files)) != len(files):
+        if len({os.path.realpath(f) for f in files}) != len(files):
             raise SystemExit(f"{flag} {label}: a checkpoint is given twice ({', '.join(parts)}): seeds are "
                              "different runs")
         seen.add(label)
@@ -162,8 +165,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rank-split", help="rank the pairs of this binarized split of --data by cross null rate")
     p.add_argument("--rank-raw", nargs=2, metavar=("SRC", "TGT"),
                    help="rank a raw parallel corpus, Moses-tokenised (sacremoses; --moses-escape, --moses-dash-splits "
-                        "as the models' prep) and BPE'd (--bpe-codes); text a recipe also normalised or truecased: "
-                        "prepare it with mt-prep and pass --rank-pretokenized")
+                        "as the models' prep) and BPE'd (--bpe-codes); text a recipe also normalised, truecased or "
+                        "lowercased (IWSLT14), or to be tokenized exactly as tokenizer.perl (its final-period rule: "
+                        "'U.S.' -> 'U.S .' at the end of a line), is best prepared with mt-prep and passed with "
+                        "--rank-pretokenized")
     p.add_argument("--rank-pretokenized", action="store_true",
                    help="--rank-raw files are already tokenised and BPE'd (skip both)")
     p.add_argument("--rank-with", metavar="LABEL",
@@ -339,7 +344,10 @@ def render_markdown(report: dict) -> str:
 
     res = report["models"]
     trained = _trained(report)
-    head, section = provenance.models_markdown(trained) if trained else ("", "")
+    seed_means = [l for l, a in (report.get("aer") or {}).items() if "seeds" in a]
+    note = (f"AER of {', '.join(seed_means)}: the mean over each one's seeds, ± their sd; differences between models "
+            "are not tested for significance" if seed_means else None)
+    head, section = provenance.models_markdown(trained, note) if trained else ("", "")
     if not res:  # --aer-checkpoint alone (ReLA Table 5): no split was analysed
         aer = report.get("aer") or {}
         md = ["# AER of cross-attention against the RWTH De-En gold alignments (ReLA Table 5, Figure 4)", ""] + (
@@ -615,7 +623,10 @@ def main(argv=None):
         if len(kinds) > 1:
             raise SystemExit(f"--aer-checkpoint {label}: its seeds are different models ("
                              + "; ".join(f"{r['checkpoint']}: {r['info']}" for r in per_seed) + ")")
-        report["aer"][label] = dict(seed_mean_aer(per_seed), info=per_seed[0]["info"])
+        try:
+            report["aer"][label] = dict(seed_mean_aer(per_seed), info=per_seed[0]["info"])
+        except ValueError as err:
+            raise SystemExit(f"--aer-checkpoint {label}: {err}") from None
     if not args.no_figures:
         figures += curve_figures(report, args.out)
     report["figures"] = [os.path.relpath(f, args.out) for f in figures]

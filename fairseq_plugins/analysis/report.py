@@ -317,10 +317,10 @@ def seed_mean_aer(results: Sequence[dict]) -> dict:
     report the average results"): every number of :func:`alignment_aer` averaged over the seeds.
 
     Per mode (normal / shifted): ``layer`` (the layer attention's AER per layer), ``best_head``
-    (per layer, each seed's own best head), ``per_head``, ``AoL`` and ``AoH`` are means over the
-    seeds (so AoL / AoH are also the means of the seeds' AoL / AoH); ``AoL_sd`` / ``AoH_sd`` are
-    their sample standard deviations across seeds.  ``best_head_index`` is left out (seeds pick
-    different heads).  ``unk_rate`` is the mean; the shared keys (gold pairs, direction, case,
+    (per layer, each seed's own best head), ``AoL`` and ``AoH`` are means over the seeds (so AoL /
+    AoH are also the means of the seeds' AoL / AoH); ``AoL_sd`` / ``AoH_sd`` are their sample
+    standard deviations across seeds.  ``per_head`` and ``best_head_index`` are left out (head h of
+    one seed has nothing to do with head h of another); they stay in each seed's result.  ``unk_rate`` is the mean; the shared keys (gold pairs, direction, case,
     subword merge, Moses options, BPE codes, diagonal AER) are kept; ``seeds`` holds the per-seed
     results as given.
 
@@ -352,7 +352,6 @@ def seed_mean_aer(results: Sequence[dict]) -> dict:
         out[mode] = {
             "layer": [mean(v) for v in zip(*(m["layer"] for m in ms))],
             "best_head": [mean(v) for v in zip(*(m["best_head"] for m in ms))],
-            "per_head": [[mean(v) for v in zip(*layers)] for layers in zip(*(m["per_head"] for m in ms))],
             "AoL": mean([m["AoL"] for m in ms]),
             "AoH": mean([m["AoH"] for m in ms]),
             "AoL_sd": statistics.stdev(m["AoL"] for m in ms),
