@@ -251,13 +251,16 @@ def _md_layer_table(results, kind, metric, pct) -> List[str]:
 
 def _trained(report: dict) -> dict:
     """``{label: training record}`` of every model of the report (AER models as ``aer:<label>``,
-    the seeds of a seed mean as ``aer:<label> seed <k>``) that has one (:func:`fairseq_plugins.provenance.trained_model`; reports written before it
-    have none)."""
+    the seeds of a seed mean as ``aer:<label> seed <k>``, k the run's recorded seed, else its
+    position) that has one (:func:`fairseq_plugins.provenance.trained_model`; reports written
+    before it have none)."""
     out = {l: r["training"] for l, r in report["models"].items() if "training" in r}
     for l, r in (report.get("aer") or {}).items():
         if "seeds" in r:  # a seed mean: one record per seed
-            out.update({f"aer:{l} seed {x['training'].get('seed') or i}": x["training"]
-                        for i, x in enumerate(r["seeds"], 1) if "training" in x})
+            recorded = [x.get("training", {}).get("seed") for x in r["seeds"]]
+            known = None not in recorded and len(set(recorded)) == len(recorded)
+            out.update({f"aer:{l} seed {recorded[i] if known else i + 1}": x["training"]
+                        for i, x in enumerate(r["seeds"]) if "training" in x})
         elif "training" in r:
             out[f"aer:{l}"] = r["training"]
     return out
