@@ -54,8 +54,9 @@ def _aer_command(runs, out, seeds=(), prep="data-bin/multi30k_en_de", moses=()):
     as the data-prep ``prep`` (its ``bin/`` and ``bpe/codes``; ``moses``: the Moses options of its
     recipe, e.g. ``--moses-escape``), subword weights merged into word weights by averaging
     (``--aer-source-merge mean``: §5.2 merges them "following Zenkel et al. (2019)", who average);
-    writes ``<out>.md`` and ``<out>/`` (analysis.json, figures/aer.png).  ``seeds``: every model is the mean over these seeds (seed 1 in ``rowN``, seed k
-    in ``rowN-seed<k>``, as :func:`mt_pipeline.tables.run_dir` names them; ReLA §5.2 averages three)."""
+    writes ``<out>.md`` and ``<out>/`` (analysis.json, figures/aer.png).  ``seeds``: every model is
+    the mean over these seeds (seed 1 in ``rowN``, seed k in ``rowN-seed<k>``, as
+    :func:`mt_pipeline.tables.run_dir` names them; ReLA §5.2 averages three)."""
     labels = {1: "softmax", 2: "sparsemax", 3: "entmax15", 7: "rela_g"}
 
     def paths(i):

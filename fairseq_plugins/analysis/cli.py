@@ -44,8 +44,9 @@ def _labelled_seeds(items: List[str], flag: str) -> List[Tuple[str, List[str]]]:
         if any("=" in x for x in parts):
             raise SystemExit(f"{flag}: {it!r}: the seeds of one label are PATH,PATH,... (no LABEL= after a comma); "
                              "give other models as separate arguments, LABEL1=PATH LABEL2=PATH")
-        files = [p for _, p in _labelled(parts, flag, repeat_ok=True)]
-        label = label if label is not None else _labelled(parts[:1], flag)[0][0]
+        resolved = _labelled(parts, flag, repeat_ok=True)
+        files = [p for _, p in resolved]
+        label = label if label is not None else resolved[0][0]
         if label in seen:
             raise SystemExit(f"{flag}: label {label!r} given twice")
         if len({os.path.realpath(f) for f in files}) != len(files):

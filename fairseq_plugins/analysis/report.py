@@ -320,9 +320,9 @@ def seed_mean_aer(results: Sequence[dict]) -> dict:
     (per layer, each seed's own best head), ``AoL`` and ``AoH`` are means over the seeds (so AoL /
     AoH are also the means of the seeds' AoL / AoH); ``AoL_sd`` / ``AoH_sd`` are their sample
     standard deviations across seeds.  ``per_head`` and ``best_head_index`` are left out (head h of
-    one seed has nothing to do with head h of another); they stay in each seed's result.  ``unk_rate`` is the mean; the shared keys (gold pairs, direction, case,
-    subword merge, Moses options, BPE codes, diagonal AER) are kept; ``seeds`` holds the per-seed
-    results as given.
+    one seed has nothing to do with head h of another); they stay in each seed's result.
+    ``unk_rate`` is the mean; the shared keys (gold pairs, direction, case, subword merge, Moses
+    options, BPE codes, diagonal AER) are kept; ``seeds`` holds the per-seed results as given.
 
     Raises:
         ValueError: fewer than two results, or results that differ in a shared key or in their
