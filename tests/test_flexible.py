@@ -166,8 +166,11 @@ def test_training_masks_the_window_with_the_gathered_windows_results(kind, tau):
 
 
 def test_local_p_window_hand_example():
-    lo, hi = local_p_window(torch.tensor([12.3, 12.3, 0.4, 29.0]), 10, torch.tensor([30, 15, 30, 30]))
-    assert lo.tolist() == [3, 3, 0, 19] and hi.tolist() == [22, 14, 10, 29]
+    """2D + 1 = 21 positions around floor(p_t) ("a window of 21 words", Flexible §4), clipped to the
+    sentence: p_t = 12.3 -> [2, 22] (the |s - p_t| <= 10 integers would be only 20: [3, 22])."""
+    lo, hi = local_p_window(torch.tensor([12.3, 12.3, 0.4, 29.0, 12.0]), 10, torch.tensor([30, 15, 30, 30, 30]))
+    assert lo.tolist() == [2, 2, 0, 19, 2] and hi.tolist() == [22, 14, 10, 29, 22]
+    assert [local_p_bounds(12.3, 10, 30), local_p_bounds(12.999, 10, 30)] == [(2, 22), (2, 22)]
 
 
 def test_local_p_gaussian_hand_example():

@@ -114,9 +114,22 @@ def flexible_window(p_prev: torch.Tensor, g: torch.Tensor, sigma: float, tau: fl
 
 def local_p_window(p_t: torch.Tensor, d: int, lengths: torch.Tensor):
     """Luong et al.'s local-p window ``[p_t - D, p_t + D]`` as inclusive integer bounds ``(B,)``
-    clipped to ``[0, len - 1]`` (the integers ``s`` with ``|s - p_t| <= D``)."""
-    p = p_t.float()
-    return _clip_window(torch.ceil(p - d), torch.floor(p + d), p, lengths)
+    clipped to ``[0, len - 1]``: the ``2D + 1`` positions ``floor(p_t) - D .. floor(p_t) + D``.
+
+    Luong et al. (2015, §3.2) make the local alignment vector ``a_t in R^{2D+1}`` and Shu & Nakayama
+    (2017, §4) read ``D = 10`` as "a window of 21 words"; the integers with ``|s - p_t| <= D`` would be
+    only ``2D`` for a non-integer ``p_t`` (almost always, ``p_t = S sigmoid(.)``), so the window is
+    centred on ``floor(p_t)`` (OpenNMT's local-p does the same).  The Gaussian of eq. 10 still uses the
+    real ``p_t`` (:class:`AdditiveAttention`).
+
+    Args:
+        p_t: ``(B,)`` float, predicted centre; d: ``D`` (>= 0); lengths: ``(B,)`` long source lengths.
+
+    Returns:
+        ``(lo, hi)``: ``(B,)`` long, inclusive.
+    """
+    c = torch.floor(p_t.double())
+    return _clip_window(c - d, c + d, p_t.double(), lengths)
 
 
 def _clip_bounds(lo: float, hi: float, centre: float, length: int):
@@ -150,8 +163,10 @@ def flexible_bounds(p_prev: float, g: float, sigma: float, tau: float, length: i
 
 
 def local_p_bounds(p_t: float, d: int, length: int):
-    """:func:`local_p_window` for one hypothesis on Python numbers: ``[p_t - D, p_t + D]``."""
-    return _clip_bounds(float(math.ceil(p_t - d)), float(math.floor(p_t + d)), p_t, length)
+    """:func:`local_p_window` for one hypothesis on Python numbers: ``floor(p_t) -+ D`` (``2D + 1``
+    positions before clipping to ``[0, length - 1]``)."""
+    c = float(math.floor(p_t))
+    return _clip_bounds(c - d, c + d, p_t, length)
 
 
 class WindowStats:
