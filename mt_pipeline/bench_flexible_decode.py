@@ -162,10 +162,11 @@ def run_info(checkpoint):
 
 
 def selected_tau(p, tau, tau_from):
-    """``(tau, where it came from)``: ``--tau``, the ``selected_tau`` of the sweep file
-    ``--tau-from`` (Flexible Table 1's selection rule, :func:`mt_pipeline.sweeps.select_tau`), or
-    the default 1.2.  A missing or unreadable sweep file, or one whose rule selected no tau, stops
-    with ``p.error`` before any model is loaded."""
+    """``(tau, where it came from)``: ``--tau``, the tau Table 1 decodes at from the sweep file
+    ``--tau-from`` (its rule's ``selected_tau``, :func:`mt_pipeline.sweeps.select_tau`, or, when no
+    candidate met the rule, the candidate losing least, :func:`mt_pipeline.sweeps.used_tau`), or the
+    default 1.2.  A missing or unreadable sweep file, or one that records neither, stops with
+    ``p.error`` before any model is loaded."""
     import json
 
     if tau_from is None:
@@ -178,9 +179,16 @@ def selected_tau(p, tau, tau_from):
                 "table1 ...` or `mt-flexible-sweep sweep --run <run>`")
     if "selected_tau" not in sw:
         p.error(f"--tau-from {tau_from}: no `selected_tau` (not a sweep.json of mt-flexible-sweep)")
+    where = os.path.relpath(os.path.abspath(tau_from), ROOT)
     if sw["selected_tau"] is None:
-        p.error(f"--tau-from {tau_from}: no tau met the selection rule in that sweep; pass --tau explicitly")
-    return float(sw["selected_tau"]), f"selected by Table 1's rule (`{os.path.relpath(os.path.abspath(tau_from), ROOT)}`)"
+        if sw.get("least_loss_tau") is None:
+            p.error(f"--tau-from {tau_from}: no tau met the selection rule in that sweep; pass --tau explicitly")
+        # the tau Table 1 decodes at when no candidate meets the rule (mt_pipeline.sweeps.used_tau)
+        from .sweeps import used_tau
+
+        t, note = used_tau(sw)
+        return t, f"Table 1's choice (`{where}`: {note})"
+    return float(sw["selected_tau"]), f"selected by Table 1's rule (`{where}`)"
 
 
 def main(argv=None):

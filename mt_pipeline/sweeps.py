@@ -19,7 +19,9 @@ figure (paper Figure 3)::
 ``configs/flexible/table1_multi30k_*.yaml`` (rows 1 global, 2 local-p, 3 flexible, 4 fine-tuned)
 of one or more directions: window and BLEU on the test set for Global, Local-p, Flexible
 ``tau = inf``, Flexible at the ``tau`` selected on row 3's validation set, and + fine-tuning at that
-``tau`` (sweeps and decodes what is missing)::
+``tau``; rows 3 and 4 are both swept (row 3 selects tau; row 4's sweep is Figure 3, §5.3: "testing
+different thresholds with the fine-tuned Flexible Attention model"); decodes what is missing.  When
+no candidate meets the rule, the candidate losing least is used and the page says so::
 
     python scripts/flexible_sweep.py table1 --runs runs/flexible_table1_en_de runs/flexible_table1_de_en
 
@@ -191,6 +193,30 @@ def select_tau(points: dict, metric: str, max_loss: float = 0.5, candidates=SELE
     return ok[0] if ok else None
 
 
+def least_loss_tau(points: dict, metric: str, candidates=SELECT_FROM):
+    """The candidate ``tau`` whose validation ``metric`` is highest (the smaller ``tau`` on a tie): the
+    threshold Table 1 decodes at when :func:`select_tau` finds none -- every candidate loses more than
+    the allowed BLEU, and this one loses least, the closest to the paper's rule.  None when no
+    candidate was decoded."""
+    have = [t for t in sorted(candidates) if t in points]
+    return max(have, key=lambda t: (points[t]["valid"][metric], -t)) if have else None
+
+
+def used_tau(sw: dict):
+    """``(tau, note)`` of a sweep summary (:func:`sweep`): the rule's ``selected_tau``, else the
+    candidate losing least (``least_loss_tau``, with a note saying so); ``(None, note)`` when the
+    summary has neither."""
+    if sw.get("selected_tau") is not None:
+        return float(sw["selected_tau"]), ""
+    if sw.get("least_loss_tau") is None:
+        return None, "no candidate was decoded"
+    t = float(sw["least_loss_tau"])
+    ref = sw["points"]["inf"]["valid"][sw["metric"]]
+    loss = ref - sw["points"][tau_name(t)]["valid"][sw["metric"]]
+    return t, (f"no candidate of {sw['select_from']} met the rule (each loses more than {sw['max_loss']} validation "
+               f"{sw['metric']} against tau = inf); tau = {tau_name(t)}, the candidate losing least ({loss:.2f}), used")
+
+
 def write_text(path: str, text: str) -> None:
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with atomic_path(path) as tmp, open(tmp, "w") as f:
@@ -248,20 +274,24 @@ _ROW = re.compile(r"^\| (\S+) \| ([\d.]+) \| ([\d.]+) \(([\d.]+)\) \| ([\d.]+) \
 
 def read_sweep_tables(md_path: str) -> list:
     """The BLEU-vs-window tables of a rendered Table 1 file (:func:`table1`), in file order:
-    ``[(direction, {tau: {"valid": {...}, "test": {...}}})]``.
+    ``[(direction, model, {tau: {"valid": {...}, "test": {...}}})]``, ``model`` ``"fine-tuned"`` for
+    the fine-tuned row's sweep (Figure 3's points, §5.3) and ``"flexible"`` for the flexible row's
+    (where tau is selected; a page rendered before the fine-tuned sweep has only these).
 
     Raises:
         SystemExit: the file holds no such table.
     """
-    out, direction, points = [], None, None
+    out, direction, model, points = [], None, "flexible", None
     with open(md_path, encoding="utf-8") as f:
         for line in f:
             line = line.rstrip("\n")
             if line.startswith("## "):
-                direction = line[3:].strip()
+                direction, model = line[3:].strip(), "flexible"
+            elif line.startswith("### "):
+                model = "fine-tuned" if "fine-tuned row" in line else "flexible"
             elif line.startswith("| tau | valid window"):
                 points = {}
-                out.append((direction, points))
+                out.append((direction, model, points))
             elif points is not None and (m := _ROW.match(line)):
                 tau = math.inf if m.group(1) == "inf" else float(m.group(1))
                 points[tau] = {s: {"window": float(m.group(2 + 3 * i)), "bleu": float(m.group(3 + 3 * i)),
@@ -283,9 +313,13 @@ def sweep_table(points) -> list:
     return lines
 
 
-def sweep(run_dir: str, taus, metric: str, max_loss: float, figure=None, out=None) -> dict:
-    """Decode valid + test over ``taus`` (and inf); write sweep.json / sweep.md (+ figure); commit
-    each tau's decode as the run's evidence (:func:`export_decode`; ``summary["evidence"]``)."""
+def sweep(run_dir: str, taus, metric: str, max_loss: float, figure=None, out=None,
+          model="Flexible attention") -> dict:
+    """Decode valid + test over ``taus`` (and inf); write sweep.json / sweep.md (+ figure, titled
+    with ``model``); commit each tau's decode as the run's evidence (:func:`export_decode`;
+    ``summary["evidence"]``).  The summary records the rule's ``selected_tau`` (None when no
+    candidate meets it) and ``least_loss_tau`` (:func:`least_loss_tau`); :func:`used_tau` says
+    which one a table decodes at."""
     res = run_info(run_dir)
     out = out or os.path.join(run_dir, "sweep")
     points, evid = {}, {}
@@ -299,14 +333,16 @@ def sweep(run_dir: str, taus, metric: str, max_loss: float, figure=None, out=Non
     chosen = select_tau(points, metric, max_loss)
     summary = {"run": os.path.relpath(run_dir, ROOT), "checkpoint": os.path.relpath(res["_checkpoint"], ROOT),
                "direction": res["direction"], "metric": metric, "max_loss": max_loss,
-               "selected_tau": chosen, "select_from": list(SELECT_FROM),
+               "selected_tau": chosen, "least_loss_tau": least_loss_tau(points, metric),
+               "select_from": list(SELECT_FROM),
                "points": {tau_name(t): v for t, v in points.items()}, "git_commit": res.get("git_commit"),
                "regime": res.get("regime"), "seed": res.get("seed"), "evidence": evid}
     with atomic_path(os.path.join(out, "sweep.json")) as tmp, open(tmp, "w") as f:
         json.dump(summary, f, indent=2)
     lines = [f"# BLEU vs average window over tau ({res['direction']}, `{summary['checkpoint']}`)", "",
              f"Selected tau (paper rule: smallest of {list(SELECT_FROM)} with validation {metric} >= "
-             f"tau=inf - {max_loss}): **{tau_name(chosen) if chosen is not None else 'none'}**", "",
+             f"tau=inf - {max_loss}): **{tau_name(chosen) if chosen is not None else 'none'}**"
+             + ("" if chosen is not None else f" ({used_tau(summary)[1]})"), "",
              *sweep_table((tau_name(t), v) for t, v in points.items())]
     lines += ["", f"Window = source positions scored per hypothesis and step (beam {res['config']['budget']['generate']['beam']}); "
               f"average source length {points[math.inf]['test']['source_length']:.2f} (test). "
@@ -314,7 +350,7 @@ def sweep(run_dir: str, taus, metric: str, max_loss: float, figure=None, out=Non
               f"--run {summary['run']}`.", ""]
     write_text(os.path.join(out, "sweep.md"), "\n".join(lines))
     if figure:
-        plot(points, figure, f"Flexible attention, {res['direction']}: BLEU vs window (tau annotated)")
+        plot(points, figure, f"{model}, {res['direction']}: BLEU vs window (tau annotated)")
         log(f"wrote {figure}")
     log(f"selected tau = {tau_name(chosen) if chosen is not None else 'none'}; wrote {out}/sweep.md")
     return summary
@@ -348,8 +384,14 @@ def table1(runs, metric, max_loss, out_path, figure=None,
     for rdir in runs:
         rows = {i: os.path.join(rdir, f"row{i}") for i in (1, 2, 3, 4)}
         res3 = run_info(rows[3])
-        sw = sweep(rows[3], PAPER_TAUS, metric, max_loss, figure=figure if rdir == runs[-1] else None)
-        tau = sw["selected_tau"] if sw["selected_tau"] is not None else 1.2
+        fig = figure if rdir == runs[-1] else None
+        tuned = os.path.exists(os.path.join(rows[4], "result.json"))
+        sw = sweep(rows[3], PAPER_TAUS, metric, max_loss, figure=None if tuned else fig)
+        tau, tau_note = used_tau(sw)
+        # Figure 3 (§5.3): "The data points are collected by testing different thresholds with the
+        # fine-tuned Flexible Attention model" -- row 4 is swept too (its tau row reads that sweep)
+        sw4 = sweep(rows[4], PAPER_TAUS, metric, max_loss, figure=fig, model="Fine-tuned flexible attention") \
+            if tuned else None
         direction = res3["direction"]
         entries = []
         for key, name, i, t in (("global", "Global Attention", 1, None), ("local", "Local Attention (local-p)", 2, None),
@@ -369,16 +411,13 @@ def table1(runs, metric, max_loss, out_path, figure=None,
                 own = json.load(open(os.path.join(sub, "test.json")))
                 v = {**own, **read_window(own, os.path.join(sub, "test.json"))}
                 ev = run_evidence(rows[i], res, "test", v["bleu"])
-            elif i == 3:  # the sweep decoded it and committed it
-                v = sw["points"][tau_name(t)]["test"]
-                ev = (sw.get("evidence") or {}).get(tau_name(t))
-            else:
-                sub = os.path.join(rows[i], f"eval_tau_{tau_name(t)}")
-                v = decode(res, t, ["test"], sub)["test"]
-                ev = export_decode(rows[i], res, t, ["test"], sub)
+            else:  # row 3's or row 4's sweep decoded it and committed it
+                s_i = sw if i == 3 else sw4
+                v = s_i["points"][tau_name(t)]["test"]
+                ev = (s_i.get("evidence") or {}).get(tau_name(t))
             entries.append(dict(id=rid, key=key, name=name, v=v, evidence=ev, run=rows[i], tau=t))
         all_entries += entries
-        sections.append((rdir, res3, sw, tau, entries))
+        sections.append((rdir, res3, sw, sw4, tau, tau_note, fig, entries))
 
     complete = all(e["evidence"] for e in all_entries)
     weakest = weakest_regime(regimes)
@@ -403,11 +442,10 @@ def table1(runs, metric, max_loss, out_path, figure=None,
               f"set by the paper's rule (§5.2: at most {max_loss} {metric} lost against tau = inf; the smallest "
               f"such tau of {list(SELECT_FROM)}, our reading). "
               "SacreBLEU with tokenized BLEU in brackets.", ""]
-    for rdir, res3, sw, tau, entries in sections:
+    for rdir, res3, sw, sw4, tau, tau_note, fig, entries in sections:
         column = "En-Ja" if res3["direction"].split("-")[-1] == "ja" else "De-En"
         paper = PAPER_TABLE1[column]
-        lines += [f"## {res3['direction']}", "", f"Selected tau: {tau_name(tau)}"
-                  + ("" if sw["selected_tau"] is not None else " (no candidate met the rule; paper's 1.2 used)"), "",
+        lines += [f"## {res3['direction']}", "", f"Selected tau: {tau_name(tau)}" + (f" ({tau_note})" if tau_note else ""), "",
                   f"| ID | Model | paper window ({column}) | paper BLEU ({column}) | window | BLEU (tok) |",
                   "|---|---|---|---|---|---|"]
         for e in entries:
@@ -434,11 +472,17 @@ def table1(runs, metric, max_loss, out_path, figure=None,
                 kind = "result.json, hypotheses, training log" if e.get("tau") is None else "result.json, hypotheses"
                 lines.append(f"- committed evidence ({kind}): `{e['evidence']}`")
             lines.append("")
-        lines += [f"### BLEU vs window over tau, flexible row (Figure 3{' -- plotted in ' + os.path.relpath(figure, ROOT) if figure and rdir == runs[-1] else ''})",
-                  "", f"`{sw['checkpoint']}`, git commit `{sw.get('git_commit')}`; from `{sw['run']}/sweep/sweep.md`"
-                  + (f"; each tau's decode (valid and test) is committed under `{os.path.dirname(next(iter(sw['evidence'].values())))}/`"
-                     if complete and sw.get("evidence") and all(sw["evidence"].values()) else "") + ".", "",
-                  *sweep_table(sw["points"].items()), ""]
+        for which, s_i in (("flexible row, where tau is selected", sw), ("fine-tuned row (Figure 3", sw4)):
+            if s_i is None:
+                continue
+            where = f"plotted in {os.path.relpath(fig, ROOT)}" if fig and s_i is (sw4 or sw) else ""
+            head = f"{which}{' -- ' + where if where else ''})" if s_i is sw4 else which + (f" ({where})" if where else "")
+            lines += [f"### BLEU vs window over tau, {head}",
+                      "", f"`{s_i['checkpoint']}`, git commit `{s_i.get('git_commit')}`; from `{s_i['run']}/sweep/sweep.md`"
+                      + (f"; each tau's decode (valid and test) is committed under "
+                         f"`{os.path.dirname(next(iter(s_i['evidence'].values())))}/`"
+                         if complete and s_i.get("evidence") and all(s_i["evidence"].values()) else "") + ".", "",
+                      *sweep_table(s_i["points"].items()), ""]
     lines += [f"_Rendered by `{cmd}`._", ""]
     write_text(out_path, "\n".join(lines))
     log(f"wrote {out_path}")
@@ -458,24 +502,30 @@ def main(argv=None):
     t.add_argument("--title", default="Flexible Attention Table 1 on Multi30k (`rnnsearch_small`, CPU budget)",
                    help="heading of the table (the paper-scale reproduce command sets its own)")
     t.add_argument("--figure", default=os.path.join(ROOT, "results", "flexible", "figure3_tradeoff.png"),
-                   help="trade-off figure of the last direction's flexible row")
+                   help="trade-off figure (Figure 3) of the last direction's fine-tuned row (its flexible row's "
+                        "while row 4 is not trained)")
     for q in (s, t):
         q.add_argument("--metric", choices=["tok_bleu", "bleu"], default="tok_bleu",
                        help="BLEU used by the selection rule (paper: tokenized BLEU)")
         q.add_argument("--max-loss", type=float, default=0.5, help="allowed validation BLEU loss (paper 0.5)")
     r = sub.add_parser("replot", help="re-render the trade-off figure from a rendered Table 1 file")
     r.add_argument("--table", default=os.path.join(ROOT, "results", "flexible", "table1_multi30k.md"))
-    r.add_argument("--direction", help="which direction's sweep (default: the last in the file)")
+    r.add_argument("--direction", help="which direction's sweep (default: the last in the file); the fine-tuned "
+                                       "row's when the page has it (Figure 3, §5.3), else the flexible row's")
     r.add_argument("--figure", default=os.path.join(ROOT, "results", "flexible", "figure3_tradeoff.png"))
     a = p.parse_args(argv)
     if a.cmd == "replot":
         tables = read_sweep_tables(a.table)
         chosen = [t for t in tables if a.direction in (None, t[0])]
         if not chosen:
-            p.error(f"--direction {a.direction!r}; valid: {', '.join(str(d) for d, _ in tables)}")
-        direction, points = chosen[-1]
-        plot(points, a.figure, f"Flexible attention, {direction}: BLEU vs window (tau annotated)")
-        log(f"wrote {a.figure} from {a.table} ({direction})")
+            p.error(f"--direction {a.direction!r}; valid: {', '.join(dict.fromkeys(str(d) for d, _, _ in tables))}")
+        direction = chosen[-1][0]
+        # Figure 3 plots the fine-tuned model's sweep (§5.3); an older page has only the flexible row's
+        mine = [t for t in chosen if t[0] == direction]
+        _, model, points = next((t for t in mine if t[1] == "fine-tuned"), mine[-1])
+        title = "Fine-tuned flexible attention" if model == "fine-tuned" else "Flexible attention"
+        plot(points, a.figure, f"{title}, {direction}: BLEU vs window (tau annotated)")
+        log(f"wrote {a.figure} from {a.table} ({direction}, {model} row)")
     elif a.cmd == "sweep":
         bad = [x for x in a.taus if not x > 0]
         if bad:

@@ -408,9 +408,14 @@ def test_flexible_post_training_steps_use_the_tables_runs(table, scale):
             by_ckpt = {ckpt: r for r, _, ckpt in rows}
             flex, glob = by_ckpt[arg("--flexible")], by_ckpt[arg("--global-checkpoint")]
             assert "--finetune-from-model" in flex["extra"] and "--rnn-attention global" in glob["extra"]
-            if "--tau-from" in cmd:  # the tau Table 1's rule selected on the fine-tuned model's parent run
+            assert "--tau-from" in cmd and "--tau" not in cmd  # timed at the tau a table selected, not a constant
+            if scale == "small":  # the tau Table 1's rule selected on the fine-tuned model's parent run
                 parent = flex["extra"].split("--finetune-from-model ")[1].split()[0]
                 assert arg("--tau-from") == os.path.join(ROOT, os.path.dirname(parent), "sweep", "sweep.json")
+            else:  # the tau Table 2's sweep of this fine-tuned run selected (§5.4: "in the same manner")
+                swept = {os.path.join(ROOT, c[c.index("--out") + 1], "sweep.json"): os.path.join(ROOT, c[c.index("--run") + 1])
+                         for c in REPRO.after_steps(REPRO.TABLES["flexible"]["table2"], scale) if "sweep" in c}
+                assert swept[arg("--tau-from")] == next(d for r, d, ck in rows if ck == arg("--flexible"))
             assert arg("--data-bin") == os.path.join(REPRO.experiment.prep_dir(flex["_budget"]), "bin")
 
 

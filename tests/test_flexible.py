@@ -607,8 +607,8 @@ def test_tradeoff_figure_is_rerendered_from_the_rendered_table(tmp_path):
     table = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results", "flexible",
                          "table1_multi30k.md")
     tables = sweeps.read_sweep_tables(table)
-    assert [d for d, _ in tables] == ["en-de", "de-en"]
-    points = tables[-1][1]
+    assert [d for d, _, _ in tables][::len(tables) // 2] == ["en-de", "de-en"]
+    points = next(p for d, m, p in tables if d == "de-en" and m == "flexible")
     assert math.inf in points and 999.0 in points
     # the parsed values are the page's cells (read here with plain string splits, not the parser)
     with open(table, encoding="utf-8") as f:
@@ -713,14 +713,19 @@ def test_table1_commits_every_decode_and_names_each_rows_evidence(tmp_path, monk
     assert "/row3/decodes/tau_1.2" in ev["de-en/3-tau"][0] and "/row4/decodes/tau_1.2" in ev["de-en/4-tau"][0]
     committed = evidence.committed_results()
     decodes = [p for p in committed if "/decodes/" in p]
-    assert len(decodes) == 12  # row 3: 10 paper taus + inf; row 4: the selected tau
+    # rows 3 and 4 each swept: 10 paper taus + inf (row 4's is Figure 3, §5.3; its tau row reads it)
+    assert sorted(p.split("/decodes/")[0][-4:] for p in decodes) == ["row3"] * 11 + ["row4"] * 11
     for p in committed:
         rows = evidence.rescore(p)
         assert rows and all(abs(r["bleu"] - r["recorded_bleu"]) < 0.005 for r in rows)
-    rec = json.load(open([p for p in decodes if "row4" in p][0]))
+    rec = json.load(open([p for p in decodes if "row4/decodes/tau_1.2/" in p][0]))
     assert rec["kind"] == "decode" and rec["settings"] == {"flexible_threshold": "1.2"}
     assert "'flexible_threshold':'1.2'" in rec["command"] and rec["decoded_checkpoint_sha256"] == "c" * 64
-    assert [d for d, _ in sweeps.read_sweep_tables(str(out))] == ["de-en"]  # replot still reads the page
+    # replot reads the page: the flexible row's sweep (tau selection) and the fine-tuned row's (Figure 3)
+    assert [(d, m) for d, m, _ in sweeps.read_sweep_tables(str(out))] == [("de-en", "flexible"), ("de-en", "fine-tuned")]
+    assert "### BLEU vs window over tau, fine-tuned row (Figure 3" in md
+    assert "### BLEU vs window over tau, flexible row, where tau is selected\n" in md
+    assert "Selected tau: 1.2\n" in md
 
 
 def test_table1_without_the_training_evidence_says_so_and_names_none(tmp_path, monkeypatch):
@@ -733,3 +738,52 @@ def test_table1_without_the_training_evidence_says_so_and_names_none(tmp_path, m
     assert evidence.NO_EVIDENCE in md and "Rows de-en/1, de-en/2 have no committed evidence" in md  # 3: the sweep committed it
     assert "mt-campaign run --plan configs/campaign/smoke.yaml" in md
     assert "- committed evidence" not in md
+
+
+def test_no_candidate_within_the_rule_decodes_at_the_one_losing_least(tmp_path, monkeypatch, capsys):
+    """§5.2's rule finds no tau of 0.8-1.6 within 0.5 validation BLEU of tau = inf: Table 1 and Table
+    3's benchmark use the candidate losing least (the largest validation BLEU; the smaller tau on a
+    tie), and the page and sweep.md say so -- no constant stands in."""
+    import argparse
+
+    from mt_pipeline import bench_flexible_decode as bfd
+    from mt_pipeline import sweeps
+
+    pts = {t: {"valid": {"tok_bleu": b}} for t, b in ((0.8, 10.0), (1.0, 12.0), (1.2, 12.5), (1.4, 12.5), (1.6, 12.1),
+                                                      (5.0, 14.0), (math.inf, 14.0))}
+    assert sweeps.select_tau(pts, "tok_bleu", 0.5) is None
+    assert sweeps.least_loss_tau(pts, "tok_bleu") == 1.2  # 5.0 loses nothing but is not a candidate
+    pts[1.6]["valid"]["tok_bleu"] = 13.6
+    assert sweeps.select_tau(pts, "tok_bleu", 0.5) == 1.6 and sweeps.least_loss_tau(pts, "tok_bleu") == 1.6
+    # through the table, the rule made to find none: the fake decodes of 1.4 and 1.6 equal inf's, so
+    # the candidate losing least is 1.4 (the smaller of the tie), which the page and Table 3 then use
+    rdir = _fake_flexible_table(tmp_path, monkeypatch)
+    monkeypatch.setattr(sweeps, "select_tau", lambda *a, **k: None)
+    out = tmp_path / "table1.md"
+    sweeps.table1([str(rdir)], "tok_bleu", 0.5, str(out))
+    md = out.read_text()
+    sw = json.loads((rdir / "row3" / "sweep" / "sweep.json").read_text())
+    assert sw["selected_tau"] is None and sw["least_loss_tau"] == 1.4
+    assert "Selected tau: 1.4 (no candidate of [0.8, 1.0, 1.2, 1.4, 1.6] met the rule" in md
+    assert "tau = 1.4, the candidate losing least (0.00), used" in md and "de-en/4-tau | + fine-tuning (tau=1.4)" in md
+    assert "(no candidate of" in (rdir / "row3" / "sweep" / "sweep.md").read_text()
+    p = argparse.ArgumentParser()
+    tau, where = bfd.selected_tau(p, None, str(rdir / "row3" / "sweep" / "sweep.json"))
+    assert tau == 1.4 and "the candidate losing least" in where
+
+
+def test_replot_draws_the_fine_tuned_rows_sweep(tmp_path, monkeypatch):
+    """Figure 3 (§5.3) is the fine-tuned model's sweep: replot takes it over the flexible row's."""
+    from mt_pipeline import sweeps
+
+    rdir = _fake_flexible_table(tmp_path, monkeypatch)
+    out = tmp_path / "table1.md"
+    sweeps.table1([str(rdir)], "tok_bleu", 0.5, str(out))
+    drawn = []
+    monkeypatch.setattr(sweeps, "plot", lambda points, path, title: drawn.append((points, title)))
+    sweeps.main(["replot", "--table", str(out), "--figure", str(tmp_path / "f.png")])
+    tables = sweeps.read_sweep_tables(str(out))
+    (points, title), = drawn
+    # (the fake decodes do not depend on the checkpoint, so the two tables hold equal numbers: the title tells)
+    assert title.startswith("Fine-tuned flexible attention, de-en") and tables[1][1] == "fine-tuned"
+    assert points == tables[1][2]
