@@ -787,3 +787,34 @@ def test_replot_draws_the_fine_tuned_rows_sweep(tmp_path, monkeypatch):
     # (the fake decodes do not depend on the checkpoint, so the two tables hold equal numbers: the title tells)
     assert title.startswith("Fine-tuned flexible attention, de-en") and tables[1][1] == "fine-tuned"
     assert points == tables[1][2]
+
+
+def test_flexible_step_equals_equations_3_to_8_by_hand():
+    """One flexible step (tau = inf) against eqs. 3-8 written out from the parameters in float64 --
+    not through the module's own score / gate / penalty: e = v_a^T tanh(W_q h_{t-1} + W_k h̄_s + b),
+    g(t) = sigmoid(v_g^T tanh(W_g [h_{t-1}; i_t]) + b_g), a_t = softmax(e - g (s - p_{t-1})^2 / (2 sigma^2)),
+    p_t = sum_s a_t(s) s, c_t = sum_s a_t(s) h̄_s; padded positions get weight 0."""
+    torch.manual_seed(3)
+    att = AdditiveAttention(6, 5, 7, 3, kind="flexible", sigma=1.5).double()
+    with torch.no_grad():
+        for p in att.parameters():
+            p.copy_(torch.randn_like(p))
+    B, S = 3, 11
+    h, i_t, hbar = torch.randn(B, 6).double(), torch.randn(B, 3).double(), torch.randn(B, S, 5).double()
+    lengths = torch.tensor([11, 8, 5])
+    pad = torch.arange(S).unsqueeze(0) >= lengths.unsqueeze(1)
+    p_prev = torch.tensor([2.3, 6.0, 0.0]).double()
+    step = att(h, i_t, att.keys(hbar), hbar, pad, lengths, p_prev)
+
+    sd = {k: v.detach() for k, v in att.state_dict().items()}
+    lin = lambda x, name: x @ sd[f"{name}.weight"].T + (sd[f"{name}.bias"] if f"{name}.bias" in sd else 0)  # noqa: E731
+    e = lin(torch.tanh(lin(h, "q_proj").unsqueeze(1) + lin(hbar, "k_proj")), "v").squeeze(-1)  # (B, S)
+    g = torch.sigmoid(lin(torch.tanh(lin(torch.cat([h, i_t], -1), "gate_hidden")), "gate_out")).squeeze(-1)  # (B,)
+    s = torch.arange(S).double()
+    logits = e - g.unsqueeze(1) * (s.unsqueeze(0) - p_prev.unsqueeze(1)) ** 2 / (2 * 1.5 ** 2)
+    a = torch.softmax(logits.masked_fill(pad, float("-inf")), -1)
+    torch.testing.assert_close(step.gate, g)
+    torch.testing.assert_close(step.weights, a)
+    torch.testing.assert_close(step.focus, (a * s).sum(-1))
+    torch.testing.assert_close(step.context, torch.einsum("bs,bsc->bc", a, hbar))
+    assert step.weights[pad].abs().max() == 0 and (g > 0).all() and (g < 1).all()
