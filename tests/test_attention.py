@@ -213,6 +213,114 @@ def test_rela_g_matches_equation_5():
     torch.testing.assert_close(fn.post_aggregate(z), expected)
 
 
+def _eval_stats(name, scores, mask):
+    """``{stat: (total, count)}`` that ``name`` records in evaluation (``--attention-entropy``)
+    for ``scores`` ``(1, 1, T, S)`` under ``mask``: the weights of its own normaliser."""
+    import argparse
+
+    fn = build_attention_fn(name, C, H, argparse.Namespace(attention_entropy=True)).eval()
+    fn.aux.enabled = True
+    fn.observe(fn.normalize(scores, mask), mask)
+    return {k: (float(t), float(c)) for k, (t, c, _) in fn.aux.pop().items()}
+
+
+# one row per case: all scores negative; mixed signs; all exactly 0; negative with a padded key
+_STAT_SCORES = torch.tensor([[-1.0, -2.0, -0.5], [2.0, -1.0, 2.0], [0.0, 0.0, 0.0], [-1.0, -3.0, 5.0]],
+                            dtype=torch.float64).view(1, 1, 4, 3)
+_STAT_MASK = torch.tensor([[False, False, False]] * 3 + [[False, False, True]]).view(1, 1, 4, 3)
+
+
+def test_null_rate_and_entropy_of_relu_rows():
+    """ReLU (rela_g): a row without a positive score is all zeros -- null (ReLA Section 5.2) and
+    left out of the entropy; [2, 0, 2] has H(s_bar) = log 2.  Null: rows 0, 2 and 3 of 4."""
+    st = _eval_stats("rela_g", _STAT_SCORES, _STAT_MASK)
+    assert st["attn_null_rate"] == (3.0, 4.0)
+    assert st["attn_entropy"][1] == 1.0 and st["attn_entropy"][0] == pytest.approx(math.log(2), abs=1e-12)
+
+
+def test_leaky_relu_negative_rows_are_not_null():
+    """Leaky ReLU (rela_g_leaky_relu, ReLA Table 1 row 10): a row of negative scores has weights
+    0.01 s != 0, so it is not null (null = every weight over the valid keys exactly 0, as the
+    analyses count it); only the all-zero row is.  The entropy is that of the weights clamped at 0
+    ([2, -0.01, 2] -> log 2); rows with no positive weight have none (left out of the mean)."""
+    st = _eval_stats("rela_g_leaky_relu", _STAT_SCORES, _STAT_MASK)
+    assert st["attn_null_rate"] == (1.0, 4.0)  # only row 2 (scores exactly 0: weights exactly 0)
+    assert st["attn_entropy"][1] == 1.0 and st["attn_entropy"][0] == pytest.approx(math.log(2), abs=1e-12)
+    # the analyses' definition, on the same weights
+    from fairseq_plugins.analysis.metrics import null_terms
+
+    fn = build_attention_fn("rela_g_leaky_relu", C, H)
+    null, rows = null_terms(fn.normalize(_STAT_SCORES, _STAT_MASK), _STAT_MASK)
+    assert (float(null.sum()), float(rows.sum())) == st["attn_null_rate"]
+
+
+def _rela_module_by_hand(m, name, q_in, kv_in, kpm):
+    """ReLA eqs. 3-5 by hand in float64 for a FunctionalMultiheadAttention ``m``: per head
+    ``ReLU(Q_h K_h^T / sqrt(d_h))`` with padded keys' weights 0, times ``V_h``; the heads
+    concatenated to ``z`` ``(T, B, C)``; the norm of ``z`` (eq. 4 RMSNorm with gain ``g``, eq. 5 gated
+    RMSNorm ``g * z * rsqrt(mean(z^2) + eps) * sigmoid(w * z)`` with the gate on the un-normalised
+    ``z``, or LayerNorm); *then* the output projection."""
+    T, B, _ = q_in.shape
+    S = kv_in.shape[0]
+    d = C // H
+
+    def lin(layer, x):
+        return x @ layer.weight.t() + layer.bias
+
+    def heads(x, L):  # (L, B, C) -> (B, H, L, d)
+        return x.reshape(L, B, H, d).permute(1, 2, 0, 3)
+
+    q, k, v = heads(lin(m.q_proj, q_in), T), heads(lin(m.k_proj, kv_in), S), heads(lin(m.v_proj, kv_in), S)
+    alpha = torch.relu(q @ k.transpose(-1, -2) / math.sqrt(d))  # eq. 3
+    alpha = alpha.masked_fill(kpm.view(B, 1, 1, S), 0.0)
+    z = (alpha @ v).permute(2, 0, 1, 3).reshape(T, B, C)  # heads concatenated
+    norm = m.attn_fn.norm
+    eps = m.attn_fn.eps
+    if name in ("relu_rmsnorm", "rela_i"):  # eq. 4
+        y = z * torch.rsqrt(z.square().mean(-1, keepdim=True) + eps) * norm.weight
+    elif name == "rela_g":  # eq. 5, the gate on the un-normalised z
+        y = norm.norm.weight * z * torch.rsqrt(z.square().mean(-1, keepdim=True) + eps) * torch.sigmoid(z * norm.gate)
+    else:  # LayerNorm (relu_layernorm; rela_g_layernorm: gated)
+        ln = norm.norm if name == "rela_g_layernorm" else norm
+        mu = z.mean(-1, keepdim=True)
+        y = (z - mu) / torch.sqrt((z - mu).square().mean(-1, keepdim=True) + ln.eps) * ln.weight + ln.bias
+        if name == "rela_g_layernorm":
+            y = y * torch.sigmoid(z * norm.gate)
+    return lin(m.out_proj, y), alpha  # the norm before W_o (released code; not after it)
+
+
+@pytest.mark.parametrize("name", ["rela_g", "rela_i", "relu_rmsnorm", "relu_layernorm", "rela_g_layernorm"])
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_rela_module_equals_equations_3_to_5_by_hand(name, need_weights):
+    """The whole cross-attention module (float64, key padding) equals ReLA eqs. 3-5 built by hand:
+    the scale 1/sqrt(d_h), padded keys at 0, the norm on the concatenated heads *before* the
+    output projection, the gate on the un-normalised input; gains, gates and LayerNorm biases
+    randomised so each one's place matters.  (RMSNorm and LayerNorm are invariant to a common
+    scale of a row but for eps, so a wrong score scale shows mainly in the returned weights and
+    the gate.)"""
+    torch.manual_seed(0)
+    m = FunctionalMultiheadAttention(C, H, build_attention_fn(name, C, H), encoder_decoder_attention=True)
+    m = m.double().eval()
+    with torch.no_grad():
+        for pname, p in m.attn_fn.named_parameters():
+            p.uniform_(-1.5, 1.5)  # gains of both signs, gates, LayerNorm biases
+        for layer in (m.q_proj, m.k_proj, m.v_proj, m.out_proj):
+            layer.bias.uniform_(-0.5, 0.5)
+    T, S, B = 4, 6, 2
+    q_in = torch.randn(T, B, C, dtype=torch.float64)
+    kv_in = torch.randn(S, B, C, dtype=torch.float64)
+    kpm = torch.zeros(B, S, dtype=torch.bool)
+    kpm[1, 3:] = True
+    kv_pad = kv_in.clone()
+    kv_pad[3:, 1] = 1e3  # padded keys/values large: any leak shows
+    out, weights = m(q_in, kv_pad, kv_pad, key_padding_mask=kpm, need_weights=need_weights)
+    ref, alpha = _rela_module_by_hand(m, name, q_in, kv_pad, kpm)
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
+    if need_weights:  # the weights themselves (the norms are scale-invariant: only these and
+        # the gate show a change of the score scale)
+        torch.testing.assert_close(weights, alpha.mean(1), rtol=1e-10, atol=1e-10)
+
+
 @pytest.mark.parametrize("name", ["relu_rmsnorm", "relu_layernorm", "rela_i", "rela_g", "rela_g_layernorm"])
 def test_norm_scope_head_normalises_each_head(name):
     """--rela-norm-scope head: statistics per head over d_h (eq. 4's one-head notation read per

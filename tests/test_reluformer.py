@@ -11,7 +11,7 @@ import torch.nn as nn
 from fairseq_plugins.attention import FunctionalMultiheadAttention, build_attention_fn
 from fairseq_plugins.attention.stats import ROW_EPS, entropy_from_terms, reluformer_row_terms, row_mass_terms, valid_keys
 from fairseq_plugins.criterions import LabelSmoothedCrossEntropyWithRegCriterion
-from fairseq_plugins.modules import LinearThenLayerNorm, collect_auxiliary, enable_auxiliary
+from fairseq_plugins.modules import LinearThenLayerNorm, clear_auxiliary, collect_auxiliary, enable_auxiliary
 from fairseq_plugins.modules.ffn import softmax_over_slots
 
 from helpers import build, toy_batch
@@ -203,6 +203,96 @@ def test_fused_row_terms_equal_autograd_of_the_unfused_expression():
     torch.autograd.gradcheck(lambda x, y: reluformer_row_terms(x, y, n, valid, 0.7)[:2], (a, b))
 
 
+def _row_stats_float64(row_sum, row_slogs, n, valid, c):
+    """ReLUFormer eq. 7's terms and the statistics over ``valid`` rows, from the rows upcast to
+    float64 with plain expressions: ``{name: (sum, count)}`` as the functions record them."""
+    rs, rl = row_sum.double(), row_slogs.double()
+    valid = valid.expand_as(rs)
+    live = valid & (rs > 0)
+    z = rs.clamp_min(ROW_EPS)
+    margin = torch.relu(z.log() - rl / z - c * n.double().clamp_min(1.0).log())
+    ent = entropy_from_terms(rs, torch.where(live, rl, 0.0))
+    live_n = float(live.sum())
+    return {"reluformer_norm": (float(z.log().abs()[live].sum()), live_n),
+            "reluformer_entropy": (float(margin.expand_as(rs)[live].sum()), live_n),
+            "attn_entropy": (float(ent[live].sum()), live_n),
+            "attn_null_rate": (float((valid & ~live).sum()), float(valid.sum()))}
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_rows_over_65536_are_counted_in_float32(dtype):
+    """72,000 half-precision rows (more than float16 can count: 65,504 is its largest finite
+    number, and bfloat16 rounds 70,000 to a multiple of 512) on the torch path of record_terms:
+    the live and counted rows are exact and the eq. 7 sums equal the float64 computation from the
+    same rows (before the fix the float16 count was inf -- terms averaged to 0, null rate NaN --
+    and the bfloat16 count was rounded)."""
+    g = torch.Generator().manual_seed(0)
+    B, Hh, T = 2, 4, 9000
+    s = torch.rand(B, Hh, T, 6, generator=g, dtype=torch.float64) * torch.rand(B, Hh, T, 1, generator=g,
+                                                                               dtype=torch.float64) * 3
+    s[:, :, :125] = 0.0  # 1,000 null rows
+    row_sum, row_slogs = (x.to(dtype) for x in row_mass_terms(s))
+    n = torch.full((B, 1, T, 1), 6.0)
+    f = build_attention_fn("reluformer", 8 * Hh, Hh, argparse.Namespace(attention_backend="torch"))
+    f.aux.enabled = True
+    f.query_padding = torch.zeros(B, T, dtype=torch.bool)
+    f.query_padding[1, -500:] = True  # 2,000 padded query rows (of 4 heads)
+    f.record_terms(row_sum, row_slogs, n)
+    got = {k: (float(t), float(c)) for k, (t, c, _) in f.aux.pop().items()}
+    valid = ~f.query_padding.unsqueeze(1)
+    want = _row_stats_float64(row_sum, row_slogs, n.squeeze(-1), valid, f.entropy_c)
+    assert want["attn_null_rate"] == (1000.0, 70000.0) and want["reluformer_norm"][1] == 69000.0
+    for k, (t, c) in want.items():
+        assert got[k][1] == c, k  # counts exact
+        assert got[k][0] == pytest.approx(t, rel=1e-5, abs=1e-6), k
+
+
+def test_half_precision_module_counts_more_than_65536_rows():
+    """The reported case through FunctionalMultiheadAttention on the torch backend in float16:
+    one call with 66,560 query rows x heads (B 130, T = S = 64, H 8, head dim 2), causal (so some
+    first-position rows are null).  The recorded terms equal the float64 computation from the
+    call's own row sums, and the means and null rate agree with the same module in float32."""
+    import fairseq_plugins.attention.functions as functions
+
+    B, T, Cm, Hm = 130, 64, 16, 8
+    rows = []
+    orig = functions._ReluFormerBase.record_terms
+
+    def spy(self, row_sum, row_slogs, n):
+        rows.append((row_sum.detach(), row_slogs.detach(), n))
+        return orig(self, row_sum, row_slogs, n)
+
+    recs = {}
+    x0 = torch.randn(T, B, Cm, generator=torch.Generator().manual_seed(1))
+    future = torch.triu(torch.full((T, T), float("-inf")), 1)
+    for dtype in (torch.float16, torch.float32):
+        torch.manual_seed(0)
+        f = build_attention_fn("reluformer", Cm, Hm, argparse.Namespace(attention_backend="torch"))
+        f.aux.enabled = True
+        m = FunctionalMultiheadAttention(Cm, Hm, f, self_attention=True)
+        with torch.no_grad():
+            for i, p in enumerate(m.parameters()):
+                p.normal_(generator=torch.Generator().manual_seed(i))
+        m = m.half().to(dtype)  # the float32 module: the float16-rounded weights and input
+        x = x0.half().to(dtype)
+        functions._ReluFormerBase.record_terms = spy
+        try:
+            m(x, x, x, attn_mask=future.to(dtype), need_weights=False)
+        finally:
+            functions._ReluFormerBase.record_terms = orig
+        recs[dtype] = {k: (float(t), float(c)) for k, (t, c, _) in f.aux.pop().items()}
+    row_sum, row_slogs, n = rows[0]
+    assert row_sum.numel() == B * Hm * T > 65536
+    want = _row_stats_float64(row_sum, row_slogs, n.squeeze(-1), torch.ones(1, 1, 1, dtype=torch.bool), 0.7)
+    assert 0 < want["attn_null_rate"][0] < want["attn_null_rate"][1] == B * Hm * T  # some null rows
+    half, full = recs[torch.float16], recs[torch.float32]
+    for k, (t, c) in want.items():
+        assert half[k][1] == c, k
+        assert half[k][0] == pytest.approx(t, rel=1e-5, abs=1e-6), k
+        # the float32 module: the same statistics to float16 rounding of the scores
+        assert half[k][0] / half[k][1] == pytest.approx(full[k][0] / full[k][1], rel=2e-2, abs=2e-3), k
+
+
 def test_null_and_fully_masked_rows_are_finite():
     f = fn()
     scores = torch.tensor([[-1.0, -2.0, -3.0], [1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]).view(1, 1, 3, 3)
@@ -307,16 +397,61 @@ def test_criterion_adds_weighted_mean_scaled_by_sample_size():
     assert collect_auxiliary(model) == {}
 
 
+def _module_terms_by_hand(w, mask, query_pad, c=0.7):
+    """One attention module's eq. 7 means and statistics from its weights ``(B, H, T, S)``, in
+    float64 with plain expressions: rows counted where the query sees a key and is no padding,
+    means over the live ones (positive mass), null rate over the counted ones."""
+    w = w.double()
+    S = w.size(-1)
+    n = torch.full(w.shape[:-1], float(S), dtype=torch.float64) if mask is None else \
+        (~mask).sum(-1).double().expand(w.shape[:-1])
+    valid = (n > 0) & ~query_pad.unsqueeze(1)
+    mass = w.sum(-1)
+    live = valid & (mass > 0)
+    p = w / mass.clamp_min(1e-300).unsqueeze(-1)
+    ent = -torch.special.xlogy(p, p).sum(-1)  # H(s_bar), 0 log 0 = 0
+    z = mass.clamp_min(ROW_EPS)
+    return {"reluformer_norm": float(z.log().abs()[live].mean()),
+            "reluformer_entropy": float(torch.relu(ent - c * n.clamp_min(1).log())[live].mean()),
+            "attn_entropy": float(ent[live].mean()),
+            "attn_null_rate": float((valid & ~live).sum() / valid.sum())}
+
+
 def test_criterion_terms_are_averaged_over_layers_and_differentiable():
+    """collect_auxiliary's value of each term is the mean over the attention modules of each
+    module's mean over its live query rows, checked against the terms recomputed by hand from the
+    captured weights of every module (float64; query padding taken from the batch itself), and
+    the loss terms carry gradients to the projections."""
     torch.manual_seed(0)
     model, task = build("reluformer_small", encoder_layers=2, decoder_layers=1)
     sample = _sample(task)
+    pad = task.source_dictionary.pad()
+    src, prev = sample["net_input"]["src_tokens"], sample["net_input"]["prev_output_tokens"]
+    assert src.eq(pad).any()  # padded source queries: excluded from the encoder's rows
     enable_auxiliary(model)
     model(**sample["net_input"])
     aux = collect_auxiliary(model)
     # 2 encoder self + 1 decoder self + 1 cross attention modules reported
     assert aux["reluformer_norm"][2] == 4 and aux["reluformer_norm"][1] is True
     assert aux["attn_entropy"][1] is False
+    # the same forward pass with the weights captured (the score path), each module by hand
+    per_module = []
+    mods = [(name, m) for name, m in model.named_modules() if isinstance(m, FunctionalMultiheadAttention)]
+    for name, m in mods:
+        qpad = src.eq(pad) if name.startswith("encoder") else prev.eq(pad)
+        m.attn_fn.capture = lambda w, mask, qpad=qpad: per_module.append(_module_terms_by_hand(w.detach(), mask, qpad))
+    try:
+        with torch.no_grad():
+            model(**sample["net_input"])
+    finally:
+        for _, m in mods:
+            m.attn_fn.capture = None
+        clear_auxiliary(model)
+    assert len(per_module) == 4
+    for key in ("reluformer_norm", "reluformer_entropy", "attn_entropy", "attn_null_rate"):
+        want = sum(t[key] for t in per_module) / len(per_module)
+        assert float(aux[key][0]) == pytest.approx(want, rel=1e-5, abs=1e-6), key
+    assert aux["reluformer_entropy"][0] > 0 and aux["reluformer_norm"][0] > 0  # not trivially 0
     aux["reluformer_norm"][0].backward()
     grads = [p.grad for n, p in model.named_parameters() if "q_proj" in n]
     assert all(g is not None and g.abs().sum() > 0 for g in grads)

@@ -240,9 +240,10 @@ def test_self_test_passes_and_catches_a_wrong_kernel(interp, monkeypatch):
 
 @needs_triton
 def test_half_row_sums_take_the_torch_path(interp):
-    """The torch attention path gives half-precision row sums in half precision; the kernel takes
-    float32/float64 only, so record_terms keeps those on the torch path instead of failing (on a
-    GPU: --attention-backend auto with the rectified kernels refused but the stats kernels not)."""
+    """Half-precision row sums (the torch attention's row sums are float32 since RowMassTerms
+    accumulates in float32, but a caller may pass half rows): the kernel takes float32/float64 only,
+    so record_terms keeps half rows on the torch path (which counts in float32) instead of failing
+    (on a GPU: --attention-backend auto with the rectified kernels refused but the stats kernels not)."""
     import fairseq_plugins.attention.triton.stats as ts
 
     s, l = rows(2, 2, 5, F32)

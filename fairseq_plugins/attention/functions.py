@@ -200,6 +200,10 @@ class AttentionFunction(nn.Module):
     name = "base"
     #: False for functions whose weights are not a distribution over keys.
     is_distribution = True
+    #: True for functions whose weights can be negative (ReLA's GeLU / Leaky ReLU variants, Table 1
+    #: rows 9-10): their null rows are then found weight by weight (:meth:`_record_entropy`);
+    #: for non-negative weights a zero row sum is the same test, with no pass over the weights.
+    signed_weights = False
     #: Padded *query* rows of the current call, ``(B, T)`` bool (True = padding) or None, set by
     #: the attention module while recording is on (training/validation with the criterion):
     #: statistics and eq. 7 terms average over real tokens only (our choice: the papers do not
@@ -331,15 +335,17 @@ class AttentionFunction(nn.Module):
     def observe(self, weights: torch.Tensor, mask: Optional[torch.Tensor]) -> None:
         """Called by the attention module with the weights ``(B, H, T, S)`` (before dropout).
 
-        The default records ``attn_entropy`` (mean ``H(s_bar)`` over non-null rows, nats) and
-        ``attn_null_rate`` (fraction of attendable rows with zero mass) when entropy tracking
-        is on and the module is in evaluation mode, and hands the weights to :attr:`capture`.
+        The default records ``attn_entropy`` (mean ``H(s_bar)`` over the rows that have one,
+        nats) and ``attn_null_rate`` (fraction of attendable rows whose weights are all exactly
+        0) when entropy tracking is on and the module is in evaluation mode
+        (:meth:`_record_entropy`), and hands the weights to :attr:`capture`.
         """
         self._hand_to_capture(weights, mask)
         if self.track_entropy and not self.training and self.aux.enabled:
-            row_sum, row_slogs = row_mass_terms(weights.detach())
+            weights = weights.detach()
+            row_sum, row_slogs = row_mass_terms(weights)
             n = valid_keys(mask, weights.size(-1), device=weights.device)
-            self._record_entropy(row_sum, row_slogs, n)
+            self._record_entropy(row_sum, row_slogs, n, weights if self.signed_weights else None, mask)
 
     def counted_rows(self, n: torch.Tensor, row_sum: torch.Tensor) -> torch.Tensor:
         """Rows that enter statistics and losses: ``(B, H, T)`` bool, True where the query may
@@ -357,13 +363,43 @@ class AttentionFunction(nn.Module):
         qp = self.query_padding
         return qp if qp is not None and qp.shape == (row_sum.size(0), row_sum.size(2)) else None
 
-    def _record_entropy(self, row_sum, row_slogs, n):
-        """Record entropy / null-rate statistics; ``n`` ``(B|1, H|1, T|1, 1)`` valid keys."""
+    def _record_entropy(self, row_sum: torch.Tensor, row_slogs: torch.Tensor, n: torch.Tensor,
+                        weights: Optional[torch.Tensor] = None, mask: Optional[torch.Tensor] = None) -> None:
+        """Record ``attn_entropy`` and ``attn_null_rate`` over the counted rows (:meth:`counted_rows`).
+
+        Args:
+            row_sum, row_slogs: ``(B, H, T)`` row sums of the weights clamped at 0
+                (:func:`~fairseq_plugins.attention.stats.row_mass_terms`).
+            n: ``(B|1, H|1, T|1, 1)`` valid keys per query.
+            weights: ``(B, H, T, S)`` the weights themselves, needed only when they can be
+                negative (:attr:`signed_weights`), else None; mask: the dense bool mask
+                (True = blocked) or None.
+
+        * ``attn_null_rate``: a row is *null* when every weight over its valid keys is exactly 0
+          (ReLA Section 5.2's null attention; the same test as the analyses,
+          :func:`fairseq_plugins.analysis.metrics.null_terms`).  For non-negative weights that is
+          ``sum s = 0`` (no extra pass); with :attr:`signed_weights` each weight is tested (one
+          compare over ``(B, H, T, S)``, in evaluation only): a Leaky ReLU row whose scores are all
+          negative has weights ``0.01 s != 0`` and is *not* null.
+        * ``attn_entropy``: ``H(s_bar)`` in nats of the weights *clamped at 0*, renormalised
+          (ReLUFormer Section 4.2), averaged over the counted rows with positive clamped mass.  Our
+          choice for signed weights (GeLU, Leaky ReLU): the entropy of their positive part; a row
+          with no positive weight (null, or all weights negative) has no such distribution, and
+          its entropy is not defined: it is left out of the mean (and, if not null, not counted as
+          null either).  For non-negative weights this is the usual entropy of ``s / sum s``.
+        """
         valid = self.counted_rows(n, row_sum)
-        live = valid & (row_sum > 0)
+        has_dist = valid & (row_sum > 0)  # a positive (clamped) weight: H(s_bar) is defined
+        if weights is None:  # non-negative weights: all zero <=> zero sum
+            null = valid & ~has_dist
+        else:
+            zero = weights == 0
+            if mask is not None:
+                zero = zero | mask  # only the valid keys count (masked weights are 0 anyway)
+            null = valid & zero.all(dim=-1)
         ent = entropy_from_terms(row_sum, row_slogs).detach()
-        self.aux.record("attn_entropy", torch.where(live, ent, 0.0).sum(), live.sum(), False)
-        self.aux.record("attn_null_rate", (valid & ~live).sum().float(), valid.sum(), False)
+        self.aux.record("attn_entropy", torch.where(has_dist, ent, 0.0).sum(), has_dist.sum(), False)
+        self.aux.record("attn_null_rate", null.sum().float(), valid.sum(), False)
 
 
 @register_attention_fn("softmax", normalizer=True)
@@ -587,6 +623,7 @@ class RelaGGeluAttention(RelaGAttention):
     """ReLA-g with GeLU in place of ReLU (ReLA Table 1 row 9)."""
 
     kernel_activation = "gelu"
+    signed_weights = True  # GeLU(x) < 0 for x < 0: null rows are tested weight by weight
 
     def activation(self, x):
         return F.gelu(x)
@@ -597,6 +634,7 @@ class RelaGLeakyReluAttention(RelaGAttention):
     """ReLA-g with Leaky ReLU (slope 0.01) in place of ReLU (ReLA Table 1 row 10)."""
 
     kernel_activation = "leaky_relu"
+    signed_weights = True  # 0.01 x for x < 0: a row of negative scores is not null
 
     def activation(self, x):
         return F.leaky_relu(x, negative_slope=0.01)
@@ -729,14 +767,19 @@ class _ReluFormerBase(AttentionFunction):
         """Record eq. 7's two terms (differentiable) and the statistics.
 
         Args:
-            row_sum, row_slogs: ``(B, H, T)`` float32 ``sum_j s_j`` and ``sum_j s_j log s_j``.
+            row_sum, row_slogs: ``(B, H, T)`` ``sum_j s_j`` and ``sum_j s_j log s_j``, float32 or
+                float64 (both attention paths give at least float32; float16/bfloat16 rows are
+                accepted and summed in float32 on the torch path).
             n: ``(B|1, H|1, T|1, 1)`` valid keys per query.
+
+        The sums over rows and the row counts are float32 at least (a float16 count overflows
+        from 65,520 rows: ReLUFormer's eq. 7 terms would average to 0 and the null rate to NaN).
         """
         if not self.aux.enabled:
             return
         # over the live rows: |log sum s| (clamped: no log 0 on null rows), max(H - c log n, 0), H
-        # one kernel each way (the torch path: ~20 ops + 13); its rows are float32/float64 (the
-        # Triton attention's always are; the torch attention's are half in half precision)
+        # one kernel each way (the torch path: ~20 ops + 13); the kernel takes float32/float64 rows
+        # (both attention paths give those; half rows from other callers stay on the torch path)
         if row_sum.dtype in (torch.float32, torch.float64) and self.uses_triton(row_sum, "stats"):
             from .triton.stats import reluformer_row_terms as triton_row_terms
 
@@ -745,7 +788,7 @@ class _ReluFormerBase(AttentionFunction):
         else:
             valid = self.counted_rows(n, row_sum)
             norm, margin, ent, count = reluformer_row_terms(row_sum, row_slogs, n.squeeze(-1), valid, self.entropy_c)
-            counted = valid.sum(dtype=count.dtype)
+            counted = valid.sum(dtype=count.dtype)  # count: float32 (float64 rows: float64)
             null = counted - count
         self.aux.record("reluformer_norm", norm, count, self.reg_terms in ("both", "norm"))
         self.aux.record("reluformer_entropy", margin, count, self.reg_terms in ("both", "entropy"))

@@ -148,7 +148,7 @@ def _reference(q, k, v, r, mask, dropout_p, need_stats, causal):
         s = s.masked_fill(_causal_mask(T, S, q.device), 0.0)
     if mask is not None:
         s = s.masked_fill(mask, 0.0)
-    stats = RowMassTerms.apply(s) if need_stats else None
+    stats = RowMassTerms.apply(s) if need_stats else None  # float32 sums for half s (no copy of s)
     if dropout_p > 0:
         s = torch.nn.functional.dropout(s, dropout_p, training=True)
     out = torch.matmul(s, v)
@@ -468,6 +468,7 @@ class _ChunkedReluAttention(torch.autograd.Function):
         BH = B * H
         # outputs: every row of a live chunk is written by a task, rows of dead chunks are zeroed
         out = q.new_empty(BH, T, d)
+        # (float32/float64 only here, so the row sums are at least float32, as the plain path's)
         rsum = q.new_empty(BH, T) if need_stats else None
         rslogs = q.new_empty(BH, T) if need_stats else None
         for t0, t1, kend in plan.chunks:
@@ -553,7 +554,9 @@ def relu_attention(q, k, v, row_scale, mask=None, dropout_p=0.0, need_stats=Fals
             ``[0, 1)``; the chunked kernel regenerates the same mask in backward.  Pass 0 at
             inference.
         need_stats: also return ``(row_sum, row_slogs)``, each ``(B, H, T)``:
-            ``sum_j s_ij`` and ``sum_j s_ij log s_ij`` (``0 log 0 = 0``), both differentiable.
+            ``sum_j s_ij`` and ``sum_j s_ij log s_ij`` (``0 log 0 = 0``), both differentiable;
+            accumulated and returned in at least float32 (float16/bfloat16 inputs: float32
+            sums, as the Triton kernel's; float32/float64: the inputs' dtype).
         chunk_size: query rows per block of the chunked kernel; giving it forces the chunked
             kernel (float32/float64).  ``None``: dispatch below, ``BLOCK_ELEMS // S`` rows.
         causal: additionally block keys ``j > i + (S - T)``; the chunked kernel skips the key

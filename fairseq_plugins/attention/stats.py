@@ -108,24 +108,35 @@ class RowMassTerms(torch.autograd.Function):
     saves only ``s`` -- which the surrounding attention saves anyway -- instead of autograd's
     chain of ``(T, S)`` intermediates.  ``log`` is taken of ``max(s, tiny)``: exact, NaN-free
     and fast (log of exact zeros takes a ~8x slower path).
+
+    The two row sums are accumulated and returned in at least float32 (float16/bfloat16 ``s`` ->
+    float32 sums, float32/float64 kept), with no float32 copy of ``s``: the reduction itself
+    writes float32 (``sum(dtype=)``), so half-precision attention gives eq. 7 and the entropy
+    statistics float32 row terms (ReLUFormer, Shen et al. 2023, eq. 7); backward casts the
+    ``(..)``-shaped incoming gradients to ``s``'s dtype before touching ``(.., S)`` tensors.
     """
 
     @staticmethod
     def forward(ctx, s):
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(s)
+        acc = torch.promote_types(s.dtype, torch.float32)  # half -> float32 sums, no copy of s
         logs = s.clamp(min=torch.finfo(s.dtype).tiny).log_()
-        return s.sum(-1), logs.mul_(s).sum(-1)
+        return s.sum(-1, dtype=acc), logs.mul_(s).sum(-1, dtype=acc)
 
     @staticmethod
     def backward(ctx, g_sum, g_slogs):
         (s,) = ctx.saved_tensors
         if g_sum is None and g_slogs is None:
             return None
+        # the row gradients arrive in the sums' dtype (float32 for half s): cast the small
+        # (..) tensors, not the (.., S) ones (a no-op for float32/float64 s)
+        if g_sum is not None:
+            g_sum = g_sum.to(s.dtype)
         if g_slogs is None:
             grad = g_sum.unsqueeze(-1).expand_as(s).clone()
         else:
-            grad = s.clamp(min=torch.finfo(s.dtype).tiny).log_().add_(1.0).mul_(g_slogs.unsqueeze(-1))
+            grad = s.clamp(min=torch.finfo(s.dtype).tiny).log_().add_(1.0).mul_(g_slogs.to(s.dtype).unsqueeze(-1))
             if g_sum is not None:
                 grad.add_(g_sum.unsqueeze(-1))
         return torch.ops.aten.threshold_backward(grad, s, 0.0)
@@ -160,6 +171,10 @@ class ReluFormerRowTerms(torch.autograd.Function):
     ``z = max(sum s, ROW_EPS)`` and ``H = log z - (sum s log s) / z`` (the entropy of ``s_bar``
     for rows of mass ``>= ROW_EPS``), returns four float 0-d tensors: ``sum |log z|``,
     ``sum max(H - c log n, 0)`` and ``sum H`` over the live rows, and the number of live rows.
+    All four are computed and returned in at least float32: float16/bfloat16 row sums are upcast
+    first (``(B, H, T)`` tensors, not ``(.., S)``; their gradients are cast back), because a
+    float16 count overflows to ``inf`` from 65,520 live rows (eq. 7 terms then averaged to 0, the
+    null rate NaN) and a bfloat16 one is rounded to 8 bits (0.2 % off at 4K rows).
     The logged ``sum H`` takes each row's own entropy (:func:`entropy_from_terms`: ``z`` floored
     at :data:`ENTROPY_FLOOR` instead); the two eq. 7 terms keep the ``ROW_EPS`` floor, so a
     live row of mass below ``ROW_EPS`` (rare: every positive score of the row tiny) enters them
@@ -185,6 +200,10 @@ class ReluFormerRowTerms(torch.autograd.Function):
     @staticmethod
     def forward(ctx, row_sum, row_slogs, c_log_n, valid):
         ctx.set_materialize_grads(False)
+        # counts and sums over rows in float32 at least (a float16 count is inf from 65,520 rows)
+        ctx.in_dtype = row_sum.dtype if row_sum.dtype in (torch.float16, torch.bfloat16) else None
+        if ctx.in_dtype is not None:
+            row_sum, row_slogs = row_sum.float(), row_slogs.float()
         live_f = row_sum.sign().mul_(valid)  # 1 on live rows (sum s >= 0: sign is 0 or 1), else 0
         z = row_sum.clamp_min(ROW_EPS)
         log_z = z.log()
@@ -216,7 +235,11 @@ class ReluFormerRowTerms(torch.autograd.Function):
             d_sum, d_slogs = torch.zeros_like(row_sum), None
         if g_norm is not None:
             d_sum.add_(log_z.sign().mul_(inv_z).mul_(g_norm))
-        return d_sum.mul_(row_sum >= ROW_EPS), d_slogs, None, None
+        d_sum = d_sum.mul_(row_sum >= ROW_EPS)
+        if ctx.in_dtype is not None:  # half-precision rows: gradients in their dtype
+            d_sum = d_sum.to(ctx.in_dtype)
+            d_slogs = None if d_slogs is None else d_slogs.to(ctx.in_dtype)
+        return d_sum, d_slogs, None, None
 
 
 def reluformer_row_terms(row_sum: torch.Tensor, row_slogs: torch.Tensor, n: torch.Tensor, valid: torch.Tensor,
@@ -226,7 +249,9 @@ def reluformer_row_terms(row_sum: torch.Tensor, row_slogs: torch.Tensor, n: torc
     the first two are differentiable w.r.t. the row sums, the last two are statistics.
 
     Args:
-        row_sum, row_slogs: ``(B, H, T)`` float32 ``sum_j s_j`` and ``sum_j s_j log s_j``.
+        row_sum, row_slogs: ``(B, H, T)`` ``sum_j s_j`` and ``sum_j s_j log s_j``: float32 or
+            float64 (kept), or float16/bfloat16 (upcast to float32 here: the sums and the count
+            are float32 at least, whatever the rows' dtype).
         n: valid keys per query, broadcastable to ``(B, H, T)`` (``n_i`` of eq. 6).
         valid: ``(B, H, T)`` bool, the counted rows (a key visible, no query padding); the live
             ones among them (``sum s > 0``) enter the sums.

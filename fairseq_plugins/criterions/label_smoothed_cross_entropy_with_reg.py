@@ -12,8 +12,9 @@ attention modules, i.e. layers and attention types), so it is added as
 ``CE/token + reg_weight * mean`` whatever the batch size, and ``sample_size`` is untouched.
 
 Logged per term under its own name (nats, means per query row): every loss term (e.g.
-``reluformer_norm``, ``reluformer_entropy``), their weighted sum ``reg_loss``, and statistics
-(``attn_entropy``, ``attn_null_rate``).  ``loss`` is the optimised total in base 2 as fairseq
+``reluformer_norm``, ``reluformer_entropy``), ``reg_loss`` = the *unweighted* sum of the loss
+terms' means (``reg_weight`` multiplies it only in the optimised ``loss``, so the logged
+``reg_loss`` does not change with lambda), and statistics (``attn_entropy``, ``attn_null_rate``).  ``loss`` is the optimised total in base 2 as fairseq
 logs it; ``nll_loss``/``ppl`` are the plain translation terms.
 
 A model that reports no auxiliary loss (softmax or ReLA attention, no flexible-attention gate)
