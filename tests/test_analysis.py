@@ -470,6 +470,8 @@ def test_aer_only_run_writes_its_page_where_md_says(deen, tmp_path):
     md = page.read_text()
     # a page of AER alone: no empty sections of the split analysis that did not run
     assert md.startswith("# AER of cross-attention against the RWTH De-En gold alignments")
+    # its title states the subword merge (the CLI default, not ReLA §5.2's mean)
+    assert "source subwords summed (`--aer-source-merge sum`, the CLI default; ReLA §5.2 averages)" in md.splitlines()[0]
     assert "## Sparsity" not in md and "## Top-p" not in md and "0 pairs" not in md
     assert "**relag** = `" in md and "### Model aer:relag: `" in md
     assert (f"| relag | de-en | {a['normal']['AoL']:.2f} | {a['normal']['AoH']:.2f} | {a['shifted']['AoL']:.2f} | "
@@ -560,6 +562,34 @@ def test_aer_of_an_en_de_model_reads_the_gold_links_the_other_way(deen, ende, tm
     # ... and the option is what moved them: summed pieces give other layer AERs here (7.6 points over the four)
     assert sum(abs(x - y) for mode in ("normal", "shifted") for x, y in zip(m[mode]["layer"], a[mode]["layer"])) > 3
     assert "averaged (Zenkel et al. 2019) (`--aer-source-merge mean`)" in (tmp_path / "m" / "analysis.md").read_text()
+    assert "## AER (%) of cross-attention vs RWTH De-En gold alignments (ReLA Fig. 4, Table 5; source subwords averaged " \
+           "(`--aer-source-merge mean`, as ReLA §5.2))" in (tmp_path / "m" / "analysis.md").read_text()
+
+
+def _fake_aer(merge=None):
+    """One model's AER result as :func:`~fairseq_plugins.analysis.report.alignment_aer` returns it
+    (numbers arbitrary); ``merge`` None: a result recorded before the key existed (summed)."""
+    mode = {"AoL": 50.0, "AoH": 40.0, "layer": [50.0], "best_head": [40.0], "best_head_index": [0]}
+    a = {"normal": mode, "shifted": dict(mode), "unk_rate": 0.0, "direction": "de-en", "diagonal_aer": 70.0}
+    if merge is not None:
+        a["source_merge"] = merge
+    return a
+
+
+@pytest.mark.parametrize("merges, want", [
+    (["sum"], "source subwords summed (`--aer-source-merge sum`, the CLI default; ReLA §5.2 averages)"),
+    ([None], "source subwords summed (`--aer-source-merge sum`, the CLI default; ReLA §5.2 averages)"),
+    (["mean"], "source subwords averaged (`--aer-source-merge mean`, as ReLA §5.2)"),
+    (["mean", "sum"], "source subwords merged per model: m0 `mean`, m1 `sum`"),
+])
+def test_aer_heading_states_the_subword_merge(merges, want):
+    """The AER section's heading names the source-subword merge it used (ReLA §5.2 averages
+    following Zenkel et al. 2019; the CLI default sums), per model when they differ."""
+    from fairseq_plugins.analysis.cli import _aer_markdown
+
+    md = _aer_markdown({"aer": {f"m{i}": _fake_aer(m) for i, m in enumerate(merges)}})
+    assert md[0].startswith("## AER (%) of cross-attention vs RWTH De-En gold alignments (ReLA Fig. 4, Table 5; ")
+    assert want in md[0]
 
 
 def test_an_aer_checkpoint_of_another_language_pair_is_refused_before_any_work(deen, tmp_path):

@@ -291,6 +291,23 @@ def _merge_words(aer: Dict[str, dict]) -> str:
                       for m in dict.fromkeys(merges.values()))
 
 
+def _merge_heading(aer: Dict[str, dict]) -> str:
+    """The subword-merge convention of the AER models for the AER headings: "source subwords
+    averaged (`--aer-source-merge mean`, as ReLA §5.2)" or "source subwords summed
+    (`--aer-source-merge sum`, the CLI default; ReLA §5.2 averages)", per model when they differ.
+    ReLA §5.2 merges subwords "following Zenkel et al. (2019)", who average (target rows are
+    averaged either way)."""
+    merges = {label: a.get("source_merge", "sum") for label, a in aer.items()}
+    if len(set(merges.values())) == 1:
+        m = next(iter(merges.values()))
+        if m == "mean":
+            return "source subwords averaged (`--aer-source-merge mean`, as ReLA §5.2)"
+        return f"source subwords {'summed' if m == 'sum' else m} (`--aer-source-merge {m}`" + \
+            (", the CLI default" if m == "sum" else "") + "; ReLA §5.2 averages)"
+    return "source subwords merged per model: " + ", ".join(f"{l} `{m}`" for l, m in merges.items()) + \
+        " (`--aer-source-merge`; ReLA §5.2 averages)"
+
+
 def _checkpoints(a: dict) -> str:
     """The checkpoint(s) of an AER model in Markdown: one, or "N seeds: `a`, `b`, ..."."""
     if "seeds" in a:
@@ -303,7 +320,8 @@ def _aer_markdown(report: dict) -> List[str]:
     model and mode, the diagonal baseline, the per-layer curves."""
     md = []
     if report.get("aer"):
-        md += ["## AER (%) of cross-attention vs RWTH De-En gold alignments (ReLA Fig. 4, Table 5)", "",
+        md += ["## AER (%) of cross-attention vs RWTH De-En gold alignments (ReLA Fig. 4, Table 5; "
+               + _merge_heading(report["aer"]) + ")", "",
                "AoL: mean over layers of the layer attention's AER; AoH: mean over layers of the best head's. "
                "Each model is scored in its own direction (source word -> target word links). Subwords to words: "
                "a target word's rows are averaged, a source word's columns " + _merge_words(report["aer"]) + "."
@@ -354,7 +372,8 @@ def render_markdown(report: dict) -> str:
     head, section = provenance.models_markdown(trained, note) if trained else ("", "")
     if not res:  # --aer-checkpoint alone (ReLA Table 5): no split was analysed
         aer = report.get("aer") or {}
-        md = ["# AER of cross-attention against the RWTH De-En gold alignments (ReLA Table 5, Figure 4)", ""] + (
+        md = ["# AER of cross-attention against the RWTH De-En gold alignments (ReLA Table 5, Figure 4; "
+              + _merge_heading(aer) + ")", ""] + (
               [head] if head else []) + [
               f"Commit `{report['provenance']['git_commit']}`; command: `{report['provenance']['command']}`.", "",
               "Models: " + ", ".join(f"**{l}** = {_checkpoints(a)} ({a['info']['arch']}, "
