@@ -204,6 +204,40 @@ def test_eatt_module_equals_equations():
     assert fn.tau == 1.0
 
 
+@pytest.mark.parametrize("tau", [1.0, 0.0])  # the paper's appendix / the official code
+def test_eatt_module_backward_uses_the_eq8_surrogate_centred_at_tau(tau):
+    """The module's gradient w.r.t. its query/key inputs is eq. 8: ``grad_in = grad_out(binary input)
+    * sqrt(2/pi) * exp(-2 (x - tau)^2)``, centred at ``tau``.  In cross-attention the query reaches
+    the output only through ``Q = W_Q f(x)``; the key input through ``K = W_K f(y)`` and through the
+    full-precision ``V``.  Reference: the equations on *detached* 0/1 inputs with ``requires_grad``
+    (their gradients are the ``grad_out`` of eq. 8); a straight-through estimator (``grad_in =
+    grad_out``) or a bump centred at 0 instead of ``tau`` (the official code) fails."""
+    torch.manual_seed(12)
+    fn = build_attention_fn("eatt", C, H, argparse.Namespace(eatt_tau=tau))
+    assert fn.tau == tau
+    m = FunctionalMultiheadAttention(C, H, fn, encoder_decoder_attention=True).double().eval()
+    x = (torch.randn(4, 1, C, dtype=torch.float64) + tau).requires_grad_()  # around tau: a mix of 0 and 1
+    y = (torch.randn(6, 1, C, dtype=torch.float64) + tau).requires_grad_()
+    g = torch.randn(4, 1, C, dtype=torch.float64)
+    m(x, y, y, need_weights=False)[0].backward(g)
+
+    xb = (x.detach() > tau).double().requires_grad_()
+    yb = (y.detach() > tau).double().requires_grad_()
+    yv = y.detach().clone().requires_grad_()  # V's full-precision path
+    Q = F.linear(xb, m.q_proj.weight, m.q_proj.bias).view(4, H, C // H).transpose(0, 1)
+    K = F.linear(yb, m.k_proj.weight, m.k_proj.bias).view(6, H, C // H).transpose(0, 1)
+    V = F.linear(yv, m.v_proj.weight, m.v_proj.bias).view(6, H, C // H).transpose(0, 1)
+    A = torch.softmax(-torch.cdist(Q, K, p=1) / math.sqrt(C // H), -1)  # (H, T, S)
+    m.out_proj((A @ V).transpose(0, 1).reshape(4, 1, C)).backward(g)
+    assert xb.grad.abs().min() > 0 and yb.grad.abs().sum() > 0  # the check below is not vacuous
+
+    def eq8(u):  # written out, not imported
+        return math.sqrt(2 / math.pi) * torch.exp(-2 * (u.detach() - tau) ** 2)
+
+    torch.testing.assert_close(x.grad, xb.grad * eq8(x), rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(y.grad, yb.grad * eq8(y) + yv.grad, rtol=1e-10, atol=1e-12)
+
+
 def test_eatt_qk_dim_module_equals_the_official_width():
     """``--eatt-qk-dim C/H`` (NLP2CT/E-Att ``E-ATT.py``: ``linear_in_weight`` of ``C x 2C/H``): W_Q, W_K
     map C -> C/H, each head's L1 distance runs over C/H^2 dimensions scaled by sqrt(C/H^2) (eq. 13
@@ -459,6 +493,33 @@ def test_energy_counts_against_hand_count():
         E.score_ops("eatt", l, l, d, h, 0.5, 0.5, qk_width=3)
 
 
+def test_mean_model_ops_is_the_mean_over_sentences_not_the_count_at_mean_lengths():
+    """Two one-layer-encoder sentences of l = 1 and 3 (d = 4, h = 2), vanilla, by hand:
+    ``2 l d^2 + l^2 d`` = 36 and 132 MACs, mean 84; at the mean length l = 2 it is 80 (the gap is
+    ``d Var(l)`` = 4).  A whole E-ATT model (cross-attention's ``l_q l_k``, rho, Q/K width d/h)
+    equals the average of :func:`model_ops` over its sentences, module by module."""
+    enc = {"encoder": "softmax", "decoder": "softmax", "cross": "softmax"}
+    m = E.mean_model_ops(enc, {"encoder": 1, "decoder": 0}, [(1, 7), (3, 9)], 4, 2)
+    assert m == {("encoder", 0): E.OpCount(84, 84)}
+    assert E.model_ops(enc, {"encoder": 1, "decoder": 0}, 2, 8, 4, 2) == {("encoder", 0): E.OpCount(80, 80)}
+    fns, layers = {"encoder": "eatt", "decoder": "eatt", "cross": "eatt"}, {"encoder": 2, "decoder": 2}
+    rho = {(t, i, r): 0.1 + 0.05 * i + (0.02 if r == "key" else 0.0)
+           for t in ("encoder", "decoder", "cross") for i in range(2) for r in ("query", "key")}
+    lengths = [(5, 9), (12, 4), (5, 9), (20, 22)]
+    for part in ("scores", "block"):
+        got = E.mean_model_ops(fns, layers, lengths, 8, 2, rho, part, qk_width=4)
+        each = [E.model_ops(fns, layers, ls, lt, 8, 2, rho, part, qk_width=4) for ls, lt in lengths]
+        assert set(got) == set(each[0])
+        for key in got:
+            assert got[key].adds == pytest.approx(sum(e[key].adds for e in each) / 4, rel=1e-12)
+            assert got[key].muls == pytest.approx(sum(e[key].muls for e in each) / 4, rel=1e-12)
+    mean = E.total(E.mean_model_ops(fns, layers, lengths, 8, 2, rho, qk_width=4).values())
+    at_mean = E.total(E.model_ops(fns, layers, 10.5, 11.0, 8, 2, rho, qk_width=4).values())
+    assert mean.adds > 1.1 * at_mean.adds  # E[l^2] > E[l]^2, and E[l_q l_k] > E[l_q] E[l_k] here
+    with pytest.raises(ValueError, match="at least one sentence"):
+        E.mean_model_ops(fns, layers, [], 8, 2, rho)
+
+
 def test_printed_eatt_cell_against_hand_count_and_the_cli_page(tmp_path):
     """The garbled E-ATT cell of Table 2 read as printed: 1/2 l d rho + l^2 d additions against
     vanilla's 2 l d^2 + l^2 d MACs.  l = 3, d = 4, rho = 0.5 by hand: 3 + 36 = 39 additions
@@ -529,6 +590,28 @@ def test_end_to_end_train_generate_energy(tmp_path):
     for part in ("scores", "block"):  # the absolute energies (E-ATT Figure 1) are the same counts in µJ
         for hw in ("asic", "fpga"):
             assert res[f"energy_{part}_{hw}_uJ"] == [pytest.approx(res[f"energy_{part}_{hw}_pJ_per_sentence"] / 1e6)]
+    # µJ: the mean over the 50 sentences of each one's energy at its own lengths (fairseq's sizes,
+    # EOS included), counted here sentence by sentence; the % column: the ratio at the mean lengths
+    from fairseq.data import indexed_dataset
+
+    sizes = []
+    for lang in ("en", "de"):  # copy the sizes while the memory-mapped dataset is open
+        ds = indexed_dataset.make_dataset(str(prep / "bin" / f"valid.en-de.{lang}"), impl="mmap")
+        sizes.append([int(x) for x in ds.sizes[:50]])
+        del ds
+    lengths = list(zip(*sizes))
+    assert res["l_src"] == pytest.approx(sum(a for a, _ in lengths) / 50)
+    rho = {tuple(int(p) if p.isdigit() else p for p in k.split("/")): v for k, v in res["rho"].items()}
+    fns, layers, van = res["attention_fns"], res["layers"], {k: "softmax" for k in res["attention_fns"]}
+    for part in ("scores", "block"):
+        for hw in ("asic", "fpga"):
+            each = [E.energy_pj(E.total(E.model_ops(fns, layers, a, b, 32, 2, rho, part).values()), hw) for a, b in lengths]
+            assert res[f"energy_{part}_{hw}_uJ"][0] == pytest.approx(sum(each) / 50 / 1e6, rel=1e-9)
+            at_mean = [E.energy_pj(E.total(E.model_ops(f, layers, res["l_src"], res["l_tgt"], 32, 2, r, part).values()), hw)
+                       for f, r in ((fns, rho), (van, None))]
+            assert res[f"energy_{part}_{hw}_pJ_at_mean_lengths"] == pytest.approx(at_mean[0], rel=1e-9)
+            assert res[f"energy_{part}_{hw}_pct"][0] == pytest.approx(100 * at_mean[0] / at_mean[1], rel=1e-9)
+            assert abs(res[f"energy_{part}_{hw}_uJ"][0] * 1e6 / at_mean[0] - 1) > 1e-4  # the two differ
     assert os.path.getsize(tmp_path / "rho.png") > 0
     md = (tmp_path / "energy.md").read_text()  # the Markdown names how to regenerate it
     assert "## Provenance" in md and "--max-sentences 50" in md and "- git commit: `" in md

@@ -38,8 +38,12 @@ Assumptions (stated because the paper does not):
 * ``c_L1`` (``l1_adds_per_element``): additions per element of an L1 distance.  1 reproduces the
   paper's ``l^2 d``; 2 also counts the subtraction ``q - k`` next to the accumulation
   (``|.|`` is a sign-bit clear, free).  Default 1 (the paper's).
-* Biases, the ``1 / sqrt(d_h)`` scaling (foldable into ``W_Q`` for both dot-product and L1
-  scores), the binarisation comparisons, the softmax and ReLU are not counted; decoder
+* Biases, the ``1 / sqrt(d_h)`` scaling, the binarisation comparisons, the softmax and ReLU are
+  not counted.  The scale ``s = 1 / sqrt(d_h)`` costs nothing at inference because it folds into
+  the weights: for dot products into ``W_Q`` and its bias alone (``s (q . k) = (s q) . k``); for
+  the L1 distance into *both* ``W_Q`` and ``W_K`` and both biases (``s ||q - k||_1 =
+  ||s q - s k||_1`` for ``s > 0``, whereas ``s ||q - k||_1 != ||s q - k||_1`` in general); scaled
+  rows are still selected and added, so E-ATT stays multiplication-free.  Decoder
   self-attention is counted over all ``l_q l_k`` pairs (the paper's ``l^2``; the causal mask
   halves the pairs actually needed, for every kind alike).
 * "block" adds the value path, identical for all kinds and full precision in E-ATT too:
@@ -60,7 +64,7 @@ from typing import Dict, Iterable, List, Mapping, Optional, Tuple
 
 __all__ = [
     "COSTS_PJ", "KINDS", "FN_KIND", "OpCount", "score_ops", "block_ops", "energy_pj", "table2",
-    "implied_length", "implied_rho", "model_ops", "kind_of", "printed_eatt_cell",
+    "implied_length", "implied_rho", "model_ops", "mean_model_ops", "kind_of", "printed_eatt_cell",
 ]
 
 #: E-ATT Table 1: energy (pJ) of one FP32 operation
@@ -260,7 +264,9 @@ def model_ops(fns: Mapping[str, str], layers: Mapping[str, int], l_src: float, l
     Args:
         fns: attention type (``"encoder"``, ``"decoder"``, ``"cross"``) -> function name.
         layers: ``{"encoder": n_enc, "decoder": n_dec}``.
-        l_src, l_tgt: (mean) source / target lengths in tokens.
+        l_src, l_tgt: source / target lengths in tokens (one sentence's, or the mean lengths:
+            the paper's one-length form; the mean over sentences of the counts is
+            :func:`mean_model_ops`, which differs because the counts hold ``l_q l_k`` terms).
         rho: ``(type, layer, role) -> rho`` with role ``"query"`` / ``"key"``; needed for
             E-ATT kinds.
         part: ``"scores"`` or ``"block"``.
@@ -289,6 +295,44 @@ def model_ops(fns: Mapping[str, str], layers: Mapping[str, int], l_src: float, l
                     raise ValueError(f"missing rho for {typ} layer {i} ({fns[typ]})") from err
             out[(typ, i)] = fn(kind, lq, lk, d, h, rq, rk, convention, l1_adds_per_element, width)
     return out
+
+
+def mean_model_ops(fns: Mapping[str, str], layers: Mapping[str, int], lengths: Iterable[Tuple[int, int]], d: int,
+                   h: int, rho: Optional[Mapping[Tuple[str, int, str], float]] = None, part: str = "scores",
+                   convention: str = "paper", l1_adds_per_element: int = 1,
+                   qk_width: Optional[int] = None) -> Dict[Tuple[str, int], OpCount]:
+    """Mean over sentences of the per-sentence operations of every attention module.
+
+    The counts hold ``l_q l_k`` terms (and ``l^2`` in self-attention), so the mean over sentences
+    is *not* :func:`model_ops` at the mean lengths: ``E[l^2] = E[l]^2 + Var[l]`` (on Multi30k's
+    validation set the score energy differs by about 1 %).  Energy is linear in the counts, so
+    ``energy_pj(total(mean_model_ops(...)), hw)`` is the mean per-sentence energy.
+
+    Args:
+        lengths: ``(l_src, l_tgt)`` of each sentence, in tokens (e.g. fairseq's ``src_sizes`` /
+            ``tgt_sizes``, end-of-sentence included).
+        fns, layers, d, h, rho, part, convention, l1_adds_per_element, qk_width: as in
+            :func:`model_ops` (``rho`` is one value per layer/type/role, shared by all sentences).
+
+    Returns:
+        ``{(type, layer): OpCount}``, each the mean over the sentences (floats).
+
+    Raises:
+        ValueError: no sentence, or as :func:`model_ops`.
+    """
+    from collections import Counter
+
+    counts = Counter((int(ls), int(lt)) for ls, lt in lengths)  # distinct length pairs: few
+    n = sum(counts.values())
+    if not n:
+        raise ValueError("mean_model_ops needs at least one sentence")
+    acc: Dict[Tuple[str, int], OpCount] = {}
+    for (ls, lt), c in counts.items():
+        for key, o in model_ops(fns, layers, ls, lt, d, h, rho, part, convention, l1_adds_per_element,
+                                qk_width).items():
+            a = acc.get(key, OpCount())
+            acc[key] = OpCount(a.adds + c * o.adds, a.muls + c * o.muls)
+    return {key: OpCount(o.adds / n, o.muls / n) for key, o in acc.items()}
 
 
 def total(ops: Iterable[OpCount]) -> OpCount:

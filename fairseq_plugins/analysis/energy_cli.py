@@ -6,17 +6,23 @@ Usage (``fairseq-attention-energy``; also ``python scripts/eatt_energy.py``):
     fairseq-attention-energy [--l 23] [--d 512] [--h 8] [--rho 0.2] [--md OUT.md]
 
     # a trained model: rho per layer / attention type / role on a data split (teacher forcing,
-    # one sentence per batch), and the energy of its attention relative to vanilla attention
-    # at the same sizes and mean lengths:
+    # one sentence per batch), the energy of its attention relative to vanilla attention at the
+    # same sizes and the mean lengths, and its mean energy per sentence:
     fairseq-attention-energy --checkpoint runs/.../average_last3.pt \\
         --data-bin data-bin/multi30k_en_de/bin --src en --tgt de [--subset valid] \\
         [--max-sentences 500] [--json OUT.json] [--md OUT.md] [--plot OUT.png]
 
 Counting conventions and assumptions: :mod:`fairseq_plugins.analysis.energy`.  The JSON holds
 ``energy_scores_asic_pct``, ``energy_scores_fpga_pct``, ``energy_block_asic_pct``,
-``energy_block_fpga_pct`` (each ``[value]``, the form ``mt-table`` analyses read), the same
-energies in µJ per sentence (``energy_scores_asic_uJ`` etc., ``[value]``: comparable across model
-sizes, E-ATT Figure 1),
+``energy_block_fpga_pct`` (each ``[value]``, the form ``mt-table`` analyses read): energy relative
+to vanilla attention *at the mean lengths* ``l_src``, ``l_tgt`` (the paper's Tables 2 and 4 count
+one length ``l``); the absolute energies in µJ, the mean over the sentences of each sentence's
+energy at its own lengths (``energy_scores_asic_uJ`` etc., ``[value]``: comparable across model
+sizes, E-ATT Figure 1; also in pJ as ``energy_*_pJ_per_sentence``, with
+``energy_*_pJ_at_mean_lengths`` beside it -- the counts hold ``l_q l_k`` terms, so the two differ,
+by about 1 % on Multi30k's validation set); ``energy_*_pct_of_means`` (the ratio of the mean
+energies); ``ops_scores`` / ``ops_block`` (mean adds and muls per sentence, ours and vanilla's)
+and ``ops_*_at_mean_lengths``;
 ``rho`` (``"type/layer/role" -> value``), ``l_src``, ``l_tgt``, the model's attention functions
 and ``model``: the checkpoint's training run, regime and committed evidence
 (:func:`fairseq_plugins.provenance.trained_model`), which the page states with its regime.
@@ -71,7 +77,9 @@ def table2_markdown(l, d, h, rho, l1_adds):
 
 
 def measure(a):
-    """Load the checkpoint, measure rho and mean lengths, compute the model's energy ratios."""
+    """Load the checkpoint, measure rho and the lengths of ``a.subset``'s sentences, and count the
+    model's attention energy: ratios to vanilla attention at the mean lengths (the paper's Table 2/4
+    form) and the mean over sentences of the per-sentence energy (pJ / µJ), E-ATT Tables 1, 2, 4."""
     import fairseq_plugins  # noqa: F401  (archs, safe globals for checkpoint loading)
     import torch
 
@@ -90,14 +98,13 @@ def measure(a):
     task.load_dataset(a.subset)
     ds = task.dataset(a.subset)
     n = len(ds) if a.max_sentences is None else min(len(ds), a.max_sentences)
-    samples, ls, lt = [], 0, 0
+    samples, lengths = [], []
     for i in range(n):
         s = ds.collater([ds[i]])
         samples.append(s)
-        ls += int(ds.src_sizes[i])
-        lt += int(ds.tgt_sizes[i])
+        lengths.append((int(ds.src_sizes[i]), int(ds.tgt_sizes[i])))
     rho = E.measure_rho(model, samples)
-    l_src, l_tgt = ls / n, lt / n
+    l_src, l_tgt = sum(x for x, _ in lengths) / n, sum(y for _, y in lengths) / n
     d, h = model.encoder.layers[0].self_attn.embed_dim, model.encoder.layers[0].self_attn.num_heads
     qk_dim = int(getattr(margs, "eatt_qk_dim", 0) or 0) or None  # --eatt-qk-dim (None: d)
     layers = {"encoder": len(model.encoder.layers), "decoder": len(model.decoder.layers)}
@@ -110,16 +117,27 @@ def measure(a):
            "tau": getattr(margs, "eatt_tau", None), "qk_dim": qk_dim or d, "l1_adds_per_element": a.l1_adds,
            "rho": {f"{t}/{i}/{r}": v for (t, i, r), v in sorted(rho.items())}}
     for part in ("scores", "block"):
+        # the paper's form (Tables 2 and 4: one length l): the ratio at the mean lengths
         ours = E.model_ops(fns, layers, l_src, l_tgt, d, h, rho, part, l1_adds_per_element=a.l1_adds,
                            qk_width=qk_dim)
         base = E.model_ops(vanilla, layers, l_src, l_tgt, d, h, None, part, l1_adds_per_element=a.l1_adds)
         to, tb = E.total(ours.values()), E.total(base.values())
-        res[f"ops_{part}"] = {"adds": to.adds, "muls": to.muls, "vanilla_adds": tb.adds, "vanilla_muls": tb.muls}
+        # absolute energies: the mean over sentences of each sentence's energy (the counts have
+        # l_q l_k terms, so this is not the energy at the mean lengths)
+        mo = E.total(E.mean_model_ops(fns, layers, lengths, d, h, rho, part, l1_adds_per_element=a.l1_adds,
+                                      qk_width=qk_dim).values())
+        mb = E.total(E.mean_model_ops(vanilla, layers, lengths, d, h, None, part,
+                                      l1_adds_per_element=a.l1_adds).values())
+        res[f"ops_{part}"] = {"adds": mo.adds, "muls": mo.muls, "vanilla_adds": mb.adds, "vanilla_muls": mb.muls}
+        res[f"ops_{part}_at_mean_lengths"] = {"adds": to.adds, "muls": to.muls,
+                                              "vanilla_adds": tb.adds, "vanilla_muls": tb.muls}
         for hw in ("asic", "fpga"):
             res[f"energy_{part}_{hw}_pct"] = [100.0 * E.energy_pj(to, hw) / E.energy_pj(tb, hw)]
-            res[f"energy_{part}_{hw}_pJ_per_sentence"] = E.energy_pj(to, hw)
+            res[f"energy_{part}_{hw}_pct_of_means"] = [100.0 * E.energy_pj(mo, hw) / E.energy_pj(mb, hw)]
+            res[f"energy_{part}_{hw}_pJ_per_sentence"] = E.energy_pj(mo, hw)
+            res[f"energy_{part}_{hw}_pJ_at_mean_lengths"] = E.energy_pj(to, hw)
             # absolute, comparable across model sizes (E-ATT Figure 1: energy as d is halved)
-            res[f"energy_{part}_{hw}_uJ"] = [E.energy_pj(to, hw) / 1e6]
+            res[f"energy_{part}_{hw}_uJ"] = [E.energy_pj(mo, hw) / 1e6]
     return res
 
 
@@ -143,13 +161,16 @@ def model_markdown(res):
              f"target {res['l_tgt']:.2f} tokens; τ = {res['tau']}"
              + (f"; Q/K width {res['qk_dim']} (`--eatt-qk-dim`)" if res.get("qk_dim", res["d"]) != res["d"] else "")
              + ".", "",
-             "| part | ASIC (% of vanilla) | FPGA (% of vanilla) | adds / sentence | muls / sentence |",
-             "|---|---|---|---|---|"]
+             "| part | ASIC (% of vanilla, at the mean lengths) | FPGA (% of vanilla, at the mean lengths) | "
+             "ASIC µJ / sentence (mean) | FPGA µJ / sentence (mean) | adds / sentence (mean) | "
+             "muls / sentence (mean) |",
+             "|---|---|---|---|---|---|---|"]
     from fairseq_plugins.analysis import energy as E
 
     for part in ("scores", "block"):
         o = res[f"ops_{part}"]
         lines.append(f"| {part} | {res[f'energy_{part}_asic_pct'][0]:.2f} | {res[f'energy_{part}_fpga_pct'][0]:.2f} | "
+                     f"{res[f'energy_{part}_asic_uJ'][0]:.3f} | {res[f'energy_{part}_fpga_uJ'][0]:.3f} | "
                      f"{E.fmt_count(o['adds'])} | {E.fmt_count(o['muls'])} |")
     if res["rho"]:
         lines += ["", "### Ratio of ones after binarisation ρ (paper Figure 2)", "",

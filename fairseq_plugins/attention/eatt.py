@@ -35,8 +35,13 @@ instead, which we do not copy).  ``V`` and ``out_proj`` keep width ``C`` in both
 Synthesizer (Tay et al. 2021, ICML):
 
 * Dense: ``B_i = W2 ReLU(W1 x_i + b1) + b2`` per head; here ``W1 x_i + b1`` is the head's slice
-  of ``q_proj`` (so layer 1 is ``d x d`` over all heads) and ``W2_h`` is ``d_h x L``, so the
-  score cost is Table 2's ``l d^2 + l^2 d``.  Column ``j`` is key *position* ``j``.
+  of ``q_proj`` (so layer 1 is ``d x d`` over all heads) and ``W2_h`` is ``d_h x L``.  Column ``j``
+  is key *position* ``j``.  Cost: the energy accounting
+  (:func:`fairseq_plugins.analysis.energy.score_ops`, ``"dense"``) counts only the ``l_k`` key
+  positions a query needs, ``l_q d^2 + l_q l_k d`` MACs (Table 2's ``l d^2 + l^2 d``); this code
+  computes all ``L`` logits of each query and gathers the ``l_k`` it needs, ``l_q d^2 + l_q L d``
+  MACs (``L`` = ``--synth-max-len``), plus the unused ``k_proj`` (``l_k d^2``, below), so its
+  run time is not the counted cost.
 * Random: ``R_h in R^{L x L}``, ``N(0, 1)`` initialised, trained (the paper's "RandInit"), or
   frozen with ``--synth-random-fixed``.  Row ``i`` is query position ``i``.
 
@@ -46,9 +51,11 @@ non-padding tokens (fairseq left-pads sources, so key ``j`` of every sentence is
 token), queries likewise in self-attention -- also when decoding step by step (the step
 index), and, beam search folding hypotheses into extra queries, each copy keeps its position.
 In cross-attention the query position is the target position (the step index when decoding,
-counted in the incremental state) and the key position the source position: the alignment is
-a fixed, content-independent pattern, which is why the paper (and Tay et al.) find them poor
-there.  A position >= L raises a ``ValueError`` naming ``--synth-max-len`` (default 256;
+counted in the incremental state) and the key position the source position: Random's alignment is
+a fixed pattern over (target position, source position); Dense's depends on the query's content
+(the decoder state, through ``q_proj``) but on the source only through key positions.  Neither
+can align by source content, which is why the paper (and Tay et al.) find them poor there.
+A position >= L raises a ``ValueError`` naming ``--synth-max-len`` (default 256;
 ``fairseq-generate``'s default ``--max-len-b 200`` stays below it).
 """
 
