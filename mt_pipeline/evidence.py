@@ -41,6 +41,7 @@ from .atomic import atomic_path, write_json_atomic
 from .provenance import NO_EVIDENCE, ROOT, evidence_dir, evidence_root, file_sha256, git_commit, repo_relative
 
 __all__ = ["evidence_root", "evidence_dir", "export", "export_decode", "locate", "resolve", "rescore", "RescoreError",
+           "stale_decodes", "drop_stale_decodes",
            "NO_EVIDENCE", "predates_evidence"]
 
 MANIFEST = "MANIFEST.json"
@@ -113,7 +114,56 @@ def export(run_dir: str, regime: str) -> Optional[str]:
             res["campaign"] = json.load(f)
     res["evidence"] = {"run_dir": repo_relative(run_dir), "regime": regime}
     _finish(out, res, written, old, "mt_pipeline.evidence.export")
+    drop_stale_decodes(out)
     return out
+
+
+def stale_decodes(run_evidence: str) -> List[str]:
+    """The re-decodes committed beside a run's evidence (``<run_evidence>/decodes/<name>/``,
+    :func:`export_decode`) whose checkpoint is not the run's: their ``decoded_checkpoint_sha256``
+    differs from the run's own ``result.json``'s (the run was trained again, so they decoded a
+    model that no longer exists).  Empty when the run's record states no checkpoint hash.
+
+    Returns:
+        the decode directories, sorted.
+    """
+    try:
+        with open(os.path.join(run_evidence, "result.json")) as f:
+            sha = json.load(f).get("decoded_checkpoint_sha256")
+    except FileNotFoundError:
+        return []
+    root = os.path.join(run_evidence, "decodes")
+    if not sha or not os.path.isdir(root):
+        return []
+    out = []
+    for name in sorted(os.listdir(root)):
+        rec = os.path.join(root, name, "result.json")
+        if os.path.exists(rec):
+            with open(rec) as f:
+                if json.load(f).get("decoded_checkpoint_sha256") != sha:
+                    out.append(os.path.join(root, name))
+    return out
+
+
+def drop_stale_decodes(run_evidence: str) -> List[str]:
+    """Remove the :func:`stale_decodes` of a run's evidence: the files each decode's manifest lists
+    (this module wrote them), its manifest, and the directory once empty -- a decode of a model
+    that was replaced is no evidence for any page (git history keeps it).  Called by
+    :func:`export`, so re-training a run never leaves the old model's decodes beside the new
+    model's record.
+
+    Returns:
+        the decode directories removed.
+    """
+    gone = []
+    for d in stale_decodes(run_evidence):
+        for name in list(_old_files(d)) + ["result.json", MANIFEST]:
+            if os.path.exists(os.path.join(d, name)):
+                os.unlink(os.path.join(d, name))
+        if not os.listdir(d):
+            os.rmdir(d)
+        gone.append(d)
+    return gone
 
 
 def _put_scores(scores: Dict, out: str, put) -> None:

@@ -194,3 +194,56 @@ def test_index_files_are_what_the_current_code_renders(tmp_path):
         strip = reproduce._without_commit_line
         assert strip(open(committed).read()) == strip(open(path).read()), (
             f"results/{rel} is stale: `mt-campaign render` (or `reproduce <paper> <table> --index-only`) rewrites it")
+
+
+def test_every_committed_decode_decoded_its_runs_checkpoint():
+    """A re-decode committed beside a run's evidence (``decodes/<name>/``, e.g. Flexible's tau
+    sweeps) is of the checkpoint the run's own record scored: when a run trains again, its export
+    drops the old model's decodes (``evidence.drop_stale_decodes``), so no page can cite a decode of
+    a model that no longer exists."""
+    from mt_pipeline import evidence
+
+    runs = sorted({os.path.dirname(os.path.dirname(os.path.dirname(p)))
+                   for p in evidence.committed_results() if f"{os.sep}decodes{os.sep}" in p})
+    assert runs, "no committed decode found"
+    stale = {os.path.relpath(r, ROOT): [os.path.basename(d) for d in evidence.stale_decodes(r)] for r in runs}
+    assert not {r: d for r, d in stale.items() if d}, "decodes of a replaced model"
+
+
+def test_export_drops_the_decodes_of_a_replaced_model(tmp_path, monkeypatch):
+    """Re-exporting a run whose checkpoint changed removes the decodes of the old checkpoint (the
+    files their manifests list, nothing else) and keeps those of the current one."""
+    from mt_pipeline import evidence
+
+    monkeypatch.setenv("MT_EVIDENCE_ROOT", str(tmp_path / "evidence"))
+    run = tmp_path / "runs" / "t" / "row1"
+    run.mkdir(parents=True)
+    (run / "test.hyp").write_text("a b c\n")
+    ref = tmp_path / "ref.txt"
+    ref.write_text("a b c\n")
+
+    def result(sha):
+        (run / "result.json").write_text(json.dumps({
+            "status": "done", "git_commit": "abc", "decoded_checkpoint_sha256": sha,
+            "scores": {"test": {"bleu": 100.0, "hyp": str(run / "test.hyp"), "ref": str(ref), "checkpoint_sha256": sha}}}))
+
+    def decode(name, sha):
+        d = tmp_path / "dec" / name
+        d.mkdir(parents=True)
+        (d / "test.hyp.detok").write_text("a b c\n")
+        (d / "test.json").write_text(json.dumps({"bleu": 100.0, "hyp": str(d / "test.hyp.detok"), "ref": str(ref),
+                                                 "checkpoint": str(run / "c.pt"), "checkpoint_sha256": sha}))
+        return evidence.export_decode(str(run), "smoke", name, str(d), ["test"], {"x": name}, "cmd")
+
+    result("a" * 64)
+    ev = evidence.export(str(run), "smoke")
+    old_dec = decode("tau_1", "a" * 64)
+    assert evidence.stale_decodes(ev) == []
+    (tmp_path / "evidence" / "note.txt").write_text("not the exporter's")
+    result("b" * 64)  # trained again: another checkpoint (the evidence still records the old one)
+    assert evidence.stale_decodes(ev) == []
+    new_dec = decode("tau_2", "b" * 64)
+    assert evidence.stale_decodes(ev) == [new_dec]  # a decode of a checkpoint the record does not name
+    evidence.export(str(run), "smoke")
+    assert not os.path.exists(old_dec) and os.path.exists(os.path.join(new_dec, "result.json"))
+    assert (tmp_path / "evidence" / "note.txt").exists() and evidence.stale_decodes(ev) == []
