@@ -66,10 +66,23 @@ def iwslt(tmp_path_factory):
         for f in (f"tst2012.{lang}.gz", f"tst2013.{lang}.gz"):
             shutil.copy(os.path.join(src, f), loc / f)
         head = gzip.decompress(open(os.path.join(src, f"tst2012.{lang}.gz"), "rb").read()).split(b"\n")[:1000]
+        if lang == "vi":  # one pair empty on one side, as the Stanford train is reported to have
+            head[9] = b""
         (loc / f"train.{lang}.gz").write_bytes(gzip.compress(b"\n".join(head) + b"\n"))
     out = base / "out"
     args = ("--local-dir", str(base / "local"), "--out", str(out), "--bpe", "separate", "--bpe-merges", "500")
     return out, args, prepare("iwslt15_en_vi", *args)
+
+
+def test_a_training_pair_empty_on_one_side_is_dropped_not_refused(iwslt):
+    """The recipe's clean step (length 1..10^6, any ratio) drops only the pair whose Vietnamese side
+    is empty: raw/ keeps all 1,000 pairs, tok/train the 999 others, in order."""
+    out, _, log = iwslt
+    raw = {lang: lines(out / "raw" / f"train.{lang}") for lang in ("en", "vi")}
+    tok = {lang: lines(out / "tok" / f"train.{lang}") for lang in ("en", "vi")}
+    assert len(raw["en"]) == len(raw["vi"]) == 1000 and raw["vi"][9] == ""
+    assert len(tok["en"]) == len(tok["vi"]) == 999 and "kept 999 of 1000 training pairs" in log
+    assert tok["en"][9] == " ".join(raw["en"][10].split()) and tok["en"][8] == " ".join(raw["en"][8].split())
 
 
 def test_truecaser_is_learned_on_train_and_applied_to_every_split(iwslt):

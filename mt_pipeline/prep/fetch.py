@@ -160,7 +160,7 @@ def _check_before_pinning(run, path, item, downloaded):
         run.die(f"{err}; no checksum is published for {item['file']}, so its checksum is not recorded: {what}")
 
 
-def fetch_all(run, items, ddir, verify=True, hint="pass --local-dir DIR"):
+def fetch_all(run, items, ddir, verify=True, hint="pass --local-dir DIR holding {file}"):
     """Make every spec download ``items`` present in ``ddir`` with its recorded checksum.
 
     A file there with the right checksum is kept ("have download/F"); any other is downloaded
@@ -170,7 +170,8 @@ def fetch_all(run, items, ddir, verify=True, hint="pass --local-dir DIR"):
     to its end (:func:`check_complete`), so a cut-short archive is never pinned.
 
     Raises:
-        SystemExit: a download failed or has another checksum (``hint`` says what else to do);
+        SystemExit: a download failed or has another checksum (``hint`` says what else to do,
+            ``{file}`` in it standing for the file's name);
         nothing is left in ``ddir`` for that file.
     """
     store = os.path.join(ddir, "CHECKSUMS")
@@ -193,12 +194,12 @@ def fetch_all(run, items, ddir, verify=True, hint="pass --local-dir DIR"):
         try:
             got = download(d["url"], path, algo, None if not verify else val)
         except FetchError as err:
-            run.die(f"{err} ({hint} holding {d['file']})")
+            run.die(f"{err} ({hint.format(file=d['file'])})")
         except ChecksumError as err:
             pinned = "" if expected_checksum(d)[1] != UNVERIFIED else (
                 f"; no checksum is published for {d['file']}: the one in download/CHECKSUMS was computed on its first "
                 "download -- if that download was incomplete, remove its line there")
-            run.die(f"{err}{pinned} (use --no-checksum to accept other files, or {hint})")
+            run.die(f"{err}{pinned} (use --no-checksum to accept other files, or {hint.format(file=d['file'])})")
         if val != UNVERIFIED and got != val:
             run.warn(f"{algo} of download/{d['file']} is {got}, not the recorded {val} (kept: --no-checksum)")
         if val == UNVERIFIED:

@@ -212,7 +212,7 @@ class Multi30k:
             if run.dry or self.mode == "download":
                 fetch.print_sources(run, self.spec["downloads"])
             if self.mode == "download":
-                fetch.fetch_all(run, self.spec["downloads"], self.in_dir, not a.no_checksum, "pass --raw-dir DIR")
+                fetch.fetch_all(run, self.spec["downloads"], self.in_dir, not a.no_checksum, "pass --raw-dir DIR holding {file}")
             else:
                 check_local_inputs(run, self.spec, self.in_dir, not a.no_checksum)
             st = stamps(self.spec, a, self.in_dir)

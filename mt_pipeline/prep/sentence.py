@@ -175,7 +175,9 @@ class SentencePrep:
                 fetch.print_sources(run, spec.get("downloads", []))
             if self.mode == "download":
                 fetch.fetch_all(run, spec.get("downloads", []), os.path.join(self.out, "download"),
-                                not self.a.no_checksum, "pass --local-dir DIR")
+                                not self.a.no_checksum,
+                                "copy {file} by hand into " + os.path.join(self.out, "download")
+                                + "/ and run again with --download (a file already there is not fetched again)")
             stage_raw(self)
             stage_tok(self)
             if self.variant:

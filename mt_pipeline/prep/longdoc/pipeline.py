@@ -217,7 +217,7 @@ class LongDocuments:
             if run.dry or a.download:
                 fetch.print_sources(run, self.spec["downloads"])
             if a.download:
-                fetch.fetch_all(run, self.spec["downloads"], self.maruf_dir, not a.no_checksum, "pass --data-dir DIR")
+                fetch.fetch_all(run, self.spec["downloads"], self.maruf_dir, not a.no_checksum, "pass --data-dir DIR holding {file}")
             st = self.stamps()
             sent = os.path.join(out, "sent")
             run.stage("sent", sent, st["sent"], [os.path.join(sent, "sources.json")] + self.files(sent)
