@@ -71,12 +71,15 @@ Commands (``mt-campaign``)::
 
 Verdict rule (results/README.md's): a claim is "reproduced" or "not reproduced" only with a
 converged budget and at least 3 seed-matched runs of both rows; "beyond seed noise" is
-:func:`mt_pipeline.significance.verdict` (|Δ mean| > 2 standard errors and every seed-matched
-paired bootstrap p < 0.05).  ``expect: better|worse``: reproduced when the difference is beyond
+:func:`mt_pipeline.significance.verdict` (|Δ mean| > 2 standard errors over seeds, SE_seeds, and
+every seed-matched paired bootstrap p < 0.05).  ``expect: better|worse``: reproduced when the difference is beyond
 seed noise in that direction, not reproduced when beyond it the other way, else inconclusive.
 ``expect: equal`` (a "comparable quality" claim) is an equivalence test with the claim's
-``margin`` (BLEU, default 1.0), decided by the interval Δ ± 2 standard errors both ways:
-reproduced when it lies inside ± margin, not reproduced when it lies wholly outside (and the
+``margin`` (BLEU, default 1.0), decided by the interval Δ ± 2 SE (seeds and test set) both ways,
+SE = √(SE_seeds² + sd_test²) with ``sd_test`` the joint paired bootstrap's standard deviation of the
+seed-mean Δ (:func:`mt_pipeline.significance.testset_sd`: every seed is scored on one test set,
+so the seeds' spread lacks its sampling noise; "beyond seed noise" keeps SE_seeds and the per-seed
+bootstraps): reproduced when it lies inside ± margin, not reproduced when it lies wholly outside (and the
 difference is beyond seed noise), else inconclusive -- no difference found is not by itself
 equivalence, and a difference beyond seed noise whose interval reaches inside the margin is not
 by itself non-equivalence (the verdict then says which way it goes).  Fewer seeds or another regime: "not tested yet"
@@ -818,6 +821,43 @@ def gap_trend(pairs: List[Tuple[str, str]], row_id, ref_id) -> Dict:
     return {"cell": cell, "own": {d: x for d, x in own.items() if x is not None}}
 
 
+def _test_set_sd(ref_runs: List[Dict], sys_runs: List[Dict], subset: str) -> Optional[Dict]:
+    """:func:`mt_pipeline.significance.testset_sd` of the seed-matched runs (``result.json`` dicts with
+    ``_dir``, ``ref_runs[k]`` and ``sys_runs[k]`` one seed) on ``subset``: the hypotheses and the
+    reference that the seed-matched paired bootstrap reads (:func:`mt_pipeline.tables._significance`),
+    cached like it in the system's first-seed run directory (``significance.json``, keyed by every
+    run's checkpoint; a run read from committed evidence is not cached).  None when a hypothesis or
+    the reference file is missing.
+
+    Raises:
+        ValueError: the runs record different references for ``subset`` (``ref_sha256``).
+    """
+    from .evidence import evidence_root, resolve
+    from .significance import testset_sd
+
+    scores = [r["scores"].get(subset) for r in ref_runs + sys_runs]
+    if not all(scores) or not all(os.path.exists(resolve(x["hyp"])) for x in scores) \
+            or not os.path.exists(resolve(scores[0]["ref"])):
+        return None
+    shas = {x["ref_sha256"] for x in scores if x.get("ref_sha256")}
+    if len(shas) > 1:
+        raise ValueError(f"test-set bootstrap on {subset}: the runs were scored against different references "
+                         f"({', '.join(sorted(x[:12] for x in shas))})")
+    ids = lambda runs: ",".join(x["scores"][subset].get("checkpoint_sha256", x["scores"][subset]["hyp"])  # noqa: E731
+                                for x in runs)
+    key = f"testset_sd:{subset}:{ids(ref_runs)}:{ids(sys_runs)}" + (f":{next(iter(shas))}" if shas else "")
+    cache_path = os.path.join(sys_runs[0]["_dir"], "significance.json")
+    cache = _read_json(cache_path) or {}
+    if key not in cache:
+        cache[key] = testset_sd(tables._read(resolve(scores[0]["ref"])),
+                                 [tables._read(resolve(x["scores"][subset]["hyp"])) for x in ref_runs],
+                                 [tables._read(resolve(x["scores"][subset]["hyp"])) for x in sys_runs])
+        committed = os.path.abspath(evidence_root())
+        if os.path.commonpath([os.path.abspath(sys_runs[0]["_dir"]), committed]) != committed:
+            write_json_atomic(cache_path, cache)
+    return cache[key]
+
+
 def claim_verdict(plan: Dict, claim: Dict) -> Dict:
     """The verdict of one plan claim by the page's rule (module docstring): ``{"ours", "verdict",
     "seeds", "trend"}`` (``trend``: :func:`gap_trend` of the seed-matched runs, context beside the
@@ -862,14 +902,23 @@ def claim_verdict(plan: Dict, claim: Dict) -> Dict:
     from .significance import ALPHA, welch
 
     a, b = seed_summary(sys_s), seed_summary(ref_s)
-    se = math.sqrt(a["sd"] ** 2 / a["n"] + b["sd"] ** 2 / b["n"])
+    se = math.sqrt(a["sd"] ** 2 / a["n"] + b["sd"] ** 2 / b["n"])  # seeds only: the "beyond seed noise" test
     all_p = all(t["bleu_p"] < ALPHA for t in tests)
+    equal = claim["expect"] == "equal"
+    sd_test = 0.0
+    if equal:  # the equivalence test's interval adds the test set's sampling noise of the seed-mean Δ
+        joint = _test_set_sd([ref_by[s] for s in common], [sys_by[s] for s in common], first)
+        if joint is None:
+            return {"ours": ours, "verdict": "hypotheses missing: cannot test", "seeds": len(common), "trend": trend}
+        sd_test = joint["sd"]
+    se_total = math.sqrt(se ** 2 + sd_test ** 2)
 
-    def decide(half: float, what: str) -> str:
-        """The rule's verdict with the interval Δ ± ``half`` (``what`` names it)."""
-        beyond = abs(delta) > half and all_p
-        if claim["expect"] == "equal":
-            m = float(claim.get("margin", 1.0))
+    def decide(mult: float, what: str) -> str:
+        """The rule's verdict with the multiplier ``mult`` (``what`` names the interval): beyond seed
+        noise on Δ ± mult x SE (seeds), equivalence on Δ ± mult x SE (seeds and test set)."""
+        beyond = abs(delta) > mult * se and all_p
+        if equal:
+            m, half = float(claim.get("margin", 1.0)), mult * se_total
             if abs(delta) + half <= m:
                 return f"reproduced: equivalent within ±{m:g} BLEU"
             if beyond and abs(delta) - half > m:
@@ -885,16 +934,20 @@ def claim_verdict(plan: Dict, claim: Dict) -> Dict:
             return "not reproduced: the opposite direction, beyond seed noise"
         return f"inconclusive: no difference beyond seed noise (expected {claim['expect']})"
 
-    v = decide(2 * se, "2 standard errors")
+    v = decide(2, "2 SE (seeds and test set)" if equal else "2 standard errors")
+    if equal:
+        v += (f"; Δ ± 2 SE (seeds and test set): [{delta - 2 * se_total:.2f}, {delta + 2 * se_total:.2f}], "
+              f"SE {se_total:.2f} = √({se:.2f}² seeds + {sd_test:.2f}² test set)")
     try:
         w = welch(ref_s, sys_s)
     except ValueError:  # no spread at all: the t interval is the point itself, as the normal one
         w = None
     if w is not None:
-        alt = decide(w["t"] * w["se"], "a Welch t interval")
+        alt = decide(w["t"], "a Welch t interval")
         if alt.split(":")[0] != v.split(":")[0]:
+            half = w["t"] * (se_total if equal else w["se"])
             v += (f"; with a Welch t interval instead of 2 standard errors (ν = {w['df']:.1f}, ×{w['t']:.2f}: "
-                  f"Δ in [{delta - w['t'] * w['se']:.2f}, {delta + w['t'] * w['se']:.2f}]) it would be "
+                  f"Δ in [{delta - half:.2f}, {delta + half:.2f}]) it would be "
                   f"{alt.split(':')[0]}")
     return {"ours": ours, "verdict": f"{v} ({words})", "seeds": len(common), "trend": trend}
 
@@ -914,12 +967,17 @@ def render_verdicts(plan: Dict, page: Optional[str] = None) -> Optional[str]:
     lines = [begin, "", f"### {heading} (`mt-campaign render --plan {plan_rel}`)", "",
              f"Rule (this page's): a verdict needs the converged budget and ≥ {MIN_SEEDS} seed-matched runs of both "
              "rows; first test subset, SacreBLEU mean over seeds; \"beyond seed noise\" = |Δ mean| > 2 standard "
-             "errors (unpaired, √(s₁²/n + s₂²/n) of the seeds' sample sds) and every seed-matched paired bootstrap "
-             "p < 0.05; within it: inconclusive. A \"matches\" claim "
-             "is an equivalence test on Δ ± 2 standard errors: reproduced when it lies inside ± the claim's margin, "
-             "not reproduced when it lies wholly outside it (beyond seed noise), else inconclusive. "
+             "errors over seeds (SE seeds: unpaired, √(s₁²/n + s₂²/n) of the seeds' sample sds) and every "
+             "seed-matched paired bootstrap p < 0.05 (sacreBLEU's paired bootstrap, 1,000 resamples: Moses' test, "
+             "one-sided in effect -- a centred two-sided p is about twice as large near 0.05); within it: "
+             "inconclusive. A \"matches\" claim is an equivalence test on Δ ± 2 SE (seeds and test set), "
+             "SE = √(SE seeds² + sd test set²), sd test set the bootstrap sd of the seed-mean Δ when one set of "
+             "resampled sentences is applied to every seed of both rows (`significance.testset_sd`: the seeds "
+             "share one test set, so their spread lacks its sampling noise): reproduced when the interval lies "
+             "inside ± the claim's margin, not reproduced when it lies wholly outside it (and Δ is beyond seed "
+             "noise), else inconclusive. "
              "The 2 is the normal approximation: a verdict that a Welch t interval (Student's t for so few "
-             "seeds, `significance.welch`) would change says so. "
+             "seeds, `significance.welch`, times the same standard errors) would change says so. "
              "Evidence of every run: `results/runs/`.", "",
              "| claim | paper | ours | seeds | verdict | validation NLL gap during training (not part of the verdict) |",
              "|---|---|---|---|---|---|"]

@@ -4,11 +4,23 @@ bootstrap, seed noise from several training runs.
 * :func:`paired_bootstrap`: sacreBLEU's paired bootstrap resampling (Koehn 2004;
   ``sacrebleu.significance.PairedTest`` with ``test_type="bs"``, 1,000 resamples, sacreBLEU's
   fixed seed 12345) of BLEU and chrF between a baseline's and a system's hypotheses of one test
-  set.  The p-value is sacreBLEU's (2.x, ``_paired_bs_test``): a centred two-sided test,
-  ``(#{|d_i - mean d| > |d_obs|} + 1) / (n + 1)`` over the resampled differences ``d_i`` -- not
-  Koehn's one-sided count of resamples against the observed direction, which gives larger values
-  near the threshold (ReLUFormer T5 seed 3: 0.158 here, 0.256 by Koehn's count).  It measures
-  test-set sampling noise of *one* trained model each -- not training noise.
+  set.  The p-value is sacreBLEU's (2.x, ``_paired_bs_test``, after Moses'
+  ``bootstrap-hypothesis-difference-significance.pl``): with ``a_i = |d_i|`` the absolute
+  resampled differences, ``p = (#{a_i - mean_j a_j > |d_obs|} + 1) / (n + 1)``.  Where every
+  ``d_i`` has the observed difference's sign, ``a_i - mean a = ±(d_i - mean d)`` and ``p`` counts one
+  tail of the centred differences (nearly so where few ``d_i`` cross 0: systems that clearly
+  differ): a one-sided test in effect -- close to Koehn's one-sided
+  count of resamples against the observed direction, and about half a centred two-sided p
+  ``(#{|d_i - mean d| >= |d_obs|} + 1) / (n + 1)`` near 0.05 (ReLA T1 converged, row 7 vs row 1,
+  test2016, seeds 1 / 2 / 3: sacreBLEU 0.033 / 0.001 / 0.009, centred two-sided 0.061 / 0.001 /
+  0.016, Koehn's count 0.028 / 0.001 / 0.008).  It measures test-set sampling noise of *one*
+  trained model each -- not training noise.
+* :func:`testset_sd`: the test-set sampling noise of a *seed mean* difference: one set of
+  resampled sentence indices applied to every seed's hypotheses of both systems (a joint paired
+  bootstrap, sacreBLEU's seed and resample count), the standard deviation over resamples of the
+  seed-mean BLEU difference.  Seeds scored on one test set share its sampling error, which their
+  spread over seeds does not contain; the campaign's equivalence test adds it to the seeds'
+  standard error.
 * :func:`seed_summary` / :func:`verdict`: with scores of several seeds per system, the mean, the
   sample standard deviation, and whether ``|mean_sys - mean_base|`` exceeds twice its standard
   error ``sqrt(sd_sys^2 / n_sys + sd_base^2 / n_base)`` *and* every seed-matched paired bootstrap
@@ -22,9 +34,10 @@ import math
 import statistics
 from typing import Dict, List, Optional, Sequence
 
-__all__ = ["paired_bootstrap", "seed_summary", "verdict", "N_SAMPLES", "ALPHA"]
+__all__ = ["paired_bootstrap", "testset_sd", "seed_summary", "verdict", "N_SAMPLES", "SEED", "ALPHA"]
 
 N_SAMPLES = 1000
+SEED = 12345  # sacreBLEU's fixed bootstrap seed (PairedTest's default)
 ALPHA = 0.05
 
 
@@ -46,7 +59,7 @@ def paired_bootstrap(references: Sequence[str], baseline: Sequence[str], system:
         raise ValueError(f"paired bootstrap needs equally many references, baseline and system lines "
                          f"(got {len(references)}, {len(baseline)}, {len(system)})")
     if list(baseline) == list(system):
-        # sacreBLEU's p = (#{|d_i - mean d| > |d_obs|} + 1) / (n + 1) degenerates to 1 / (n + 1) for
+        # sacreBLEU's p = (#{|d_i| - mean |d| > |d_obs|} + 1) / (n + 1) degenerates to 1 / (n + 1) for
         # two identical outputs (every d_i = 0); there is no difference to test
         return {"n_samples": n_samples, "signature": "identical hypotheses", "bleu_delta": 0.0, "bleu_p": 1.0,
                 "chrf_delta": 0.0, "chrf_p": 1.0}
@@ -60,6 +73,68 @@ def paired_bootstrap(references: Sequence[str], baseline: Sequence[str], system:
         out[f"{name}_delta"] = sys_.score - base.score
         out[f"{name}_p"] = float(sys_.p_value)
     return out
+
+
+def testset_sd(references: Sequence[str], baseline: Sequence[Sequence[str]], system: Sequence[Sequence[str]],
+                n_samples: int = N_SAMPLES, seed: int = SEED) -> Dict[str, float]:
+    """Test-set sampling noise of a seed-mean BLEU difference, by a joint paired bootstrap.
+
+    Each of ``n_samples`` resamples draws ``len(references)`` sentence indices with replacement
+    (``numpy.random.default_rng(seed)``, the draw of sacreBLEU's paired bootstrap) and applies the
+    same indices to every hypothesis list of both systems; on each resample the corpus BLEU of every
+    list is recomputed and ``mean_k BLEU(system[k]) - mean_k BLEU(baseline[k])`` taken.  The returned
+    ``sd`` is the sample standard deviation (ddof 1) of that difference over the resamples: the
+    standard error of the seed-mean difference that comes from which sentences the test set happens
+    to hold, which the spread over seeds (all scored on the same sentences) does not include.
+
+    Args:
+        references: the test set's reference lines (detokenized), one per sentence.
+        baseline, system: one hypothesis list per seed (detokenized, aligned with
+            ``references``); ``baseline[k]`` and ``system[k]`` are the same seed's runs.
+        n_samples, seed: resamples and RNG seed (sacreBLEU's 1,000 and 12345).
+
+    Returns:
+        ``{"sd", "delta", "n_samples", "n_seeds"}``: ``sd`` and ``delta`` (the observed seed-mean
+        difference system - baseline on the full test set) in BLEU points (0-100).
+
+    Raises:
+        ValueError: no seeds, unequal numbers of seeds on the two sides, no references, or a
+            hypothesis list whose length differs from the references'.
+    """
+    import numpy as np
+    from sacrebleu.metrics import BLEU
+
+    refs = list(references)
+    if not baseline or len(baseline) != len(system):
+        raise ValueError(f"testset_sd needs seed-matched hypothesis lists, at least one a side "
+                         f"(got {len(baseline)} baseline and {len(system)} system)")
+    if not refs:
+        raise ValueError("testset_sd: no references")
+    for side, lists in (("baseline", baseline), ("system", system)):
+        for k, hyps in enumerate(lists):
+            if len(hyps) != len(refs):
+                raise ValueError(f"testset_sd: {side} seed {k + 1} has {len(hyps)} lines, the references {len(refs)}")
+    metric = BLEU()
+    # sacreBLEU's own sufficient statistics and scoring from them: the private methods its
+    # PairedTest (significance._paired_bs_test) uses, so a resample scores exactly as sacreBLEU would
+    stats = {side: [np.array(metric._extract_corpus_statistics(list(h), [refs]), dtype="float64") for h in lists]
+             for side, lists in (("baseline", baseline), ("system", system))}
+    idx = np.random.default_rng(seed).choice(len(refs), size=(n_samples, len(refs)), replace=True)
+    # counts[r, j]: how often resample r drew sentence j; counts @ stats sums each resample's statistics
+    # (integer counts, exact in float64)
+    counts = np.stack([np.bincount(row, minlength=len(refs)) for row in idx]).astype("float64")
+
+    def mean_score(side: str, weights=None) -> np.ndarray:
+        per_seed = []
+        for st in stats[side]:
+            sums = st.sum(0, keepdims=True) if weights is None else weights @ st
+            per_seed.append([metric._compute_score_from_stats(list(x)).score for x in sums])
+        return np.mean(np.array(per_seed), axis=0)
+
+    delta = float((mean_score("system") - mean_score("baseline"))[0])
+    diffs = mean_score("system", counts) - mean_score("baseline", counts)
+    sd = float(diffs.std(ddof=1)) if n_samples > 1 else 0.0
+    return {"sd": sd, "delta": delta, "n_samples": n_samples, "n_seeds": len(baseline)}
 
 
 def seed_summary(scores: Sequence[float]) -> Dict[str, Optional[float]]:

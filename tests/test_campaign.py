@@ -273,9 +273,10 @@ def _fake_run(d, bleu_hyp, ref_path, seed, tmp_path):
     return score["bleu"]
 
 
-def test_claim_verdicts_follow_the_rule_of_the_results_page(tmp_path):
+def test_claim_verdicts_follow_the_rule_of_the_results_page(tmp_path, monkeypatch):
     """A claim is "reproduced"/"not reproduced" only with the converged budget and 3 seeds; with
-    fewer it is "not tested yet" with the direction so far."""
+    fewer it is "not tested yet" with the direction so far.  A "matches" claim's interval adds the
+    test set's sampling noise of the seed-mean Δ to the seeds' standard error."""
     import random
 
     rng = random.Random(0)
@@ -295,7 +296,7 @@ def test_claim_verdicts_follow_the_rule_of_the_results_page(tmp_path):
         return [" ".join(w if r.random() > frac else "x" for w in l.split()) for l in lines]
 
     claims = [{"id": "eq", "claim": "row 2 matches row 1", "table": str(tmp_path / "t.yaml"), "row": 2, "vs": 1,
-               "expect": "equal", "margin": 5.0},
+               "expect": "equal", "margin": 8.0},
               {"id": "worse", "claim": "row 3 is worse", "table": str(tmp_path / "t.yaml"), "row": 3, "vs": 1,
                "expect": "worse"},
               {"id": "better", "claim": "row 3 is better", "table": str(tmp_path / "t.yaml"), "row": 3, "vs": 1,
@@ -318,7 +319,7 @@ def test_claim_verdicts_follow_the_rule_of_the_results_page(tmp_path):
             v = campaign.claim_verdict(plan, claims[1])
             assert v["verdict"].startswith("not tested yet (1/3 seeds, converged): so far worse"), v
     v_eq, v_worse, v_better = (campaign.claim_verdict(plan, c) for c in claims)
-    assert v_eq["verdict"].startswith("reproduced: equivalent within ±5 BLEU"), v_eq
+    assert v_eq["verdict"].startswith("reproduced: equivalent within ±8 BLEU"), v_eq
     assert v_worse["verdict"].startswith("reproduced: worse beyond seed noise"), v_worse
     assert v_better["verdict"].startswith("not reproduced: the opposite direction"), v_better
     # no difference found is not equivalence: a margin tighter than the seed noise is inconclusive,
@@ -328,17 +329,36 @@ def test_claim_verdicts_follow_the_rule_of_the_results_page(tmp_path):
     far = dict(claims[1], expect="equal")
     v_far = campaign.claim_verdict(plan, far)["verdict"]
     assert v_far.startswith("not reproduced: differs by more than 1 BLEU"), v_far
-    # a difference beyond seed noise whose Δ ± 2 SE straddles the margin is not non-equivalence
+    # the equivalence interval: SE = √(SE seeds² + sd test set²), the latter the joint bootstrap's
     import re
-    delta, two_se = map(float, re.search(r"Δ ([-+][\d.]+) ± ([\d.]+)", v_far).groups())
-    straddle = dict(far, margin=abs(delta) - two_se / 2)  # |Δ| - 2 SE < margin < |Δ|
+    delta, two_se = map(float, re.search(r"\(Δ ([-+][\d.]+) ± ([\d.]+)", v_far).groups())  # seeds only
+    lo, hi, se_tot, se_seeds, sd_test = map(float, re.search(
+        r"; Δ ± 2 SE \(seeds and test set\): \[([-\d.]+), ([-\d.]+)\], SE ([\d.]+) = √\(([\d.]+)² seeds \+ "
+        r"([\d.]+)² test set\)", v_far).groups())
+    assert se_seeds == pytest.approx(two_se / 2, abs=0.006) and sd_test > 0.1
+    assert se_tot == pytest.approx((se_seeds ** 2 + sd_test ** 2) ** 0.5, abs=0.006)
+    assert (lo + hi) / 2 == pytest.approx(delta, abs=0.006) and (hi - lo) / 2 == pytest.approx(2 * se_tot, abs=0.02)
+    two_tot = 2 * se_tot
+    # a difference beyond seed noise whose Δ ± 2 SE straddles the margin is not non-equivalence
+    straddle = dict(far, margin=abs(delta) - two_tot / 2)  # |Δ| - 2 SE < margin < |Δ|
     v_st = campaign.claim_verdict(plan, straddle)["verdict"]
-    assert v_st.startswith("inconclusive: worse beyond seed noise, but Δ ± 2 standard errors reaches inside"), v_st
-    assert campaign.claim_verdict(plan, dict(far, margin=abs(delta) - 1.5 * two_se))["verdict"].startswith(
+    assert v_st.startswith("inconclusive: worse beyond seed noise, but Δ ± 2 SE (seeds and test set) reaches "
+                           "inside"), v_st
+    assert campaign.claim_verdict(plan, dict(far, margin=abs(delta) - 1.5 * two_tot))["verdict"].startswith(
         "not reproduced: differs by more than")
+    # the test set's noise decides: a margin that Δ ± 2 SE (seeds only) would clear but Δ ± 2 SE (seeds and
+    # test set) reaches is inconclusive -- and "not reproduced" without the test-set sd
+    between = dict(far, margin=abs(delta) - (two_se + two_tot) / 2)
+    v_between = campaign.claim_verdict(plan, between)["verdict"]
+    assert v_between.startswith("inconclusive: worse beyond seed noise, but Δ ± 2 SE (seeds and test set)"), v_between
+    real = campaign._test_set_sd
+    monkeypatch.setattr(campaign, "_test_set_sd", lambda *a: dict(real(*a), sd=0.0))
+    v_seeds_only = campaign.claim_verdict(plan, between)["verdict"]
+    assert v_seeds_only.startswith("not reproduced: differs by more than"), v_seeds_only
+    monkeypatch.setattr(campaign, "_test_set_sd", real)
     # 2 SE is the normal approximation: where a Welch t interval (3 + 3 seeds: t >= 2.78, i.e. >= 1.39
     # times the 2-SE half-width) reaches inside the margin and 2 SE does not, the verdict says so
-    v_t = campaign.claim_verdict(plan, dict(far, margin=abs(delta) - 1.2 * two_se))["verdict"]
+    v_t = campaign.claim_verdict(plan, dict(far, margin=abs(delta) - 1.2 * two_tot))["verdict"]
     assert v_t.startswith("not reproduced: differs by more than"), v_t
     assert "; with a Welch t interval instead of 2 standard errors (ν = " in v_t and "it would be inconclusive" in v_t
     assert "Welch" not in v_far  # the same verdict either way: nothing added
@@ -387,6 +407,9 @@ def test_claim_verdicts_follow_the_rule_of_the_results_page(tmp_path):
     campaign.render_verdicts(plan, str(page))
     assert page.read_text() == both
     assert "| row 3 is worse |" in text and "reproduced: worse beyond seed noise" in text
+    # the rule says what the p is and which standard error each test uses
+    assert "one-sided in effect" in text and "equivalence test on Δ ± 2 SE (seeds and test set)" in text
+    assert "\"beyond seed noise\" = |Δ mean| > 2 standard errors over seeds" in text
     assert "| training logs missing |" in text and "Last column: the seed-mean difference of validation NLL" in text
 
 
