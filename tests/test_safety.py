@@ -149,6 +149,25 @@ def test_prep_refuses_an_out_that_overlaps_its_input_directory(tmp_path, capsys,
     assert sorted(os.listdir(d)) == ["raw"]
 
 
+@pytest.mark.parametrize("corpus,mode", [("aspec_en_ja", "download"), ("wmt14_en_fr", "local")])
+def test_prep_with_no_split_available_is_refused_before_any_work(tmp_path, capsys, corpus, mode):
+    """A mode in which no split of the corpus can be had (a licensed corpus with --download; a
+    download-only corpus with --local-dir) exits 1 with how to get the data -- it used to log "not
+    available in this mode", prepare nothing and exit 0; nothing is written."""
+    from mt_pipeline.prep import cli
+
+    out = tmp_path / "out"
+    args = ["--download"] if mode == "download" else ["--local-dir", str(tmp_path / "empty")]
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SystemExit) as err:
+        cli.main([corpus, *args, "--out", str(out)])
+    assert err.value.code == 1
+    msg = capsys.readouterr().err
+    assert f"no split (train, valid, test) is available in {mode} mode" in msg and "How to get it:" in msg
+    assert ("jipsti.jst.go.jp" in msg) == (corpus == "aspec_en_ja")
+    assert not out.exists()
+
+
 def test_swap_stage_never_replaces_a_directory_without_its_stamp(tmp_path):
     from mt_pipeline.prep.run import PrepRun
 

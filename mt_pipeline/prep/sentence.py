@@ -158,6 +158,11 @@ class SentencePrep:
         """Run every stage (under the output lock), then :meth:`finish`."""
         run, spec = self.run, self.spec
         self.codes_given()  # a --bpe-codes that does not fit: fail now
+        if not any(self.sources.of(s) is not None for s in spec["split_names"]):  # nothing to prepare: say how
+            how = spec.get("licensed") or spec.get("obtain") or "see the corpus's recipe"
+            run.die(f"{spec['name']}: no split ({', '.join(spec['split_names'])}) is available in {self.mode} mode"
+                    + (f" ({self.local_dir})" if self.local_dir else "") + "; nothing was prepared. How to get it: "
+                    + " ".join(how.split()))
         run.log(f"{spec['title']}: mode={self.mode}" + (f" ({self.local_dir})" if self.local_dir else "")
                 + f" out={self.out}" + (f" variant={self.variant} (tc/, bpe/ or char/, bin/ in {self.vout})" if self.variant else "")
                 + (" [dry run: nothing is written]" if run.dry else ""))
