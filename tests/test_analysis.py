@@ -437,6 +437,8 @@ def test_cli_end_to_end(deen, tmp_path):
         assert (out / "figures" / f"{fig}.png").stat().st_size > 1000, fig
     md = (out / "analysis.md").read_text()
     assert "## AER" in md and "| tiny |" in md
+    # the default level is the subword one, and the page and the JSON say so
+    assert rep["settings"]["attention_level"] == "subword" and "Attention level: **subword**" in md
     # the models' training runs: a checkpoint trained outside mt-experiment has none, and the page says so
     assert m["training"]["run_dir"] is None and m["training"]["sha256"] == m["sha256"]
     assert "**Regime: unstated**" in md and "**Evidence: none committed.**" in md
@@ -451,6 +453,66 @@ def test_cli_end_to_end(deen, tmp_path):
     assert aer["normal"]["per_head"] != aer["shifted"]["per_head"]  # the two modes are distinguishable
     assert aer["diagonal_aer"] == pytest.approx(mine["diagonal"], abs=1e-9)
     assert mine["diagonal_off_by_one"] != pytest.approx(mine["diagonal"], abs=1e-6)  # pairing matters
+
+
+def test_cli_word_level_end_to_end(deen, tmp_path):
+    """``--attention-level word`` (ReLA §5.2's word-level weights): the page, the JSON and the ranking
+    state the level, and every per-layer sparsity and null rate equals a from-scratch word merge --
+    fairseq's need_head_weights path on one unpadded sentence at a time, words from the pieces' @@
+    markers, rows and columns averaged by loops (tests/test_analysis_word_level.py) -- which differs
+    from the subword rates on these BPE'd sentences."""
+    from test_analysis_word_level import reference_groups, reference_rates, reference_word_level
+
+    from fairseq_plugins.analysis.capture import load_model_for_analysis  # loading only
+
+    prep, ck = deen
+    raw_src, raw_tgt = tmp_path / "c.de", tmp_path / "c.en"
+    raw_src.write_text("Ein Mann fährt Fahrrad .\nZwei Hunde spielen im Schnee .\n")
+    raw_tgt.write_text("A man rides a bike .\nThe stock market fell sharply today .\n")
+    out, n = tmp_path / "w", 12
+    sh([sys.executable, "scripts/analyze_attention.py", "--checkpoint", f"tiny={ck}", "--data", str(prep / "bin"),
+        "--source-lang", "de", "--target-lang", "en", "--split", "test", "--limit", str(n), "--out", str(out),
+        "--attention-level", "word", "--hallucination", "--taus", "1", "--no-figures",
+        "--rank-raw", str(raw_src), str(raw_tgt), "--bpe-codes", str(prep / "bpe" / "codes")])
+    rep = json.load(open(out / "analysis.json"))
+    md = (out / "analysis.md").read_text()
+    assert rep["settings"]["attention_level"] == "word" and rep["ranking"]["attention_level"] == "word"
+    assert "Attention level: **word** (`--attention-level word`, as ReLA §5.2)" in md
+    assert "Attention level: **subword**" not in md and "ranked by `tiny` (word level)" in md
+    m = rep["models"]["tiny"]["metrics"]
+
+    model, task, _ = load_model_for_analysis(str(ck), str(prep / "bin"), "de", "en", subsets=["test"])
+    ds, sd, td = task.dataset("test"), task.source_dictionary, task.target_dictionary
+    acc = {}  # (level, kind, layer) -> per-head [zeros, cells, null rows, rows]
+    for i in range(n):
+        src, tgt = ds.src[i], ds.tgt[i]
+        prev = torch.cat([torch.tensor([td.eos()]), tgt[:-1]])
+        net = {"src_tokens": src[None], "src_lengths": torch.tensor([len(src)]), "prev_output_tokens": prev[None]}
+        sp, tp = [sd[t] for t in src.tolist()], [td[t] for t in prev.tolist()]
+        side = {"src": (sp, reference_groups(sp)), "tgt": (tp, reference_groups(tp))}
+        for (kind, layer), w in _head_weights(model, {"net_input": net}).items():
+            (rp, rows), (cp, cols) = [side[x] for x in {"encoder": ("src", "src"), "decoder": ("tgt", "tgt"),
+                                                          "cross": ("tgt", "src")}[kind]]
+            valid = torch.ones(len(rp), len(cp), dtype=torch.bool)
+            if kind == "decoder":
+                valid = torch.tril(valid)
+            single = [[p] for p in range(len(rp))], [[p] for p in range(len(cp))]
+            for level, (R, C) in (("word", (rows, cols)), ("subword", single)):
+                z, c, nl, r = reference_rates(*reference_word_level(w[0], valid, R, C))
+                slot = acc.setdefault((level, kind, layer), [[0, 0, 0, 0] for _ in z])
+                for h in range(len(z)):
+                    slot[h] = [a + b for a, b in zip(slot[h], (z[h], c, nl[h], r))]
+    for kind in ("encoder", "decoder", "cross"):
+        for layer in range(2):
+            heads = acc[("word", kind, layer)]
+            assert m[kind]["sparsity"][layer] == pytest.approx(sum(z / c for z, c, _, _ in heads) / len(heads),
+                                                               abs=1e-12), (kind, layer)
+            assert m[kind]["null_rate"][layer] == pytest.approx(sum(nl / r for _, _, nl, r in heads) / len(heads),
+                                                                abs=1e-12), (kind, layer)
+        sub = [sum(z / c for z, c, _, _ in acc[("subword", kind, layer)]) / 2 for layer in range(2)]
+        assert sub != pytest.approx(m[kind]["sparsity"], abs=1e-6), kind  # the merge changed something
+    # the hallucination test's reference curve is the word-level cross null rate
+    assert rep["models"]["tiny"]["hallucination"]["reference"] == pytest.approx(m["cross"]["null_rate"], abs=1e-12)
 
 
 def test_aer_only_run_writes_its_page_where_md_says(deen, tmp_path):

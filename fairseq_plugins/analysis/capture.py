@@ -9,7 +9,9 @@ The seam is the ``capture`` slot of
 :class:`~fairseq_plugins.attention.functions.AttentionFunction`: while
 :class:`AttentionCapture` is active every attention function of the model hands its weights
 ``(B, H, T, S)`` and mask to it (the fused kernels are skipped for that forward only);
-outside the ``with`` block the slots are ``None`` and nothing costs anything.  Stock fairseq
+outside the ``with`` block the slots are ``None`` and nothing costs anything.  Word-level
+records (:func:`word_level_records`, ReLA Section 5.2) are made from captured ones afterwards,
+sentence by sentence in Python; the attention functions themselves are not touched.  Stock fairseq
 ``transformer`` checkpoints (plain ``MultiheadAttention``, whose fast path never returns
 per-head weights) are rebuilt as our ``attention_transformer`` with softmax everywhere, which
 is numerically the stock model (tests/test_models.py) and loads its state dict unchanged.
@@ -27,6 +29,7 @@ import torch
 import torch.nn as nn
 
 from ..attention import FunctionalMultiheadAttention
+from .alignment import merge_subwords
 
 __all__ = [
     "ATTENTION_KINDS",
@@ -38,6 +41,12 @@ __all__ = [
     "iter_batches",
     "pairs_dataset",
     "hypothesis_batches",
+    "ATTENTION_LEVELS",
+    "BPE_MARKER",
+    "check_attention_level",
+    "check_bpe_symbols",
+    "bpe_word_ids",
+    "word_level_records",
 ]
 
 #: the three attention types, in the order tables and figures show them
@@ -317,3 +326,185 @@ def hypothesis_batches(task, model, dataset, beam: int = 4, max_tokens: int = 40
             hyps[idx] = out[j][0]["tokens"].cpu()
     src = [dataset.src[i] for i in range(len(dataset))]
     return src, [hyps[i] for i in range(len(dataset))]
+
+
+# ---------------------------------------------------------------------------------------------
+# word level (ReLA Section 5.2: "we obtain the word-level attention weights by merging its
+# subword-level counterparts following Zenkel et al. (2019)")
+# ---------------------------------------------------------------------------------------------
+#: the levels the attention metrics are computed at: ``subword`` (the positions the model has, the
+#: default) or ``word`` (subword-nmt pieces merged into words, :func:`word_level_records`)
+ATTENTION_LEVELS = ("subword", "word")
+#: subword-nmt's continuation marker: a piece ending in it continues into the next piece
+BPE_MARKER = "@@"
+#: SentencePiece's word-start marker (U+2581): vocabularies with it and without ``@@`` pieces
+#: cannot be merged by the ``@@`` rule
+SPM_MARKER = "\u2581"
+
+
+def check_attention_level(level: str) -> str:
+    """``level`` if it is one of :data:`ATTENTION_LEVELS`.
+
+    Raises:
+        ValueError: it is not (the message names the valid choices)."""
+    if level not in ATTENTION_LEVELS:
+        raise ValueError(f"attention level {level!r}: valid choices are {', '.join(ATTENTION_LEVELS)}")
+    return level
+
+
+def check_bpe_symbols(symbols, where: str) -> None:
+    """Refuse a vocabulary the ``@@`` word rule of :func:`bpe_word_ids` cannot read.
+
+    A vocabulary with no piece ending in ``@@`` is accepted (then every token is a word of its
+    own and the word level equals the subword level) unless it holds SentencePiece pieces
+    (``\u2581word``), whose word boundaries the ``@@`` rule would silently miss.
+
+    Args:
+        symbols: the vocabulary's symbols (e.g. ``Dictionary.symbols``).
+        where: what the symbols are, for the message (e.g. a dictionary file).
+
+    Raises:
+        ValueError: SentencePiece-style symbols and no ``@@`` piece (named)."""
+    has_bpe = has_spm = False
+    for s in symbols:
+        has_bpe = has_bpe or s.endswith(BPE_MARKER)
+        has_spm = has_spm or s.startswith(SPM_MARKER)
+    if has_spm and not has_bpe:
+        raise ValueError(f"{where}: the vocabulary has SentencePiece pieces ({SPM_MARKER!r} word starts) and no "
+                         f"subword-nmt {BPE_MARKER!r} piece; the word level merges pieces by subword-nmt's "
+                         f"{BPE_MARKER!r} continuation marker only (valid levels here: subword)")
+
+
+def bpe_word_ids(pieces: Sequence[Optional[str]], own_words: Sequence[str] = ()) -> Tuple[List[int], int]:
+    """Word index of each piece of a subword-nmt BPE sequence (0-based, left to right).
+
+    A piece ending in ``@@`` continues into the next piece; every other piece ends its word.
+    ``None`` marks a position of no word (padding): id -1, and it breaks a word.  A symbol of
+    ``own_words`` (``</s>``, ``<s>``) is always a word of its own, also after a dangling ``@@``
+    piece (which then ends its word).  ``<unk>`` carries no marker and so ends its word.
+
+    Example: ``[None, "Fahr@@", "rad", "fährt", "</s>"]`` -> ``([-1, 0, 0, 1, 2], 3)``.
+
+    Returns:
+        ``(ids, n_words)``: one id per piece, and the number of words.
+    """
+    own = set(own_words)
+    ids, word, cont = [], -1, False
+    for p in pieces:
+        if p is None:
+            ids.append(-1)
+            cont = False
+            continue
+        special = p in own
+        if special or not cont:
+            word += 1
+        ids.append(word)
+        cont = not special and p.endswith(BPE_MARKER)
+    return ids, word + 1
+
+
+def _positions(tokens: torch.Tensor, dictionary, pad: int) -> Tuple[torch.Tensor, List[int], List[int]]:
+    """Non-pad positions of a 1-D token tensor, their word ids (:func:`bpe_word_ids`, ``</s>`` and
+    ``<s>`` words of their own) and the position of each word's first piece."""
+    pos = tokens.ne(pad).nonzero(as_tuple=True)[0]
+    ids, n = bpe_word_ids([dictionary[t] for t in tokens[pos].tolist()], (dictionary.eos_word, dictionary.bos_word))
+    first = [-1] * n
+    for p, w in zip(pos.tolist(), ids):
+        if first[w] < 0:
+            first[w] = p
+    return pos, ids, first
+
+
+@torch.no_grad()
+def word_level_records(records: Dict[Tuple[str, int], "CapturedAttention"], sample: dict, src_dict, tgt_dict,
+                       pad: int) -> Dict[Tuple[str, int], "CapturedAttention"]:
+    """Captured subword attention -> word-level attention (ReLA Section 5.2, "following Zenkel
+    et al. (2019)", who average over the subwords of a word).
+
+    Words are read from the tokens the model saw, by subword-nmt's ``@@`` marker
+    (:func:`bpe_word_ids`): ``src_tokens`` for encoder positions, ``prev_output_tokens`` (the
+    leading ``</s>``, then ``y_1 .. y_{n}``) for decoder positions -- a decoder row is labelled by
+    the token it *reads* (for cross-attention this grouping is the "shifted" one of the AER,
+    ``alpha[1:]``).  ``</s>`` / ``<s>`` are words of their own; padding belongs to no word.
+    Self-attention merges both axes with the same words.
+
+    Per sentence and layer, with the weights zeroed where the mask is True,
+    :func:`~fairseq_plugins.analysis.alignment.merge_subwords` (``source_merge="mean"``) gives
+    ``W[i, j]`` = the mean over the pieces ``t`` of query word ``i`` of the mean over the pieces
+    ``s`` of key word ``j`` of ``w[t, s]`` (masked pairs count as 0).  Consequences:
+
+    * a merged pair ``(i, j)`` is masked iff every ``(t, s)`` pair of it is (so in causal decoder
+      self-attention word ``i`` sees no later word, and its own cell averages rows that see 1..n
+      of its n pieces);
+    * with non-negative weights, ``W[i, j] = 0`` iff every valid ``w[t, s]`` of it is 0, and a
+      word's row is null iff every piece's row is null (up to float32 underflow of averages
+      below ~1e-45; GeLU / Leaky-ReLU weights can be negative and could cancel);
+    * for distributions (``is_distribution``: softmax, sparsemax, entmax) the averaged key
+      pieces make a row sum below 1, so in a sentence with a multi-piece key word every merged
+      row is renormalised to sum 1 (a scale per row: only the JS divergence sees it; sparsity,
+      null rate, entropy and top-p renormalise or count zeros anyway); non-distributions (ReLA,
+      ReLUFormer) keep their averaged magnitudes.
+
+    Layout: the result keeps the shape ``(B, H, T, S)``; word ``i`` sits at the position of its
+    first piece, the positions of its other pieces (and padding) are masked with weight 0, so a
+    sentence without ``@@`` pieces gives the input weights and mask back (masked positions
+    zeroed) and every metric of :mod:`~fairseq_plugins.analysis.metrics` exactly as before.
+
+    Args:
+        records: ``{(kind, layer): CapturedAttention}`` of :meth:`AttentionCapture.run` on ``sample``.
+        sample: the batch (``net_input`` with ``src_tokens`` ``(B, S)``, ``prev_output_tokens`` ``(B, T)``).
+        src_dict, tgt_dict: the task's dictionaries (token ids -> pieces).
+        pad: padding index.
+
+    Returns:
+        ``{(kind, layer): CapturedAttention}`` at word level, same keys, shapes and
+        ``is_distribution``.
+
+    Raises:
+        ValueError: an unknown kind, or a record whose shape does not match the sample (named).
+    """
+    net = sample["net_input"]
+    src, prev = net["src_tokens"], net["prev_output_tokens"]
+    B = src.size(0)
+    sides = {"src": [_positions(src[b], src_dict, pad) for b in range(B)],
+             "tgt": [_positions(prev[b], tgt_dict, pad) for b in range(B)]}
+    axes = {"encoder": ("src", "src"), "decoder": ("tgt", "tgt"), "cross": ("tgt", "src")}
+    out = {}
+    by_kind: Dict[str, List[Tuple[str, int]]] = {}
+    for key in records:
+        if key[0] not in axes:
+            raise ValueError(f"unknown attention kind {key[0]!r}; valid choices: {', '.join(ATTENTION_KINDS)}")
+        by_kind.setdefault(key[0], []).append(key)
+    for kind, keys in by_kind.items():
+        rside, cside = axes[kind]
+        recs = [records[k] for k in keys]
+        H = recs[0].weights.size(1)
+        want = (B, H, (src if rside == "src" else prev).size(1), (src if cside == "src" else prev).size(1))
+        for k, r in zip(keys, recs):
+            if tuple(r.weights.shape) != want:
+                raise ValueError(f"{k[0]} attention of layer {k[1]}: weights {tuple(r.weights.shape)} do not match "
+                                 f"the sample's (B, H, T, S) = {want}")
+        new_w = [torch.zeros_like(r.weights) for r in recs]
+        new_m = [torch.ones((B, 1) + want[2:], dtype=torch.bool, device=r.weights.device) for r in recs]
+        for b in range(B):
+            rpos, rids, rfirst = sides[rside][b]
+            cpos, cids, cfirst = sides[cside][b]
+            if not rfirst or not cfirst:
+                continue
+            w = torch.cat([r.weights[b][:, rpos][:, :, cpos] for r in recs])  # (L*H, T_b, S_b)
+            m = torch.cat([r.mask.expand((B, 1) + want[2:])[b][:, rpos][:, :, cpos] for r in recs])  # (L, T_b, S_b)
+            w = w.double().masked_fill(m.repeat_interleave(H, dim=0), 0.0)
+            merged = merge_subwords(torch.cat([w, (~m).double()]), rids, cids, len(rfirst), len(cfirst),
+                                    source_merge="mean")  # (L*H + L, I, J)
+            mw, valid = merged[:len(recs) * H], merged[len(recs) * H:] > 0
+            ri, ci = torch.tensor(rfirst)[:, None], torch.tensor(cfirst)[None, :]
+            multi_key = len(cfirst) < len(cids)
+            for n, r in enumerate(recs):
+                x = mw[n * H:(n + 1) * H]  # (H, I, J)
+                if r.is_distribution and multi_key:
+                    x = x / x.sum(-1, keepdim=True).clamp_min(torch.finfo(x.dtype).tiny)
+                new_w[n][b][:, ri, ci] = x.to(new_w[n].dtype)
+                new_m[n][b][:, ri, ci] = ~valid[n]
+        for k, r, w, m in zip(keys, recs, new_w, new_m):
+            out[k] = CapturedAttention(w, m, r.is_distribution)
+    return out

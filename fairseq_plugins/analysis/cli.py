@@ -8,11 +8,15 @@ Usage (one model, or several with ``LABEL=PATH`` to compare them in one table/fi
         --out results/analysis --hallucination --heatmap-ids 0 5 \\
         [--aer-checkpoint deen=runs/deen/avg.pt --aer-gold ../shared/data/rwth_gold_alignment_de_en \\
          --bpe-codes data-bin/multi30k_en_de/bpe/codes] \\
-        [--rank-split train | --rank-raw SRC.txt TGT.txt] [--rank-out ranked.tsv]
+        [--rank-split train | --rank-raw SRC.txt TGT.txt] [--rank-out ranked.tsv] [--attention-level word]
 
 Writes into ``--out``: ``analysis.json`` (every number, with provenance), ``analysis.md``
 (tables; ``--md PATH`` writes them there instead), ``figures/*.png`` (per-layer curves of sparsity, null rate, JS divergence, entropy;
 top-p curves; hallucination test; AER curves; heatmaps), and the ranked corpus file when asked.
+``--attention-level`` (``subword``, the default, or ``word``: ReLA §5.2's word-level weights,
+:func:`.capture.word_level_records`) sets the level of every table except the AER (which merges
+subwords by its own rule) and the heatmaps (subword weights); the page and the JSON
+(``settings.attention_level``) state it.
 All files are written atomically.
 """
 
@@ -24,6 +28,7 @@ import time
 from typing import Dict, List, Optional, Tuple
 
 from .alignment import SOURCE_MERGES
+from .capture import ATTENTION_LEVELS
 
 __all__ = ["main", "build_parser"]
 
@@ -176,6 +181,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="model (label of --checkpoint) that ranks the corpus (default: the first whose "
                         "cross-attention can be null, i.e. is not a distribution; else the first)")
     p.add_argument("--rank-out", help="ranked TSV (default: OUT/ranked_<split|raw>.tsv)")
+    p.add_argument("--attention-level", choices=ATTENTION_LEVELS, default=None,
+                   help="level of the --checkpoint analyses (sparsity, null rate, JS, entropy, top-p, hallucination "
+                        "test, ranking): subword (default; the positions the model has) or word (subword-nmt @@ pieces "
+                        "merged, rows and columns averaged as Zenkel et al. 2019 -- the level ReLA §5.2 reports). "
+                        "Not for --replot or an --aer-checkpoint-only run (the AER is word-level by its own merge)")
     p.add_argument("--no-figures", action="store_true")
     return p
 
@@ -384,7 +394,8 @@ def render_markdown(report: dict) -> str:
           f"Data: `{report['data']['dir']}` ({report['data']['direction']}, {report['data']['n_pairs']} pairs); "
           f"commit `{report['provenance']['git_commit']}`; command: `{report['provenance']['command']}`.", "",
           "Models: " + ", ".join(f"**{l}** = `{r['checkpoint']}` ({r['info']['arch']}, "
-                                  f"{'/'.join(r['info']['attention_fns'].values())})" for l, r in res.items()), ""]
+                                  f"{'/'.join(r['info']['attention_fns'].values())})" for l, r in res.items()), "",
+          _LEVEL_LINES[report["settings"].get("attention_level", "subword")], ""]
     sections = [
         ("sparsity", "Sparsity rate (%), mean over heads (ReLA Fig. 3)", True),
         ("null_rate", "Null rate (%), mean over heads (ReLA Fig. 6)", True),
@@ -448,7 +459,8 @@ def render_markdown(report: dict) -> str:
     if report.get("ranking"):
         rk = report["ranking"]
         md += ["## Corpus ranking by cross-attention null rate (ReLA Sec. 5.2)", "",
-               f"{rk['n_pairs']} pairs of {rk['corpus']} ranked by `{rk['model']}` -> `{rk['file']}`; "
+               f"{rk['n_pairs']} pairs of {rk['corpus']} ranked by `{rk['model']}` "
+               f"({rk.get('attention_level', 'subword')} level) -> `{rk['file']}`; "
                f"mean null rate {_fmt(rk['mean'], True)}%, best {_fmt(rk['min'], True)}%, worst {_fmt(rk['max'], True)}%.", ""]
     if section:
         md.append(section)
@@ -466,6 +478,8 @@ def curve_figures(report: dict, out: str) -> List[str]:
     if res:
         for metric, ylabel in (("sparsity", "sparsity rate"), ("null_rate", "null rate"),
                                ("js", "JS divergence (nats)"), ("entropy", "entropy (nats)")):
+            if report.get("settings", {}).get("attention_level") == "word":
+                ylabel += ", word level"
             figures.append(plots.layer_curves(res, metric, ylabel, os.path.join(fig_dir, f"{metric}.png")))
         figures.append(plots.top_p_curves(res, os.path.join(fig_dir, "top_p.png")))
         if all("hallucination" in r for r in res.values()):
@@ -485,6 +499,30 @@ def replot(json_path: str, out: Optional[str] = None) -> List[str]:
     return curve_figures(report, out or os.path.dirname(os.path.abspath(json_path)))
 
 
+#: how the page states the level of its tables (``settings.attention_level``; reports written
+#: before it was recorded are subword-level)
+_LEVEL_LINES = {
+    "subword": "Attention level: **subword** -- every table below except the AER is computed on the subword positions "
+               "the model has (one row per target piece, one column per source piece; no pieces merged). ReLA §5.2 "
+               "reports word-level weights (`--attention-level word`).",
+    "word": "Attention level: **word** (`--attention-level word`, as ReLA §5.2) -- before every table below except "
+            "the AER (its own merge, in its heading), the subword-nmt `@@` pieces of the tokens the model read are "
+            "merged into words, following Zenkel et al. (2019): a word's rows averaged and its columns averaged "
+            "(distribution rows renormalised to sum 1 where key pieces were averaged), `</s>` a word of its own, decoder rows labelled by the token they "
+            "read; a word pair is masked only when all its piece pairs are. Heatmaps show subword weights.",
+}
+
+
+def _dictionary_symbols(data: str) -> Dict[str, List[str]]:
+    """``{file: symbols}`` of the fairseq dictionaries ``dict.*.txt`` of a data dir (first field of each line)."""
+    out = {}
+    for name in sorted(os.listdir(data)):
+        if name.startswith("dict.") and name.endswith(".txt"):
+            with open(os.path.join(data, name), encoding="utf-8") as f:
+                out[name] = [line.split(" ", 1)[0] for line in f if line.strip()]
+    return out
+
+
 def _load_or_exit(load, path, *args, **kw):
     """``load(path, ...)`` (:func:`.capture.load_model_for_analysis`); a checkpoint that cannot be
     used (empty, cut short, unsafe, not a Transformer) stops the CLI with the plugin's message."""
@@ -499,6 +537,9 @@ def _load_or_exit(load, path, *args, **kw):
 def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.replot and args.attention_level:
+        parser.error("--attention-level: --replot only re-draws the figures of ANALYSIS_JSON, whose numbers keep the "
+                     "level they were computed at (settings.attention_level); run the analysis again to change it")
     if args.replot:
         if not os.path.isfile(args.replot):
             parser.error(f"--replot {args.replot}: no such file")
@@ -514,12 +555,26 @@ def main(argv=None):
     aer_models = _labelled_seeds(args.aer_checkpoint, "--aer-checkpoint")
     if not models and not aer_models:
         raise SystemExit("nothing to do: give --checkpoint and/or --aer-checkpoint")
+    level = args.attention_level or "subword"
+    if level == "word" and not models:
+        raise SystemExit("--attention-level word applies to the --checkpoint analyses (sparsity, null rate, JS, "
+                         "entropy, top-p, hallucination test, ranking); an --aer-checkpoint is scored on words "
+                         "already, merged by its own rule (--aer-source-merge): give a --checkpoint or drop "
+                         "--attention-level")
     if (args.rank_split or args.rank_raw) and not models:
         raise SystemExit("--rank-split/--rank-raw need a --checkpoint")
     if args.rank_split and args.rank_raw:
         raise SystemExit("--rank-split and --rank-raw exclude each other")
     if not os.path.isdir(args.data):
         raise SystemExit(f"--data: not a directory: {args.data}")
+    if level == "word":
+        from .capture import check_bpe_symbols
+
+        for name, symbols in _dictionary_symbols(args.data).items():
+            try:
+                check_bpe_symbols(symbols, os.path.join(args.data, name))
+            except ValueError as err:
+                raise SystemExit(f"--attention-level word: {err}") from None
     if aer_models and not os.path.isdir(args.aer_gold):
         raise SystemExit(f"--aer-gold: not a directory: {args.aer_gold}")
     aer_directions = {}
@@ -553,7 +608,7 @@ def main(argv=None):
     report = {
         "provenance": provenance.collect(provenance.command_line("fairseq-attention-analysis", argv)),
         "settings": {"taus": args.taus, "top_p": [f"{p:g}" for p in args.top_p], "max_tokens": args.max_tokens,
-                     "seed": args.seed, "beam": args.beam},
+                     "seed": args.seed, "beam": args.beam, "attention_level": level},
         "data": {"dir": provenance.repo_relative(os.path.abspath(args.data)), "split": args.split},
         "models": {}, "aer": {},
     }
@@ -564,16 +619,17 @@ def main(argv=None):
                                           args.target_lang, subsets=[args.split])
         dataset = _subset(task, task.dataset(args.split), args.limit)
         report["data"].update(direction=f"{task.cfg.source_lang}-{task.cfg.target_lang}", n_pairs=len(dataset))
-        summary, heat = analyze_dataset(model, task, dataset, args.max_tokens, args.heatmap_ids, args.taus, args.top_p)
+        summary, heat = analyze_dataset(model, task, dataset, args.max_tokens, args.heatmap_ids, args.taus, args.top_p,
+                                        level=level)
         training = provenance.trained_model(path)
         entry = {"checkpoint": provenance.repo_relative(os.path.abspath(path)), "sha256": training["sha256"], "training": training, "info": info,
                  "metrics": summary, "ffn_anisotropy": ffn_anisotropy(model)}
         if args.hallucination:
-            entry["hallucination"] = hallucination_test(model, task, dataset, args.seed, args.max_tokens)
+            entry["hallucination"] = hallucination_test(model, task, dataset, args.seed, args.max_tokens, level=level)
         if args.on_hypotheses:
             src, hyp = hypothesis_batches(task, model, dataset, beam=args.beam, max_tokens=args.max_tokens)
             entry["on_hypotheses"], _ = analyze_dataset(model, task, pairs_dataset(task, src, hyp), args.max_tokens,
-                                                        (), args.taus, args.top_p)
+                                                        (), args.taus, args.top_p, level=level)
         report["models"][label] = entry
         if not args.no_figures:
             for h in heat:
@@ -583,7 +639,8 @@ def main(argv=None):
                     figures.append(plots.heatmap_grid(
                         h["weights"][kind], rows, cols,
                         os.path.join(args.out, "figures", f"heatmap_{label}_{kind}_{h['id']}.png"),
-                        title=f"{label}: {kind} attention, sentence {h['id']} (rows: queries; ∅ = null row)"))
+                        title=f"{label}: {kind} attention, sentence {h['id']} (rows: queries; ∅ = null row)"
+                              + ("; subword weights" if level == "word" else "")))
         ranker_wanted = args.rank_with == label if args.rank_with else (
             first is None or (first[3] and not entry["metrics"]["cross"]["attention_is_distribution"]))
         if (args.rank_split or args.rank_raw) and ranker_wanted:
@@ -612,7 +669,7 @@ def main(argv=None):
                        + (f"; BPE {provenance.repo_relative(os.path.abspath(args.bpe_codes))})" if args.bpe_codes
                           else "; no BPE)"))
             name = "raw"
-        scores = cross_null_by_sentence(model, task, ds, args.max_tokens)
+        scores = cross_null_by_sentence(model, task, ds, args.max_tokens, level=level)
         order = rank_pairs(scores)
         out_file = args.rank_out or os.path.join(args.out, f"ranked_{name}.tsv")
         with atomic_path(out_file) as tmp, open(tmp, "w", encoding="utf-8", newline="\n") as f:
@@ -621,6 +678,7 @@ def main(argv=None):
                 f.write(f"{r}\t{i}\t{float(scores[i]):.6f}\t{s_txt[i]}\t{t_txt[i]}\n")
         finite = scores[~torch.isnan(scores)]
         report["ranking"] = {"model": label, "corpus": corpus, "file": provenance.repo_relative(os.path.abspath(out_file)),
+                             "attention_level": level,
                              "n_pairs": len(order), "mean": float(finite.mean()) if len(finite) else None,
                              "min": float(finite.min()) if len(finite) else None,
                              "max": float(finite.max()) if len(finite) else None}

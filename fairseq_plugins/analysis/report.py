@@ -4,6 +4,13 @@ Shape legend: B batch, H heads, T query length, S key length, L layers.  Everyth
 batch at a time through :class:`~fairseq_plugins.analysis.capture.AttentionCapture`; what is
 kept across batches is per-head sums and counts (and, for heatmaps, the weights of the few
 chosen sentences).
+
+Level (``level``, one of :data:`~fairseq_plugins.analysis.capture.ATTENTION_LEVELS`): the metrics,
+the hallucination test and the null-rate ranking run on the subword positions the model has
+(``"subword"``, the default) or on words (``"word"``: every captured batch is merged by
+:func:`~fairseq_plugins.analysis.capture.word_level_records` first, as ReLA Section 5.2 does
+"following Zenkel et al. (2019)").  The AER merges subwords on its own
+(:func:`alignment_aer`); heatmaps always show the subword weights.
 """
 
 import random
@@ -14,7 +21,8 @@ import torch
 from . import metrics as M
 from .alignment import AERCounts, diagonal_links, layer_head_links, new_counts, read_talp, read_tokenized, \
     segment_words, summarize_counts, target_rows
-from .capture import ATTENTION_KINDS, AttentionCapture, dataset_pairs, iter_batches, pairs_dataset
+from .capture import ATTENTION_KINDS, AttentionCapture, check_attention_level, check_bpe_symbols, dataset_pairs, \
+    iter_batches, pairs_dataset, word_level_records
 
 __all__ = ["AttentionStats", "analyze_dataset", "cross_null_by_sentence", "hallucination_test",
            "rank_pairs", "alignment_aer", "seed_mean_aer", "DEFAULT_TOP_P", "DEFAULT_TAUS"]
@@ -96,16 +104,46 @@ def _strings(dictionary, tokens: torch.Tensor) -> List[str]:
     return [dictionary[t] for t in tokens.tolist()]
 
 
+def _check_level(task, level: str) -> str:
+    """``level`` checked before any work: one of ``ATTENTION_LEVELS``, and for ``"word"`` task
+    dictionaries the ``@@`` rule can read (:func:`~fairseq_plugins.analysis.capture.check_bpe_symbols`).
+
+    Raises:
+        ValueError: an unknown level or a SentencePiece vocabulary (named)."""
+    check_attention_level(level)
+    if level == "word":
+        check_bpe_symbols(task.source_dictionary.symbols, "source dictionary")
+        check_bpe_symbols(task.target_dictionary.symbols, "target dictionary")
+    return level
+
+
+def _at_level(records, sample, task, level: str):
+    """``records`` of ``sample`` at ``level`` (word: :func:`word_level_records`)."""
+    if level == "word":
+        return word_level_records(records, sample, task.source_dictionary, task.target_dictionary,
+                                  task.target_dictionary.pad())
+    return records
+
+
 @torch.no_grad()
 def analyze_dataset(model, task, dataset, max_tokens: int = 4096, heatmap_ids: Sequence[int] = (),
-                    taus=DEFAULT_TAUS, top_ps=DEFAULT_TOP_P, max_sentences: Optional[int] = None):
+                    taus=DEFAULT_TAUS, top_ps=DEFAULT_TOP_P, max_sentences: Optional[int] = None,
+                    level: str = "subword"):
     """Stream ``dataset`` through the model (teacher forcing) and accumulate all metrics.
 
+    Args:
+        level: ``"subword"`` (default) or ``"word"`` (ReLA Section 5.2; see the module doc).
+
     Returns:
-        ``(summary, heatmaps)``: :meth:`AttentionStats.summary` and, for each id in
-        ``heatmap_ids``, ``{"id", "src", "prev" (token strings), "weights": {kind: [(H, T, S)
-        per layer]}}`` (padding removed).
+        ``(summary, heatmaps)``: :meth:`AttentionStats.summary` of the metrics at ``level`` and,
+        for each id in ``heatmap_ids``, ``{"id", "src", "prev" (token strings), "weights": {kind:
+        [(H, T, S) per layer]}}`` (subword weights, padding removed).
+
+    Raises:
+        ValueError: ``level`` not one of ``subword``, ``word`` (named), or ``"word"`` with a
+            SentencePiece vocabulary -- before any batch runs.
     """
+    _check_level(task, level)
     pad = task.target_dictionary.pad()
     stats = AttentionStats(taus, top_ps)
     want = set(int(i) for i in heatmap_ids)
@@ -113,7 +151,7 @@ def analyze_dataset(model, task, dataset, max_tokens: int = 4096, heatmap_ids: S
     with AttentionCapture(model, pad) as cap:
         for sample in iter_batches(task, dataset, max_tokens, max_sentences):
             rec = cap.run(sample)
-            stats.update(rec)
+            stats.update(_at_level(rec, sample, task, level))
             ids = sample["id"].tolist()
             for b, idx in enumerate(ids):
                 if idx not in want:
@@ -133,29 +171,38 @@ def analyze_dataset(model, task, dataset, max_tokens: int = 4096, heatmap_ids: S
 
 
 @torch.no_grad()
-def cross_null_by_sentence(model, task, dataset, max_tokens: int = 4096) -> torch.Tensor:
+def cross_null_by_sentence(model, task, dataset, max_tokens: int = 4096, level: str = "subword") -> torch.Tensor:
     """Per-pair null rate of the cross-attention averaged over layers ``(N,)`` (index order).
 
     For each layer, :func:`~fairseq_plugins.analysis.metrics.sentence_null_rate` (null rows over
-    all heads and target positions); then the mean over layers (ReLA Section 5.2)."""
+    all heads and target positions, or target words at ``level="word"``); then the mean over
+    layers (ReLA Section 5.2).
+
+    Raises:
+        ValueError: an unknown ``level`` (named), before any batch runs."""
+    _check_level(task, level)
     pad = task.target_dictionary.pad()
     out = torch.full((len(dataset),), float("nan"), dtype=torch.float64)
     with AttentionCapture(model, pad, kinds=("cross",)) as cap:
         for sample in iter_batches(task, dataset, max_tokens):
-            rec = cap.run(sample)
+            rec = _at_level(cap.run(sample), sample, task, level)
             rates = torch.stack([M.sentence_null_rate(r.weights, r.mask) for r in rec.values()])  # (L, B)
             out[sample["id"]] = rates.mean(dim=0)
     return out
 
 
 @torch.no_grad()
-def cross_null_by_layer(model, task, dataset, max_tokens: int = 4096) -> List[float]:
-    """Null rate of the cross-attention per layer (mean over heads), over ``dataset``."""
+def cross_null_by_layer(model, task, dataset, max_tokens: int = 4096, level: str = "subword") -> List[float]:
+    """Null rate of the cross-attention per layer (mean over heads), over ``dataset``, at ``level``.
+
+    Raises:
+        ValueError: an unknown ``level`` (named), before any batch runs."""
+    _check_level(task, level)
     pad = task.target_dictionary.pad()
     acc = {}
     with AttentionCapture(model, pad, kinds=("cross",)) as cap:
         for sample in iter_batches(task, dataset, max_tokens):
-            for (_, layer), r in cap.run(sample).items():
+            for (_, layer), r in _at_level(cap.run(sample), sample, task, level).items():
                 n, d = M.null_terms(r.weights, r.mask)
                 if layer in acc:
                     acc[layer][0] += n
@@ -165,21 +212,25 @@ def cross_null_by_layer(model, task, dataset, max_tokens: int = 4096) -> List[fl
     return [float((acc[i][0] / acc[i][1].clamp_min(1)).mean()) for i in sorted(acc)]
 
 
-def hallucination_test(model, task, dataset, seed: int = 1, max_tokens: int = 4096) -> dict:
+def hallucination_test(model, task, dataset, seed: int = 1, max_tokens: int = 4096, level: str = "subword") -> dict:
     """Cross-attention null rate per layer on ``dataset`` and on the same sources with the
-    references randomly shuffled (ReLA Figure 6, dashed curves: hallucinated pairs).
+    references randomly shuffled (ReLA Figure 6, dashed curves: hallucinated pairs), at ``level``.
 
     Returns:
         ``{"reference": [per layer], "shuffled": [per layer], "seed": seed,
         "fixed_points": number of pairs the permutation left in place}``.
+
+    Raises:
+        ValueError: an unknown ``level`` (named), before any batch runs.
     """
+    _check_level(task, level)
     src, tgt = dataset_pairs(dataset)
     perm = list(range(len(tgt)))
     random.Random(seed).shuffle(perm)
     shuffled = pairs_dataset(task, src, [tgt[j] for j in perm])
     return {
-        "reference": cross_null_by_layer(model, task, dataset, max_tokens),
-        "shuffled": cross_null_by_layer(model, task, shuffled, max_tokens),
+        "reference": cross_null_by_layer(model, task, dataset, max_tokens, level),
+        "shuffled": cross_null_by_layer(model, task, shuffled, max_tokens, level),
         "seed": seed,
         "fixed_points": sum(i == j for i, j in enumerate(perm)),
     }
