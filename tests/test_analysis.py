@@ -147,7 +147,7 @@ def test_merge_subwords_sum_source_mean_target():
     mean = A.merge_subwords(attn, [0, 0, 1], [0, 0, 1, -1], source_merge="mean")
     torch.testing.assert_close(mean, torch.tensor([[(0.15 + 0.3) / 2, (0.3 + 0.2) / 2], [0.25, 0.5]]))
     assert A.argmax_links(word) == {(0, 0), (0, 1)} and A.argmax_links(mean) == {(1, 0), (1, 1)}
-    with pytest.raises(ValueError, match="valid choices are sum, mean"):
+    with pytest.raises(ValueError, match="valid choices: sum, mean"):
         A.merge_subwords(attn, [0, 0, 1], [0, 0, 1, -1], source_merge="max")
 
 

@@ -297,7 +297,7 @@ def test_analyze_dataset_at_word_level_equals_stats_of_merged_batches():
 # refusals
 # ---------------------------------------------------------------------------------------------
 def test_unknown_levels_and_sentencepiece_vocabularies_are_refused_before_any_work():
-    with pytest.raises(ValueError, match="valid choices are subword, word"):
+    with pytest.raises(ValueError, match="valid choices: subword, word"):
         check_attention_level("words")
     check_bpe_symbols(["the", "ca@@", "t"], "x")  # subword-nmt
     check_bpe_symbols(["the", "cat"], "x")  # no pieces at all: word level == subword level
@@ -309,7 +309,7 @@ def test_unknown_levels_and_sentencepiece_vocabularies_are_refused_before_any_wo
             raise AssertionError("the model was used")
 
     task = toy_task()
-    with pytest.raises(ValueError, match="valid choices are subword, word"):
+    with pytest.raises(ValueError, match="valid choices: subword, word"):
         analyze_dataset(Boom(), task, None, level="Word")
     spm = Dictionary()
     for s in ("\u2581a", "\u2581b", "c"):

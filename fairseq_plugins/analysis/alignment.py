@@ -33,6 +33,8 @@ from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 import torch
 
+from ..options import check_choice
+
 __all__ = [
     "read_talp", "aer", "AERCounts", "merge_subwords", "argmax_links", "target_rows",
     "segment_words", "read_tokenized", "layer_head_links", "new_counts", "summarize_counts",
@@ -151,9 +153,7 @@ def check_source_merge(source_merge: str) -> str:
 
     Raises:
         ValueError: it is not (the message names the valid choices)."""
-    if source_merge not in SOURCE_MERGES:
-        raise ValueError(f"source_merge {source_merge!r}: valid choices are {', '.join(SOURCE_MERGES)}")
-    return source_merge
+    return check_choice("--aer-source-merge", source_merge, SOURCE_MERGES)
 
 
 def merge_subwords(attn: torch.Tensor, tgt_word_ids: Sequence[int], src_word_ids: Sequence[int],

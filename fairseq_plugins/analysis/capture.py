@@ -29,6 +29,7 @@ import torch
 import torch.nn as nn
 
 from ..attention import FunctionalMultiheadAttention
+from ..options import check_choice
 from .alignment import merge_subwords
 
 __all__ = [
@@ -347,9 +348,7 @@ def check_attention_level(level: str) -> str:
 
     Raises:
         ValueError: it is not (the message names the valid choices)."""
-    if level not in ATTENTION_LEVELS:
-        raise ValueError(f"attention level {level!r}: valid choices are {', '.join(ATTENTION_LEVELS)}")
-    return level
+    return check_choice("--attention-level", level, ATTENTION_LEVELS)
 
 
 def check_bpe_symbols(symbols, where: str) -> None:
