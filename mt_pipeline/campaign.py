@@ -845,13 +845,15 @@ def _test_set_sd(ref_runs: List[Dict], sys_runs: List[Dict], subset: str) -> Opt
                          f"({', '.join(sorted(x[:12] for x in shas))})")
     ids = lambda runs: ",".join(x["scores"][subset].get("checkpoint_sha256", x["scores"][subset]["hyp"])  # noqa: E731
                                 for x in runs)
-    key = f"testset_sd:{subset}:{ids(ref_runs)}:{ids(sys_runs)}" + (f":{next(iter(shas))}" if shas else "")
+    lc = any(tables.lowercased(x) for x in scores)  # scored on lowercased text (case:lc): so is the bootstrap
+    key = (f"testset_sd:{subset}:{ids(ref_runs)}:{ids(sys_runs)}" + (f":{next(iter(shas))}" if shas else "")
+           + (":lc" if lc else ""))
     cache_path = os.path.join(sys_runs[0]["_dir"], "significance.json")
     cache = _read_json(cache_path) or {}
     if key not in cache:
         cache[key] = testset_sd(tables._read(resolve(scores[0]["ref"])),
                                  [tables._read(resolve(x["scores"][subset]["hyp"])) for x in ref_runs],
-                                 [tables._read(resolve(x["scores"][subset]["hyp"])) for x in sys_runs])
+                                 [tables._read(resolve(x["scores"][subset]["hyp"])) for x in sys_runs], lowercase=lc)
         committed = os.path.abspath(evidence_root())
         if os.path.commonpath([os.path.abspath(sys_runs[0]["_dir"]), committed]) != committed:
             write_json_atomic(cache_path, cache)

@@ -42,8 +42,12 @@ ALPHA = 0.05
 
 
 def paired_bootstrap(references: Sequence[str], baseline: Sequence[str], system: Sequence[str],
-                     n_samples: int = N_SAMPLES) -> Dict[str, float]:
+                     n_samples: int = N_SAMPLES, lowercase: bool = False) -> Dict[str, float]:
     """Paired bootstrap of ``system`` against ``baseline`` on one test set (detokenized text).
+
+    ``lowercase``: BLEU and chrF on lowercased text (sacreBLEU's ``case:lc``), as the runs were
+    scored when their recorded signature says so (:func:`mt_pipeline.scoring.score_files`'s
+    ``lowercase``: models trained on lowercased data, IWSLT14's recipe).
 
     Returns:
         ``{"bleu_delta", "bleu_p", "chrf_delta", "chrf_p", "n_samples", "signature"}``: score
@@ -64,7 +68,8 @@ def paired_bootstrap(references: Sequence[str], baseline: Sequence[str], system:
         return {"n_samples": n_samples, "signature": "identical hypotheses", "bleu_delta": 0.0, "bleu_p": 1.0,
                 "chrf_delta": 0.0, "chrf_p": 1.0}
     test = PairedTest([("baseline", list(baseline)), ("system", list(system))],
-                      {"BLEU": BLEU(), "chrF": CHRF()}, [list(references)], test_type="bs", n_samples=n_samples)
+                      {"BLEU": BLEU(lowercase=lowercase), "chrF": CHRF(lowercase=lowercase)}, [list(references)],
+                      test_type="bs", n_samples=n_samples)
     sigs, res = test()
     chrf_key = next(k for k in res if k.startswith("chrF"))
     out = {"n_samples": n_samples, "signature": str(sigs["BLEU"])}
@@ -76,7 +81,7 @@ def paired_bootstrap(references: Sequence[str], baseline: Sequence[str], system:
 
 
 def testset_sd(references: Sequence[str], baseline: Sequence[Sequence[str]], system: Sequence[Sequence[str]],
-                n_samples: int = N_SAMPLES, seed: int = SEED) -> Dict[str, float]:
+                n_samples: int = N_SAMPLES, seed: int = SEED, lowercase: bool = False) -> Dict[str, float]:
     """Test-set sampling noise of a seed-mean BLEU difference, by a joint paired bootstrap.
 
     Each of ``n_samples`` resamples draws ``len(references)`` sentence indices with replacement
@@ -92,6 +97,7 @@ def testset_sd(references: Sequence[str], baseline: Sequence[Sequence[str]], sys
         baseline, system: one hypothesis list per seed (detokenized, aligned with
             ``references``); ``baseline[k]`` and ``system[k]`` are the same seed's runs.
         n_samples, seed: resamples and RNG seed (sacreBLEU's 1,000 and 12345).
+        lowercase: BLEU on lowercased text (``case:lc``), as :func:`paired_bootstrap`.
 
     Returns:
         ``{"sd", "delta", "n_samples", "n_seeds"}``: ``sd`` and ``delta`` (the observed seed-mean
@@ -114,7 +120,7 @@ def testset_sd(references: Sequence[str], baseline: Sequence[Sequence[str]], sys
         for k, hyps in enumerate(lists):
             if len(hyps) != len(refs):
                 raise ValueError(f"testset_sd: {side} seed {k + 1} has {len(hyps)} lines, the references {len(refs)}")
-    metric = BLEU()
+    metric = BLEU(lowercase=lowercase)
     # sacreBLEU's own sufficient statistics and scoring from them: the private methods its
     # PairedTest (significance._paired_bs_test) uses, so a resample scores exactly as sacreBLEU would
     stats = {side: [np.array(metric._extract_corpus_statistics(list(h), [refs]), dtype="float64") for h in lists]

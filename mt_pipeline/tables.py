@@ -409,6 +409,12 @@ def _read(path: str) -> List[str]:
     return read_lines(path)
 
 
+def lowercased(score: Dict) -> bool:
+    """Whether a subset's score record was computed on lowercased text: its sacreBLEU signature
+    says ``case:lc`` (:func:`mt_pipeline.scoring.score_files` with ``lowercase``)."""
+    return "case:lc" in (score.get("signature") or "")
+
+
 def _significance(ref_res: Dict, res: Dict, subset: str) -> Optional[Dict]:
     """Seed-matched paired bootstrap of ``res`` against ``ref_res`` on ``subset``, cached in the
     system's run directory (``significance.json``, keyed by both hypotheses' checkpoints).  A run
@@ -429,15 +435,17 @@ def _significance(ref_res: Dict, res: Dict, subset: str) -> Optional[Dict]:
     if a.get("ref_sha256") and b.get("ref_sha256") and a["ref_sha256"] != b["ref_sha256"]:
         raise ValueError(f"paired bootstrap on {subset}: the runs were scored against different references "
                          f"({a['ref']} sha256 {a['ref_sha256'][:12]}, {b['ref']} sha256 {b['ref_sha256'][:12]})")
+    lc = lowercased(a) or lowercased(b)  # scored on lowercased text (case:lc): so is the bootstrap
     key = (f"{subset}:{a.get('checkpoint_sha256', a['hyp'])}:{b.get('checkpoint_sha256', b['hyp'])}"
-           + (f":{a['ref_sha256']}" if a.get("ref_sha256") else ""))
+           + (f":{a['ref_sha256']}" if a.get("ref_sha256") else "") + (":lc" if lc else ""))
     cache_path = os.path.join(res["_dir"], "significance.json")
     cache = {}
     if os.path.exists(cache_path):
         with open(cache_path) as f:
             cache = json.load(f)
     if key not in cache:
-        cache[key] = paired_bootstrap(_read(resolve(a["ref"])), _read(resolve(a["hyp"])), _read(resolve(b["hyp"])))
+        cache[key] = paired_bootstrap(_read(resolve(a["ref"])), _read(resolve(a["hyp"])), _read(resolve(b["hyp"])),
+                                      lowercase=lc)
         committed = os.path.abspath(evidence_root())
         if os.path.commonpath([os.path.abspath(res["_dir"]), committed]) != committed:
             write_json_atomic(cache_path, cache)

@@ -63,3 +63,40 @@ def test_unmatched_or_misaligned_hypotheses_are_refused():
         significance.testset_sd(refs, [refs, refs], [refs, refs[:9]])
     with pytest.raises(ValueError, match="no references"):
         significance.testset_sd([], [[]], [[]])
+
+
+def test_lowercase_runs_are_bootstrapped_on_lowercased_text():
+    """Runs scored with ``case:lc`` (models trained on lowercased data) are compared as scored: a
+    system that differs from the baseline only in case has no BLEU / chrF difference then, and does
+    in the cased test; the campaign and the tables pass the flag from the runs' signatures."""
+    from mt_pipeline import tables
+
+    rng = random.Random(0)
+    refs = [" ".join(rng.choice(["The", "cat", "Sat", "on", "a", "Mat", "today"]) for _ in range(8)) for _ in range(30)]
+    base = [r.lower() for r in refs]
+    cased = significance.paired_bootstrap(refs, base, refs, n_samples=50)
+    lc = significance.paired_bootstrap(refs, base, refs, n_samples=50, lowercase=True)
+    assert cased["bleu_delta"] > 10 and cased["chrf_delta"] > 1
+    assert lc["bleu_delta"] == 0.0 and lc["chrf_delta"] == 0.0 and "case:lc" in lc["signature"]
+    assert significance.testset_sd(refs, [base], [refs], n_samples=20, lowercase=True)["sd"] == 0.0
+    assert significance.testset_sd(refs, [base], [refs], n_samples=20)["sd"] > 0.0
+    assert tables.lowercased({"signature": "nrefs:1|case:lc|eff:no|tok:13a"})
+    assert not tables.lowercased({"signature": "nrefs:1|case:mixed|eff:no|tok:13a"}) and not tables.lowercased({})
+
+
+def test_tables_bootstrap_follows_the_runs_case_setting(tmp_path):
+    """tables._significance reads ``case:lc`` from the runs' signatures (and caches per setting)."""
+    from mt_pipeline import tables
+
+    refs = ["The Cat sat on the Mat", "A Dog ran Home today", "Birds Fly over the Sea"] * 10
+    (tmp_path / "ref").write_text("\n".join(refs) + "\n")
+    (tmp_path / "a").write_text("\n".join(r.lower() for r in refs) + "\n")
+    (tmp_path / "b").write_text("\n".join(refs) + "\n")
+
+    def run(hyp, sig):
+        return {"_dir": str(tmp_path), "scores": {"test": {"hyp": str(tmp_path / hyp), "ref": str(tmp_path / "ref"),
+                                                            "signature": sig, "checkpoint_sha256": hyp}}}
+
+    mixed, lc = "nrefs:1|case:mixed|eff:no|tok:13a", "nrefs:1|case:lc|eff:no|tok:13a"
+    assert tables._significance(run("a", lc), run("b", lc), "test")["bleu_delta"] == 0.0
+    assert tables._significance(run("a", mixed), run("b", mixed), "test")["bleu_delta"] > 10
