@@ -99,6 +99,32 @@ def dash_split(prep_dir: str, lang: str) -> bool:
                      _tok_stamp(prep_dir)) is not None
 
 
+def tokenized_reference(prep_dir: str, lang: str) -> bool:
+    """Whether the prep in ``prep_dir`` got ``lang`` already tokenized upstream (recipe
+    ``pretokenized``: IWSLT15 En-Vi's Stanford release): its tok stage's stamp describes "already
+    tokenized upstream" for it.  Then raw/ -- the sacreBLEU reference -- is tokenized text, and
+    sacreBLEU scores detokenized hypotheses against it: not a standard sacreBLEU number
+    (:func:`mark_tokenized_reference`).  False without a stamp."""
+    return re.search(rf'"{re.escape(lang)}":\s*"already tokenized upstream', _tok_stamp(prep_dir)) is not None
+
+
+#: appended to the sacreBLEU / chrF signatures of a score against a tokenized reference
+TOKENIZED_REF_SUFFIX = "|ref:tokenized"
+
+
+def mark_tokenized_reference(res: Dict) -> Dict:
+    """Mark a subset's score record ``res`` as scored against a tokenized reference (in place;
+    returned): ``reference_tokenized: true`` and :data:`TOKENIZED_REF_SUFFIX` on ``signature`` and
+    ``chrf_signature``, so a page or table that shows the signature does not present the number as
+    a standard sacreBLEU (13a on detokenized references).  Its tokenized BLEU (``tok_bleu``) is
+    the comparable metric and stays as it is."""
+    res["reference_tokenized"] = True
+    for key in ("signature", "chrf_signature"):
+        if res.get(key) and not res[key].endswith(TOKENIZED_REF_SUFFIX):
+            res[key] += TOKENIZED_REF_SUFFIX
+    return res
+
+
 def lowercased(prep_dir: str, lang: str) -> bool:
     """Whether the prep in ``prep_dir`` lowercased ``lang`` (its tok stage's stamp describes
     ``... | lowercase`` for it: IWSLT14 De-En's recipe).  A model trained on it writes lowercase, so
@@ -378,6 +404,7 @@ def evaluate(a) -> List[Dict]:
     escaped = tokenized_with_escaping(a.prep_dir, a.tgt)
     lower = lowercased(a.prep_dir, a.tgt)  # sacreBLEU case:lc for a lowercasing recipe
     compound = dash_split(a.prep_dir, a.tgt)  # tokenizer.perl -a: also compound-split tokenized BLEU
+    tok_ref_only = tokenized_reference(a.prep_dir, a.tgt)  # pretokenized corpus (Stanford En-Vi)
     post = ("remove-bpe,detruecase,detokenize" if truecased else "remove-bpe,detokenize")
     post += ",unescape" if escaped else ""
     print(f"[evaluate] checkpoint={a.checkpoint} sha256={sha[:12]} direction={a.src}->{a.tgt} beam={a.beam} "
@@ -405,6 +432,8 @@ def evaluate(a) -> List[Dict]:
                                       compound=compound)
         except (scoring.LineCountError, scoring.TextError) as err:
             raise EvaluateError(f"scoring failed for subset {s}: {err}") from err
+        if tok_ref_only:  # raw/ holds the corpus's tokenized text: not a standard sacreBLEU
+            mark_tokenized_reference(res)
         # wall seconds of this subset's steps: the fairseq-generate process (start-up, model load,
         # decoding) and extraction + scoring -- where a slow evaluation spends its time
         res["seconds"] = {"generate": round(t1 - t0, 2), "extract_and_score": round(time.perf_counter() - t1, 2)}

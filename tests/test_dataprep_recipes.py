@@ -207,6 +207,18 @@ def test_local_mode_on_the_real_dev_test_files(tmp_path, corpus, counts):
         old = prep_tok.tokenize_lines(raw_test, "de", dict(prep_tok.split_recipe(spec["recipe"], "test"),
                                                            normalize_punct=True, remove_non_printing=True))
         assert sum(a != b for a, b in zip(test.split("\n"), old)) == 366
+    if corpus == "wmt15_de_en":  # punctuation normalised on train/valid only: the newstest2015 reference of
+        # tokenized BLEU is not rewritten (normalised, 88 German / 81 English lines would move a quote or comma)
+        from mt_pipeline.prep import tok as prep_tok  # (``tok`` is this test's text above)
+
+        d = tmp_path / corpus
+        assert "MosesPunctNormalizer (train, valid only)" in (d / "tok" / ".done").read_text(encoding="utf-8")
+        for lang, moved in (("de", 88), ("en", 81)):
+            raw_test = (d / "raw" / f"test.{lang}").read_text(encoding="utf-8").split("\n")[:-1]
+            test = (d / "tok" / f"test.{lang}").read_text(encoding="utf-8").split("\n")[:-1]
+            plain = prep_tok.tokenize_lines(raw_test, lang, dict(spec["recipe"], normalize_punct=False))
+            normalised = prep_tok.tokenize_lines(raw_test, lang, dict(spec["recipe"], normalize_punct=True))
+            assert test == plain and sum(a != b for a, b in zip(test, normalised)) == moved
     if corpus == "wmt16_ro_en":  # Romanian normalised and diacritics removed (Sennrich et al. 2016)
         tok = (tmp_path / corpus / "tok" / "test.ro").read_text(encoding="utf-8")
         assert not set("ăâîșțşţĂÂÎȘȚŞŢ") & set(tok)

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from mt_pipeline.prep import cli, fetch
-from mt_pipeline.prep.run import PrepRun, remove_run_leftovers
+from mt_pipeline.prep.run import INCOMPLETE, PrepRun, remove_run_leftovers
 from mt_pipeline.provenance import file_sha256
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -109,10 +109,12 @@ def test_stage_reruns_when_its_stamp_or_an_output_changes(tmp_path, capsys):
     os.unlink(files[0])
     assert run.stage("tok", d, "stage=tok\nmerges=2", files, _writer(calls)) is True  # an output is missing
     assert len(calls) == 3
-    # a stage that fails leaves no stamp behind, so it runs again next time
+    # a stage that fails leaves no stamp behind (only the INCOMPLETE marker that keeps the directory
+    # mt-prep's), so it runs again next time
     with pytest.raises(RuntimeError):
         run.stage("tok", d, "stage=tok\nmerges=3", files, lambda x: (_ for _ in ()).throw(RuntimeError("boom")))
-    assert not (tmp_path / "tok" / ".done").exists()
+    assert (tmp_path / "tok" / ".done").read_text() == INCOMPLETE + "\n"
+    assert not PrepRun.current(d, "stage=tok\nmerges=2", files) and not PrepRun.current(d, "stage=tok\nmerges=3", files)
 
 
 def test_swap_stage_replaces_the_directory_only_when_it_succeeds(tmp_path):

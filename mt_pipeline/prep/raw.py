@@ -15,10 +15,12 @@ import zipfile
 
 from mt_pipeline.prep.fetch import content_sha256
 from mt_pipeline.prep.textio import report_problems, write_lines_atomic
+from mt_pipeline.prep.tok import split_recipe
 
 FORMATS = "plain, seg, sgm, iwslt_tags, tmx:LANG, bars:N, tsv:N"
 _SEG = re.compile(r'<seg id="[0-9]*">\s*')
 _SEG_END = re.compile(r"\s*</seg>\s*")
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f]")  # the C0 controls but tab: what line_problems refuses
 
 
 def extract(text, fmt, src=None):
@@ -221,17 +223,47 @@ def line_problems(split, per_lang, allow_empty=False):
     language and 1-based line: a NUL or other C0 control character but tab (the tokeniser would
     join the words around it), and -- unless ``allow_empty`` (train cleaned by clean-corpus-n,
     which drops such pairs) -- an empty or whitespace-only line (an empty sentence fairseq pairs
-    with its neighbour's translation or drops)."""
+    with its neighbour's translation or drops).  (The training split of a recipe with
+    ``remove_non_printing`` has its control characters replaced first: :func:`blank_controls`.)"""
     problems = []
     for lang, lines in per_lang.items():
         for n, line in enumerate(lines, 1):
-            bad = next((c for c in line if ord(c) < 32 and c != "\t"), None)
-            if bad is not None:
+            bad = _CONTROL.search(line)
+            bad = bad and bad.group()
+            if bad:
                 problems.append(f"{split}.{lang}:{n}: control character {bad!r} (a NUL or control byte in the "
                                 "source; the tokeniser would join the words around it)")
             elif not allow_empty and not line.strip():
                 problems.append(f"{split}.{lang}:{n}: empty line")
     return problems
+
+
+def blanks_controls(spec, split):
+    """Whether the raw stage replaces the C0 control characters (but tab) of ``split`` by spaces
+    instead of refusing them: only for ``train``, and only when the spec's recipe applies
+    ``remove_non_printing`` to train -- the tokeniser then turns every such character into a space
+    anyway (fairseq's remove-non-printing-char.perl), so one stray byte in millions of web-crawled
+    training lines is noise, not a broken input.  Dev and test sets (the BLEU references) and
+    recipes without it keep the strict check."""
+    return split == "train" and bool(split_recipe(spec.get("recipe") or {}, "train").get("remove_non_printing"))
+
+
+def blank_controls(per_lang):
+    """Replace every C0 control character but tab (NUL, BEL, an inner CR, ...) of ``{lang: [str]}``
+    by a space, in place; returns ``{lang: (characters replaced, lines with one, first such 1-based
+    line or None)}``."""
+    counts = {}
+    for lang, lines in per_lang.items():
+        chars = nlines = 0
+        first = None
+        for i, line in enumerate(lines):
+            new, k = _CONTROL.subn(" ", line)
+            if k:
+                lines[i] = new
+                chars, nlines = chars + k, nlines + 1
+                first = first or i + 1
+        counts[lang] = (chars, nlines, first)
+    return counts
 
 
 def write_splits(run, sources, splits, d):
@@ -241,7 +273,9 @@ def write_splits(run, sources, splits, d):
     Raises:
         SystemExit: a bad source (see :meth:`Sources.read`), unequal line counts, or bad text
         (:func:`line_problems`: control characters, empty lines) -- every split is read and
-        checked before the first one is written, so a refused input leaves no split behind."""
+        checked before the first one is written, so a refused input leaves no split behind.
+        Control characters in train are replaced by spaces and counted instead when the recipe
+        removes non-printing characters from train (:func:`blanks_controls`)."""
     ready = []
     for s in splits:
         srcs, per_lang = sources.of(s), {}
@@ -258,6 +292,12 @@ def write_splits(run, sources, splits, d):
         if len(set(n.values())) != 1:
             run.die(f"raw: {s} has different line counts per language: {n}; nothing written to {d}")
         cleaned = s == "train" and bool((sources.spec.get("recipe") or {}).get("clean"))
+        if blanks_controls(sources.spec, s):
+            for lang, (k, nl, first) in blank_controls(per_lang).items():
+                if k:
+                    run.log(f"raw/{s}.{lang}: replaced {k} control character{'s' * (k != 1)} in {nl} "
+                            f"line{'s' * (nl != 1)} by spaces (first: line {first}); the recipe's "
+                            "remove_non_printing makes them spaces in tok/ anyway")
         problems = line_problems(s, per_lang, allow_empty=cleaned)
         if problems:
             report_problems(problems, "raw")

@@ -5,9 +5,14 @@ Every stage of every pipeline goes through :meth:`PrepRun.stage`:
 * **idempotent**: a stage writes ``<stage dir>/.done`` holding its *stamp* (its parameters, the
   tool versions and the stamp of the stage it reads from, so a change upstream redoes everything
   downstream); a stage whose stamp matches and whose outputs all exist is skipped;
-* **atomic**: the stamp goes last, and is removed before a stage runs, so a killed stage is redone;
-  files are written with :mod:`mt_pipeline.atomic`, and a stage built as a whole directory
-  (``swap=True``: raw/, bin/) is written to ``<dir>.tmp.<pid>`` and renamed into place;
+* **atomic**: the stamp goes last; before an in-place stage runs its ``.done`` is replaced by
+  :data:`INCOMPLETE` (matching no stamp), so a killed stage is redone; files are written with
+  :mod:`mt_pipeline.atomic`, and a stage built as a whole directory (``swap=True``: raw/, bin/) is
+  written to ``<dir>.tmp.<pid>`` and renamed into place;
+* **owned**: a ``.done`` file (a stamp or :data:`INCOMPLETE`) marks a directory mt-prep wrote; a
+  stage replaces, writes into or removes an existing directory only when it has one (an in-place
+  stage also takes an empty directory), so the user's own files are never overwritten or deleted
+  (:func:`owned`);
 * **serialised**: a run holds ``<out>/.lock`` (``flock``), and on taking it removes what a killed
   run left (``*.tmp.<pid>`` directories and files, ``mt_pipeline.atomic`` temp files);
 * **dry runs** (``dry=True``) write nothing and print every step as "would ...", stages that are
@@ -29,6 +34,31 @@ from mt_pipeline.atomic import atomic_path, remove_leftovers
 from mt_pipeline.locks import dir_lock
 
 _RUN_TMP = re.compile(r".+\.tmp\.[0-9]+")  # <name>.tmp.<pid>: a stage dir / file being built
+
+#: the ``.done`` of an in-place stage while it runs: it matches no stamp (a killed stage is redone)
+#: but still marks the directory as mt-prep's (:func:`owned`)
+INCOMPLETE = "stage=incomplete\nnote=mt-prep was writing this stage when it stopped; the next run redoes it"
+
+
+def owned(directory, swap=False):
+    """Whether mt-prep may write into, replace or remove ``directory``: it does not exist, or it
+    holds a ``.done`` file (a stage's stamp or :data:`INCOMPLETE`: mt-prep wrote it).  An in-place
+    stage (``swap`` False) also takes an empty directory, which holds nothing to lose; a swap
+    stage's directory is renamed into place together with its stamp, so an existing one without a
+    stamp is never mt-prep's."""
+    if not os.path.lexists(directory):
+        return True
+    if os.path.isdir(directory) and not os.path.islink(directory):
+        if os.path.isfile(os.path.join(directory, ".done")):
+            return True
+        return not swap and not os.listdir(directory)
+    return False
+
+
+def not_owned_message(name, directory, action="replace"):
+    """The refusal for a ``directory`` that :func:`owned` says is not mt-prep's (names it and the way out)."""
+    return (f"{name}: {directory} exists and was not written by mt-prep (it has no .done stamp); refusing to "
+            f"{action} it. Move it away (or remove it yourself) and run again, or use another --out")
 
 
 def stamp_text(stage, **fields):
@@ -125,14 +155,16 @@ class PrepRun:
                 return False
             self.log(f"{name}: up to date{note}; a real run skips it (its steps:)")
         if self.dry:
+            if not owned(directory, swap):
+                self.warn(not_owned_message(name, directory, "replace" if swap else "write into")
+                          + " (a real run stops here)")
             body(directory)
             return True
         t0 = time.time()
-        if swap and os.path.lexists(directory) and not os.path.isfile(os.path.join(directory, ".done")):
-            # a stage directory is renamed into place with its stamp: one without a stamp was not
-            # written by mt-prep (e.g. the user's upstream files) and is never replaced
-            self.die(f"{name}: {directory} exists and was not written by mt-prep (it has no .done stamp); "
-                     "refusing to replace it. Move it away or use another --out")
+        if not owned(directory, swap):
+            # a directory without a stamp was not written by mt-prep (e.g. the user's upstream
+            # files): never replaced, written into or deleted
+            self.die(not_owned_message(name, directory, "replace" if swap else "write into"))
         if swap:
             tmp = f"{directory}.tmp.{os.getpid()}"
             shutil.rmtree(tmp, ignore_errors=True)
@@ -146,8 +178,7 @@ class PrepRun:
                 shutil.rmtree(tmp, ignore_errors=True)
         else:
             os.makedirs(directory, exist_ok=True)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(os.path.join(directory, ".done"))
+            self.write_stamp(directory, INCOMPLETE)  # no longer up to date, still mt-prep's
             body(directory)
             self.write_stamp(directory, stamp)
         self.log(f"{name}: done ({time.time() - t0:.0f}s)")

@@ -35,10 +35,10 @@ import json
 import os
 import shutil
 
-from mt_pipeline.prep import bpe, fetch, raw, tc, tok
+from mt_pipeline.prep import binarize, bpe, fetch, raw, tc, tok
 from mt_pipeline.provenance import file_sha256
 from mt_pipeline.prep.binarize import preprocess_cmd, run_preprocess
-from mt_pipeline.prep.run import PrepRun, stamp_text
+from mt_pipeline.prep.run import PrepRun, not_owned_message, owned, stamp_text
 from mt_pipeline.prep.spec import (DICTIONARIES, SHARED_DATA, bpe_merges_for, char_vocab_for, effective_recipe,
                                    joined_dictionary, spec_digest, truecase_langs, word_vocab_for)
 from mt_pipeline.prep.textio import check_pair, count_lines, write_text_atomic
@@ -176,6 +176,7 @@ class SentencePrep:
         run.log("after tokenisation: " + (f"truecase {', '.join(self.tc_langs)}" if self.tc_langs else "no truecasing")
                 + sub + ("; joined dictionary" if self.joined else "; separate dictionaries"))
         with run.lock():
+            self.check_stage_dirs()
             if run.dry or self.mode == "download":
                 fetch.print_sources(run, spec.get("downloads", []))
             if self.mode == "download":
@@ -190,6 +191,26 @@ class SentencePrep:
             if stage_tc(self) and (stage_char(self) if self.chars else stage_bpe(self)):
                 stage_bin(self)
         self.finish()
+
+    def stage_dirs(self):
+        """``{stage: (directory, swap)}``: every stage directory this run writes, replaces or (tc/
+        with truecasing off) removes."""
+        seg = None if self.words else "char" if self.chars else "bpe"
+        dirs = {"raw": (os.path.join(self.out, "raw"), True), "tok": (os.path.join(self.out, "tok"), False),
+                "tc": (os.path.join(self.vout, "tc"), False), "bin": (os.path.join(self.vout, "bin"), True)}
+        if seg:
+            dirs[seg] = (os.path.join(self.vout, seg), False)
+        return dirs
+
+    def check_stage_dirs(self):
+        """Stop before any work (a download, a stage) when a stage directory exists that mt-prep did
+        not write (:func:`~mt_pipeline.prep.run.owned`: no ``.done`` stamp) -- the run would
+        overwrite or delete the user's files there.  A dry run stops too: the real one would."""
+        for name, (d, swap) in self.stage_dirs().items():
+            if not owned(d, swap):
+                action = ("remove (truecasing is off)" if name == "tc" and not self.tc_langs
+                          else "replace" if swap else "write into")
+                self.run.die(not_owned_message(name, d, action) + "; nothing was written")
 
     def finish(self):
         """Say what is missing here and how to get it; print the prepared directory last."""
@@ -266,7 +287,10 @@ def stage_tc(p):
     """Truecasing; False when it cannot run here (no training data to learn the truecasers from)."""
     run, d = p.run, os.path.join(p.vout, "tc")
     if not p.tc_langs:
-        if os.path.isdir(d):
+        if os.path.lexists(d):
+            # only a tc/ mt-prep wrote (its .done stamp) is removed; a user's is refused, not deleted
+            if not owned(d):
+                run.die(not_owned_message("tc", d, "remove (truecasing is off)"))
             run.step("truecasing is off: remove tc/ of an earlier run (scripts/evaluate.sh would detruecase by its models)")
             if not run.dry:
                 shutil.rmtree(d)
@@ -336,7 +360,9 @@ def stage_bpe(p):
         check_tool("bpe", run.dry, run.log)
         if not run.dry:
             bpe.truncate(os.path.join(p.vout, "logs", "bpe.log"))
-        for f in ([] if run.dry else os.listdir(x)):  # codes of the other mode (joint <-> separate) of an earlier run
+        # codes of the other mode (joint <-> separate) of an earlier run; x is mt-prep's own bpe/
+        # (run.stage refuses a directory without its .done stamp), so the files are its
+        for f in ([] if run.dry else os.listdir(x)):
             if (f == "codes" or f.startswith("codes.")) and f not in names:
                 os.unlink(os.path.join(x, f))
         src_dir = os.path.join(src_base, src_stage)
@@ -395,7 +421,11 @@ def stage_bin(p):
     """Stage bin: fairseq-preprocess + subsets.json; needs train.  Input: bpe/; with a word
     vocabulary tc/ (truecasing on) or tok/, each dictionary cropped to its size (``--nwordssrc`` /
     ``--nwordstgt``); with a character vocabulary char/ and its dictionaries (``--srcdict`` /
-    ``--tgtdict``).  Dictionaries: :attr:`SentencePrep.joined`."""
+    ``--tgtdict``).  Dictionaries: :attr:`SentencePrep.joined`.  After fairseq-preprocess, as the
+    other pipelines (:mod:`~mt_pipeline.prep.binarize`): a joined dictionary must be one file for
+    both languages, and every binarized split (fairseq names the test sets test, test1, ...) must
+    hold as many sentences as its input text has lines -- else the stage fails and the previous
+    bin/ stays."""
     if "train" not in p.splits:
         p.missing.append("bin/: fairseq-preprocess needs the training split for the dictionary")
         return
@@ -420,6 +450,13 @@ def stage_bin(p):
                              tgtdict=f"{bp}/dict.{tgt}.txt" if p.chars else None)
         run_preprocess(run, cmd, os.path.join(p.vout, "logs", "bin.log"))
         if not run.dry:
+            if p.joined:
+                binarize.check_joined(run, "bin", x, src, tgt)
+            # fairseq's subset name -> the split whose text it binarized
+            subsets = dict({"train": "train", "valid": "valid"},
+                           **{"test" if i == 0 else f"test{i}": s for i, s in enumerate(tests)})
+            binarize.check_counts(run, "bin", x, f"{src}-{tgt}", list(subsets), [src, tgt], lambda s, lang: (
+                count_lines(os.path.join(bp, f"{subsets[s]}.{lang}")), f"{stage_in}/{subsets[s]}.{lang}"))
             write_text_atomic(os.path.join(x, "subsets.json"),
                               json.dumps({"test" if i == 0 else f"test{i}": s for i, s in enumerate(tests)}))
     run.stage("bin", b, stamp, [os.path.join(b, f"dict.{l}.txt") for l in (src, tgt)], body, swap=True,
