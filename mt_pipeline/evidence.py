@@ -11,6 +11,9 @@ it was trained on.  When a run has finished, :func:`export` copies what a reader
 * ``<subset>.hyp.detok.gz`` -- the detokenized hypotheses that were scored (gzip, mtime 0, so the
   same text gives the same bytes);
 * ``train.log.gz`` -- fairseq's full JSON training log (loss and validation curves, resumes);
+* ``dirty-<n>.diff.gz`` -- for each training invocation (``result.json``'s ``train_invocations``)
+  whose code was ``<sha>+dirty``, the uncommitted change it ran with (:mod:`mt_pipeline.experiment`
+  wrote it into the run directory); the invocation's ``diff`` points at the committed copy;
 * ``analysis_*.json`` when the run has them (its ``config.json`` fingerprint is ``result.json``'s
   ``config``; its ``campaign.json`` -- launcher, concurrency -- goes into ``result.json`` as ``campaign``);
 * ``decodes/<name>/`` -- re-decodes of the run's checkpoint under other settings (Flexible
@@ -85,7 +88,7 @@ def export(run_dir: str, regime: str) -> Optional[str]:
     run is exported too: its record and log say why it failed).
 
     Raises:
-        FileNotFoundError: a file the result names (hypotheses, log) is missing.
+        FileNotFoundError: a file the result names (hypotheses, a training invocation's diff) is missing.
     """
     res_path = os.path.join(run_dir, "result.json")
     if not os.path.exists(res_path):
@@ -105,6 +108,11 @@ def export(run_dir: str, regime: str) -> Optional[str]:
     _put_scores(res.get("scores") or {}, out, put)
     if os.path.exists(os.path.join(run_dir, "train.log")):
         put("train.log.gz", os.path.join(run_dir, "train.log"), gz=True)
+    for inv in res.get("train_invocations") or []:  # the uncommitted change of a +dirty training invocation
+        if inv.get("diff"):
+            name = os.path.basename(inv["diff"]) + ".gz"
+            put(name, resolve(inv["diff"]), gz=True)
+            inv["diff"] = repo_relative(os.path.join(out, name))
     for name in sorted(os.listdir(run_dir)):
         if name.startswith("analysis_") and name.endswith(".json"):
             put(name, os.path.join(run_dir, name))

@@ -13,7 +13,10 @@ with another configuration is refused with the list of differences (``--force-ne
 over).  ``result.json`` carries the commands, config, git commit, data, sacreBLEU signature,
 hardware, regime, seed, number of updates, wall time (fairseq's cumulative training time, which
 survives kills and resumes, plus the runner-timed stages) and the SHA-256 of the evaluated
-checkpoint.
+checkpoint.  Its top-level ``git_commit`` and ``hardware`` are those of the process that wrote it
+(after evaluation); ``train_invocations`` records each start or resume of fairseq-train (its
+commit, hardware, start time and update count, :func:`record_train_invocation`), with the
+uncommitted change of a ``+dirty`` one in ``dirty-<n>.diff``.
 
 Usage (from the repo root; also ``python scripts/experiment.py``)::
 
@@ -35,12 +38,12 @@ import subprocess
 import sys
 import time
 
-from .atomic import remove_leftovers, writable_problem, write_json_atomic
+from .atomic import atomic_path, remove_leftovers, writable_problem, write_json_atomic
 from .budget import (build_train_cmd, decode_checkpoint, eval_cmd, flags, load_budget, prep_cmd,  # noqa: F401
                      prep_dir, regime, train_flags)
 from .curves import last_valid_metrics, loss_curves
 from .locks import dir_lock, inherited_fds
-from .provenance import ROOT, git_commit, hardware
+from .provenance import ROOT, code_state, git_commit, hardware, repo_relative
 
 
 def log(msg):
@@ -108,24 +111,69 @@ def target_updates(train_cmd):
     return value or None
 
 
-def training_finished(ckpt_dir, max_update):
-    """Number of updates of ``checkpoint_last.pt`` if it has reached ``max_update``, else None.
+def checkpoint_updates(ckpt_dir):
+    """Number of updates of ``<ckpt_dir>/checkpoint_last.pt``; None when there is none."""
+    last = os.path.join(ckpt_dir, "checkpoint_last.pt")
+    if not os.path.exists(last):
+        return None
+    from fairseq_plugins.checkpoint import load_checkpoint
+
+    return int(load_checkpoint(last)["optimizer_history"][-1]["num_updates"])
+
+
+def training_finished(ckpt_dir, max_update, updates=None):
+    """Number of updates of ``checkpoint_last.pt`` if it has reached ``max_update``, else None
+    (``updates``: that number when the caller has read it already, :func:`checkpoint_updates`).
 
     fairseq-train restarted on a finished run does not exit at once: it runs one more update
     (update ``max_update + 1``) before its stop check, and saves it -- which would change a
     finished model and invalidate its average and scores.  The runner skips training instead.
     """
-    last = os.path.join(ckpt_dir, "checkpoint_last.pt")
-    if max_update is None or not os.path.exists(last):
+    if max_update is None:
         return None
-    from fairseq_plugins.checkpoint import load_checkpoint
+    updates = checkpoint_updates(ckpt_dir) if updates is None else updates
+    return updates if updates is not None and updates >= max_update else None
 
-    updates = int(load_checkpoint(last)["optimizer_history"][-1]["num_updates"])
-    return updates if updates >= max_update else None
+
+#: per-invocation diff of a ``+dirty`` tree: ``dirty-<n>.diff`` (n: the 1-based training invocation)
+DIRTY_DIFF = "dirty-{n}.diff"
+
+
+def record_train_invocation(out, state, updates_at_start):
+    """Append one training invocation (a start or resume of fairseq-train in run directory ``out``)
+    to ``state["train_invocations"]`` and return it: the code (``git_commit``, ``+dirty`` when
+    uncommitted changes were in it), ``hardware``, ``started`` and ``updates_at_start`` (0 on a fresh
+    start).  With a ``+dirty`` tree the change itself is written to ``<out>/dirty-<n>.diff``
+    (:func:`mt_pipeline.provenance.code_state`: ``git diff HEAD`` of the code paths, after a header
+    listing the untracked files there with their SHA-256; ``git apply`` takes it as it is) and the
+    record's ``diff`` names it (repo-relative).  The caller writes ``state.json`` and, when the
+    invocation ends, adds ``ended``, ``outcome`` (``done``, ``failed (exit N)``, ``killed (signal
+    N)``; absent when the runner itself was killed), ``wall_s`` and, when done, ``updates_at_end``."""
+    code = code_state()
+    invs = state.setdefault("train_invocations", [])
+    inv = {"n": len(invs) + 1, "git_commit": code["git_commit"], "hardware": hardware(),
+           "started": time.strftime("%Y-%m-%d %H:%M:%S"), "updates_at_start": updates_at_start or 0}
+    if "diff" in code:
+        path = os.path.join(out, DIRTY_DIFF.format(n=inv["n"]))
+        head = [f"# training invocation {inv['n']} of {repo_relative(out)}, {inv['started']}: the uncommitted change "
+                f"of {code['git_commit']}",
+                f"# (`git diff HEAD --binary` of the code paths; `git apply` this file at {code['git_commit'][:40]})",
+                f"# untracked files under the code paths (not in the diff): {len(code['untracked'])}"]
+        head += [f"#   {name}  sha256 {sha}" for name, sha in code["untracked"]]
+        with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
+            f.write("\n".join(head) + "\n" + code["diff"])
+        inv["diff"] = repo_relative(path)
+        inv["untracked"] = code["untracked"]
+    elif "diff_error" in code:
+        inv["diff_error"] = code["diff_error"]
+    invs.append(inv)
+    return inv
 
 
 #: files of a run directory that ``--force-new`` removes (everything a run writes)
 RUN_OUTPUTS = ("checkpoints", "eval", "result.json", "state.json", "train.log", "config.json")
+#: name prefixes of further run outputs that ``--force-new`` removes
+RUN_OUTPUT_PREFIXES = ("average_last", "analysis_", "dirty-")
 
 
 def run_config(a, budget, train_cfg):
@@ -165,7 +213,7 @@ def check_config(out, cfg, force_new=False):
     path = os.path.join(out, "config.json")
     had_outputs = any(os.path.exists(os.path.join(out, n)) for n in RUN_OUTPUTS if n != "config.json")
     if force_new:
-        for name in RUN_OUTPUTS + tuple(n for n in os.listdir(out) if n.startswith(("average_last", "analysis_"))):
+        for name in RUN_OUTPUTS + tuple(n for n in os.listdir(out) if n.startswith(RUN_OUTPUT_PREFIXES)):
             p = os.path.join(out, name)
             if os.path.isdir(p):
                 shutil.rmtree(p)
@@ -261,7 +309,8 @@ def _failed_result(a, out, train_cmd, state):
         tail = f.read().splitlines()[-5:]
     return {"name": a.name or os.path.basename(out), "status": "failed", "error_tail": tail,
             "arch": a.arch, "attention_fns": a.fns, "commands": {"train": " ".join(train_cmd)},
-            "git_commit": git_commit(), "hardware": hardware(), "loss_curve": curve, "valid_loss": valid,
+            "git_commit": git_commit(), "hardware": hardware(),
+            "train_invocations": state.get("train_invocations", []), "loss_curve": curve, "valid_loss": valid,
             "updates": curve[-1][0] if curve else 0, "wall_s": state["wall_s"], "scores": {},
             "time": time.strftime("%Y-%m-%d %H:%M:%S")}
 
@@ -291,14 +340,26 @@ def run_stages(a, argv, budget, train_cfg, out):
     # training_finished).  A kill while fairseq copied checkpoint_last.pt into place leaves it
     # torn: restore it first.
     repair_last_checkpoint(ckpt_dir)
+    start_updates = checkpoint_updates(ckpt_dir)
+    finished = training_finished(ckpt_dir, target_updates(train_cmd), start_updates)
+    inv = None
+    if finished is None:  # this invocation's code, machine and starting point, before fairseq-train runs
+        inv = record_train_invocation(out, state, start_updates)
+        write_json_atomic(state_path, state)
     t0 = time.time()
-    finished = training_finished(ckpt_dir, target_updates(train_cmd))
+
+    def end_invocation(outcome, **extra):
+        if inv is not None:
+            inv.update(ended=time.strftime("%Y-%m-%d %H:%M:%S"), outcome=outcome, wall_s=time.time() - t0, **extra)
+            write_json_atomic(state_path, state)
+
     try:
         if finished is None:
             run(train_cmd, logfile=os.path.join(out, "train.log"))
         else:
             log(f"train: done (checkpoint_last.pt at {finished} updates), skipping")
     except subprocess.CalledProcessError as err:
+        end_invocation(f"killed (signal {-err.returncode})" if err.returncode < 0 else f"failed (exit {err.returncode})")
         if err.returncode < 0:  # killed (OOM killer, pre-emption, Ctrl-C): not a training failure
             log(f"fairseq-train was killed by signal {-err.returncode}; nothing recorded as failed: "
                 "re-run the same command to resume from checkpoint_last.pt")
@@ -307,10 +368,10 @@ def run_stages(a, argv, budget, train_cfg, out):
         log(f"training failed; see {os.path.join(out, 'train.log')}")
         raise
     state["wall_s"]["train"] = state["wall_s"].get("train", 0.0) + time.time() - t0
-    write_json_atomic(state_path, state)
-
     last = load_checkpoint(os.path.join(ckpt_dir, "checkpoint_last.pt"))
     updates = int(last["optimizer_history"][-1]["num_updates"])
+    end_invocation("done", updates_at_end=updates)
+    write_json_atomic(state_path, state)
     # fairseq's own cumulative training time, which survives kills and resumes
     state["wall_s"]["train_fairseq_cumulative"] = float(last["extra_state"].get("previous_training_time", 0.0))
     curve, valid = loss_curves(os.path.join(out, "train.log"))
@@ -353,14 +414,17 @@ def run_stages(a, argv, budget, train_cfg, out):
                    "sha256": config_hash(run_config(a, budget, train_cfg))},
         "regime": regime(budget),
         "seed": train_cfg.get("seed"),
+        # the code that wrote this record (averaging, evaluation, scoring), not necessarily the code that
+        # trained: that is train_invocations[*].git_commit (one entry per start/resume of fairseq-train)
         "git_commit": git_commit(),
         "git_commits_invoked": sorted({inv["git_commit"] for inv in state.get("invocations", [])}),
+        "train_invocations": state.get("train_invocations", []),
         "decoded_checkpoint": os.path.relpath(avg, out),
         "decoded_checkpoint_sha256": sha,
         "data": {"corpus": budget["data"]["corpus"], "prep_dir": os.path.relpath(prep, ROOT),
                  "prep_stamp": open(os.path.join(prep, "bin", ".done")).read().strip()
                  if os.path.exists(os.path.join(prep, "bin", ".done")) else None},
-        "hardware": hardware(),
+        "hardware": hardware(),  # the machine that wrote this record; per training invocation: train_invocations
         "updates": updates,
         "wall_s": state["wall_s"],
         "loss_curve": curve,

@@ -4,7 +4,10 @@
   the claims page ``results/README.md``, which quotes these pages and whose converged verdicts
   ``mt-campaign render`` writes from the evidence) either names, per row, the committed evidence
   (``results/runs/...``: result.json, hypotheses, training log) -- and then every score cell of its
-  tables is the recorded BLEU of that evidence (mean over the row's seeds) -- or carries the line
+  tables is the recorded score of that evidence: each ``ours <subset>`` column the subset's SacreBLEU
+  (mean, and sample sd, over the row's seeds; with one seed also the tokenized BLEU in brackets), the
+  ``chrF <subset>`` column its chrF (:func:`mt_pipeline.tables.render`; the column labels are the
+  table spec's ``subsets``, named by the page's ``Regenerate: `mt-table --table ...``` line) -- or carries the line
   :data:`NO_EVIDENCE`, which says its numbers predate committed evidence and names the command that
   re-runs them.  (The evidence
   itself re-scores from its hypotheses: ``test_campaign.test_every_committed_run_rescores_from_its_hypotheses``.)
@@ -19,6 +22,7 @@ import re
 import statistics
 
 import pytest
+import yaml
 
 from mt_pipeline import reproduce
 from mt_pipeline.evidence import NO_EVIDENCE, resolve
@@ -71,6 +75,58 @@ def _score_cells(text):
     return cells
 
 
+REGENERATE = re.compile(r"Regenerate: `mt-table --table (\S+?)(?: --budget \S+)?`")
+
+
+def _spec_subsets(text):
+    """``{subset: label}`` of the table spec the page's ``Regenerate:`` line names (the order and
+    labels of its ``ours <label>`` / ``chrF <label>`` columns, :func:`mt_pipeline.tables.render`);
+    None when the page names no spec."""
+    m = REGENERATE.search(text)
+    if not m:
+        return None
+    with open(os.path.join(ROOT, m.group(1))) as f:
+        return yaml.safe_load(f)["subsets"]
+
+
+def _subset_score_cells(text):
+    """``([(row id, header, cell, subset, metric)], [unmapped score headers])``: every ``ours
+    <label>`` (metric ``bleu``) and ``chrF <label>`` (metric ``chrf``) column of every table of a page
+    rendered by :func:`mt_pipeline.tables.render`, mapped to its subset by the spec's labels; numeric
+    cells only.  A page naming no spec gives its first score column as the first subset's BLEU
+    (:func:`_score_cells`, subset None)."""
+    subsets = _spec_subsets(text)
+    if subsets is None:
+        return [(row, None, cell, None, "bleu") for row, cell in _score_cells(text)], []
+    by_header = {f"ours {label}": (s, "bleu") for s, label in subsets.items()}
+    by_header.update({f"chrF {label}": (s, "chrf") for s, label in subsets.items()})
+    cells, unmapped = [], []
+    for header, rows in _tables(text):
+        for k, h in enumerate(header):
+            if h in by_header:
+                subset, metric = by_header[h]
+                cells += [(r[0], h, r[k], subset, metric) for r in rows if len(r) > k and NUMBER.match(r[k])]
+            elif h.lower().startswith(("ours", "bleu", "chrf")):
+                unmapped.append(h)
+    return cells, unmapped
+
+
+def _expected_cell(cell, values, tok_values):
+    """The problem with a cell showing the recorded ``values`` (one per seed), or None: the mean
+    (2 decimals), the sample sd after ``±`` when shown, the tokenized BLEU ``(x)`` when shown."""
+    want = f"{statistics.mean(values):.2f}"
+    if NUMBER.match(cell).group(0) != want:
+        return f"shows {cell}, its evidence says {want}"
+    m = re.search(r"± (\d+\.\d+)", cell)
+    if m and (len(values) < 2 or m.group(1) != f"{statistics.stdev(values):.2f}"):
+        return f"shows {cell}, its evidence's sd over {len(values)} seed(s) is " + (
+            f"{statistics.stdev(values):.2f}" if len(values) > 1 else "undefined")
+    m = re.search(r"\((\d+\.\d+)\)", cell)
+    if m and (len(tok_values) != 1 or tok_values[0] is None or m.group(1) != f"{tok_values[0]:.2f}"):
+        return f"shows tokenized BLEU ({m.group(1)}), its evidence records {tok_values}"
+    return None
+
+
 def _window_cells(text):
     """``[(row id, cell)]`` of every table's ``window`` column (Flexible Attention Table 1: the
     positions scored, §5.2's per-sentence average), numeric cells only."""
@@ -109,31 +165,39 @@ def test_the_audit_finds_the_pages_it_is_about():
         assert want in rel, sorted(rel)
     assert len(_score_cells(open(rel["results/rela/table1_multi30k.md"]).read())) == 13
     assert len(_score_cells(open(rel["results/flexible/table1_multi30k.md"]).read())) >= 4
+    # every BLEU and chrF column of a rendered table is mapped to its subset and checked
+    cells, unmapped = _subset_score_cells(open(rel["results/rela/table1_multi30k.md"]).read())
+    assert unmapped == []
+    assert sorted({(h, s, m) for _, h, _, s, m in cells}) == [
+        ("chrF test2016", "test", "chrf"), ("ours test2016", "test", "bleu"), ("ours test2017", "test1", "bleu")]
+    assert len(cells) == 3 * 13
 
 
 @pytest.mark.parametrize("page", TRAINED_PAGES, ids=lambda p: os.path.relpath(p, RESULTS))
 def test_every_score_names_its_committed_evidence_or_the_page_says_there_is_none(page):
     text = open(page).read()
-    cells = _score_cells(text)
+    cells, _ = _subset_score_cells(text)
     evidence = _evidence_by_row(text)
     if NO_EVIDENCE in text:
         assert not evidence, f"{page}: says it has no evidence but names some"
         assert "mt-campaign run --plan configs/campaign/" in text, f"{page}: the marker must name the re-run command"
         return
     assert evidence, f"{page}: names no committed evidence and does not say it has none ({NO_EVIDENCE})"
-    for row, cell in cells:
+    for row, header, cell, subset, metric in cells:
         dirs = evidence.get(row)
         assert dirs, f"{page}: row {row} shows {cell} but names no committed evidence (nor says there is none)"
-        bleus = []
+        values, tok = [], []
         for d in dirs:
             path = os.path.join(ROOT, d, "result.json")
             assert os.path.exists(path), f"{page}: row {row}: {d}/result.json is not in the repository"
             res = json.load(open(path))
-            first = next(iter(res["scores"]))
-            assert os.path.exists(resolve(res["scores"][first]["hyp"])), f"{d}: hypotheses missing"
-            bleus.append(res["scores"][first]["bleu"])
-        want = f"{statistics.mean(bleus):.2f}"
-        assert NUMBER.match(cell).group(0) == want, f"{page}: row {row} shows {cell}, its evidence says {want}"
+            key = subset or next(iter(res["scores"]))
+            assert key in res["scores"], f"{page}: row {row} shows {cell} under {header}, {d} records no {key} scores"
+            assert os.path.exists(resolve(res["scores"][key]["hyp"])), f"{d}: hypotheses missing"
+            values.append(res["scores"][key][metric])
+            tok.append(res["scores"][key].get("tok_bleu"))
+        problem = _expected_cell(cell, values, tok if metric == "bleu" else [])
+        assert problem is None, f"{page}: row {row}, column {header or 'first score'}: {problem}"
     for row, cell in _window_cells(text):
         windows = []
         for d in evidence.get(row) or []:
