@@ -13,7 +13,7 @@ bootstrap, seed noise from several training runs.
   count of resamples against the observed direction, and about half a centred two-sided p
   ``(#{|d_i - mean d| >= |d_obs|} + 1) / (n + 1)`` near 0.05 (ReLA T1 converged, row 7 vs row 1,
   test2016, seeds 1 / 2 / 3: sacreBLEU 0.033 / 0.001 / 0.009, centred two-sided 0.061 / 0.001 /
-  0.016, Koehn's count 0.028 / 0.001 / 0.008).  It measures test-set sampling noise of *one*
+  0.016: ``python -m mt_pipeline.significance``, :func:`main`).  It measures test-set sampling noise of *one*
   trained model each -- not training noise.
 * :func:`testset_sd`: the test-set sampling noise of a *seed mean* difference: one set of
   resampled sentence indices applied to every seed's hypotheses of both systems (a joint paired
@@ -100,8 +100,12 @@ def testset_sd(references: Sequence[str], baseline: Sequence[Sequence[str]], sys
         lowercase: BLEU on lowercased text (``case:lc``), as :func:`paired_bootstrap`.
 
     Returns:
-        ``{"sd", "delta", "n_samples", "n_seeds"}``: ``sd`` and ``delta`` (the observed seed-mean
-        difference system - baseline on the full test set) in BLEU points (0-100).
+        ``{"sd", "delta", "p_sacrebleu", "p_two_sided", "n_samples", "n_seeds"}``: ``sd`` and
+        ``delta`` (the observed seed-mean difference system - baseline on the full test set) in BLEU
+        points (0-100); two p-values of ``delta`` from the same resamples ``d_i``:
+        ``p_sacrebleu = (#{|d_i| - mean|d| > |delta|} + 1) / (n + 1)`` (sacreBLEU's / Moses' test:
+        with one seed and the default seed it equals :func:`paired_bootstrap`'s ``bleu_p``, the same
+        draw) and the centred two-sided ``p_two_sided = (#{|d_i - mean d| >= |delta|} + 1) / (n + 1)``.
 
     Raises:
         ValueError: no seeds, unequal numbers of seeds on the two sides, no references, or a
@@ -140,7 +144,45 @@ def testset_sd(references: Sequence[str], baseline: Sequence[Sequence[str]], sys
     delta = float((mean_score("system") - mean_score("baseline"))[0])
     diffs = mean_score("system", counts) - mean_score("baseline", counts)
     sd = float(diffs.std(ddof=1)) if n_samples > 1 else 0.0
-    return {"sd": sd, "delta": delta, "n_samples": n_samples, "n_seeds": len(baseline)}
+    a = np.abs(diffs)
+    p_sacrebleu = (int(((a - a.mean()) > abs(delta)).sum()) + 1) / (n_samples + 1)
+    p_two_sided = (int((np.abs(diffs - diffs.mean()) >= abs(delta)).sum()) + 1) / (n_samples + 1)
+    return {"sd": sd, "delta": delta, "p_sacrebleu": p_sacrebleu, "p_two_sided": p_two_sided,
+            "n_samples": n_samples, "n_seeds": len(baseline)}
+
+
+def main(argv=None) -> int:
+    """``python -m mt_pipeline.significance --refs R --baseline A [A ...] --system B [B ...]``: the
+    joint paired bootstrap of :func:`testset_sd` over seed-matched hypothesis files (plain or
+    ``.gz``, e.g. the committed ``results/runs/.../test.hyp.detok.gz``); prints the seed-mean BLEU
+    difference, its test-set sd and both p-values (one seed each side: that seed's sacreBLEU p and
+    the centred two-sided p)."""
+    import argparse
+
+    from .scoring import read_lines
+
+    p = argparse.ArgumentParser(description=main.__doc__.split(";")[0])
+    p.add_argument("--refs", required=True, help="reference file (detokenized)")
+    p.add_argument("--baseline", nargs="+", required=True, help="baseline hypotheses, one file per seed")
+    p.add_argument("--system", nargs="+", required=True, help="system hypotheses, the same seeds in the same order")
+    p.add_argument("--lowercase", action="store_true", help="BLEU on lowercased text (case:lc)")
+    p.add_argument("--n-samples", type=int, default=N_SAMPLES)
+    a = p.parse_args(argv)
+    if len(a.baseline) != len(a.system):
+        p.error(f"--baseline has {len(a.baseline)} files, --system {len(a.system)}: give one per seed on each side")
+    try:
+        out = testset_sd(read_lines(a.refs), [read_lines(f) for f in a.baseline], [read_lines(f) for f in a.system],
+                         n_samples=a.n_samples, lowercase=a.lowercase)
+    except (OSError, ValueError) as err:
+        p.error(str(err))
+    print(f"delta {out['delta']:+.2f} BLEU (system - baseline, mean of {out['n_seeds']} seed(s)); test-set sd "
+          f"{out['sd']:.3f}; p sacreBLEU {out['p_sacrebleu']:.3f}; p centred two-sided {out['p_two_sided']:.3f} "
+          f"({out['n_samples']} resamples, seed {SEED})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
 
 
 def seed_summary(scores: Sequence[float]) -> Dict[str, Optional[float]]:

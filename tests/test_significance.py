@@ -100,3 +100,30 @@ def test_tables_bootstrap_follows_the_runs_case_setting(tmp_path):
     mixed, lc = "nrefs:1|case:mixed|eff:no|tok:13a", "nrefs:1|case:lc|eff:no|tok:13a"
     assert tables._significance(run("a", lc), run("b", lc), "test")["bleu_delta"] == 0.0
     assert tables._significance(run("a", mixed), run("b", mixed), "test")["bleu_delta"] > 10
+
+
+def test_one_seed_p_values_are_sacrebleus_and_the_centred_two_sided_one(capsys, tmp_path):
+    """With one seed a side, testset_sd's ``p_sacrebleu`` is paired_bootstrap's ``bleu_p`` (the same
+    draw, the same statistic) and ``p_two_sided`` counts |d_i - mean d| >= |delta| over sacreBLEU's
+    public corpus_score on the same resamples; the CLI prints both from files."""
+    refs = _corpus()
+    base = _drop(refs, {3, 7}, 1)
+    system = _drop(base, set(range(0, 40, 5)), 2)
+    n = 200
+    out = significance.testset_sd(refs, [base], [system], n_samples=n)
+    assert out["p_sacrebleu"] == pytest.approx(significance.paired_bootstrap(refs, base, system, n_samples=n)["bleu_p"])
+    idx = np.random.default_rng(SEED).choice(len(refs), size=(n, len(refs)), replace=True)
+    bleu = BLEU()
+    d = np.array([bleu.corpus_score([system[j] for j in r], [[refs[j] for j in r]]).score
+                  - bleu.corpus_score([base[j] for j in r], [[refs[j] for j in r]]).score for r in idx])
+    assert out["p_two_sided"] == pytest.approx((int((np.abs(d - d.mean()) >= abs(out["delta"]) - 1e-9).sum()) + 1) / (n + 1))
+    files = {}
+    for name, lines in (("r", refs), ("b", base), ("s", system)):
+        files[name] = tmp_path / name
+        files[name].write_text("\n".join(lines) + "\n")
+    assert significance.main(["--refs", str(files["r"]), "--baseline", str(files["b"]), "--system", str(files["s"]),
+                              "--n-samples", str(n)]) == 0
+    printed = capsys.readouterr().out
+    assert f"p sacreBLEU {out['p_sacrebleu']:.3f}" in printed and f"p centred two-sided {out['p_two_sided']:.3f}" in printed
+    with pytest.raises(SystemExit):
+        significance.main(["--refs", str(files["r"]), "--baseline", str(files["b"]), "--system", str(files["s"]), str(files["s"])])
