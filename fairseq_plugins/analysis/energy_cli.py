@@ -20,7 +20,7 @@ one length ``l``); the absolute energies in µJ, the mean over the sentences of 
 energy at its own lengths (``energy_scores_asic_uJ`` etc., ``[value]``: comparable across model
 sizes, E-ATT Figure 1; also in pJ as ``energy_*_pJ_per_sentence``, with
 ``energy_*_pJ_at_mean_lengths`` beside it -- the counts hold ``l_q l_k`` terms, so the two differ,
-by about 1 % on Multi30k's validation set); ``energy_*_pct_of_means`` (the ratio of the mean
+by 1-6 % on Multi30k's validation set, results/eatt/figure1_dimension.md); ``energy_*_pct_of_means`` (the ratio of the mean
 energies); ``ops_scores`` / ``ops_block`` (mean adds and muls per sentence, ours and vanilla's)
 and ``ops_*_at_mean_lengths``;
 ``rho`` (``"type/layer/role" -> value``), ``l_src``, ``l_tgt``, the model's attention functions
