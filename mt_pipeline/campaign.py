@@ -832,7 +832,7 @@ def _test_set_sd(ref_runs: List[Dict], sys_runs: List[Dict], subset: str) -> Opt
     Raises:
         ValueError: the runs record different references for ``subset`` (``ref_sha256``).
     """
-    from .evidence import evidence_root, resolve
+    from .evidence import resolve
     from .significance import testset_sd
 
     scores = [r["scores"].get(subset) for r in ref_runs + sys_runs]
@@ -848,16 +848,10 @@ def _test_set_sd(ref_runs: List[Dict], sys_runs: List[Dict], subset: str) -> Opt
     lc = any(tables.lowercased(x) for x in scores)  # scored on lowercased text (case:lc): so is the bootstrap
     key = (f"testset_sd:{subset}:{ids(ref_runs)}:{ids(sys_runs)}" + (f":{next(iter(shas))}" if shas else "")
            + (":lc" if lc else ""))
-    cache_path = os.path.join(sys_runs[0]["_dir"], "significance.json")
-    cache = _read_json(cache_path) or {}
-    if key not in cache:
-        cache[key] = testset_sd(tables._read(resolve(scores[0]["ref"])),
-                                 [tables._read(resolve(x["scores"][subset]["hyp"])) for x in ref_runs],
-                                 [tables._read(resolve(x["scores"][subset]["hyp"])) for x in sys_runs], lowercase=lc)
-        committed = os.path.abspath(evidence_root())
-        if os.path.commonpath([os.path.abspath(sys_runs[0]["_dir"]), committed]) != committed:
-            write_json_atomic(cache_path, cache)
-    return cache[key]
+    return tables.cached_significance(sys_runs[0]["_dir"], key, lambda: testset_sd(
+        tables._read(resolve(scores[0]["ref"])),
+        [tables._read(resolve(x["scores"][subset]["hyp"])) for x in ref_runs],
+        [tables._read(resolve(x["scores"][subset]["hyp"])) for x in sys_runs], lowercase=lc))
 
 
 def claim_verdict(plan: Dict, claim: Dict) -> Dict:

@@ -426,7 +426,7 @@ def _significance(ref_res: Dict, res: Dict, subset: str) -> Optional[Dict]:
         ValueError: the two runs record different references for ``subset`` (``ref_sha256``):
             their hypotheses are not paired sentence by sentence.
     """
-    from .evidence import evidence_root, resolve
+    from .evidence import resolve
     from .significance import paired_bootstrap
 
     a, b = ref_res["scores"].get(subset), res["scores"].get(subset)
@@ -438,16 +438,26 @@ def _significance(ref_res: Dict, res: Dict, subset: str) -> Optional[Dict]:
     lc = lowercased(a) or lowercased(b)  # scored on lowercased text (case:lc): so is the bootstrap
     key = (f"{subset}:{a.get('checkpoint_sha256', a['hyp'])}:{b.get('checkpoint_sha256', b['hyp'])}"
            + (f":{a['ref_sha256']}" if a.get("ref_sha256") else "") + (":lc" if lc else ""))
-    cache_path = os.path.join(res["_dir"], "significance.json")
+    return cached_significance(res["_dir"], key, lambda: paired_bootstrap(
+        _read(resolve(a["ref"])), _read(resolve(a["hyp"])), _read(resolve(b["hyp"])), lowercase=lc))
+
+
+def cached_significance(run_dir: str, key: str, compute):
+    """``compute()``'s result cached under ``key`` in ``<run_dir>/significance.json`` (derived data:
+    not written when ``run_dir`` is committed evidence, under
+    :func:`~mt_pipeline.evidence.evidence_root`) -- the one cache of the bootstrap statistics
+    (:func:`_significance`, ``mt_pipeline.campaign``'s test-set sd)."""
+    from .evidence import evidence_root
+
+    cache_path = os.path.join(run_dir, "significance.json")
     cache = {}
     if os.path.exists(cache_path):
         with open(cache_path) as f:
             cache = json.load(f)
     if key not in cache:
-        cache[key] = paired_bootstrap(_read(resolve(a["ref"])), _read(resolve(a["hyp"])), _read(resolve(b["hyp"])),
-                                      lowercase=lc)
+        cache[key] = compute()
         committed = os.path.abspath(evidence_root())
-        if os.path.commonpath([os.path.abspath(res["_dir"]), committed]) != committed:
+        if os.path.commonpath([os.path.abspath(run_dir), committed]) != committed:
             write_json_atomic(cache_path, cache)
     return cache[key]
 
