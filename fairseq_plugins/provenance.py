@@ -146,7 +146,8 @@ def markdown(record: Dict[str, object], title: str = "Provenance", level: int = 
 #: what a run's numbers can claim, by the regime of the budget it trained with (shown on every
 #: rendered table and analysis page)
 REGIMES = {
-    "smoke": "early-training smoke test (a few hundred updates): shows the pipeline runs, never a replication",
+    "smoke": "early-training smoke test (a reduced CPU budget, far short of convergence): shows the pipeline runs, "
+             "never a replication",
     "diagnostic": "early training (the first updates of the converged budget): compares rows of one study, "
                   "not a paper's claim",
     "converged": "the converged budget at reduced scale (small model, Multi30k; the validation NLL still falls "

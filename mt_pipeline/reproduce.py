@@ -580,8 +580,6 @@ def write_index(paper, table, entry, results_dir=None):
                                         None if override is None else os.path.join(ROOT, override))
             budget = experiment.load_budget(os.path.join(ROOT, spec["budget"]))
             reg = regime(budget)
-            if reg == "unstated" and scale == "paper":  # the paper-scale budgets do not name it
-                reg = "paper"
             out = spec["out"]
             written = os.path.exists(os.path.join(ROOT, out))
             statuses = {r["id"]: _row_status(spec, r) for r in spec["rows"]}

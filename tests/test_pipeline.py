@@ -311,11 +311,24 @@ def test_a_tagged_budget_keeps_its_runs_pages_and_evidence_apart_from_its_regime
     assert evidence_dir(d3, "converged").endswith(os.path.join("results", "runs", "converged", "rela_table1", "row7-seed2"))
 
 
-def test_every_multi30k_budget_states_its_regime():
+def test_every_budget_states_its_regime():
+    """Every training budget under configs/ names its regime (a page or a run record saying
+    "unstated" cannot tell smoke from paper scale); the paper-scale recipes say ``paper``."""
+    import glob
+
     from mt_pipeline.budget import REGIMES, load_budget, regime
 
-    for name in ("small_cpu", "diagnostic_cpu", "converged"):
-        assert regime(load_budget(os.path.join(CONFIGS, "multi30k", f"{name}.yaml"))) in REGIMES
+    budgets = {}
+    for path in glob.glob(os.path.join(CONFIGS, "**", "*.yaml"), recursive=True):
+        with open(path) as f:
+            head = yaml.safe_load(f)
+        if isinstance(head, dict) and ("train" in head or "base" in head) and "rows" not in head \
+                and "runs" not in head:
+            budgets[os.path.relpath(path, CONFIGS)] = regime(load_budget(path))
+    assert len(budgets) >= 30, sorted(budgets)
+    assert all(r in REGIMES for r in budgets.values()), {k: r for k, r in budgets.items() if r not in REGIMES}
+    paper = [k for k in budgets if not k.startswith(("multi30k", "long_documents"))]  # the papers' recipes
+    assert paper and all(budgets[k] == "paper" for k in paper), {k: budgets[k] for k in paper}
     conv = load_budget(os.path.join(CONFIGS, "multi30k", "converged.yaml"))
     diag = load_budget(os.path.join(CONFIGS, "multi30k", "diagnostic_cpu.yaml"))
     # the diagnostic budget is the converged one stopped early: same optimisation up to there
