@@ -272,6 +272,33 @@ def hardware_label(res: Dict) -> str:
     return f"{where}, torch {hw.get('torch', '?')}, {prec}"
 
 
+def invocations_line(res: Dict) -> Optional[str]:
+    """The run's starts and resumes of ``fairseq-train`` (``result.json``'s ``train_invocations``,
+    recorded since 2026-11-30) as one provenance line: per invocation its code (``git_commit``,
+    ``+dirty`` with the committed diff), machine, updates at start -> end and outcome; ``None`` for
+    a run recorded before then."""
+    invs = res.get("train_invocations") or []
+    if not invs:
+        return None
+    parts = []
+    for i, inv in enumerate(invs):
+        hw = inv.get("hardware") or {}
+        acc = hw.get("accelerator") or "?"
+        where = (f"{hw.get('cpu', '?')}, {hw.get('cores', '?')} cores, {hw.get('torch_threads', '?')} torch threads"
+                 if acc == "cpu only" else acc)
+        end, how = inv.get("updates_at_end"), inv.get("outcome")
+        if how is None:  # killed: no end recorded; the next invocation resumed from its last checkpoint
+            nxt = invs[i + 1].get("updates_at_start") if i + 1 < len(invs) else None
+            how = ("stopped (killed or interrupted; the next resumed from its checkpoint at update "
+                   f"{nxt})" if nxt is not None else "stopped (no end recorded: killed or interrupted)")
+        span = f"updates {inv.get('updates_at_start', '?')} -> {'?' if end is None else end}"
+        wall = f", {inv['wall_s']:.0f} s" if isinstance(inv.get("wall_s"), (int, float)) else ""
+        diff = f", diff `{inv['diff']}`" if inv.get("diff") else ""
+        parts.append(f"#{inv.get('n', '?')} `{str(inv.get('git_commit', '?'))[:12]}`{diff} on {where}, "
+                     f"started {inv.get('started', '?')}, {span}, {how}{wall}")
+    return "- training invocations: " + "; ".join(parts)
+
+
 def hardware_lines(rows: List[Dict], results: Dict[int, List[Dict]]) -> List[str]:
     """The provenance page's hardware: one label when every finished run shares it, else one line
     per label naming its rows and seeds (``rows``: the spec's rows; ``results``: row id -> results)."""
@@ -618,6 +645,7 @@ def render(spec: Dict, seeds: Optional[List[int]] = None) -> None:
                       f"finished {res['time']}",
                       f"- attention functions: {res.get('attention_fns')}",
                       f"- hardware: {hardware_label(res)}",
+                      *([invocations_line(res)] if invocations_line(res) else []),
                       f"- command: `{res['commands']['train']}`",
                       f"- updates: {res['updates']}; training time {train_seconds(res, rdir):.0f} s (fairseq "
                       f"cumulative); resumed {resumes(rdir)} time(s); runner-timed stages of the last invocation (s): "

@@ -224,3 +224,21 @@ def test_a_row_tested_against_its_own_reference(tmp_path):
 def test_a_reference_that_is_not_a_distinct_row_id_is_rejected_naming_the_ids(tmp_path, reference, match):
     with pytest.raises(SystemExit, match=match + ".*valid: \\[1, 2\\]"):
         _rela_table1_spec(tmp_path, 2, reference=reference)
+
+
+def test_provenance_line_names_every_training_invocation():
+    """A page's provenance shows each start / resume of fairseq-train: its code (with the diff of a
+    +dirty tree), machine, update span and outcome; a killed invocation ends where the next resumed."""
+    cpu = {"cpu": "AMD EPYC", "cores": 2, "torch_threads": 2, "accelerator": "cpu only"}
+    res = {"train_invocations": [
+        {"n": 1, "git_commit": "a" * 40 + "+dirty", "hardware": cpu, "started": "2026-11-30 06:34:32",
+         "updates_at_start": 0, "diff": "results/runs/converged/x/row3/dirty-1.diff.gz"},
+        {"n": 2, "git_commit": "b" * 40, "hardware": {"accelerator": "NVIDIA H200"}, "started": "2026-11-30 09:00:00",
+         "updates_at_start": 1850, "updates_at_end": 3000, "outcome": "done", "wall_s": 412.4}]}
+    line = run_table.invocations_line(res)
+    first, second = line.split("; #2 ")
+    assert first.startswith("- training invocations: #1 `aaaaaaaaaaaa`, diff `results/runs/converged/x/row3/dirty-1.diff.gz`")
+    assert "AMD EPYC, 2 cores, 2 torch threads" in first and "updates 0 -> ?" in first
+    assert "resumed from its checkpoint at update 1850" in first
+    assert "NVIDIA H200" in second and "updates 1850 -> 3000, done, 412 s" in second
+    assert run_table.invocations_line({"git_commit": "c" * 40}) is None  # recorded before train_invocations
