@@ -390,6 +390,37 @@ def test_all_16_hybrids_build_and_train(self_fn, cross_fn):
     out, _ = model.train()(src, lens, prev)
     out.sum().backward()
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+    # every trainable parameter gets a gradient (torch DDP's condition without --find-unused-parameters);
+    # the frozen ones are exactly the projections the Synthesizers never read
+    assert [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None] == []
+    unused = {"synth_dense": {"k_proj"}, "synth_random": {"q_proj", "k_proj"}}
+    frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
+    want = {f"{side}.layers.{i}.{attn}.{proj}.{w}" for side, attn, fn in
+            (("encoder", "self_attn", self_fn), ("decoder", "self_attn", self_fn), ("decoder", "encoder_attn", cross_fn))
+            for i in range(len(model.encoder.layers)) for proj in unused.get(fn, ()) for w in ("weight", "bias")}
+    assert frozen == want
+
+
+@pytest.mark.parametrize("cross_fn", ["synth_dense", "synth_random"])
+def test_synthesizer_hybrid_trains_under_torch_ddp_without_find_unused_parameters(cross_fn, tmp_path):
+    """fairseq's default ``--ddp-backend pytorch_ddp`` wraps the model in torch DDP with
+    ``find_unused_parameters=False``: a parameter without a gradient fails the second step
+    ("Expected to have finished reduction in the prior iteration"); the Synthesizers' unread
+    projections are frozen, so E-ATT Table 5's rows train on several GPUs (gloo here, one rank)."""
+    import torch.distributed as dist
+
+    torch.manual_seed(3)
+    model, task = build("eatt_transformer_small", encoder_attention_fn="softmax", decoder_attention_fn="softmax",
+                        cross_attention_fn=cross_fn)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        ddp = torch.nn.parallel.DistributedDataParallel(model.train(), find_unused_parameters=False)
+        src, lens, prev = toy_batch(task)
+        for _ in range(2):
+            out, _ = ddp(src, lens, prev)
+            out.sum().backward()
+    finally:
+        dist.destroy_process_group()
 
 
 def test_eatt_arch_defaults():

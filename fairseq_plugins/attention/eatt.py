@@ -45,8 +45,9 @@ Synthesizer (Tay et al. 2021, ICML):
 * Random: ``R_h in R^{L x L}``, ``N(0, 1)`` initialised, trained (the paper's "RandInit"), or
   frozen with ``--synth-random-fixed``.  Row ``i`` is query position ``i``.
 
-Both ignore key *content* (``k_proj`` is computed but unused; its parameters get no
-gradient).  Positions come from the attention module (``score_at``): keys are numbered among
+Both ignore key *content* (``k_proj`` is computed but unused: the attention module freezes it,
+``requires_grad=False``, so that torch DDP does not fail on a parameter without gradient; Random's
+``q_proj`` too).  Positions come from the attention module (``score_at``): keys are numbered among
 non-padding tokens (fairseq left-pads sources, so key ``j`` of every sentence is its ``j``-th
 token), queries likewise in self-attention -- also when decoding step by step (the step
 index), and, beam search folding hypotheses into extra queries, each copy keeps its position.
@@ -234,7 +235,10 @@ class SynthDenseAttention(_Synthesizer):
     """Dense Synthesizer (Tay et al. 2021, eq. for ``B_i = F(X_i)``): scores
     ``W2_h ReLU(q_i) + b2_h`` ``(B, H, T, L)`` gathered at the key positions.  ``q_i`` is
     ``q_proj``'s head slice (the first layer ``W1 x + b1``).  Parameters ``w2`` ``(H, d, L)``
-    (Xavier-uniform over ``d -> L``) and ``b2`` ``(H, L)`` (zeros)."""
+    (Xavier-uniform over ``d -> L``) and ``b2`` ``(H, L)`` (zeros); the module's ``k_proj`` is
+    unused (frozen: :attr:`~fairseq_plugins.attention.functions.AttentionFunction.unused_projections`)."""
+
+    unused_projections = ("k_proj",)
 
     def __init__(self, embed_dim, num_heads, args=None):
         super().__init__(embed_dim, num_heads, args)
@@ -255,7 +259,10 @@ class SynthDenseAttention(_Synthesizer):
 class SynthRandomAttention(_Synthesizer):
     """Random Synthesizer (Tay et al. 2021; "RandInit" in E-ATT Table 2/5): scores
     ``R_h[pos(i), pos(j)]`` from a parameter ``r`` ``(H, L, L)`` ~ ``N(0, 1)``; trained unless
-    ``--synth-random-fixed`` (then ``requires_grad=False``, still saved in checkpoints)."""
+    ``--synth-random-fixed`` (then ``requires_grad=False``, still saved in checkpoints).  The
+    module's ``q_proj`` and ``k_proj`` are unused (frozen, as ``k_proj`` of :class:`SynthDenseAttention`)."""
+
+    unused_projections = ("q_proj", "k_proj")
 
     def __init__(self, embed_dim, num_heads, args=None):
         super().__init__(embed_dim, num_heads, args)

@@ -217,6 +217,12 @@ class AttentionFunction(nn.Module):
     capture = None
     #: the :class:`~fairseq_plugins.options.OptionGroup` of this function's hyper-parameters, or None
     options_class: ClassVar[Optional[Type[OptionGroup]]] = None
+    #: projections of the attention module whose output the scores never read (the Synthesizer
+    #: functions ignore key content): :class:`~fairseq_plugins.attention.multihead.FunctionalMultiheadAttention`
+    #: freezes them (``requires_grad=False``; kept in checkpoints), so they get no optimiser state and
+    #: torch DDP (fairseq's default ``--ddp-backend pytorch_ddp`` on GPUs) does not fail on parameters
+    #: without a gradient -- training is unchanged, they never had one
+    unused_projections: ClassVar[Tuple[str, ...]] = ()
 
     def __init__(self, embed_dim: int, num_heads: int, args=None):
         super().__init__()

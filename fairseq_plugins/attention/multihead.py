@@ -163,9 +163,18 @@ class FunctionalMultiheadAttention(MultiheadAttention):
             nn.init.xavier_uniform_(self.q_proj.weight, gain=gain)
             nn.init.xavier_uniform_(self.k_proj.weight, gain=gain)
         self.attn_fn = attn_fn
+        self._freeze_unused()
         #: ``(B, T)`` bool padding of the *queries* of a cross-attention call, or None; set by
         #: the decoder layer around each forward (self-attention derives it from its keys)
         self.query_padding_mask: Optional[Tensor] = None
+
+    def _freeze_unused(self) -> None:
+        """``requires_grad=False`` on the projections the attention function never reads
+        (:attr:`AttentionFunction.unused_projections`, e.g. the Synthesizers' ``k_proj``): they
+        would get no gradient anyway, and torch DDP refuses parameters without one (fairseq's
+        default ``--ddp-backend pytorch_ddp`` on GPUs) unless ``--find-unused-parameters``."""
+        for name in self.attn_fn.unused_projections:
+            getattr(self, name).requires_grad_(False)
 
     def _split_heads(self, x: Tensor) -> Tensor:
         # (L, B, C') -> (B, H, L, C'/H): C' = C for values, attn_fn.qk_dim for queries / keys
@@ -393,3 +402,4 @@ class FunctionalMultiheadAttention(MultiheadAttention):
             raise ValueError(f"attn_fn has query/key width {attn_fn.qk_dim}, this module's q_proj / k_proj "
                              f"{self.q_proj.out_features} (--eatt-qk-dim)")
         self.attn_fn = attn_fn
+        self._freeze_unused()
