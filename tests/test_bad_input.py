@@ -297,6 +297,8 @@ def _fake_train_main():
     # fairseq-train --bf16 on a CUDA GPU: fairseq sets --tpu, and without torch_xla its Trainer dies
     (dict(bf16=True, tpu=True), True, False, "even on this CUDA GPU"),
     (dict(bf16=True), False, False, "bf16 training needs a CUDA GPU"),  # fairseq-hydra-train's common.bf16
+    # ... with configs/hydra's CPU examples (cpu: true) on a GPU machine: the message names common.cpu=false
+    (dict(bf16=True, cpu=True), True, False, "--cpu is given.*On a CUDA GPU set common.cpu=false"),
     (dict(fp16=True), True, False, None),
     (dict(bf16=True), True, False, None),
     (dict(bf16=True, tpu=True), False, True, None),

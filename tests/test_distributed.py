@@ -59,7 +59,7 @@ DRIVER = textwrap.dedent("""
 
 def test_flags_from_torchrun_env():
     env = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "h", "MASTER_PORT": "1"}
-    out = distributed_flags(["data", "--cpu"], env)
+    out = distributed_flags(["data", "--cpu"], env, device_count=0)  # no CUDA: the local rank
     pairs = dict(zip(out[2::2], out[3::2]))
     assert pairs["--distributed-world-size"] == "2" and pairs["--distributed-rank"] == "1"
     assert pairs["--device-id"] == "1" and pairs["--distributed-init-method"] == "env://"
@@ -82,6 +82,54 @@ def test_flags_refuse_contradictions():
     out = distributed_flags(["data"], {"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_LOCALID": "1",
                                        "MASTER_ADDR": "h", "MASTER_PORT": "1"})
     assert out[out.index("--distributed-rank") + 1] == "3"
+
+
+def test_single_slurm_task_trains_without_master_addr(monkeypatch, tmp_path):
+    """One srun task (world size 1) is plain fairseq-train: no process group, so no
+    MASTER_ADDR/MASTER_PORT needed (the launcher is still worth it for the checkpoint repair);
+    with more than one task they are still required."""
+    env = {"SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_LOCALID": "0"}
+    assert distributed_flags(["data"], env) == ["data"]
+    with pytest.raises(SystemExit, match="MASTER_ADDR and MASTER_PORT"):
+        distributed_flags(["data"], {"SLURM_PROCID": "0", "SLURM_NTASKS": "2"})
+    with pytest.raises(SystemExit, match="MASTER_PORT"):
+        distributed_flags(["data"], {"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "MASTER_ADDR": "h"})
+    # main() gets as far as fairseq's cli_main with the command line unchanged
+    import fairseq_cli.train
+
+    from mt_pipeline import launch
+
+    seen = []
+    monkeypatch.setattr(fairseq_cli.train, "cli_main", lambda: seen.append(list(sys.argv[1:])))
+    # a copy of the environment: main() exports RANK/WORLD_SIZE/LOCAL_RANK, which must not leak
+    launcher_keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    environ = {k: v for k, v in os.environ.items() if k not in launcher_keys and not k.startswith("SLURM_")}
+    environ.update(env)
+    monkeypatch.setattr(os, "environ", environ)
+    argv = ["data", "--save-dir", str(tmp_path / "ck")]
+    monkeypatch.setattr(sys, "argv", ["train_distributed.py", *argv])
+    launch.main()
+    assert seen == [argv]
+
+
+def test_device_id_is_the_local_rank_modulo_the_visible_devices(monkeypatch):
+    """srun --ntasks-per-node 4 --gpus-per-task 1: every task sees one device (index 0) while
+    SLURM_LOCALID runs to 3, so --device-id must be 0; with 4 visible devices (torchrun on a
+    4-GPU node) it stays the local rank; without CUDA it is the local rank, as before."""
+    from mt_pipeline import launch
+
+    env = {"SLURM_PROCID": "7", "SLURM_NTASKS": "8", "SLURM_LOCALID": "3", "MASTER_ADDR": "h", "MASTER_PORT": "1"}
+    dev = lambda n: (lambda out: out[out.index("--device-id") + 1])(distributed_flags(["data"], env, n))  # noqa: E731
+    assert [dev(n) for n in (1, 2, 4, 0)] == ["0", "1", "3", "3"]
+    # the default asks torch: CUDA available with one device -> 0; no CUDA -> the local rank
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert dev(None) == "0" and launch.device_id(3) == 0
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert dev(None) == "3" and launch.device_id(3) == 3
+    # a --device-id on the command line is kept
+    out = distributed_flags(["data", "--device-id", "2"], env, 1)
+    assert out.count("--device-id") == 1 and out[out.index("--device-id") + 1] == "2"
 
 
 def test_two_ranks_one_job_equal_replicas_and_match_update_freq_2(data_bin, tmp_path):

@@ -18,7 +18,8 @@ from fairseq import checkpoint_utils
 from fairseq_plugins.checkpoint import load_checkpoint
 from helpers import MULTI30K_RAW, ROOT, VENV_BIN, run_cli
 
-pytestmark = pytest.mark.skipif(not os.path.isdir(MULTI30K_RAW), reason=f"real data not found at {MULTI30K_RAW}")
+# the tests that train need the real data; the ones that only compose or compare configs do not
+needs_data = pytest.mark.skipif(not os.path.isdir(MULTI30K_RAW), reason=f"real data not found at {MULTI30K_RAW}")
 
 # tiny sizes: keys the YAMLs do not list, added with hydra's "++" (add or override)
 SMALL = ["++model.encoder_layers=1", "++model.decoder_layers=1", "++model.encoder_embed_dim=32",
@@ -62,6 +63,7 @@ def _functions(model):
             "cross_attention_fn": dec.encoder_attn.attn_fn.name}
 
 
+@needs_data
 @pytest.mark.parametrize("paper", sorted(CASES))
 def test_hydra_example_trains_and_the_checkpoint_records_the_functions(paper, data_bin, tmp_path):
     overrides, expected = CASES[paper]
@@ -181,6 +183,7 @@ def test_hydra_example_is_the_table_row_it_names(paper):
                                                           f"{(h.get(g) or {}).get(k, 'leaves it at the default')}")
 
 
+@needs_data
 def test_hydra_refuses_a_misspelt_model_key(data_bin, tmp_path):
     """A typo in ``model:`` fails at build with the key's name, before any update."""
     import subprocess
@@ -195,3 +198,89 @@ def test_hydra_refuses_a_misspelt_model_key(data_bin, tmp_path):
     assert res.returncode != 0
     assert "unknown model option(s) rela_norm_epsilon" in res.stderr + res.stdout
     assert not (tmp_path / "ck" / "checkpoint_last.pt").exists()
+
+
+# where the documentation gives fairseq-hydra-train commands: the README, docs/, the examples' headers
+DOCUMENTED = ["README.md", "docs/*.md", "configs/hydra/*/*.yaml"]
+
+
+def _documented_commands():
+    """``[(file, argv)]``: every ``fairseq-hydra-train`` command in :data:`DOCUMENTED` -- inline code
+    spans (which may wrap lines) and lines of code blocks or YAML comments, ``\\``-continued lines
+    joined -- split as the shell would, ``$PWD`` replaced by the repository root."""
+    import glob
+    import shlex
+
+    found = []
+    for pattern in DOCUMENTED:
+        for path in sorted(glob.glob(os.path.join(ROOT, pattern))):
+            text = re.sub(r"\\\n[#\s]*", " ", open(path, encoding="utf-8").read())
+            cmds = re.findall(r"`(fairseq-hydra-train\s[^`]*)`", text)
+            cmds += re.findall(r"(?m)^[#\s]*(fairseq-hydra-train\s.*)$", text)
+            found += [(os.path.relpath(path, ROOT), shlex.split(c.replace("$PWD", ROOT))) for c in cmds]
+    return found
+
+
+def _compose(argv):
+    """The configuration ``fairseq-hydra-train argv`` composes (its ``--config-dir``/``--config-name``
+    and overrides; ``hydra.*`` overrides left out), through hydra's compose API as
+    ``fairseq_cli.hydra_train`` composes it: fairseq's schema registered under the config's name
+    (``hydra_init``), hydra 1.1 semantics (its ``hydra.main`` gives no ``version_base``).  No training.
+
+    Raises:
+        hydra.errors.ConfigCompositionException: an override names a key the config has not, or a
+            value of the wrong type.
+    """
+    from fairseq.dataclass.initialize import hydra_init
+    from hydra import compose, initialize_config_dir
+
+    opts, overrides, args = {}, [], list(argv[1:])
+    while args:
+        a = args.pop(0)
+        if a in ("--config-dir", "--config-name"):
+            opts[a] = args.pop(0)
+        elif not a.startswith("hydra."):
+            overrides.append(a)
+    config_dir = os.path.join(ROOT, opts["--config-dir"])
+    hydra_init(opts["--config-name"])
+    with initialize_config_dir(config_dir=config_dir, version_base="1.1"):
+        return compose(config_name=opts["--config-name"], overrides=overrides)
+
+
+def test_every_documented_hydra_command_composes():
+    """Each fairseq-hydra-train command in the README, docs/ and the examples' headers composes with
+    the example it names, and fills every mandatory (``???``) key."""
+    from omegaconf import OmegaConf
+
+    cmds = _documented_commands()
+    where = sorted({f for f, _ in cmds})
+    assert "README.md" in where and len([f for f in where if f.startswith("configs/hydra/")]) == len(ROWS), where
+    for path, argv in cmds:
+        assert argv[0] == "fairseq-hydra-train", (path, argv)
+        cfg = _compose(argv)
+        assert not OmegaConf.missing_keys(cfg), (path, argv, OmegaConf.missing_keys(cfg))
+        assert not OmegaConf.is_missing(cfg.common, "user_dir"), (path, argv)
+
+
+def test_documented_bf16_command_trains_in_bf16_on_a_gpu(monkeypatch):
+    """The README's bf16 command composes to ``common.cpu=false``, ``common.bf16=true`` (no ``tpu``),
+    and the plugin's precision guard accepts it on a CUDA machine (CUDA faked: no GPU needed, no
+    training).  The examples set ``common.cpu: true`` (the smoke rows' ``--cpu``): ``common.bf16=true``
+    alone is refused by that guard ("bf16 training needs a CUDA GPU and --cpu is given")."""
+    import torch
+
+    from fairseq_plugins.models import precision
+
+    cmds = [(path, argv) for path, argv in _documented_commands() if "common.bf16=true" in argv]
+    assert any(path == "README.md" for path, _ in cmds), "the README gives no fairseq-hydra-train bf16 command"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for path, argv in cmds:
+        cfg = _compose(argv)
+        assert (cfg.common.cpu, cfg.common.bf16, cfg.common.tpu) == (False, True, False), (path, argv)
+        monkeypatch.setattr(precision, "training_config", lambda: cfg)
+        precision.check_precision_flags()  # raises ValueError if fairseq could not train it here
+        # the guard is live: the same command without common.cpu=false stops at it
+        cpu = _compose([a for a in argv if a != "common.cpu=false"])
+        monkeypatch.setattr(precision, "training_config", lambda: cpu)
+        with pytest.raises(ValueError, match="--cpu is given"):
+            precision.check_precision_flags()

@@ -89,14 +89,17 @@ def check_precision_flags() -> None:
                 "device, which needs torch_xla (not installed); fairseq's Trainer would fail with "
                 "\"'NoneType' object has no attribute 'xla_device'\" even on this CUDA GPU (fairseq "
                 "issue #4696). On a CUDA GPU use --fp16 or --amp, or fairseq-hydra-train with "
-                "common.bf16=true (which does not imply tpu).")
+                "common.bf16=true (which does not imply tpu; with configs/hydra's CPU examples also "
+                "common.cpu=false).")
         raise ValueError(
             f"--bf16 needs a GPU or TPU and {where}: fairseq-train's --bf16 implies --tpu "
             "(fairseq/options.py) and needs torch_xla (not installed); bf16 on a CUDA GPU needs "
-            "fairseq-hydra-train with common.bf16=true. Drop --bf16 (and --memory-efficient-bf16) "
-            "to train in float32 on the CPU.")
+            "fairseq-hydra-train with common.bf16=true (and common.cpu=false). Drop --bf16 (and "
+            "--memory-efficient-bf16) to train in float32 on the CPU.")
     if bf16 and not tpu and not cuda:
         raise ValueError(
             f"bf16 training needs a CUDA GPU and {where}: fairseq's FP16Optimizer (used for bf16 "
-            "too) keeps the fp32 master weights on torch.cuda.current_device(). Set common.bf16=false "
-            "to train in float32 on the CPU.")
+            "too) keeps the fp32 master weights on torch.cuda.current_device(). "
+            + ("On a CUDA GPU set common.cpu=false (configs/hydra's examples set cpu: true); or set "
+               if cpu and torch.cuda.is_available() else "Set ")
+            + "common.bf16=false to train in float32 on the CPU.")
