@@ -34,7 +34,7 @@ import yaml
 from .provenance import REGIMES, ROOT  # REGIMES: what a budget's numbers can claim
 
 __all__ = ["REGIMES", "SCHEMA", "flags", "merge", "load_budget", "check_budget", "nearest", "regime", "run_tag", "train_flags", "prep_dir", "prep_cmd",
-           "build_train_cmd", "average_cmd", "decode_checkpoint", "eval_cmd"]
+           "build_train_cmd", "train_env", "average_cmd", "decode_checkpoint", "eval_cmd"]
 
 BIN = os.path.dirname(sys.executable)
 
@@ -249,14 +249,37 @@ def build_train_cmd(data_bin: str, ckpt_dir: str, arch: str, src: str, tgt: str,
                     fns: Optional[List[str]] = None, extra: str = "", cpu: bool = False) -> List[str]:
     """The fairseq-train command of one run: the budget's ``train`` flags, the attention
     functions ``fns`` (encoder self, decoder self, cross) when given, ``extra`` flags (a
-    shell-quoted string) and ``--cpu`` when ``cpu``."""
+    shell-quoted string) and ``--cpu`` when ``cpu``.  On a GPU, a budget that does not set
+    ``distributed-world-size`` (every budget but the paper-scale ones ``reproduce`` resolves for
+    N GPUs) trains on one device: ``--distributed-world-size 1`` -- fairseq's default is every
+    visible GPU, which would multiply the budget's tokens per update by their number."""
     cmd = [os.path.join(BIN, "fairseq-train"), data_bin, "--user-dir", os.path.join(ROOT, "fairseq_plugins"),
            "--arch", arch, "--source-lang", src, "--target-lang", tgt, "--save-dir", ckpt_dir, *flags(train_cfg)]
     if fns:
         cmd += ["--encoder-attention-fn", fns[0], "--decoder-attention-fn", fns[1], "--cross-attention-fn", fns[2]]
     if cpu:
         cmd.append("--cpu")
+    elif "distributed-world-size" not in train_cfg and "--distributed-world-size" not in shlex.split(extra or ""):
+        cmd += ["--distributed-world-size", "1"]
     return cmd + shlex.split(extra or "")
+
+
+#: the variables from which fairseq infers a SLURM job's world size (``_infer_slurm_init``)
+SLURM_NODELIST_VARS = ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST")
+
+
+def train_env(train_cfg: Dict, env: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+    """The environment of one ``fairseq-train`` of the pipeline (``env``, default ``os.environ``).
+    A multi-GPU run (``distributed-world-size`` > 1) is one process on one node that spawns a rank
+    per GPU; inside a SLURM allocation fairseq would instead infer the world size from SLURM (with
+    one task per node: every GPU of the nodes, whatever ``--distributed-world-size`` says), so
+    the node-list variables are left out and fairseq's single-node start applies (its own check
+    that the node has that many GPUs included).  Multi-node training: ``mt-train-distributed``."""
+    env = dict(os.environ if env is None else env)
+    if int(train_cfg.get("distributed-world-size") or 1) > 1:
+        for key in SLURM_NODELIST_VARS:
+            env.pop(key, None)
+    return env
 
 
 def average_cmd(ckpt_dir: str, n_avg: int, output: str, kind: str = "update") -> List[str]:

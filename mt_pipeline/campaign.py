@@ -1027,13 +1027,26 @@ def render(plan: Dict) -> None:
 # launchers
 
 def _gpu_jobs(plan: Dict) -> int:
-    """How many runs fit at once on the GPU: free memory / ``gpu.mem_per_run_gib`` (default 6),
-    at most one per 2 CPU cores, at least 1."""
+    """How many runs fit at once on the visible GPUs: per GPU its free memory /
+    ``gpu.mem_per_run_gib`` (default 6), summed; at most one per 2 CPU cores, at least 1."""
     import torch
 
-    free, _ = torch.cuda.mem_get_info()
     per_run = float((plan.get("gpu") or {}).get("mem_per_run_gib", 6)) * 2 ** 30
-    return max(1, min(int(free // per_run), (os.cpu_count() or 2) // 2))
+    fit = sum(int(torch.cuda.mem_get_info(i)[0] // per_run) for i in range(torch.cuda.device_count()))
+    return max(1, min(fit, (os.cpu_count() or 2) // 2))
+
+
+def _visible_gpus() -> List[str]:
+    """The CUDA devices this process may use, as ``CUDA_VISIBLE_DEVICES`` entries (its own list
+    when set, else ``0 .. device_count-1``); ``[]`` without CUDA."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return []
+    given = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if given:
+        return [x.strip() for x in given.split(",") if x.strip()][:torch.cuda.device_count()]
+    return [str(i) for i in range(torch.cuda.device_count())]
 
 
 def _core_slices(jobs: int) -> List[List[int]]:
@@ -1044,10 +1057,13 @@ def _core_slices(jobs: int) -> List[List[int]]:
 
 class LocalLauncher:
     """Runs on this machine: up to ``jobs`` experiment processes at once, each in its own process
-    group, niced, pinned to its share of cores; TERM/INT/HUP stop them (they resume later)."""
+    group, niced, pinned to its share of cores and, with CUDA, to one GPU (slot ``i`` sees only
+    GPU ``i mod n`` of the ``n`` visible: ``CUDA_VISIBLE_DEVICES``; a run trains on one device);
+    TERM/INT/HUP stop them (they resume later)."""
 
-    def __init__(self, plan: Dict, jobs: int, nice: int, device: str):
+    def __init__(self, plan: Dict, jobs: int, nice: int, device: str, gpus: Optional[List[str]] = None):
         self.plan, self.jobs, self.nice, self.device = plan, jobs, nice, device
+        self.gpus = _visible_gpus() if gpus is None else gpus
         self.active: Dict[subprocess.Popen, Run] = {}
         self.slices = _core_slices(jobs)
         self.free_slices = list(range(jobs))
@@ -1059,9 +1075,11 @@ class LocalLauncher:
         os.makedirs(run.dir, exist_ok=True)
         meta = {"launcher": "local", "jobs": self.jobs, "device": self.device, "cores": cores,
                 "started": time.strftime("%Y-%m-%d %H:%M:%S"), "plan": repo_relative(self.plan["_path"])}
+        env = dict(os.environ, OMP_NUM_THREADS=str(len(cores)), MKL_NUM_THREADS=str(len(cores)))
+        if self.gpus:
+            env["CUDA_VISIBLE_DEVICES"] = meta["gpu"] = self.gpus[slot % len(self.gpus)]
         write_json_atomic(os.path.join(run.dir, "campaign.json"), meta)
         cmd = [sys.executable, "-m", "mt_pipeline.experiment", *tables.experiment_argv(run.spec, run.row, run.seed)]
-        env = dict(os.environ, OMP_NUM_THREADS=str(len(cores)), MKL_NUM_THREADS=str(len(cores)))
         nice = self.nice
 
         def pre():

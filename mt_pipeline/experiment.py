@@ -40,7 +40,7 @@ import time
 
 from .atomic import atomic_path, remove_leftovers, writable_problem, write_json_atomic
 from .budget import (build_train_cmd, decode_checkpoint, eval_cmd, flags, load_budget, prep_cmd,  # noqa: F401
-                     prep_dir, regime, train_flags)
+                     prep_dir, regime, train_env, train_flags)
 from .curves import last_valid_metrics, loss_curves
 from .locks import dir_lock, inherited_fds
 from .provenance import ROOT, code_state, git_commit, hardware, repo_relative
@@ -50,9 +50,10 @@ def log(msg):
     print(f"[experiment] {msg}", flush=True)
 
 
-def run(cmd, logfile=None):
+def run(cmd, logfile=None, env=None):
     """Run ``cmd`` (argument list) from the repository root, holding this process's run-directory
     locks in the child too; with ``logfile`` its output is appended there (progress lines echoed).
+    ``env``: the child's environment (default: this process's).
 
     Raises:
         subprocess.CalledProcessError: the command failed (``returncode < 0``: killed by a signal).
@@ -60,10 +61,10 @@ def run(cmd, logfile=None):
     log("$ " + " ".join(shlex.quote(c) for c in cmd))
     fds = inherited_fds()  # the run-directory lock (run_dir_lock) lives as long as any child
     if logfile is None:
-        subprocess.run(cmd, check=True, cwd=ROOT, pass_fds=fds)
+        subprocess.run(cmd, check=True, cwd=ROOT, pass_fds=fds, env=env)
         return
     with open(logfile, "a") as f:
-        env = dict(os.environ, PYTHONUNBUFFERED="1")  # progress lines as they happen
+        env = dict(os.environ if env is None else env, PYTHONUNBUFFERED="1")  # progress lines as they happen
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                                 pass_fds=fds)
         for line in proc.stdout:
@@ -139,7 +140,11 @@ def training_finished(ckpt_dir, max_update, updates=None):
 DIRTY_DIFF = "dirty-{n}.diff"
 
 
-def record_train_invocation(out, state, updates_at_start):
+#: fairseq-train flags that split a paper-scale budget's ``batch`` over the GPUs (``reproduce --gpus``)
+BATCH_SPLIT = ("max-tokens", "batch-size", "update-freq", "distributed-world-size")
+
+
+def record_train_invocation(out, state, updates_at_start, train_cfg=None):
     """Append one training invocation (a start or resume of fairseq-train in run directory ``out``)
     to ``state["train_invocations"]`` and return it: the code (``git_commit``, ``+dirty`` when
     uncommitted changes were in it), ``hardware``, ``started`` and ``updates_at_start`` (0 on a fresh
@@ -148,11 +153,16 @@ def record_train_invocation(out, state, updates_at_start):
     listing the untracked files there with their SHA-256; ``git apply`` takes it as it is) and the
     record's ``diff`` names it (repo-relative).  The caller writes ``state.json`` and, when the
     invocation ends, adds ``ended``, ``outcome`` (``done``, ``failed (exit N)``, ``killed (signal
-    N)``; absent when the runner itself was killed), ``wall_s`` and, when done, ``updates_at_end``."""
+    N)``; absent when the runner itself was killed), ``wall_s`` and, when done, ``updates_at_end``.
+    ``batch``: the flags of ``train_cfg`` that split the batch (:data:`BATCH_SPLIT`), when it sets
+    any -- a paper-scale run may resume on another number of GPUs (:func:`run_config`)."""
     code = code_state()
     invs = state.setdefault("train_invocations", [])
     inv = {"n": len(invs) + 1, "git_commit": code["git_commit"], "hardware": hardware(),
            "started": time.strftime("%Y-%m-%d %H:%M:%S"), "updates_at_start": updates_at_start or 0}
+    split = {k: (train_cfg or {})[k] for k in BATCH_SPLIT if k in (train_cfg or {})}
+    if split:
+        inv["batch"] = split
     if "diff" in code:
         path = os.path.join(out, DIRTY_DIFF.format(n=inv["n"]))
         head = [f"# training invocation {inv['n']} of {repo_relative(out)}, {inv['started']}: the uncommitted change "
@@ -171,7 +181,7 @@ def record_train_invocation(out, state, updates_at_start):
 
 
 #: files of a run directory that ``--force-new`` removes (everything a run writes)
-RUN_OUTPUTS = ("checkpoints", "eval", "result.json", "state.json", "train.log", "config.json")
+RUN_OUTPUTS = ("checkpoints", "eval", "result.json", "state.json", "train.log", "config.json", "tensorboard")
 #: name prefixes of further run outputs that ``--force-new`` removes
 RUN_OUTPUT_PREFIXES = ("average_last", "analysis_", "dirty-")
 
@@ -179,7 +189,13 @@ RUN_OUTPUT_PREFIXES = ("average_last", "analysis_", "dirty-")
 def run_config(a, budget, train_cfg):
     """The run's full configuration: everything that decides what is trained and scored
     (architecture, attention functions, direction, extra flags, the resolved budget and the
-    effective ``train`` flags).  Paths and the code version are not part of it."""
+    effective ``train`` flags).  Paths and the code version are not part of it, nor -- for a
+    budget with a ``batch`` section (paper scale) -- how its tokens per update are split over the
+    GPUs (:data:`BATCH_SPLIT`, which ``reproduce --gpus`` derives from ``batch``): a run pre-empted
+    on 8 GPUs resumes on 4 with the same batch per update (each invocation records its split)."""
+    if budget.get("batch"):
+        budget = dict(budget, train={k: v for k, v in budget["train"].items() if k not in BATCH_SPLIT})
+        train_cfg = {k: v for k, v in train_cfg.items() if k not in BATCH_SPLIT}
     return {"arch": a.arch, "fns": list(a.fns) if a.fns else None, "src": a.src, "tgt": a.tgt,
             "extra": shlex.split(a.extra or ""), "ribes": bool(a.ribes), "budget": budget, "train": train_cfg}
 
@@ -266,6 +282,11 @@ def run_experiment(argv=None):
     p.add_argument("--tgt", default="de", help="target language")
     p.add_argument("--max-update", type=_int_at_least(1), help="override the budget's max-update (>= 1)")
     p.add_argument("--seed", type=_int_at_least(0), help="override the budget's seed (>= 0)")
+    p.add_argument("--tensorboard", action="store_true", default=os.environ.get("MT_TENSORBOARD") == "1",
+                   help="TensorBoard event files in <out>/tensorboard (fairseq's --tensorboard-logdir; needs "
+                        "`pip install -e .[tensorboard]`); default on when MT_TENSORBOARD=1, which reaches the runs "
+                        "of mt-table, reproduce and mt-campaign too.  Not part of the run's configuration: a run "
+                        "resumes with or without it")
     p.add_argument("--name", default=None, help="label stored in result.json")
     p.add_argument("--extra", default="", help="extra fairseq-train flags (quoted)")
     p.add_argument("--ribes", action="store_true",
@@ -335,6 +356,8 @@ def run_stages(a, argv, budget, train_cfg, out):
 
     train_cmd = build_train_cmd(data_bin, ckpt_dir, a.arch, a.src, a.tgt, train_cfg, a.fns, a.extra,
                                 cpu=not torch.cuda.is_available())
+    if a.tensorboard and "--tensorboard-logdir" not in train_cmd:  # one directory per run, outside its fingerprint
+        train_cmd += ["--tensorboard-logdir", os.path.join(out, "tensorboard")]
 
     # 1. train (fairseq resumes from checkpoint_last.pt; a finished training is skipped, see
     # training_finished).  A kill while fairseq copied checkpoint_last.pt into place leaves it
@@ -344,7 +367,7 @@ def run_stages(a, argv, budget, train_cfg, out):
     finished = training_finished(ckpt_dir, target_updates(train_cmd), start_updates)
     inv = None
     if finished is None:  # this invocation's code, machine and starting point, before fairseq-train runs
-        inv = record_train_invocation(out, state, start_updates)
+        inv = record_train_invocation(out, state, start_updates, train_cfg)
         write_json_atomic(state_path, state)
     t0 = time.time()
 
@@ -355,7 +378,7 @@ def run_stages(a, argv, budget, train_cfg, out):
 
     try:
         if finished is None:
-            run(train_cmd, logfile=os.path.join(out, "train.log"))
+            run(train_cmd, logfile=os.path.join(out, "train.log"), env=train_env(train_cfg))
         else:
             log(f"train: done (checkpoint_last.pt at {finished} updates), skipping")
     except subprocess.CalledProcessError as err:

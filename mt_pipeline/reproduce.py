@@ -84,7 +84,7 @@ TABLES = {
                       "--out", "results/rela/table2_speed_wmt14.md"],
             "note": "speed ratios vs fairseq's stock transformer measured in the same run (scripts/bench_speed.py; "
                     "small scale: the *_small models on Multi30k; paper scale: Transformer base (--size base) on "
-                    "WMT14 -- on a GPU add --device cuda --dtype bf16)"}},
+                    "WMT14; on a GPU reproduce adds --device cuda --dtype bf16)"}},
         "table3": {"paper": ["configs/rela/wmt14_en_fr/table3.yaml", "configs/rela/wmt18_en_fi/table3.yaml",
                              "configs/rela/wmt18_zh_en/table3.yaml", "configs/rela/wmt16_ro_en/table3.yaml"]},
         # Figure 2: decoding speed by source length (10 length groups of newstest2014, batch 1)
@@ -304,11 +304,22 @@ def batch_for_gpus(batch, gpus):
     return math.ceil(per_update / (gpus * uf)), uf
 
 
+#: fairseq's default --max-source-positions / --max-target-positions of the Transformer archs
+DEFAULT_MAX_POSITIONS = 1024
+
+
+def max_positions(train):
+    """The longest sample (tokens, EOS included) a budget's ``train`` flags admit: the larger of
+    ``max-source-positions`` / ``max-target-positions`` (fairseq's default 1024 where not set)."""
+    return max(int(train.get(k) or DEFAULT_MAX_POSITIONS) for k in ("max-source-positions", "max-target-positions"))
+
+
 def batch_flags(batch, gpus):
     """fairseq-train overrides for ``gpus`` GPUs from a budget's ``batch`` section (see
     :func:`batch_for_gpus`): ``max-tokens`` or ``batch-size``, ``update-freq``,
     ``distributed-world-size`` and ``fp16`` (unless the section says ``fp16: false``), plus a
-    one-line description.
+    one-line description.  Whether the per-GPU share holds the longest sample is
+    :func:`check_gpus_fit`'s question.
 
     Raises:
         SystemExit: the section counts neither tokens nor sentences (the message names both).
@@ -329,13 +340,45 @@ def batch_flags(batch, gpus):
     return over, f"~{want} {unit} per update = {gpus} x {per_gpu} {unit} x update-freq {uf}{off}"
 
 
-def resolve_spec(spec_path, gpus, scale="paper"):
+def check_gpus_fit(spec, gpus, rows=None):
+    """Refuse ``gpus`` GPUs when the budget of a row of the table spec ``spec`` (the rows whose
+    ids are in ``rows``, a comma-separated string as ``--rows``; default every row) would split
+    its tokens per update below the longest sample its model admits (:func:`max_positions`:
+    fairseq's ``batch_by_size`` asserts that no sample is longer than ``--max-tokens``).
+
+    Raises:
+        SystemExit: naming each such budget and the most GPUs that every budget of the table fits.
+    """
+    short, most = [], gpus
+    want = None if not rows else {x.strip() for x in str(rows).split(",")}
+    for path in dict.fromkeys(r.get("budget") or spec["budget"] for r in spec["rows"]
+                              if want is None or str(r["id"]) in want):
+        b = experiment.load_budget(path)
+        batch = b.get("batch") or {}
+        if "tokens_per_update" not in batch or "max_tokens_per_gpu" not in batch:
+            continue
+        longest = max_positions(b["train"])
+        per_gpu = batch_for_gpus(batch, gpus)[0]
+        if per_gpu < longest:
+            fits = [g for g in range(1, gpus) if batch_for_gpus(batch, g)[0] >= longest]
+            most = min(most, max(fits) if fits else 0)
+            short.append(f"{path}: --max-tokens {per_gpu} per GPU < {longest} (its --max-source/target-positions)")
+    if short:
+        raise SystemExit(
+            f"--gpus {gpus}: the tokens per update split over {gpus} GPUs fall below the longest sample the model "
+            "admits, which fairseq cannot batch:\n  " + "\n  ".join(short) + "\n"
+            + (f"use --gpus {most} or fewer (update-freq keeps each paper's batch per update)" if most else
+               "a budget's max_tokens_per_gpu is itself below it: fix the budget"))
+
+
+def resolve_spec(spec_path, gpus, scale="paper", rows=None):
     """Table spec for this run.  Paper scale: writes (atomically) a copy of the spec whose budgets
     carry ``--max-tokens``/``--update-freq``/``--distributed-world-size``/``--fp16`` for ``gpus``
     GPUs, next to its runs (``<runs>/gpus<N>/``), and returns its path; small scale: the spec."""
     if scale != "paper":
         return os.path.join(ROOT, spec_path)
     spec = yaml.safe_load(open(os.path.join(ROOT, spec_path)))
+    check_gpus_fit(spec, gpus, rows)  # the budgets of the rows to run, before anything is written
     outdir = os.path.join(ROOT, spec["runs"], f"gpus{gpus}")
     os.makedirs(outdir, exist_ok=True)
     cache = {}
@@ -400,6 +443,8 @@ def dry_run(spec_path, rows, gpus, scale, check=True, shown=None, budget=None, s
     """Print every command of the table spec's rows (under ``budget`` when given; for every seed of
     ``seeds``, comma-separated, as :mod:`mt_pipeline.tables` runs them); parse each row's training
     command (see check_row).  Returns the number of rows checked."""
+    import torch
+
     spec = run_table.load_table(spec_path, None if budget is None else os.path.join(ROOT, budget))
     q = lambda cmd: " ".join(shlex.quote(str(c)) for c in cmd)  # noqa: E731
     shown = shown or os.path.relpath(spec_path, ROOT)
@@ -419,10 +464,13 @@ def dry_run(spec_path, rows, gpus, scale, check=True, shown=None, budget=None, s
                 print("$ " + q(pcmd))
             prep = experiment.prep_dir(row_budget)
             data_bin = os.path.join(prep, "bin")
-            train_cfg = dict(row_budget["train"], **({"seed": seed} if seed is not None else {}))
+            # the command mt-experiment will run on this machine: a paper-scale budget is resolved for
+            # --gpus GPUs; a smaller one trains on the CPU, or on one GPU with its `train-gpu` flags
+            cuda = scale == "paper" or torch.cuda.is_available()
+            train_cfg = dict(row_budget["train"] if scale == "paper" else experiment.train_flags(row_budget, cuda),
+                             **({"seed": seed} if seed is not None else {}))
             cmd = experiment.build_train_cmd(data_bin, os.path.join(rdir, "checkpoints"), r["arch"], spec["src"],
-                                             spec["tgt"], train_cfg, r.get("fns"), r.get("extra", ""),
-                                             cpu=(scale != "paper" and gpus == 0))
+                                             spec["tgt"], train_cfg, r.get("fns"), r.get("extra", ""), cpu=not cuda)
             print("$ " + q(cmd) + "    # resumes from checkpoint_last.pt")
             avg, avg_cmd = experiment.decode_checkpoint(row_budget, rdir)
             if avg_cmd:
@@ -715,6 +763,16 @@ def main(argv=None):
     gpus = a.gpus if a.gpus is not None else (1 if a.scale == "paper" else 0)
     if gpus < 0 or (a.scale == "paper" and gpus < 1):
         p.error("--gpus must be >= 1 with --scale paper (>= 0 with --scale small or converged)")
+    if a.scale != "paper" and gpus > 0:
+        p.error(f"--gpus {gpus} applies to --scale paper; a --scale {a.scale} budget trains on one device (the GPU "
+                "when there is one, with the budget's train-gpu flags)")
+    if a.scale == "paper" and not a.dry_run and "benchmark" not in entry:
+        import torch
+
+        seen = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if seen and gpus > seen:  # fairseq would start `seen` ranks and wait for the others
+            p.error(f"--gpus {gpus} but this node shows {seen} CUDA device(s): reproduce trains on one node (use "
+                    f"--gpus {seen}, or mt-train-distributed across nodes: docs/pipeline.md)")
     if a.seeds and "benchmark" in entry:
         p.error("--seeds applies to trained tables, not to benchmarks")
     default_seeds = (entry.get("seeds") or {}).get(a.scale)
@@ -727,7 +785,7 @@ def main(argv=None):
         print(f"[reproduce] {a.paper} {a.table} at {a.scale} scale trains seeds {a.seeds}: the paper averages them")
 
     if "benchmark" in entry:
-        cmd = entry["benchmark"][a.scale]
+        cmd = benchmark_cmd(entry, a.scale)
         print(f"# {a.paper} {a.table}: {entry['benchmark']['note']}")
         print("$ " + " ".join(shlex.quote(c) for c in cmd))
         if not a.dry_run:
@@ -743,7 +801,7 @@ def main(argv=None):
         n = 0
         with tempfile.TemporaryDirectory() as tmp:
             for s, override in specs:
-                path = os.path.join(ROOT, s) if a.scale != "paper" else _resolve_in(tmp, s, gpus)
+                path = os.path.join(ROOT, s) if a.scale != "paper" else _resolve_in(tmp, s, gpus, a.rows)
                 shown = s if a.scale != "paper" else os.path.join(
                     yaml.safe_load(open(os.path.join(ROOT, s)))["runs"], f"gpus{gpus}", os.path.basename(s))
                 n += dry_run(path, a.rows, gpus, a.scale, check=not a.no_check, shown=shown, budget=override,
@@ -758,7 +816,7 @@ def main(argv=None):
               f"results/{a.paper}/{a.table}.md")
         return 0
     for s, override in specs:
-        path = resolve_spec(s, gpus, a.scale) if a.scale == "paper" else os.path.join(ROOT, s)
+        path = resolve_spec(s, gpus, a.scale, a.rows) if a.scale == "paper" else os.path.join(ROOT, s)
         run_table.main(["--table", path] + (["--budget", override] if override else [])
                        + (["--rows", a.rows] if a.rows else []) + (["--seeds", a.seeds] if a.seeds else []))
     if a.rows and after_steps(entry, a.scale):
@@ -769,6 +827,20 @@ def main(argv=None):
             experiment.run(cmd)
     write_index(a.paper, a.table, entry)
     return 0
+
+
+def benchmark_cmd(entry, scale, cuda=None):
+    """A benchmark table's command at ``scale``; at paper scale on a machine with CUDA (``cuda``:
+    None asks torch) it measures there, ``--device cuda --dtype bf16`` (the papers' GPU setting),
+    unless the command names a device -- on the CPU a Transformer-base benchmark says little."""
+    cmd = list(entry["benchmark"][scale])
+    if cuda is None:
+        import torch
+
+        cuda = torch.cuda.is_available()
+    if scale == "paper" and cuda and "--device" not in cmd and any("mt_pipeline.bench_" in c for c in cmd):
+        cmd += ["--device", "cuda"] + ([] if "--dtype" in cmd else ["--dtype", "bf16"])
+    return cmd
 
 
 def after_steps(entry, scale):
@@ -804,14 +876,14 @@ def step_inputs(cmd):
 INPUT_SUFFIXES = (".pt", ".json", ".gz", ".txt", ".tsv")
 
 
-def _resolve_in(tmpdir, spec_path, gpus):
+def _resolve_in(tmpdir, spec_path, gpus, rows=None):
     """resolve_spec writing into ``tmpdir`` instead of the runs dir (dry runs write nothing)."""
     spec = yaml.safe_load(open(os.path.join(ROOT, spec_path)))
     fake = dict(spec, runs=os.path.relpath(os.path.join(tmpdir, "runs"), ROOT))
     tmp_spec = os.path.join(tmpdir, os.path.basename(spec_path))
     with open(tmp_spec, "w") as f:
         yaml.safe_dump(fake, f, sort_keys=False, allow_unicode=True)
-    out = resolve_spec(os.path.relpath(tmp_spec, ROOT), gpus, "paper")
+    out = resolve_spec(os.path.relpath(tmp_spec, ROOT), gpus, "paper", rows)
     # keep the real run directories in the printed commands
     resolved = yaml.safe_load(open(out))
     resolved["runs"] = spec["runs"]

@@ -520,6 +520,29 @@ def test_batch_for_gpus_keeps_the_tokens_per_update(gpus):
         REPRO.batch_flags({"sentences_per_update": 64}, gpus)
 
 
+def test_paper_gpus_whose_share_of_the_batch_cannot_hold_the_longest_sample_are_refused(tmp_path):
+    """fairseq cannot batch a sample longer than --max-tokens: ReLUFormer Table 6's 8,192 tokens
+    per update over 4 GPUs are 2,048 a GPU, below L2048's 2,576 positions.  Refused before anything
+    is written, naming the budgets and the most GPUs that fit; rows whose budgets fit run."""
+    spec = "configs/reluformer/europarl7_doc/table6.yaml"
+    rows = yaml.safe_load(open(os.path.join(ROOT, spec)))["rows"]
+    short = [str(r["id"]) for r in rows if "L2048" in (r.get("budget") or "")]
+    fits = [str(r["id"]) for r in rows if "L128" in (r.get("budget") or "")]
+    assert short and fits
+    with pytest.raises(SystemExit, match=r"(?s)--gpus 4:.*budget_L2048.yaml: --max-tokens 2048 per GPU < 2576.*"
+                                         r"use --gpus 3 or fewer"):
+        REPRO._resolve_in(str(tmp_path), spec, 4)
+    with pytest.raises(SystemExit, match="budget_L2048"):
+        REPRO._resolve_in(str(tmp_path), spec, 4, ",".join(short))
+    assert not (tmp_path / "runs").exists()  # no resolved spec or budget written
+    for gpus, rws in ((3, None), (8, ",".join(fits))):
+        out = yaml.safe_load(open(REPRO._resolve_in(str(tmp_path), spec, gpus, rws)))
+        assert out["rows"]
+    for budget in ("budget_L2048", "budget_L1024"):
+        b = REPRO.experiment.load_budget(os.path.join(ROOT, "configs/reluformer/europarl7_doc", budget + ".yaml"))
+        assert REPRO.batch_for_gpus(b["batch"], 3)[0] >= REPRO.max_positions(b["train"])
+
+
 def test_decode_checkpoint_best_or_average_or_a_clear_error(tmp_path):
     """``average: {checkpoint: best}`` evaluates fairseq's checkpoint_best.pt with no averaging
     command; ``num-update-checkpoints: N`` averages; anything else names both choices."""
@@ -639,3 +662,17 @@ def test_bars_fields_split_on_the_bars_with_or_without_spaces():
         raw.extract(text, "bars:2")
     titles = [s for s in load_spec("wmt18_en_fi")["splits"]["train"] if "titles" in s["file"]]
     assert titles and titles[0]["format"] == "bars:{col}"
+
+
+def test_paper_scale_speed_benchmark_runs_on_the_gpu_when_there_is_one():
+    """ReLA Table 2 at paper scale times Transformer base: on a CUDA machine reproduce measures
+    there in bf16 (bench_speed's default device is the CPU); elsewhere, and at small scale, the
+    command is the table's own."""
+    entry = REPRO.TABLES["rela"]["table2"]
+    gpu = REPRO.benchmark_cmd(entry, "paper", cuda=True)
+    assert gpu[-4:] == ["--device", "cuda", "--dtype", "bf16"]
+    assert REPRO.benchmark_cmd(entry, "paper", cuda=False) == entry["benchmark"]["paper"]
+    assert REPRO.benchmark_cmd(entry, "small", cuda=True) == entry["benchmark"]["small"]
+    from mt_pipeline import bench_speed
+
+    assert "cuda" in bench_speed.DEVICES and "bf16" in bench_speed.DTYPES  # choices of its --device / --dtype

@@ -106,6 +106,92 @@ def test_run_config_fingerprint_refuses_a_changed_run(tmp_path):
     assert json.loads((tmp_path / "config.json").read_text())["sha256"] == experiment.config_hash(changed)
 
 
+def test_a_paper_run_resumes_on_another_number_of_gpus(tmp_path):
+    """The fingerprint of a budget with a ``batch`` section leaves out how ``reproduce --gpus``
+    split it (max-tokens, update-freq, world size): a run pre-empted on 8 GPUs resumes on 4 with the
+    same tokens per update; anything else that changes is still refused.  Each invocation records
+    its split.  Budgets without ``batch`` (smoke, converged) keep their fingerprint."""
+    from mt_pipeline.reproduce import batch_flags
+
+    budget = experiment.load_budget(os.path.join(CONFIGS, "rela", "wmt14_en_de", "budget.yaml"))
+    on = {g: dict(budget, train=dict(budget["train"], **batch_flags(budget["batch"], g)[0])) for g in (8, 4)}
+    assert on[8]["train"]["update-freq"] != on[4]["train"]["update-freq"]
+    cfg = {g: experiment.run_config(_args(), on[g], dict(on[g]["train"])) for g in on}
+    experiment.check_config(str(tmp_path), cfg[8])
+    experiment.check_config(str(tmp_path), cfg[4])  # resumes
+    lr = experiment.run_config(_args(), on[4], dict(on[4]["train"], lr=1e-3))
+    with pytest.raises(SystemExit, match="train.lr"):
+        experiment.check_config(str(tmp_path), lr)
+    state = {}
+    inv = experiment.record_train_invocation(str(tmp_path), state, 0, on[4]["train"])
+    assert inv["batch"] == {k: on[4]["train"][k] for k in ("max-tokens", "update-freq", "distributed-world-size")}
+    small = experiment.load_budget(os.path.join(CONFIGS, "multi30k", "small_cpu.yaml"))
+    assert experiment.run_config(_args(), small, dict(small["train"], **{"max-tokens": 1}))["train"]["max-tokens"] == 1
+
+
+def test_train_command_uses_one_gpu_unless_the_budget_splits_its_batch(monkeypatch):
+    """fairseq-train's default world size is every visible GPU: a budget's batch would grow by their
+    number.  On a GPU the pipeline's command says --distributed-world-size 1 unless the budget (or
+    --extra) sets it; a multi-GPU run's environment leaves out SLURM's node lists, from which
+    fairseq would infer a SLURM world size instead (every GPU of the allocation)."""
+    from mt_pipeline import budget as B
+
+    cmd = B.build_train_cmd("D", "S", "transformer", "en", "de", {"max-tokens": 4096}, cpu=False)
+    assert cmd[cmd.index("--distributed-world-size") + 1] == "1"
+    assert "--distributed-world-size" not in B.build_train_cmd("D", "S", "transformer", "en", "de", {}, cpu=True)
+    four = B.build_train_cmd("D", "S", "transformer", "en", "de", {"distributed-world-size": 4}, cpu=False)
+    assert four.count("--distributed-world-size") == 1 and four[four.index("--distributed-world-size") + 1] == "4"
+    extra = B.build_train_cmd("D", "S", "transformer", "en", "de", {}, extra="--distributed-world-size 2", cpu=False)
+    assert extra.count("--distributed-world-size") == 1
+    slurm = {"SLURM_JOB_NODELIST": "gpu[01-02]", "SLURM_STEP_NODELIST": "gpu01", "SLURM_JOB_ID": "7", "PATH": "/bin"}
+    assert B.train_env({"distributed-world-size": 4}, slurm) == {"SLURM_JOB_ID": "7", "PATH": "/bin"}
+    assert B.train_env({}, slurm) == slurm and B.train_env({"distributed-world-size": 1}, slurm) == slurm
+
+
+def test_reproduce_gpus_is_checked_against_the_scale_and_the_node(monkeypatch, capsys):
+    import torch
+
+    from mt_pipeline import reproduce
+
+    with pytest.raises(SystemExit):
+        reproduce.main(["rela", "table1", "--scale", "converged", "--gpus", "2", "--dry-run"])
+    assert "--gpus 2 applies to --scale paper" in capsys.readouterr().err
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(SystemExit):
+        reproduce.main(["rela", "table1", "--scale", "paper", "--gpus", "4"])
+    assert "--gpus 4 but this node shows 2 CUDA device(s)" in capsys.readouterr().err
+
+
+def test_campaign_pins_each_gpu_slot_to_one_device(tmp_path, monkeypatch):
+    """On a node with several GPUs each concurrent run sees one of them (round robin over the
+    slots), so that no run starts a rank per GPU and two runs do not pile onto GPU 0."""
+    from mt_pipeline import campaign
+
+    started = []
+
+    class P:
+        pid = 1
+
+        def __init__(self, cmd, env=None, **kw):
+            started.append(env)
+
+    monkeypatch.setattr(campaign.subprocess, "Popen", P)
+    plan = {"_path": os.path.join(ROOT, "configs", "campaign", "converged.yaml")}
+    launcher = campaign.LocalLauncher(plan, 3, 0, "cuda test", gpus=["2", "5"])
+    run = argparse.Namespace(dir=str(tmp_path / "r"), key="k", spec=None, row=None, seed=None)
+    monkeypatch.setattr(campaign.tables, "experiment_argv", lambda *a: [])
+    for _ in range(3):
+        launcher.start(run)
+    assert [e["CUDA_VISIBLE_DEVICES"] for e in started] == ["2", "5", "2"]
+    assert json.loads((tmp_path / "r" / "campaign.json").read_text())["gpu"] == "2"
+    cpu = campaign.LocalLauncher(plan, 1, 0, "cpu", gpus=[])
+    started.clear()
+    cpu.start(run)
+    assert "CUDA_VISIBLE_DEVICES" not in started[0] or started[0]["CUDA_VISIBLE_DEVICES"] == os.environ.get(
+        "CUDA_VISIBLE_DEVICES")
+
+
 def test_a_run_directory_without_a_configuration_record_is_refused(tmp_path):
     budget = experiment.load_budget(os.path.join(CONFIGS, "multi30k", "small_cpu.yaml"))
     (tmp_path / "result.json").write_text("{}")

@@ -63,11 +63,12 @@ def fake_stages(tmp_path, monkeypatch, repo):
     (prep / "bin").mkdir(parents=True)
     ref = tmp_path / "ref.txt"
     ref.write_text("a b c\n")
-    ctl = {"plan": [], "machine": "A", "trained": 0}
+    ctl = {"plan": [], "machine": "A", "trained": 0, "train_cmds": []}
 
-    def fake_run(cmd, logfile=None):
+    def fake_run(cmd, logfile=None, env=None):
         if cmd[0].endswith("fairseq-train"):
             ctl["trained"] += 1
+            ctl["train_cmds"].append(cmd)
             reach, killed = ctl["plan"].pop(0)
             save = cmd[cmd.index("--save-dir") + 1]
             os.makedirs(save, exist_ok=True)
@@ -172,8 +173,8 @@ def test_a_failed_training_records_its_invocation_in_the_failed_result(tmp_path,
     run_dir = tmp_path / "runs" / "t" / "row3"
     real_run = experiment.run
 
-    def failing(cmd, logfile=None):
-        real_run(cmd, logfile)
+    def failing(cmd, logfile=None, env=None):
+        real_run(cmd, logfile, env)
         if cmd[0].endswith("fairseq-train"):
             raise subprocess.CalledProcessError(1, cmd)  # e.g. fairseq's FloatingPointError
 
@@ -186,3 +187,19 @@ def test_a_failed_training_records_its_invocation_in_the_failed_result(tmp_path,
     [inv] = res["train_invocations"]
     assert inv["outcome"] == "failed (exit 1)" and inv["git_commit"] == _git(repo, "rev-parse", "HEAD")
     assert inv["hardware"] == {"machine": "A"} and inv["updates_at_start"] == 0 and "updates_at_end" not in inv
+
+
+def test_tensorboard_is_per_run_and_outside_the_fingerprint(tmp_path, repo, fake_stages, monkeypatch):
+    """``--tensorboard`` (or MT_TENSORBOARD=1, which reaches mt-table / reproduce / mt-campaign
+    runs) writes the run's event files to ``<run>/tensorboard``; a run resumes with or without it."""
+    run_dir = tmp_path / "runs" / "t" / "row4"
+    argv = ["--out", str(run_dir), "--arch", "rela_transformer_small", "--max-update", "6"]
+    fake_stages["plan"] = [(3, True), (6, False)]
+    monkeypatch.setenv("MT_TENSORBOARD", "1")
+    with pytest.raises(subprocess.CalledProcessError):
+        experiment.run_experiment(argv)
+    monkeypatch.delenv("MT_TENSORBOARD")
+    experiment.run_experiment(argv)  # the same configuration: resumes
+    first, second = fake_stages["train_cmds"]
+    assert first[first.index("--tensorboard-logdir") + 1] == str(run_dir / "tensorboard")
+    assert "--tensorboard-logdir" not in second
