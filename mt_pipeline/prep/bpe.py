@@ -16,7 +16,7 @@ import os
 import time
 
 from mt_pipeline.atomic import atomic_path
-from mt_pipeline.prep.textio import check_pair, read_lines, write_lines_atomic
+from mt_pipeline.prep.textio import check_pair, iter_lines, map_file, read_lines, worker_pool, write_lines_atomic
 
 APPLY_BPE_CHUNK = 2000  # lines per task of the apply-bpe worker pool
 CHAR_SEPARATOR = "@@"  # BPE's continuation marker, so fairseq's --remove-bpe undoes the split
@@ -28,7 +28,7 @@ def learn_bpe(inputs, output, merges, log=None):
     subword-nmt's progress bar and messages go to the file ``log`` (default: stderr)."""
     from subword_nmt.learn_bpe import learn_bpe as _learn
 
-    lines = [line + "\n" for path in inputs for line in read_lines(path)]
+    lines = (line + "\n" for path in inputs for line in iter_lines(path))  # streamed: only the counts are kept
     codes = io.StringIO()
     with contextlib.ExitStack() as stack:
         if log:
@@ -119,33 +119,20 @@ def apply_bpe_lines(lines, codes):
 
 
 def apply_bpe(pairs, codes, workers=1):
-    """Segment each ``(IN, OUT)`` of ``pairs`` with the codes file ``codes``, in chunks of
-    ``APPLY_BPE_CHUNK`` lines (over a pool of ``workers`` processes when > 1); one output line
-    per input line, ``OUT`` written atomically.
+    """Segment each ``(IN, OUT)`` of ``pairs`` with the codes file ``codes``, streamed in chunks of
+    ``APPLY_BPE_CHUNK`` lines (over a pool of ``workers`` processes when > 1;
+    :func:`~mt_pipeline.prep.textio.map_file`); one output line per input line, ``OUT`` written
+    atomically.
 
     Raises:
         SystemExit: a bad codes file (:func:`check_codes`) or a file's line count changed."""
     check_codes(codes)  # before the pool: a bad file would make its initializer exit and respawn forever
-    pool = None
-    if workers > 1:
-        import multiprocessing
-
-        pool = multiprocessing.Pool(workers, initializer=_init_bpe, initargs=(codes,))
-    else:
-        _init_bpe(codes)
-    try:
+    with worker_pool(workers, _init_bpe, (codes,)) as pool:
         for src, dst in pairs:
-            lines = read_lines(src)
-            chunks = [lines[i:i + APPLY_BPE_CHUNK] for i in range(0, len(lines), APPLY_BPE_CHUNK)]
-            parts = pool.map(_apply_chunk, chunks) if pool is not None else [_apply_chunk(c) for c in chunks]
-            out = [line for part in parts for line in part]
-            if len(out) != len(lines) or any("\n" in line for line in out):
-                raise SystemExit(f"apply-bpe: line count changed for {src}")
-            write_lines_atomic(dst, out)
-    finally:
-        if pool is not None:
-            pool.close()
-            pool.join()
+            try:
+                map_file(src, dst, _apply_chunk, pool, APPLY_BPE_CHUNK)
+            except SystemExit:
+                raise SystemExit(f"apply-bpe: line count changed for {src}") from None
 
 
 def split_chars(line):
@@ -173,10 +160,16 @@ def split_chars_files(pairs):
         SystemExit: a token contains ``@@`` (names the file)."""
     for src, dst in pairs:
         try:
-            out = [split_chars(line) for line in read_lines(src)]
-        except ValueError as e:
+            map_file(src, dst, _split_chars_chunk)
+        except SystemExit as e:
             raise SystemExit(f"split-chars: {src}: {e}") from None
-        write_lines_atomic(dst, out)
+
+
+def _split_chars_chunk(lines):
+    try:
+        return [split_chars(line) for line in lines]
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
 
 
 def char_dictionary(train_file, n_chars):
@@ -201,7 +194,7 @@ def char_dictionary(train_file, n_chars):
     if n_chars <= 0:
         raise ValueError(f"n_chars must be positive (got {n_chars})")
     counts = collections.Counter()
-    for line in read_lines(train_file):
+    for line in iter_lines(train_file):
         counts.update(line.split())
     sep = len(CHAR_SEPARATOR)
     base = {s: (s[:-sep] if len(s) > sep and s.endswith(CHAR_SEPARATOR) else s) for s in counts}

@@ -10,7 +10,7 @@ corpus::
     --download          download the official files (checksums verified) into <out>/download/
     --out DIR           output directory (default: data-bin/<corpus>)
     --bpe-merges N      BPE merge operations (default: the recipe's)
-    --workers N         worker processes for BPE and fairseq-preprocess (default: 2)
+    --workers N         worker processes for tokenisation, truecasing, BPE and fairseq-preprocess (default: 2)
     --no-checksum       accept inputs whose checksum differs from the recorded one
     --dry-run           print the URLs, checksums and every step; write nothing
 
@@ -77,7 +77,8 @@ def build_parser(spec):
     merges = (spec.get("recipe") or {}).get("bpe_merges")
     p.add_argument("--bpe-merges", metavar="N", help="BPE merge operations" + (f" (default: {merges})" if isinstance(merges, int) else
                    " (per language with --bpe separate; default: the paper's, from the spec)"))
-    p.add_argument("--workers", default="2", metavar="N", help="worker processes for BPE and fairseq-preprocess (default: 2)")
+    p.add_argument("--workers", default="2", metavar="N", help="worker processes for tokenisation, truecasing, BPE and "
+                   "fairseq-preprocess (default: 2)")
     p.add_argument("--no-checksum", action="store_true", help="accept inputs whose checksum differs from the recorded one")
     p.add_argument("--dry-run", action="store_true", help="print URLs, checksums and every step; write nothing")
     module.add_arguments(p, spec)

@@ -89,7 +89,7 @@ class PrepRun:
         tag: prefix of every message (``[tag] ...``), e.g. the corpus name.
         out: the output directory (absolute).
         dry: print the plan, write nothing.
-        workers: worker processes for BPE and fairseq-preprocess.
+        workers: worker processes for tokenisation, truecasing, BPE and fairseq-preprocess.
     """
 
     def __init__(self, tag, out, dry=False, workers=1):
