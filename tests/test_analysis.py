@@ -601,7 +601,10 @@ def test_aer_of_an_en_de_model_reads_the_gold_links_the_other_way(deen, ende, tm
     mine = _independent_aer(ck_ende, prep, n=20, src="en")
     for mode in ("normal", "shifted"):
         for li in range(2):
-            assert a[mode]["layer"][li] == pytest.approx(mine[mode]["layer"][li], abs=1e-9), (mode, li)
+            # the layer average of this 30-update model's heads is close to uniform too: on some CPUs
+            # (seen on an AMD EPYC, 2026-11-30: 92.80 vs 92.79) the batched pass and the one-sentence
+            # recomputation break one near-tie differently, a change of 0.01 AER points
+            assert a[mode]["layer"][li] == pytest.approx(mine[mode]["layer"][li], abs=0.1), (mode, li)
             # single heads of this 30-update model are close to uniform: words of equal piece counts tie,
             # and the two summation orders break a few of those ties differently
             assert a[mode]["per_head"][li] == pytest.approx(mine[mode]["heads"][li], abs=0.5), (mode, li)
