@@ -645,7 +645,7 @@ def render(spec: Dict, seeds: Optional[List[int]] = None) -> None:
                       f"finished {res['time']}",
                       f"- attention functions: {res.get('attention_fns')}",
                       f"- hardware: {hardware_label(res)}",
-                      *([invocations_line(res)] if invocations_line(res) else []),
+                      *filter(None, [invocations_line(res)]),
                       f"- command: `{res['commands']['train']}`",
                       f"- updates: {res['updates']}; training time {train_seconds(res, rdir):.0f} s (fairseq "
                       f"cumulative); resumed {resumes(rdir)} time(s); runner-timed stages of the last invocation (s): "
