@@ -105,6 +105,25 @@ def check_choice(flag: str, value: Any, choices: Sequence[str]) -> str:
     return v
 
 
+def positive_int(text: str) -> int:
+    """An ``argparse`` type: an integer >= 1 (a count such as ``--limit`` or ``--max-sentences``,
+    where 0 or a negative number would analyse nothing, or all but the last -N items).
+
+    Raises:
+        argparse.ArgumentTypeError: ``must be a positive integer, got '0'`` (argparse prints it
+        as a usage error naming the flag, before any work starts).
+    """
+    import argparse
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
+
+
 def field_choices(f) -> Optional[Sequence[str]]:
     """The choices of a ``ChoiceEnum`` (optionally ``Optional[...]``) dataclass field, else None."""
     t = interpret_dc_type(f.type)

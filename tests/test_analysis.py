@@ -679,6 +679,74 @@ def test_md_must_name_a_markdown_file_before_any_work(tmp_path):
     assert err.value.code == 2 and not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("argv", [["--aer-limit", "0"], ["--aer-limit", "-3"], ["--limit", "0"]])
+def test_counts_below_one_are_usage_errors_before_any_work(tmp_path, argv, capsys):
+    """``--aer-limit -3`` used to slice off the last 3 gold pairs and report AER as usual; 0 crashed."""
+    from fairseq_plugins.analysis.cli import main
+
+    with pytest.raises(SystemExit) as err:
+        main(["--aer-checkpoint", str(tmp_path / "missing.pt"), "--data", str(tmp_path), "--out", str(tmp_path / "o"),
+              *argv])
+    assert err.value.code == 2 and "must be a positive integer" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_energy_cli_refuses_a_count_below_one_as_a_usage_error(capsys):
+    from fairseq_plugins.analysis import energy_cli
+
+    for flag in ("--max-sentences", "--d", "--h"):
+        with pytest.raises(SystemExit) as err:
+            energy_cli.main([flag, "0"])
+        assert err.value.code == 2 and f"{flag}: must be a positive integer" in capsys.readouterr().err
+
+
+def _stats_of(weights, is_distribution, **kw):
+    from fairseq_plugins.analysis.capture import CapturedAttention
+    from fairseq_plugins.analysis.report import AttentionStats
+
+    stats = AttentionStats(**kw)
+    mask = torch.zeros(weights.size(0), 1, weights.size(2), weights.size(3), dtype=torch.bool)
+    stats.update({("cross", 0): CapturedAttention(weights, mask, is_distribution)})
+    return stats.summary()["cross"]
+
+
+def test_head_diversity_is_at_tau_1_whatever_taus_are_asked():
+    """ReLA Fig. 5's JS is at tau = 1; ``--taus 0.5 0.25`` used to report tau = 0.5 under that heading."""
+    w = torch.rand(2, 3, 4, 5, generator=torch.Generator().manual_seed(0)) - 0.3  # ReLU-like: some rows sum != 1
+    w = w.clamp_min(0)
+    full, asked = _stats_of(w, False, taus=(1.0, 0.5)), _stats_of(w, False, taus=(0.5, 0.25))
+    assert asked["js"] == full["js"] == asked["js_by_tau"]["1"]
+    assert list(asked["js_by_tau"]) == ["1", "0.5", "0.25"]
+    assert asked["js_by_tau"]["0.5"] == full["js_by_tau"]["0.5"] != full["js"]
+    with pytest.raises(ValueError, match="tau must be a finite number > 0, got 0"):
+        _stats_of(w, False, taus=(1.0, 0.0))
+    with pytest.raises(ValueError, match=r"top-p must be a percentage in \(0, 100\], got 150"):
+        _stats_of(w, False, top_ps=(50.0, 150.0))
+
+
+def test_a_head_null_on_every_query_has_no_entropy_rather_than_zero():
+    w = torch.rand(1, 2, 3, 4, generator=torch.Generator().manual_seed(0)) + 0.1
+    w[:, 1] = 0.0  # head 1: every row null -> no distribution, entropy undefined
+    s = _stats_of(w, False, taus=(1.0,))
+    assert s["entropy_per_head"][0][0] > 0 and s["entropy_per_head"][0][1] is None
+    assert s["null_rate_per_head"] == [[0.0, 1.0]] and s["entropy"][0] == pytest.approx(s["entropy_per_head"][0][0])
+    from fairseq_plugins.analysis.cli import _fmt, _mean
+
+    assert _fmt(_mean([0.5, None])) == "–" and _fmt(_mean([0.5, 0.25])) == "0.375"
+
+
+def test_a_head_with_undefined_aer_is_not_the_best_head():
+    counts = A.new_counts(1, 2)
+    gold = [({(0, 0)}, {(0, 0)})]
+    counts["normal"]["heads"][0][1].add({(0, 0)}, *gold[0])  # head 1: AER 0
+    counts["shifted"]["heads"][0][0].add({(0, 0)}, *gold[0])  # head 0: AER 0, head 1: NaN (nothing counted)
+    counts["normal"]["layer"][0].add({(0, 0)}, *gold[0])
+    counts["shifted"]["layer"][0].add({(0, 0)}, *gold[0])
+    out = A.summarize_counts(counts)
+    assert math.isnan(out["normal"]["per_head"][0][0]) and out["normal"]["best_head_index"] == [1]
+    assert out["shifted"]["best_head_index"] == [0] and out["shifted"]["AoH"] == 0.0
+
+
 def _gold_lines(name):
     import gzip
 

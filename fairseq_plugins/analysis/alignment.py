@@ -256,11 +256,13 @@ def new_counts(n_layers: int, n_heads: int) -> Dict[str, Dict[str, List]]:
 
 def summarize_counts(counts) -> dict:
     """AER tables from :func:`new_counts` counters: per layer the best head (and which), the
-    layer attention, and the averages over layers AoH / AoL (ReLA Table 5), in percent."""
+    layer attention, and the averages over layers AoH / AoL (ReLA Table 5), in percent.  A head
+    whose AER is undefined (NaN: no link predicted and none gold) is never the best head unless
+    every head of its layer is."""
     out = {}
     for mode, c in counts.items():
         per_head = [[h.aer * 100 for h in layer] for layer in c["heads"]]
-        best = [min(range(len(l)), key=lambda h: l[h]) for l in per_head]
+        best = [min(range(len(l)), key=lambda h: (l[h] != l[h], l[h])) for l in per_head]  # NaN last
         layer = [x.aer * 100 for x in c["layer"]]
         out[mode] = {
             "per_head": per_head,

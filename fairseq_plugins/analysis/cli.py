@@ -27,6 +27,7 @@ import sys
 import time
 from typing import Dict, List, Optional, Tuple
 
+from ..options import positive_int
 from .alignment import SOURCE_MERGES
 from .capture import ATTENTION_LEVELS
 
@@ -105,17 +106,6 @@ def _trained_direction(path: str) -> Tuple[Optional[str], Optional[str]]:
         raise SystemExit(f"fairseq-attention-analysis: error: {e}")
 
 
-def _positive_int(text):
-    """An argparse type: an integer >= 1 (``--limit 0`` or ``-5`` would analyse nothing or all)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fairseq-attention-analysis",
                                 description="Attention analysis (ReLA Section 5.2, ReLUFormer Sections 3.4/4.2)")
@@ -127,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", help="fairseq data dir (binarized splits + dictionaries); required unless --replot")
     p.add_argument("--source-lang"), p.add_argument("--target-lang")
     p.add_argument("--split", default="test", help="split of --data to analyse (default: test)")
-    p.add_argument("--limit", type=_positive_int, help="only the first N pairs of the split (N >= 1)")
+    p.add_argument("--limit", type=positive_int, help="only the first N pairs of the split (N >= 1)")
     p.add_argument("--out", help="output directory (required unless --replot)")
     p.add_argument("--md", metavar="PATH",
                    help="write the Markdown tables here instead of OUT/analysis.md (e.g. a results page beside "
@@ -135,9 +125,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--replot", metavar="ANALYSIS_JSON",
                    help="only re-render the curve figures from a written analysis.json (no checkpoints needed; "
                         "--out defaults to its directory)")
-    p.add_argument("--max-tokens", type=_positive_int, default=4096)
+    p.add_argument("--max-tokens", type=positive_int, default=4096)
     p.add_argument("--taus", type=float, nargs="+", default=[1.0, 0.5, 0.25, 0.1],
-                   help="temperatures of the softmax re-normalisation of non-distributions (ReLA Table 6)")
+                   help="temperatures of the softmax re-normalisation of non-distributions (ReLA Table 6); tau = 1, the head "
+                        "diversity of ReLA Fig. 5, is always added")
     p.add_argument("--top-p", type=float, nargs="+", default=[1.0, 5.0, 10.0, 20.0, 50.0])
     p.add_argument("--heatmap-ids", type=int, nargs="*", default=[],
                    help="sentence ids (dataset indices) whose attention is drawn as heatmaps")
@@ -157,7 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--aer-gold", default=os.path.join(os.path.dirname(ROOT), "shared", "data",
                                                       "rwth_gold_alignment_de_en"))
     p.add_argument("--aer-lowercase", action="store_true", help="use the lowercased gold text (test.{de,en})")
-    p.add_argument("--aer-limit", type=int, help="only the first N gold pairs")
+    p.add_argument("--aer-limit", type=positive_int, help="only the first N gold pairs (N >= 1)")
     p.add_argument("--aer-source-merge", choices=SOURCE_MERGES, default="sum",
                    help="how a source word's subword columns merge into the word's: sum (default; the row stays a "
                         "distribution over words) or mean (Zenkel et al. 2019, both sides averaged)")
@@ -247,6 +238,11 @@ def _fmt(x, pct=False):
     return f"{100 * x:.1f}" if pct else f"{x:.3f}"
 
 
+def _mean(values):
+    """The mean of per-layer values, ``None`` (shown "–") when there are none or one is undefined."""
+    return None if not values or None in values else sum(values) / len(values)
+
+
 def _md_layer_table(results, kind, metric, pct) -> List[str]:
     rows = [(label, r["metrics"][kind][metric]) for label, r in results.items()
             if kind in r["metrics"] and metric in r["metrics"][kind]]
@@ -256,7 +252,7 @@ def _md_layer_table(results, kind, metric, pct) -> List[str]:
     head = "| model | " + " | ".join(f"L{i + 1}" for i in range(L)) + " | mean |"
     out = [head, "|" + "---|" * (L + 2)]
     for label, v in rows:
-        out.append(f"| {label} | " + " | ".join(_fmt(x, pct) for x in v) + f" | {_fmt(sum(v) / len(v), pct)} |")
+        out.append(f"| {label} | " + " | ".join(_fmt(x, pct) for x in v) + f" | {_fmt(_mean(v), pct)} |")
     return out
 
 
@@ -419,7 +415,7 @@ def render_markdown(report: dict) -> str:
                 for kind in ("encoder", "decoder", "cross"):
                     m = r["metrics"].get(kind, {})
                     v = m.get("js_by_tau", {}).get(t, m.get("js"))
-                    cells.append(_fmt(sum(v) / len(v)) if v else "–")
+                    cells.append(_fmt(_mean(v)))
                 md.append(f"| {l} | {t} | " + " | ".join(cells) + " |")
         md.append("")
     md += ["## Top-p % score sum, mean over layers (ReLUFormer Figs. 2, 4)", "",
@@ -427,7 +423,7 @@ def render_markdown(report: dict) -> str:
            "|---|---|" + "---|" * len(report["settings"]["top_p"])]
     for l, r in res.items():
         for kind, m in r["metrics"].items():
-            md.append(f"| {l} | {kind} | " + " | ".join(_fmt(sum(v) / len(v)) for v in m["top_p"].values()) + " |")
+            md.append(f"| {l} | {kind} | " + " | ".join(_fmt(_mean(v)) for v in m["top_p"].values()) + " |")
     md.append("")
     if any("ffn_anisotropy" in r for r in res.values()):
         md += ["## Anisotropy of FFN value slots (ReLUFormer eq. 4, Fig. 3)", "", "| model | encoder layers | decoder layers |",

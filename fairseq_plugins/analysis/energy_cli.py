@@ -20,7 +20,7 @@ one length ``l``); the absolute energies in µJ, the mean over the sentences of 
 energy at its own lengths (``energy_scores_asic_uJ`` etc., ``[value]``: comparable across model
 sizes, E-ATT Figure 1; also in pJ as ``energy_*_pJ_per_sentence``, with
 ``energy_*_pJ_at_mean_lengths`` beside it -- the counts hold ``l_q l_k`` terms, so the two differ,
-by 1-6 % on Multi30k's validation set, results/eatt/figure1_dimension.md); ``energy_*_pct_of_means`` (the ratio of the mean
+by 0.6-6 % on Multi30k's validation set (d 32-128), results/eatt/figure1_dimension.md); ``energy_*_pct_of_means`` (the ratio of the mean
 energies); ``ops_scores`` / ``ops_block`` (mean adds and muls per sentence, ours and vanilla's)
 and ``ops_*_at_mean_lengths``;
 ``rho`` (``"type/layer/role" -> value``), ``l_src``, ``l_tgt``, the model's attention functions
@@ -35,6 +35,7 @@ import os
 import sys
 
 from ..atomic import atomic_path
+from ..options import positive_int
 
 PAPER_T2 = {"Vanilla": "100.00", "Dense": "51.10", "RandInit": "0.00", "E-ATT": "0.44"}
 FORMULAS = {"Vanilla": ("2ld² + l²d", "2ld² + l²d"), "Dense": ("ld² + l²d", "ld² + l²d"),
@@ -201,8 +202,8 @@ def provenance_markdown(argv=None):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--l", type=float, help="sequence length for the Table 2 form (default: implied by Dense, 23.03)")
-    p.add_argument("--d", type=int, default=512)
-    p.add_argument("--h", type=int, default=8)
+    p.add_argument("--d", type=positive_int, default=512)
+    p.add_argument("--h", type=positive_int, default=8)
     p.add_argument("--rho", type=float, default=0.2, help="ratio of ones for the Table 2 form (default 0.2)")
     p.add_argument("--l1-adds", type=int, default=1, choices=(1, 2),
                    help="additions per L1 element: 1 (the paper's l²d) or 2 (subtraction counted too)")
@@ -211,7 +212,7 @@ def main(argv=None):
     p.add_argument("--src")
     p.add_argument("--tgt")
     p.add_argument("--subset", default="valid")
-    p.add_argument("--max-sentences", type=int, help="measure on the first N sentences only")
+    p.add_argument("--max-sentences", type=positive_int, help="measure on the first N sentences only (N >= 1)")
     p.add_argument("--json", help="write the measurement here (with --checkpoint)")
     p.add_argument("--md", help="write Markdown here")
     p.add_argument("--plot", help="write the Figure 2 plot (PNG) here (with --checkpoint)")

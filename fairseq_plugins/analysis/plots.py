@@ -5,6 +5,7 @@ atomically (temp file + rename) and returns its path.  Layers are shown 1-based,
 papers' figures.
 """
 
+import math
 import os
 from typing import Dict, List, Optional, Sequence
 
@@ -57,7 +58,7 @@ def layer_curves(results: Dict[str, dict], metric: str, ylabel: str, path: str,
             ys = r["metrics"].get(kind, {}).get(metric)
             if ys is None:
                 continue
-            ax.plot(range(1, len(ys) + 1), ys, marker="o", label=label)
+            ax.plot(range(1, len(ys) + 1), [math.nan if y is None else y for y in ys], marker="o", label=label)
         ax.set_title(KIND_TITLES[kind])
         _layer_axis(ax)
         ax.set_ylabel(ylabel)
@@ -119,7 +120,8 @@ def top_p_curves(results: Dict[str, dict], path: str) -> str:
             if not tp:
                 continue
             ps = sorted(tp, key=float)
-            ax.plot([float(p) for p in ps], [sum(tp[p]) / len(tp[p]) for p in ps], marker="o", label=label)
+            means = [math.nan if None in tp[p] else sum(tp[p]) / len(tp[p]) for p in ps]  # None: undefined
+            ax.plot([float(p) for p in ps], means, marker="o", label=label)
         ax.set_title(KIND_TITLES[kind])
         ax.set_xlabel("top p (%)")
         ax.set_ylabel("score sum")

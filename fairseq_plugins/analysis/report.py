@@ -33,17 +33,38 @@ DEFAULT_TOP_P = (1.0, 5.0, 10.0, 20.0, 50.0)
 DEFAULT_TAUS = (1.0, 0.5, 0.25, 0.1)
 
 
+def _defined(num: torch.Tensor, den: torch.Tensor):
+    """``num / den`` as a float (or a list of floats for ``(H,)`` tensors), ``None`` where ``den`` is
+    0: a ratio over nothing is undefined, not 0 (e.g. the entropy of a head without a non-null row)."""
+    if num.dim() == 0:
+        return float(num / den) if float(den) > 0 else None
+    return [float(n / d) if float(d) > 0 else None for n, d in zip(num, den)]
+
+
 class AttentionStats:
     """Running sums of every metric of :mod:`~fairseq_plugins.analysis.metrics`, per
     ``(kind, layer)`` and head.
 
     Args:
-        taus: temperatures for the JS conversion of non-distributions (ReLA Table 6).
+        taus: temperatures for the JS conversion of non-distributions (ReLA Table 6); ``1`` is
+            always added (the head diversity of ReLA Fig. 5 is at ``tau = 1``).
         top_ps: top-p percentages.
+
+    Raises:
+        ValueError: a ``tau`` that is not a finite number > 0, or a top-p outside (0, 100].
     """
 
     def __init__(self, taus: Sequence[float] = DEFAULT_TAUS, top_ps: Sequence[float] = DEFAULT_TOP_P):
-        self.taus, self.top_ps = tuple(taus), tuple(top_ps)
+        import math
+
+        bad = [t for t in taus if not (math.isfinite(t) and t > 0)]
+        if bad:
+            raise ValueError(f"tau must be a finite number > 0, got {bad[0]!r}")
+        bad = [p for p in top_ps if not (math.isfinite(p) and 0 < p <= 100)]
+        if bad:
+            raise ValueError(f"top-p must be a percentage in (0, 100], got {bad[0]!r}")
+        self.taus = tuple(dict.fromkeys((1.0, *(float(t) for t in taus))))  # tau = 1 first, no repeats
+        self.top_ps = tuple(top_ps)
         self.sums: Dict[Tuple[str, int], Dict[str, List[torch.Tensor]]] = {}
         self.is_distribution: Dict[str, bool] = {}
 
@@ -73,7 +94,9 @@ class AttentionStats:
 
         Layer values: sparsity and null rate are means over heads (ReLA Figs 3 and 6); entropy
         and top-p pool the rows of all heads; ``js`` is at ``tau = 1`` (the weights themselves for
-        distributions), ``js_by_tau`` for every temperature of non-distributions.
+        distributions), ``js_by_tau`` for every temperature of non-distributions.  A value with
+        nothing to average is ``None`` (undefined), not 0: the entropy of a head that is null on
+        every query (it has no distribution), or any metric of a layer without valid positions.
         """
         out = {}
         for kind in ATTENTION_KINDS:
@@ -83,17 +106,16 @@ class AttentionStats:
             d = {"attention_is_distribution": self.is_distribution[kind]}
             rows = [self.sums[(kind, i)] for i in layers]
             for name, label in (("sparsity", "sparsity"), ("null", "null_rate")):
-                per_head = [(r[name][0] / r[name][1].clamp_min(1)).tolist() for r in rows]
+                per_head = [_defined(*r[name]) for r in rows]
                 d[label + "_per_head"] = per_head
-                d[label] = [sum(h) / len(h) for h in per_head]
-            d["entropy_per_head"] = [(r["entropy"][0] / r["entropy"][1].clamp_min(1)).tolist() for r in rows]
-            d["entropy"] = [float(r["entropy"][0].sum() / r["entropy"][1].sum().clamp_min(1)) for r in rows]
-            d["top_p"] = {f"{p:g}": [float(r["top_p"][0][j].sum() / r["top_p"][1].sum().clamp_min(1))
-                                     for r in rows] for j, p in enumerate(self.top_ps)}
+                d[label] = [None if None in h else sum(h) / len(h) for h in per_head]
+            d["entropy_per_head"] = [_defined(*r["entropy"]) for r in rows]
+            d["entropy"] = [_defined(r["entropy"][0].sum(), r["entropy"][1].sum()) for r in rows]
+            d["top_p"] = {f"{p:g}": [_defined(r["top_p"][0][j].sum(), r["top_p"][1].sum()) for r in rows]
+                          for j, p in enumerate(self.top_ps)}
             taus = (1.0,) if d["attention_is_distribution"] else self.taus
-            by_tau = {f"{t:g}": [float(r[f"js@{t:g}"][0] / r[f"js@{t:g}"][1].clamp_min(1)) for r in rows]
-                      for t in taus}
-            d["js"] = by_tau["1"] if "1" in by_tau else next(iter(by_tau.values()))
+            by_tau = {f"{t:g}": [_defined(*r[f"js@{t:g}"]) for r in rows] for t in taus}
+            d["js"] = by_tau["1"]  # ReLA Fig. 5: tau = 1 (always computed, see __init__)
             if not d["attention_is_distribution"]:
                 d["js_by_tau"] = by_tau
             out[kind] = d
@@ -277,13 +299,15 @@ def alignment_aer(model, task, gold_dir: str, bpe_codes: Optional[str], src_lang
 
     Raises:
         ValueError: the gold files disagree in length, the direction is neither de->en nor
-            en->de, or ``source_merge`` is unknown (the valid ones are named).
+            en->de, ``source_merge`` is unknown (the valid ones are named), or ``limit`` < 1.
     """
     import os
 
     from .alignment import check_source_merge
 
     check_source_merge(source_merge)  # before any work
+    if limit is not None and limit < 1:  # a slice [:-N] would silently drop the last N pairs
+        raise ValueError(f"limit must be a positive number of gold pairs, got {limit!r}")
 
     if (src_lang, tgt_lang) not in (("de", "en"), ("en", "de")):
         raise ValueError(f"the RWTH gold set aligns German and English: the model must translate de->en or en->de; "
