@@ -34,7 +34,7 @@ import yaml
 from .provenance import REGIMES, ROOT  # REGIMES: what a budget's numbers can claim
 
 __all__ = ["REGIMES", "SCHEMA", "flags", "merge", "load_budget", "check_budget", "nearest", "regime", "run_tag", "train_flags", "prep_dir", "prep_cmd",
-           "build_train_cmd", "train_env", "average_cmd", "decode_checkpoint", "eval_cmd"]
+           "build_train_cmd", "train_env", "averaging_problem", "average_cmd", "decode_checkpoint", "eval_cmd"]
 
 BIN = os.path.dirname(sys.executable)
 
@@ -280,6 +280,46 @@ def train_env(train_cfg: Dict, env: Optional[Dict[str, str]] = None) -> Dict[str
         for key in SLURM_NODELIST_VARS:
             env.pop(key, None)
     return env
+
+
+def averaging_problem(budget: Dict, train_cfg: Dict) -> Optional[str]:
+    """Why the budget's ``average`` cannot find its checkpoints after training with ``train_cfg``
+    (the :func:`train_flags`), or ``None``: checked before training, since the averaging runs after it.
+
+    - ``num-update-checkpoints: N``: fairseq writes ``checkpoint_E_U.pt`` at every multiple of
+      ``save-interval-updates`` (none without it), so ``max-update // save-interval-updates`` must be
+      >= N, and ``keep-interval-updates`` (when set) >= N;
+    - ``num-epoch-checkpoints: N``: not with ``no-epoch-checkpoints``, and ``keep-last-epochs`` (when
+      set) >= N (the number of epochs depends on the data and is not checked).
+
+    E.g. the smoke budget (every 50 updates, 3 averaged) with ``--max-update 100`` would train, then
+    fail to average (2 checkpoints).
+    """
+    avg = budget.get("average") or {}
+
+    def flag(key):
+        v = train_cfg.get(key)
+        return None if v is None or isinstance(v, bool) else int(v)
+
+    n = avg.get("num-update-checkpoints")
+    if n:
+        n, every, last, keep = int(n), flag("save-interval-updates"), flag("max-update"), flag("keep-interval-updates")
+        if not every:
+            return (f"average.num-update-checkpoints {n} needs update checkpoints: set train.save-interval-updates "
+                    f"(fairseq writes checkpoint_E_U.pt every that many updates)")
+        if last and last // every < n:
+            return (f"max-update {last} with save-interval-updates {every} writes {last // every} update "
+                    f"checkpoint(s), fewer than average.num-update-checkpoints {n}: use max-update >= {n * every}")
+        if keep is not None and 0 < keep < n:
+            return f"keep-interval-updates {keep} keeps fewer than average.num-update-checkpoints {n}"
+    n = avg.get("num-epoch-checkpoints")
+    if n:
+        n, keep = int(n), flag("keep-last-epochs")
+        if train_cfg.get("no-epoch-checkpoints"):
+            return f"average.num-epoch-checkpoints {n} needs epoch checkpoints, but train.no-epoch-checkpoints is set"
+        if keep is not None and 0 < keep < n:
+            return f"keep-last-epochs {keep} keeps fewer than average.num-epoch-checkpoints {n}"
+    return None
 
 
 def average_cmd(ckpt_dir: str, n_avg: int, output: str, kind: str = "update") -> List[str]:

@@ -39,7 +39,7 @@ import sys
 import time
 
 from .atomic import atomic_path, remove_leftovers, writable_problem, write_json_atomic
-from .budget import (build_train_cmd, decode_checkpoint, eval_cmd, flags, load_budget, prep_cmd,  # noqa: F401
+from .budget import (averaging_problem, build_train_cmd, decode_checkpoint, eval_cmd, flags, load_budget, prep_cmd,  # noqa: F401
                      prep_dir, regime, train_env, train_flags)
 from .curves import last_valid_metrics, loss_curves
 from .locks import dir_lock, inherited_fds
@@ -308,6 +308,9 @@ def run_experiment(argv=None):
     train_cfg = train_flags(budget, torch.cuda.is_available(), a.max_update)
     if a.seed is not None:
         train_cfg["seed"] = a.seed
+    problem = averaging_problem(budget, train_cfg)  # else it fails after training, at the averaging
+    if problem:
+        raise SystemExit(f"mt-experiment: --budget {a.budget}: {problem}")
     problem = writable_problem(a.out)
     if problem:
         p.error(f"--out {a.out}: {problem}")

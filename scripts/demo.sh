@@ -5,13 +5,17 @@
 #  - with a GPU: the converged budget (configs/multi30k/converged.yaml, 3,000 updates, fp16; minutes);
 #  - on CPU: the 400-update smoke budget (~15 min on 2 cores, +4 min first set-up) -- early training,
 #    a test that everything runs, not a converged model.
-# Re-running resumes from the last checkpoint; a finished run only re-prints its scores.
-# Usage: bash scripts/demo.sh [extra args for mt-experiment, e.g. --max-update 800]
+# Re-running with the same arguments resumes from the last checkpoint; a finished run only re-prints
+# its scores. Other settings are another run: mt-experiment refuses to resume a run directory with
+# them, so give it its own --out (the last --out wins).
+# Usage: bash scripts/demo.sh [extra args for mt-experiment, e.g. --max-update 800 --out runs/demo/rela_g_800]
+# Env:   VENV  the virtualenv (default: <repo>/.venv; scripts/setup_env.sh)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+export VENV="${VENV:-$ROOT/.venv}"  # setup_env.sh's virtualenv (default <repo>/.venv)
 bash "$ROOT/scripts/setup_env.sh"
 cd "$ROOT"
-PY="$ROOT/.venv/bin/python"
+PY="$VENV/bin/python"
 if "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
   BUDGET=configs/multi30k/converged.yaml OUT=runs/demo/rela_g_converged
   echo "[demo] GPU found: converged budget ($BUDGET)"

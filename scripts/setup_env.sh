@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Create/refresh the project virtualenv (.venv) and install the plugin with its dependencies.
-# Usage: bash scripts/setup_env.sh        (sourced by scripts/demo.sh and scripts/test.sh)
+# Usage: bash scripts/setup_env.sh        (run by scripts/demo.sh and scripts/test.sh, with their VENV)
 # Env:   TORCH_SPEC  torch requirement to install first (default torch==2.13.0: on the project's
 #                    machines a local CPU wheel; set e.g. TORCH_SPEC='torch>=2.1' elsewhere)
 #        VENV        virtualenv directory (default: <repo>/.venv)

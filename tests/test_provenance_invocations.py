@@ -105,7 +105,7 @@ def fake_stages(tmp_path, monkeypatch, repo):
 
 def test_a_resumed_run_records_each_training_invocation_and_the_dirty_diff_is_exported(tmp_path, repo, fake_stages):
     run_dir = tmp_path / "runs" / "t" / "row1"
-    argv = ["--out", str(run_dir), "--arch", "rela_transformer_small", "--max-update", "6"]
+    argv = ["--out", str(run_dir), "--arch", "rela_transformer_small", "--max-update", "150"]
     sha_a = _git(repo, "rev-parse", "HEAD")
     # invocation 1: clean tree at commit A on machine A, killed at update 3
     fake_stages["plan"] = [(3, True)]
@@ -118,7 +118,7 @@ def test_a_resumed_run_records_each_training_invocation_and_the_dirty_diff_is_ex
     (repo / "mt_pipeline" / "model.py").write_text("LR = 4\n")
     (repo / "mt_pipeline" / "new.py").write_text("X = 1\n")
     # invocation 2: resumed on machine B, trains to the end
-    fake_stages.update(plan=[(6, False)], machine="B")
+    fake_stages.update(plan=[(150, False)], machine="B")
     experiment.run_experiment(argv)
     # a third call finds training finished: no fairseq-train, no training invocation
     fake_stages["machine"] = "C"
@@ -129,10 +129,10 @@ def test_a_resumed_run_records_each_training_invocation_and_the_dirty_diff_is_ex
     assert [i["git_commit"] for i in inv] == [sha_a, sha_b + "+dirty"]
     assert [i["hardware"] for i in inv] == [{"machine": "A"}, {"machine": "B"}]
     assert [i["updates_at_start"] for i in inv] == [0, 3]
-    assert [i["outcome"] for i in inv] == ["killed (signal 9)", "done"] and inv[1]["updates_at_end"] == 6
+    assert [i["outcome"] for i in inv] == ["killed (signal 9)", "done"] and inv[1]["updates_at_end"] == 150
     assert all(i["started"] for i in inv) and "diff" not in inv[0]
     # the top-level fields stay: the code and machine that wrote the record
-    assert res["git_commit"] == sha_b + "+dirty" and res["hardware"] == {"machine": "C"} and res["updates"] == 6
+    assert res["git_commit"] == sha_b + "+dirty" and res["hardware"] == {"machine": "C"} and res["updates"] == 150
     assert res == json.loads((run_dir / "result.json").read_text())
 
     # the diff: the change against B (not A), with the untracked module listed; it applies to B
@@ -157,13 +157,13 @@ def test_a_resumed_run_records_each_training_invocation_and_the_dirty_diff_is_ex
 
 def test_force_new_removes_the_diffs_of_the_earlier_run(tmp_path, repo, fake_stages):
     run_dir = tmp_path / "runs" / "t" / "row2"
-    argv = ["--out", str(run_dir), "--arch", "rela_transformer_small", "--max-update", "6"]
+    argv = ["--out", str(run_dir), "--arch", "rela_transformer_small", "--max-update", "150"]
     (repo / "mt_pipeline" / "model.py").write_text("LR = 9\n")
-    fake_stages["plan"] = [(6, False)]
+    fake_stages["plan"] = [(150, False)]
     experiment.run_experiment(argv)
     assert (run_dir / "dirty-1.diff").exists()
     _git(repo, "checkout", "--", ".")
-    fake_stages["plan"] = [(6, False)]
+    fake_stages["plan"] = [(150, False)]
     res = experiment.run_experiment(argv + ["--force-new"])
     assert not (run_dir / "dirty-1.diff").exists()
     assert [i["git_commit"] for i in res["train_invocations"]] == [_git(repo, "rev-parse", "HEAD")]
@@ -181,7 +181,7 @@ def test_a_failed_training_records_its_invocation_in_the_failed_result(tmp_path,
     monkeypatch.setattr(experiment, "run", failing)
     fake_stages["plan"] = [(2, False)]
     with pytest.raises(subprocess.CalledProcessError):
-        experiment.run_experiment(["--out", str(run_dir), "--arch", "rela_transformer_small", "--max-update", "6"])
+        experiment.run_experiment(["--out", str(run_dir), "--arch", "rela_transformer_small", "--max-update", "150"])
     res = json.loads((run_dir / "result.json").read_text())
     assert res["status"] == "failed"
     [inv] = res["train_invocations"]
@@ -193,8 +193,8 @@ def test_tensorboard_is_per_run_and_outside_the_fingerprint(tmp_path, repo, fake
     """``--tensorboard`` (or MT_TENSORBOARD=1, which reaches mt-table / reproduce / mt-campaign
     runs) writes the run's event files to ``<run>/tensorboard``; a run resumes with or without it."""
     run_dir = tmp_path / "runs" / "t" / "row4"
-    argv = ["--out", str(run_dir), "--arch", "rela_transformer_small", "--max-update", "6"]
-    fake_stages["plan"] = [(3, True), (6, False)]
+    argv = ["--out", str(run_dir), "--arch", "rela_transformer_small", "--max-update", "150"]
+    fake_stages["plan"] = [(3, True), (150, False)]
     monkeypatch.setenv("MT_TENSORBOARD", "1")
     with pytest.raises(subprocess.CalledProcessError):
         experiment.run_experiment(argv)

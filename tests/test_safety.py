@@ -249,6 +249,16 @@ BAD_BUDGETS = {
     "tag of another regime": (f"base: {SMALL}\ntag: converged_6k\n", "tag 'converged_6k': a budget's tag is its regime, an "
                               "underscore and"),
     "tag with spaces": (f"base: {SMALL}\ntag: smoke 2\n", "(e.g. smoke_6k)"),
+    # the averaging runs after training: a budget whose checkpoints it cannot find is refused first
+    "too few update checkpoints": (f"base: {SMALL}\ntrain: {{max-update: 100}}\n",
+                                   "max-update 100 with save-interval-updates 50 writes 2 update checkpoint(s), fewer "
+                                   "than average.num-update-checkpoints 3: use max-update >= 150"),
+    "update checkpoints kept": (f"base: {SMALL}\ntrain: {{keep-interval-updates: 2}}\n",
+                                "keep-interval-updates 2 keeps fewer than average.num-update-checkpoints 3"),
+    "no update checkpoints": (f"base: {SMALL}\ntrain: {{save-interval-updates: null}}\n",
+                              "average.num-update-checkpoints 3 needs update checkpoints"),
+    "no epoch checkpoints": (f"base: {SMALL}\naverage: {{num-update-checkpoints: null, num-epoch-checkpoints: 5}}\n",
+                             "average.num-epoch-checkpoints 5 needs epoch checkpoints, but train.no-epoch-checkpoints"),
 }
 
 
@@ -271,7 +281,7 @@ def test_a_bad_budget_is_refused_before_the_run_directory_is_made(tmp_path, case
 def test_every_budget_in_the_repository_passes_the_schema():
     import glob
 
-    from mt_pipeline.budget import load_budget
+    from mt_pipeline.budget import averaging_problem, load_budget, train_flags
 
     checked = 0
     for f in sorted(glob.glob(os.path.join(ROOT, "configs", "**", "*.yaml"), recursive=True)):
@@ -279,7 +289,9 @@ def test_every_budget_in_the_repository_passes_the_schema():
 
         d = yaml.safe_load(open(f))
         if "hydra" not in f and isinstance(d, dict) and ("train" in d or "base" in d):
-            load_budget(f)
+            budget = load_budget(f)
+            for cuda in (False, True):  # and its averaging finds its checkpoints, on CPU and on a GPU
+                assert averaging_problem(budget, train_flags(budget, cuda)) is None, (f, cuda)
             checked += 1
     assert checked >= 30
 

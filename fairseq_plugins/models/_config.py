@@ -32,15 +32,30 @@ def fill_defaults(args, defaults: Mapping[str, object]) -> None:
                 setattr(args, key, value)
 
 
-def check_model_keys(args, valid: Iterable[str], model: str, valid_text: str) -> None:
+def check_model_keys(args, valid: Iterable[str], model: str) -> None:
     """Refuse ``model:`` keys of a hydra ``DictConfig`` that are no option (a misspelt key would
     otherwise be ignored silently); nothing for a ``Namespace``.
 
+    Args:
+        args: the ``model:`` config (its ``_name`` / ``arch`` is the arch the message names).
+        valid: every option name of the model family.
+        model: the model family (``attention_transformer``, ``rnnsearch``).
+
     Raises:
-        ValueError: ``unknown model option(s) KEYS for MODEL; VALID_TEXT``.
+        ValueError: ``unknown model option(s) KEYS for arch ARCH (MODEL); did you mean ...?
+        valid keys (N): ...`` -- the whole list, since ``fairseq-train --arch ARCH --help`` prints
+        fairseq's help before the arch's flags are added and so lists none of them.
     """
     if not OmegaConf.is_config(args):
         return
+    valid = sorted(set(valid))
     unknown = sorted(set(args.keys()) - set(valid) - _NOT_OPTIONS)
     if unknown:
-        raise ValueError(f"unknown model option(s) {', '.join(unknown)} for {model}; {valid_text}")
+        import difflib
+
+        arch = safe_getattr(args, "_name", None) or safe_getattr(args, "arch", None) or model
+        close = {k: difflib.get_close_matches(k, valid, n=2) for k in unknown}
+        hint = "; ".join(f"{k}: did you mean {' or '.join(m)}?" for k, m in close.items() if m)
+        raise ValueError(f"unknown model option(s) {', '.join(unknown)} for arch {arch} ({model})"
+                         + (f"; {hint}" if hint else "")
+                         + f"; valid keys (the fairseq-train flags with '_' for '-', {len(valid)}): {', '.join(valid)}")

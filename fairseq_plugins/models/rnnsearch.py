@@ -304,7 +304,7 @@ class RNNsearchModel(FairseqEncoderDecoderModel):
 
     @classmethod
     def build_model(cls, args, task):
-        check_model_keys(args, _RNN_KEYS, "rnnsearch", f"valid keys: {', '.join(sorted(_RNN_KEYS))}")
+        check_model_keys(args, _RNN_KEYS, "rnnsearch")
         base_architecture(args)
         check_precision_flags()  # --fp16/--bf16 this machine cannot train with (fairseq-train only)
         check_training_ranges()  # --lr, --label-smoothing, --dropout ... in their ranges (fairseq-train only)

@@ -473,9 +473,7 @@ class AttentionTransformerModel(TransformerModel):
             ValueError: an invalid option (:func:`validate_args`) or, in a ``DictConfig``, a key
                 that is no option.
         """
-        check_model_keys(args, AttentionTransformerConfig.flat_keys(), "attention_transformer",
-                         "valid keys are the flags of `fairseq-train --arch <arch> --help` with '_' for '-' "
-                         "(e.g. encoder_attention_fn, reluformer_gamma, encoder_layers)")
+        check_model_keys(args, AttentionTransformerConfig.flat_keys(), "attention_transformer")
         attention_transformer_base(args)
         cfg = validate_args(args)
         check_precision_flags()  # --fp16/--bf16 this machine cannot train with (fairseq-train only)
