@@ -377,6 +377,34 @@ def _sample(task):
             "target": target, "ntokens": target.numel()}
 
 
+def test_a_rela_model_under_the_reg_criterion_at_weight_0_trains_fairseqs_loss_and_logs_its_statistics():
+    """docs/pipeline.md: ReLA rows train with fairseq's criterion, which logs no attention statistic;
+    ``--criterion label_smoothed_cross_entropy_with_reg --reg-weight 0 --attention-entropy`` trains
+    the same loss and gradients (ReLA adds no auxiliary loss) and logs ``attn_null_rate`` /
+    ``attn_entropy`` on validation."""
+    from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEntropyCriterion
+
+    torch.manual_seed(0)
+    model, task = build("rela_transformer_small", encoder_layers=1, decoder_layers=1, attention_entropy=True)
+    sample = _sample(task)
+    stock = LabelSmoothedCrossEntropyCriterion(task, sentence_avg=False, label_smoothing=0.1)
+    model.train()
+    out = {}
+    for name, crit in (("stock", stock), ("reg", _criterion(task, 0.0))):
+        torch.manual_seed(1)
+        loss, ss, log = crit(model, sample)
+        out[name] = loss, ss, torch.autograd.grad(loss, [p for p in model.parameters() if p.requires_grad])
+        assert not any(k.startswith("aux_") for k in log)  # training: nothing regularised, nothing tracked
+    (ls, ss_s, gs), (lr, ss_r, gr) = out["stock"], out["reg"]
+    assert ss_r == ss_s and torch.equal(lr, ls) and all(torch.equal(a, b) for a, b in zip(gs, gr))
+    model.eval()
+    with torch.no_grad():
+        _, ss, log = _criterion(task, 0.0)(model, sample)
+        _, _, log_stock = stock(model, sample)
+    assert 0 <= float(log["aux_attn_null_rate"]) / ss <= 1 and float(log["aux_attn_entropy"]) / ss >= 0
+    assert not any(k.startswith("aux_") for k in log_stock)  # fairseq's criterion never reads them
+
+
 def test_criterion_adds_weighted_mean_scaled_by_sample_size():
     torch.manual_seed(0)
     model, task = build("reluformer_small", encoder_layers=1, decoder_layers=1)
