@@ -127,6 +127,8 @@ ENTRY_KEYS = ("table", "rows", "seeds", "why")
 CLAIM_KEYS = ("id", "claim", "table", "row", "vs", "expect", "margin", "paper")
 EXPECT = ("equal", "better", "worse")
 MIN_SEEDS = 3
+#: the regimes a verdict may rest on (results/README.md's rule: "converged regime (or paper scale)")
+VERDICT_REGIMES = ("converged", "paper")
 BEGIN, END = "<!-- mt-campaign:begin -->", "<!-- mt-campaign:end -->"
 
 
@@ -854,6 +856,25 @@ def _test_set_sd(ref_runs: List[Dict], sys_runs: List[Dict], subset: str) -> Opt
         [tables._read(resolve(x["scores"][subset]["hyp"])) for x in sys_runs], lowercase=lc))
 
 
+def other_budget(res: Dict, row: Dict) -> Optional[str]:
+    """Why the run ``res`` (a ``result.json``) was not trained under the row's budget (``row["_budget"]``,
+    the plan's), or ``None``: the budget it recorded (``config.budget``) differs in a key other than
+    ``train.seed`` (e.g. ``converged.yaml`` edited after the run: its evidence must not be counted as the
+    new budget's).  Records without ``config.budget`` (older ones) are not judged."""
+    recorded = (res.get("config") or {}).get("budget")
+    expected = row.get("_budget")
+    if recorded is None or expected is None:
+        return None
+    diff = []
+    for key in sorted(set(recorded) | set(expected)):
+        a, b = recorded.get(key), expected.get(key)
+        if key == "train" and isinstance(a, dict) and isinstance(b, dict):
+            diff += [f"train.{k}" for k in sorted(set(a) | set(b)) if k != "seed" and a.get(k) != b.get(k)]
+        elif a != b:
+            diff.append(key)
+    return f"trained under another budget ({', '.join(diff)} differ)" if diff else None
+
+
 def claim_verdict(plan: Dict, claim: Dict) -> Dict:
     """The verdict of one plan claim by the page's rule (module docstring): ``{"ours", "verdict",
     "seeds", "trend"}`` (``trend``: :func:`gap_trend` of the seed-matched runs, context beside the
@@ -862,20 +883,25 @@ def claim_verdict(plan: Dict, claim: Dict) -> Dict:
     by_id = {r["id"]: r for r in spec["rows"]}
     row, ref = by_id[claim["row"]], by_id[claim["vs"]]
     first = next(iter(spec["subsets"]))
-    ok = lambda res, r: [x for x in res if tables.failure_reason(x, tables._vocab(spec, r)) is None]  # noqa: E731
-    sys_by = _seed_scores(ok(tables.row_results(spec, row), row), first)
-    ref_by = _seed_scores(ok(tables.row_results(spec, ref), ref), first)
+    ok = lambda res, r: [x for x in res if tables.failure_reason(x, tables._vocab(spec, r)) is None  # noqa: E731
+                         and other_budget(x, r) is None]
+    found = {id(r): tables.row_results(spec, r) for r in (row, ref)}
+    stale = [f"row {r['id']} {os.path.basename(x['_dir'])}: {other_budget(x, r)}"
+             for r in (row, ref) for x in found[id(r)] if other_budget(x, r)]
+    sys_by = _seed_scores(ok(found[id(row)], row), first)
+    ref_by = _seed_scores(ok(found[id(ref)], ref), first)
     common = sorted((s for s in sys_by if s in ref_by), key=str)
     reg = tables.row_regime(row)
     tag = spec.get("_tag") or reg  # e.g. converged_6k: the converged regime at twice the updates
+    left_out = f" (left out: {'; '.join(stale)})" if stale else ""
     if not common:
-        return {"ours": "not run yet", "verdict": f"not tested yet (0/{MIN_SEEDS} seeds)", "seeds": 0,
+        return {"ours": "not run yet" + left_out, "verdict": f"not tested yet (0/{MIN_SEEDS} seeds)", "seeds": 0,
                 "trend": {"cell": "", "own": {}}}
     sys_s = [sys_by[s]["scores"][first]["bleu"] for s in common]
     ref_s = [ref_by[s]["scores"][first]["bleu"] for s in common]
     delta = statistics.fmean(sys_s) - statistics.fmean(ref_s)
     ours = (f"{tables._mean_cell(sys_s)} vs {tables._mean_cell(ref_s)} "  # mean ± sd over seeds
-            f"(Δ {delta:+.2f}, {len(common)} seed{'s' if len(common) > 1 else ''}, {tag})")
+            f"(Δ {delta:+.2f}, {len(common)} seed{'s' if len(common) > 1 else ''}, {tag}){left_out}")
     labels = {tables.hardware_label(x) for x in [sys_by[s] for s in common] + [ref_by[s] for s in common]}
     if len(labels) > 1:  # e.g. CPU fp32 seeds beside GPU fp16 ones: say so beside the numbers
         def on(label, rid, by):
@@ -891,15 +917,16 @@ def claim_verdict(plan: Dict, claim: Dict) -> Dict:
     from .significance import seed_summary, verdict
 
     words = verdict(ref_s, sys_s, [t["bleu_p"] for t in tests])
-    if reg != "converged" or len(common) < MIN_SEEDS:
+    if reg not in VERDICT_REGIMES or len(common) < MIN_SEEDS:
         direction = "better" if delta > 0 else "worse" if delta < 0 else "equal"
         return {"ours": ours, "seeds": len(common), "trend": trend,
                 "verdict": f"not tested yet ({len(common)}/{MIN_SEEDS} seeds, {reg}): so far {direction}; {words}"}
-    from .significance import ALPHA, welch
+    from .significance import seeds_against, welch
 
     a, b = seed_summary(sys_s), seed_summary(ref_s)
     se = math.sqrt(a["sd"] ** 2 / a["n"] + b["sd"] ** 2 / b["n"])  # seeds only: the "beyond seed noise" test
-    all_p = all(t["bleu_p"] < ALPHA for t in tests)
+    # every seed's bootstrap significant *in the direction of the mean* (sacreBLEU's p is for |Δ|)
+    all_p = not seeds_against(ref_s, sys_s, [t["bleu_p"] for t in tests])
     equal = claim["expect"] == "equal"
     sd_test = 0.0
     if equal:  # the equivalence test's interval adds the test set's sampling noise of the seed-mean Δ
@@ -961,11 +988,12 @@ def render_verdicts(plan: Dict, page: Optional[str] = None) -> Optional[str]:
     heading = (f"{plan.get('title') or plan['section']}: verdicts" if plan.get("section")
                else "Converged campaign verdicts")
     lines = [begin, "", f"### {heading} (`mt-campaign render --plan {plan_rel}`)", "",
-             f"Rule (this page's): a verdict needs the converged budget and ≥ {MIN_SEEDS} seed-matched runs of both "
+             f"Rule (this page's): a verdict needs the converged budget (or paper scale) and ≥ {MIN_SEEDS} seed-matched runs of both "
              "rows; first test subset, SacreBLEU mean over seeds; \"beyond seed noise\" = |Δ mean| > 2 standard "
              "errors over seeds (SE seeds: unpaired, √(s₁²/n + s₂²/n) of the seeds' sample sds) and every "
-             "seed-matched paired bootstrap p < 0.05 (sacreBLEU's paired bootstrap, 1,000 resamples: Moses' test, "
-             "one-sided in effect -- a centred two-sided p is about twice as large near 0.05); within it: "
+             "seed-matched paired bootstrap p < 0.05 with that seed's Δ of the mean's sign (sacreBLEU's paired bootstrap, "
+             "1,000 resamples: Moses' test of |Δ|, one-sided in effect -- a centred two-sided p is about twice as "
+             "large near 0.05); within it: "
              "inconclusive. A \"matches\" claim is an equivalence test on Δ ± 2 SE (seeds and test set), "
              "SE = √(SE seeds² + sd test set²), sd test set the bootstrap sd of the seed-mean Δ when one set of "
              "resampled sentences is applied to every seed of both rows (`significance.testset_sd`: the seeds "

@@ -34,7 +34,7 @@ import math
 import statistics
 from typing import Dict, List, Optional, Sequence
 
-__all__ = ["paired_bootstrap", "testset_sd", "seed_summary", "verdict", "N_SAMPLES", "SEED", "ALPHA"]
+__all__ = ["paired_bootstrap", "testset_sd", "seed_summary", "seeds_against", "verdict", "N_SAMPLES", "SEED", "ALPHA"]
 
 N_SAMPLES = 1000
 SEED = 12345  # sacreBLEU's fixed bootstrap seed (PairedTest's default)
@@ -214,6 +214,21 @@ def welch(base: Sequence[float], system: Sequence[float], level: float = 0.95) -
     return {"se": math.sqrt(vb + vs), "df": df, "t": float(student_t.ppf(0.5 + level / 2, df))}
 
 
+def seeds_against(base: Sequence[float], system: Sequence[float], p_values: Sequence[float]) -> int:
+    """How many seed-matched pairs do *not* back the seed mean's difference: a bootstrap p >= ALPHA,
+    or a seed whose own difference ``system[i] - base[i]`` has the other sign (or none).  sacreBLEU's
+    p is for ``|Δ|``, so a seed significantly *worse* has a small p too; it must not count towards
+    "better beyond seed noise".  ``base``, ``system``, ``p_values``: per seed, in the same order.
+
+    Raises:
+        ValueError: the three sequences differ in length.
+    """
+    if not len(base) == len(system) == len(p_values):
+        raise ValueError(f"seeds_against: {len(base)} base, {len(system)} system scores, {len(p_values)} p-values")
+    delta = statistics.fmean(system) - statistics.fmean(base)
+    return sum(not (p < ALPHA and (s - b) * delta > 0) for b, s, p in zip(base, system, p_values))
+
+
 def verdict(base: Sequence[float], system: Sequence[float], p_values: Sequence[float]) -> str:
     """Words for a table cell: does ``system`` differ from ``base`` (per-seed scores, same seeds
     order) beyond noise?  ``p_values``: the seed-matched paired-bootstrap p-values.
@@ -235,9 +250,13 @@ def verdict(base: Sequence[float], system: Sequence[float], p_values: Sequence[f
     numbers = f"(Δ {delta:+.2f} ± {2 * se:.2f}{ps})"
     if abs(delta) <= 2 * se:
         return f"within seed noise {numbers}"
-    if p_values and max(p_values) < ALPHA:
-        return f"exceeds seed noise {numbers}"
     if not p_values:
         return f"not beyond seed noise: Δ exceeds 2 SE, but no seed-matched bootstrap {numbers}"
+    if not seeds_against(base, system, p_values):
+        return f"exceeds seed noise {numbers}"
     high = sum(p >= ALPHA for p in p_values)
-    return f"not beyond seed noise: Δ exceeds 2 SE, but bootstrap p ≥ {ALPHA:g} in {high} of {len(p_values)} seeds {numbers}"
+    if high:
+        return f"not beyond seed noise: Δ exceeds 2 SE, but bootstrap p ≥ {ALPHA:g} in {high} of {len(p_values)} seeds {numbers}"
+    other = seeds_against(base, system, p_values)
+    return (f"not beyond seed noise: Δ exceeds 2 SE, but {other} of {len(p_values)} seeds differ significantly the "
+            f"other way {numbers}")

@@ -379,6 +379,27 @@ def test_claim_verdicts_follow_the_rule_of_the_results_page(tmp_path, monkeypatc
         "; mixed hardware: CPU (c, 2 cores), torch ?, fp32: row 3 seeds 1, 3 and row 1 seeds 1, 2, 3; "
         "NVIDIA H200, torch 2.11.0+cu130, fp16: row 3 seed 2"), mixed["ours"]
     assert "mixed" not in campaign.claim_verdict(plan, claims[0])["ours"]  # rows 1 and 2: all on one CPU
+    # a run that recorded another budget (converged.yaml edited after it trained) is left out and named;
+    # one that recorded the plan's budget (its own seed aside) still counts
+    row3 = next(r for r in plan["_specs"][str(tmp_path / "t.yaml")]["rows"] if r["id"] == 3)
+    for seed, max_update in ((1, row3["_budget"]["train"]["max-update"]), (2, 1000)):
+        path = os.path.join(by_key[f"t row3 seed{seed}"].dir, "result.json")
+        res = json.loads(open(path).read())
+        budget = json.loads(json.dumps(row3["_budget"]))
+        budget["train"].update({"max-update": max_update, "seed": seed})
+        res["config"] = {"budget": budget}
+        with open(path, "w") as f:
+            json.dump(res, f)
+    assert campaign.other_budget(json.loads(open(os.path.join(by_key["t row3 seed1"].dir, "result.json")).read()),
+                                 row3) is None
+    stale = campaign.claim_verdict(plan, claims[1])
+    assert stale["seeds"] == 2 and stale["verdict"].startswith("not tested yet (2/3 seeds, converged)"), stale
+    assert stale["ours"].endswith("(left out: row 3 row3-seed2: trained under another budget (train.max-update "
+                                  "differ))"), stale["ours"]
+    res = json.loads(open(os.path.join(gpu_run, "result.json")).read())
+    del res["config"]
+    with open(os.path.join(gpu_run, "result.json"), "w") as f:
+        json.dump(res, f)
     spec_rows = plan["_specs"][str(tmp_path / "t.yaml")]["rows"]
     results = {r["id"]: run_table.row_results(plan["_specs"][str(tmp_path / "t.yaml")], r) for r in spec_rows}
     lines = run_table.hardware_lines(spec_rows, results)

@@ -260,6 +260,17 @@ def test_verdict_uses_seed_noise():
     assert significance.verdict([30.0, 30.1], [32.0, 32.1], []) == \
         "not beyond seed noise: Δ exceeds 2 SE, but no seed-matched bootstrap (Δ +2.00 ± 0.14)"
     assert significance.verdict([30.0, 31.5, 29.0], [30.6, 29.8, 31.6], []) == "within seed noise (Δ +0.50 ± 1.79)"
+    # sacreBLEU's p is for |Δ|: a seed significantly worse must not count towards "better" (a review's probe:
+    # sys 38, 38, 32 vs ref 28, 28, 34 read "exceeds seed noise" with seed 3's p = 0.001 for Δ -2)
+    base, system = [28.0, 28.0, 28.2, 34.0], [38.0, 38.2, 38.0, 32.0]
+    assert significance.seeds_against(base, system, [0.001] * 4) == 1
+    assert significance.seeds_against(base, system, [0.001, 0.2, 0.001, 0.3]) == 2
+    assert significance.verdict(base, system, [0.001] * 4) == (
+        "not beyond seed noise: Δ exceeds 2 SE, but 1 of 4 seeds differ significantly the other way "
+        "(Δ +7.00 ± 4.24, bootstrap p ≤ 0.001 in each of 4 seeds)")
+    assert significance.verdict(base[:3], system[:3], [0.001] * 3).startswith("exceeds seed noise")
+    with pytest.raises(ValueError, match="3 base, 3 system scores, 2 p-values"):
+        significance.seeds_against(base[:3], system[:3], [0.01, 0.01])
     # the words go into markdown table cells: no "|"
     for args in [([30.0, 30.1], [32.0, 32.1], [0.01, 0.2]), ([30.0, 30.1], [32.0, 32.1], []),
                  ([30.0, 31.5, 29.0], [30.6, 29.8, 31.6], [0.01, 0.2, 0.01]), ([30.0], [31.0], [0.03]),
