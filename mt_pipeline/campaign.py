@@ -538,12 +538,33 @@ def run_state(run: Run) -> Dict:
     if held:
         return {"state": "running", "reason": None, "updates": updates, "where": repo_relative(run.dir)}
     meta = _read_json(os.path.join(run.dir, "campaign.json")) or {}
+    ended = None
     if meta.get("launcher") == "slurm" and meta.get("job_id") and not meta.get("finished"):
-        return {"state": "submitted", "reason": f"job {meta['job_id']}", "updates": updates,
-                "where": repo_relative(run.dir)}
+        # submitit's local executor (--cluster local) runs no SLURM job: nothing to ask
+        local = meta.get("cluster") == "local"
+        alive = None if local else slurm_job_alive(str(meta["job_id"]))
+        if alive is not False:  # queued or running, or no squeue here to ask
+            reason = f"job {meta['job_id']}" + ("" if alive or local else " (squeue not available: not checked)")
+            return {"state": "submitted", "reason": reason, "updates": updates, "where": repo_relative(run.dir)}
+        # gone from the queue without a result (time limit, node failure, scancel): resumable like any other
+        ended = f"slurm job {meta['job_id']} ended without a result"
     if updates or os.path.exists(os.path.join(run.dir, "checkpoints", "checkpoint_last.pt")):
-        return {"state": "partial", "reason": None, "updates": updates, "where": repo_relative(run.dir)}
-    return {"state": "pending", "reason": None, "updates": 0, "where": None}
+        return {"state": "partial", "reason": ended, "updates": updates, "where": repo_relative(run.dir)}
+    return {"state": "pending", "reason": ended, "updates": 0, "where": None}
+
+
+def slurm_job_alive(job_id: str) -> Optional[bool]:
+    """Whether SLURM still has the job (pending, running, completing ...): ``squeue -h -j ID -o %T``
+    prints its state; nothing, or "Invalid job id" once SLURM has forgotten it, means it has left the
+    queue.  ``None`` when there is no ``squeue`` to ask (or it fails otherwise)."""
+    try:
+        out = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True,
+                             timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode == 0:
+        return bool(out.stdout.strip())
+    return False if "invalid job id" in (out.stderr or "").lower() else None
 
 
 def _read_json(path: str) -> Optional[Dict]:
@@ -686,12 +707,9 @@ def analyse(plan: Dict, run: Run) -> List[str]:
 
 def _export_if_stale(run: Run) -> Optional[str]:
     """Export the run's evidence (:func:`mt_pipeline.evidence.export`) unless the committed evidence
-    is newer than its ``result.json`` and every ``analysis_*.json`` beside it; returns the evidence
-    directory written, else None."""
-    ev = os.path.join(evidence.evidence_dir(run.dir, run.regime), "result.json")
-    newest = max(os.path.getmtime(os.path.join(run.dir, n)) for n in os.listdir(run.dir)
-                 if n == "result.json" or (n.startswith("analysis_") and n.endswith(".json")))
-    if os.path.exists(ev) and os.path.getmtime(ev) >= newest:
+    already is this finish of the run, analyses included (:func:`mt_pipeline.evidence.is_current`: by
+    content, not file times); returns the evidence directory written, else None."""
+    if evidence.is_current(run.dir, run.regime):
         return None
     d = evidence.export(run.dir, run.regime)
     if d:

@@ -43,8 +43,8 @@ from typing import Dict, List, Optional
 from .atomic import atomic_path, write_json_atomic
 from .provenance import NO_EVIDENCE, ROOT, evidence_dir, evidence_root, file_sha256, git_commit, repo_relative
 
-__all__ = ["evidence_root", "evidence_dir", "export", "export_decode", "locate", "resolve", "rescore", "RescoreError",
-           "stale_decodes", "drop_stale_decodes",
+__all__ = ["evidence_root", "evidence_dir", "export", "export_decode", "is_current", "locate", "resolve", "rescore",
+           "RescoreError", "stale_decodes", "drop_stale_decodes",
            "NO_EVIDENCE", "predates_evidence"]
 
 MANIFEST = "MANIFEST.json"
@@ -82,20 +82,65 @@ def _copy_to(src: str, dst: str) -> None:
         shutil.copyfile(src, tmp)
 
 
+#: the fields of a run's ``result.json`` that identify one finish of it (a re-run changes them)
+_FINISH_KEYS = ("time", "status", "decoded_checkpoint_sha256")
+
+
+def is_current(run_dir: str, regime: str) -> bool:
+    """Whether the run's committed evidence is its latest finish: the evidence's ``result.json`` has
+    the run's own ``time``, ``status`` and decoded checkpoint, and its manifest the SHA-256 of every
+    ``analysis_*.json`` of the run directory.  By content, not file times: a ``git checkout`` or
+    ``pull`` gives the evidence a fresh mtime without making it the run's."""
+    ev = evidence_dir(run_dir, regime)
+    try:
+        with open(os.path.join(run_dir, "result.json")) as f:
+            mine = json.load(f)
+        with open(os.path.join(ev, "result.json")) as f:
+            theirs = json.load(f)
+    except FileNotFoundError:
+        return False
+    if any(mine.get(k) != theirs.get(k) for k in _FINISH_KEYS):
+        return False
+    files = _old_files(ev)
+    return all(files.get(n) == file_sha256(os.path.join(run_dir, n)) for n in os.listdir(run_dir)
+               if n.startswith("analysis_") and n.endswith(".json"))
+
+
+def _sources(run_dir: str, res: Dict) -> List[str]:
+    """Every file :func:`export` copies from, so that a missing one stops it before it writes."""
+    out = [resolve(s["hyp"]) for s in (res.get("scores") or {}).values()]
+    out += [resolve(inv["diff"]) for inv in res.get("train_invocations") or [] if inv.get("diff")]
+    return out
+
+
 def export(run_dir: str, regime: str) -> Optional[str]:
     """Copy the evidence of a finished run (``result.json`` with ``status: done``) into its
-    evidence directory; returns that directory, or None when the run has not finished (a failed
-    run is exported too: its record and log say why it failed).
+    evidence directory; returns that directory, or None when the run has not finished, or when it
+    failed and its evidence directory holds an earlier *successful* finish (e.g. a run trained again
+    for a post-training step that then diverged): that evidence is kept, the failure stays in the run
+    directory.  A failed run without such evidence is exported: its record and log say why it failed.
 
     Raises:
-        FileNotFoundError: a file the result names (hypotheses, a training invocation's diff) is missing.
+        FileNotFoundError: a file the result names (hypotheses, a training invocation's diff) is
+            missing -- checked before anything is written, so the evidence is never half old, half new.
     """
+    import sys
+
     res_path = os.path.join(run_dir, "result.json")
     if not os.path.exists(res_path):
         return None
     with open(res_path) as f:
         res = json.load(f)
+    missing = [p for p in _sources(run_dir, res) if not os.path.exists(p)]
+    if missing:
+        raise FileNotFoundError(f"evidence of {run_dir}: {', '.join(missing)} missing; nothing exported")
     out = evidence_dir(run_dir, regime)
+    if res.get("status") != "done" and os.path.exists(os.path.join(out, "result.json")):
+        with open(os.path.join(out, "result.json")) as f:
+            if json.load(f).get("status") == "done":
+                print(f"[evidence] {run_dir} did not finish ({res.get('status')}); the committed evidence of its "
+                      f"earlier successful training in {repo_relative(out)} is kept", file=sys.stderr)
+                return None
     os.makedirs(out, exist_ok=True)
     old = _old_files(out)
     written: Dict[str, str] = {}

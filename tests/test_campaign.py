@@ -583,7 +583,8 @@ def test_a_finished_run_gets_the_analyses_of_every_table_that_shows_it(tmp_path,
         f"open({str(calls)!r}, 'a').write(a.checkpoint + '\\n')\n"
         "import os\n"  # the run's scores were exported before its analysis started
         f"open({str(calls) + '.evidence'!r}, 'a').write(str(os.path.exists(os.environ['FAKE_EVIDENCE'])) + '\\n')\n"
-        "json.dump({'e': [42.0]}, open(a.json, 'w'))\n")
+        f"n = len(open({str(calls)!r}).read().splitlines())\n"  # a re-run analysis of a new model: new numbers
+        "json.dump({'e': [41.0 + n]}, open(a.json, 'w'))\n")
     budget = "configs/multi30k/small_cpu.yaml"
     base = {"src": "en", "tgt": "de", "subsets": {"test": "test2016", "test1": "test2017"}, "paper_label": "paper",
             "budget": budget}
@@ -628,6 +629,7 @@ def test_a_finished_run_gets_the_analyses_of_every_table_that_shows_it(tmp_path,
     later = time.time() + 5
     os.utime(ckpt, (later, later))
     assert campaign.collect(plan) == [str(ev1)] and len(calls.read_text().splitlines()) == 2
+    assert json.loads((ev1 / "analysis_energy.json").read_text()) == {"e": [43.0]}
     # a fresh checkout (the shared run's directory gone): the table reads the column from the evidence
     import shutil
 
@@ -636,7 +638,7 @@ def test_a_finished_run_gets_the_analyses_of_every_table_that_shows_it(tmp_path,
     shutil.rmtree(run1.dir)
     (row7,) = spec_a["rows"]
     (res7,) = run_table.row_results(spec_a, row7)
-    assert res7["_dir"] == str(ev1) and run_table._analysis_cells(spec_a, row7, res7) == ["42.000"]
+    assert res7["_dir"] == str(ev1) and run_table._analysis_cells(spec_a, row7, res7) == ["43.000"]
     shutil.copytree(tmp_path / "run1_kept", run1.dir)
     # an analysis that fails leaves no file and does not raise
     os.unlink(pathlib.Path(run1.dir) / "analysis_energy.json")
@@ -984,3 +986,37 @@ def test_a_done_step_runs_again_when_a_step_not_done_reads_a_file_it_writes_that
     assert campaign.after_state(t1, plan) == {"state": "done", "reason": None}
     shutil.rmtree(tmp_path / "runs")  # another fresh machine: both pages have evidence, nothing retrains
     assert campaign._retrain_for_after(plan) == []
+
+
+def test_a_slurm_job_gone_from_the_queue_without_a_result_is_resumable(tmp_path, monkeypatch):
+    """A review's probe: with --no-wait (or the waiting mt-campaign killed) nothing records that a
+    SLURM job ended, so a job that hit its time limit stayed "submitted" and was never queued again."""
+    monkeypatch.setenv("MT_EVIDENCE_ROOT", str(tmp_path / "evidence"))
+    run = campaign.Run(key="t row1 seed1", table="t.yaml", spec={}, row={"id": 1, "_budget": {"train": {}}}, seed=1,
+                       dir=str(tmp_path / "runs" / "row1"), tables=["t.yaml"])
+    os.makedirs(os.path.join(run.dir, "checkpoints"))
+    with open(os.path.join(run.dir, "campaign.json"), "w") as f:
+        json.dump({"launcher": "slurm", "cluster": "slurm", "job_id": "4242"}, f)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    squeue = bin_dir / "squeue"
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    for script, state, reason in (
+            ("echo RUNNING", "submitted", "job 4242"),  # still in the queue
+            ("exit 0", "pending", "slurm job 4242 ended without a result"),  # left it: nothing printed
+            ("echo 'slurm_load_jobs error: Invalid job id specified' >&2; exit 1", "pending",
+             "slurm job 4242 ended without a result"),  # forgotten by SLURM
+            ("echo 'slurm_load_jobs error: Unable to contact slurm controller' >&2; exit 1", "submitted",
+             "job 4242 (squeue not available: not checked)")):  # cannot tell: keep waiting
+        squeue.write_text(f"#!/bin/sh\n{script}\n")
+        squeue.chmod(0o755)
+        st = campaign.run_state(run)
+        assert (st["state"], st["reason"]) == (state, reason), (script, st)
+    squeue.write_text("#!/bin/sh\nexit 0\n")
+    with open(os.path.join(run.dir, "checkpoints", "checkpoint_last.pt"), "w") as f:
+        f.write("x")  # trained a while before its time limit: resumes from its checkpoint
+    st = campaign.run_state(run)
+    assert (st["state"], st["reason"]) == ("partial", "slurm job 4242 ended without a result")
+    with open(os.path.join(run.dir, "campaign.json"), "w") as f:
+        json.dump({"launcher": "slurm", "cluster": "local", "job_id": "77"}, f)  # submitit's local executor
+    assert campaign.run_state(run)["state"] == "submitted"

@@ -311,3 +311,56 @@ def test_export_drops_the_decodes_of_a_replaced_model(tmp_path, monkeypatch):
     evidence.export(str(run), "smoke")
     assert not os.path.exists(old_dec) and os.path.exists(os.path.join(new_dec, "result.json"))
     assert (tmp_path / "evidence" / "note.txt").exists() and evidence.stale_decodes(ev) == []
+
+
+def test_export_is_all_or_nothing_keeps_a_success_over_a_later_failure_and_knows_its_own_finish(tmp_path, monkeypatch):
+    """A review's probes: a missing source left the evidence half old, half new; a failed re-training
+    replaced the committed evidence of an earlier successful one; staleness was read from file times, so
+    a checkout that rewrote the evidence hid a newer local finish from the export."""
+    from mt_pipeline import evidence
+
+    monkeypatch.setenv("MT_EVIDENCE_ROOT", str(tmp_path / "evidence"))
+    run = tmp_path / "runs" / "t" / "row1"
+    run.mkdir(parents=True)
+    ref = tmp_path / "ref.txt"
+    ref.write_text("a b c\n")
+
+    def result(status, hyp_text, when, subsets=("test",)):
+        for s in subsets:
+            (run / f"{s}.hyp").write_text(hyp_text)
+        scores = {s: {"bleu": 100.0, "hyp": str(run / f"{s}.hyp"), "ref": str(ref)} for s in subsets}
+        (run / "result.json").write_text(json.dumps({"status": status, "git_commit": "abc", "time": when,
+                                                     "decoded_checkpoint_sha256": when, "scores": scores}))
+
+    result("done", "old\n", "t1")
+    assert not evidence.is_current(str(run), "smoke")
+    ev = evidence.export(str(run), "smoke")
+    assert evidence.is_current(str(run), "smoke")
+    old = {n: open(os.path.join(ev, n), "rb").read() for n in sorted(os.listdir(ev))}
+    # a later finish whose second subset's hypotheses are gone: refused before anything is written
+    result("done", "new\n", "t2", subsets=("test", "test1"))
+    os.unlink(run / "test1.hyp")
+    with pytest.raises(FileNotFoundError, match="test1.hyp missing; nothing exported"):
+        evidence.export(str(run), "smoke")
+    assert {n: open(os.path.join(ev, n), "rb").read() for n in sorted(os.listdir(ev))} == old
+    # the evidence touched by a checkout is still not this finish: judged by content, not time
+    os.utime(os.path.join(ev, "result.json"), (4e9, 4e9))
+    assert not evidence.is_current(str(run), "smoke")
+    # an analysis written after the export makes it stale too
+    result("done", "new\n", "t2")
+    evidence.export(str(run), "smoke")
+    assert evidence.is_current(str(run), "smoke")
+    (run / "analysis_x.json").write_text("{}")
+    assert not evidence.is_current(str(run), "smoke")
+    evidence.export(str(run), "smoke")
+    assert evidence.is_current(str(run), "smoke")
+    done = json.load(open(os.path.join(ev, "result.json")))
+    # trained again (for a post-training step) and failed: the successful evidence stays
+    (run / "result.json").write_text(json.dumps({"status": "failed", "time": "t3", "scores": {}}))
+    assert evidence.export(str(run), "smoke") is None
+    assert json.load(open(os.path.join(ev, "result.json"))) == done and os.path.exists(os.path.join(ev, "test.hyp.detok.gz"))
+    # a failed run without successful evidence is exported (its record says why)
+    other = tmp_path / "runs" / "t" / "row2"
+    other.mkdir()
+    (other / "result.json").write_text(json.dumps({"status": "failed", "time": "t1", "scores": {}}))
+    assert json.load(open(os.path.join(evidence.export(str(other), "smoke"), "result.json")))["status"] == "failed"
