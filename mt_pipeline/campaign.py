@@ -879,15 +879,19 @@ def other_budget(res: Dict, row: Dict) -> Optional[str]:
     the plan's), or ``None``: the budget it recorded (``config.budget``) differs in a key other than
     ``train.seed`` (e.g. ``converged.yaml`` edited after the run: its evidence must not be counted as the
     new budget's).  Records without ``config.budget`` (older ones) are not judged."""
+    from .experiment import BATCH_SPLIT
+
     recorded = (res.get("config") or {}).get("budget")
     expected = row.get("_budget")
     if recorded is None or expected is None:
         return None
+    # a budget with a `batch` section records no split of its tokens over GPUs (experiment.run_config)
+    ignore = {"seed"} | (set(BATCH_SPLIT) if expected.get("batch") else set())
     diff = []
     for key in sorted(set(recorded) | set(expected)):
         a, b = recorded.get(key), expected.get(key)
         if key == "train" and isinstance(a, dict) and isinstance(b, dict):
-            diff += [f"train.{k}" for k in sorted(set(a) | set(b)) if k != "seed" and a.get(k) != b.get(k)]
+            diff += [f"train.{k}" for k in sorted(set(a) | set(b)) if k not in ignore and a.get(k) != b.get(k)]
         elif a != b:
             diff.append(key)
     return f"trained under another budget ({', '.join(diff)} differ)" if diff else None

@@ -1020,3 +1020,20 @@ def test_a_slurm_job_gone_from_the_queue_without_a_result_is_resumable(tmp_path,
     with open(os.path.join(run.dir, "campaign.json"), "w") as f:
         json.dump({"launcher": "slurm", "cluster": "local", "job_id": "77"}, f)  # submitit's local executor
     assert campaign.run_state(run)["state"] == "submitted"
+
+
+def test_other_budget_ignores_the_seed_and_a_paper_budgets_gpu_split():
+    """A paper-scale run records its budget without the GPU split of its batch (experiment.run_config: it may
+    resume on another GPU count), so that split is no difference; the seed never is; anything else is."""
+    row = {"_budget": {"regime": "paper", "batch": {"tokens": 25000},
+                       "train": {"lr": 7e-4, "max-tokens": 4096, "update-freq": 6, "seed": 1}}}
+    recorded = {"regime": "paper", "batch": {"tokens": 25000}, "train": {"lr": 7e-4, "seed": 3}}
+    assert campaign.other_budget({"config": {"budget": recorded}}, row) is None
+    recorded["train"]["lr"] = 1e-3
+    assert campaign.other_budget({"config": {"budget": recorded}}, row) == \
+        "trained under another budget (train.lr differ)"
+    del row["_budget"]["batch"], recorded["batch"]  # without `batch`, the split is part of the budget
+    recorded["train"]["lr"] = 7e-4
+    assert campaign.other_budget({"config": {"budget": recorded}}, row) == \
+        "trained under another budget (train.max-tokens, train.update-freq differ)"
+    assert campaign.other_budget({"config": {}}, row) is None  # an older record without its budget: not judged
