@@ -603,7 +603,8 @@ def main(argv=None):
     os.makedirs(os.path.join(args.out, "figures"), exist_ok=True)
     report = {
         "provenance": provenance.collect(provenance.command_line("fairseq-attention-analysis", argv)),
-        "settings": {"taus": args.taus, "top_p": [f"{p:g}" for p in args.top_p], "max_tokens": args.max_tokens,
+        "settings": {"taus": list(dict.fromkeys((1.0, *args.taus))),  # as AttentionStats uses them
+                     "top_p": [f"{p:g}" for p in args.top_p], "max_tokens": args.max_tokens,
                      "seed": args.seed, "beam": args.beam, "attention_level": level},
         "data": {"dir": provenance.repo_relative(os.path.abspath(args.data)), "split": args.split},
         "models": {}, "aer": {},
