@@ -614,7 +614,8 @@ def render(spec: Dict, seeds: Optional[List[int]] = None) -> None:
                                      + (["`vs its reference`: difference to the row named in the cell (the spec's "
                                          "`vs` of each row)"] if pair_ref else []))
               + f" on {subsets[first]}, sacreBLEU's paired bootstrap (1,000 resamples) per seed; with several seeds \"exceeds seed noise\" "
-              "means |Δ mean| > 2 standard errors over seeds and p < 0.05 for every seed-matched pair "
+              "means |Δ mean| > 2 standard errors over seeds and, for every seed-matched pair, p < 0.05 with that "
+              "seed's Δ of the mean's sign "
               "(`mt_pipeline.significance`).", ""]
     figure = _loss_figure(spec, results, os.path.join(ROOT, spec["out"])) if results else None
     if figure:
