@@ -905,11 +905,10 @@ def claim_verdict(plan: Dict, claim: Dict) -> Dict:
     by_id = {r["id"]: r for r in spec["rows"]}
     row, ref = by_id[claim["row"]], by_id[claim["vs"]]
     first = next(iter(spec["subsets"]))
-    ok = lambda res, r: [x for x in res if tables.failure_reason(x, tables._vocab(spec, r)) is None  # noqa: E731
-                         and other_budget(x, r) is None]
-    found = {id(r): tables.row_results(spec, r) for r in (row, ref)}
-    stale = [f"row {r['id']} {os.path.basename(x['_dir'])}: {other_budget(x, r)}"
-             for r in (row, ref) for x in found[id(r)] if other_budget(x, r)]
+    found = {id(r): [(x, other_budget(x, r)) for x in tables.row_results(spec, r)] for r in (row, ref)}
+    ok = lambda res, r: [x for x, other in res  # noqa: E731
+                         if other is None and tables.failure_reason(x, tables._vocab(spec, r)) is None]
+    stale = [f"row {r['id']} {os.path.basename(x['_dir'])}: {other}" for r in (row, ref) for x, other in found[id(r)] if other]
     sys_by = _seed_scores(ok(found[id(row)], row), first)
     ref_by = _seed_scores(ok(found[id(ref)], ref), first)
     common = sorted((s for s in sys_by if s in ref_by), key=str)

@@ -252,11 +252,12 @@ def verdict(base: Sequence[float], system: Sequence[float], p_values: Sequence[f
         return f"within seed noise {numbers}"
     if not p_values:
         return f"not beyond seed noise: Δ exceeds 2 SE, but no seed-matched bootstrap {numbers}"
-    if not seeds_against(base, system, p_values):
+    against = seeds_against(base, system, p_values)
+    if not against:
         return f"exceeds seed noise {numbers}"
     high = sum(p >= ALPHA for p in p_values)
     if high:
         return f"not beyond seed noise: Δ exceeds 2 SE, but bootstrap p ≥ {ALPHA:g} in {high} of {len(p_values)} seeds {numbers}"
-    other = seeds_against(base, system, p_values)
+    other = against  # every p < ALPHA: the seeds against are those of the other sign
     return (f"not beyond seed noise: Δ exceeds 2 SE, but {other} of {len(p_values)} seeds differ significantly the "
             f"other way {numbers}")
