@@ -643,9 +643,18 @@ def test_end_to_end_train_generate_energy(tmp_path):
             assert res[f"energy_{part}_{hw}_pJ_at_mean_lengths"] == pytest.approx(at_mean[0], rel=1e-9)
             assert res[f"energy_{part}_{hw}_pct"][0] == pytest.approx(100 * at_mean[0] / at_mean[1], rel=1e-9)
             assert abs(res[f"energy_{part}_{hw}_uJ"][0] * 1e6 / at_mean[0] - 1) > 1e-4  # the two differ
+            # the gap between them, in % of the mean, for ours and vanilla attention (docs/eatt.md)
+            each_van = [E.energy_pj(E.total(E.model_ops(van, layers, a, b, 32, 2, None, part).values()), hw)
+                        for a, b in lengths]
+            gap = res[f"energy_{part}_at_mean_lengths_below_mean_pct"]
+            for key, per, at in ((hw, each, at_mean[0]), (f"vanilla_{hw}", each_van, at_mean[1])):
+                mean = sum(per) / 50
+                assert gap[key] == pytest.approx(100 * (mean - at) / mean, rel=1e-6, abs=1e-9)
     assert os.path.getsize(tmp_path / "rho.png") > 0
     md = (tmp_path / "energy.md").read_text()  # the Markdown names how to regenerate it
     assert "## Provenance" in md and "--max-sentences 50" in md and "- git commit: `" in md
+    g = res["energy_scores_at_mean_lengths_below_mean_pct"]
+    assert f"scores {g['asic']:.2f} % (ASIC) / {g['fpga']:.2f} % (FPGA) below the mean" in md
     # a checkpoint trained outside mt-experiment has no training record: the page says so
     assert res["model"]["run_dir"] is None and res["model"]["evidence"] is None
     assert res["provenance"]["git_commit"] and "--max-sentences 50" in res["provenance"]["command"]

@@ -305,7 +305,7 @@ def mean_model_ops(fns: Mapping[str, str], layers: Mapping[str, int], lengths: I
 
     The counts hold ``l_q l_k`` terms (and ``l^2`` in self-attention), so the mean over sentences
     is *not* :func:`model_ops` at the mean lengths: ``E[l^2] = E[l]^2 + Var[l]`` (on Multi30k's
-    validation set the score energy differs by 0.6-6 %: results/eatt/figure1_dimension.md).  Energy is linear in the counts, so
+    validation set the score energy differs by 0.6-5.5 %: results/eatt/figure1_dimension.md).  Energy is linear in the counts, so
     ``energy_pj(total(mean_model_ops(...)), hw)`` is the mean per-sentence energy.
 
     Args:
