@@ -532,8 +532,13 @@ def run_state(run: Run) -> Dict:
         with open(os.path.join(found, "result.json")) as f:
             res = json.load(f)
         reason = tables.failure_reason(res, _vocab(run))
-        return {"state": "failed" if reason else "done", "reason": reason, "updates": res.get("updates", 0),
-                "where": repo_relative(found), "result": res}
+        # a failure in committed evidence whose run directory has had a failed attempt retired
+        # (--retry-failed) is that attempt or an older one: the retry, even killed, supersedes it
+        retried = (reason and res.get("status") == "failed" and os.path.abspath(found) != os.path.abspath(run.dir)
+                   and tables.retired_failures(run.dir))
+        if not retried:
+            return {"state": "failed" if reason else "done", "reason": reason, "updates": res.get("updates", 0),
+                    "where": repo_relative(found), "result": res}
     updates = _updates_so_far(run.dir)
     if held:
         return {"state": "running", "reason": None, "updates": updates, "where": repo_relative(run.dir)}
@@ -850,7 +855,8 @@ def _test_set_sd(ref_runs: List[Dict], sys_runs: List[Dict], subset: str) -> Opt
     the reference file is missing.
 
     Raises:
-        ValueError: the runs record different references for ``subset`` (``ref_sha256``).
+        ValueError: the runs record different references for ``subset`` (``ref_sha256``), or the
+            reference file is not the one scored (:func:`mt_pipeline.tables.read_reference`).
     """
     from .evidence import resolve
     from .significance import testset_sd
@@ -869,7 +875,7 @@ def _test_set_sd(ref_runs: List[Dict], sys_runs: List[Dict], subset: str) -> Opt
     key = (f"testset_sd:{subset}:{ids(ref_runs)}:{ids(sys_runs)}" + (f":{next(iter(shas))}" if shas else "")
            + (":lc" if lc else ""))
     return tables.cached_significance(sys_runs[0]["_dir"], key, lambda: testset_sd(
-        tables._read(resolve(scores[0]["ref"])),
+        tables.read_reference(scores[0]),
         [tables._read(resolve(x["scores"][subset]["hyp"])) for x in ref_runs],
         [tables._read(resolve(x["scores"][subset]["hyp"])) for x in sys_runs], lowercase=lc))
 
@@ -932,7 +938,10 @@ def claim_verdict(plan: Dict, claim: Dict) -> Dict:
             f"{label}: {' and '.join(on(label, claim['row'], sys_by) + on(label, claim['vs'], ref_by))}"
             for label in sorted(labels))
     trend = gap_trend([(sys_by[s]["_dir"], ref_by[s]["_dir"]) for s in common], claim["row"], claim["vs"])
-    tests = [tables._significance(ref_by[s], sys_by[s], first) for s in common]
+    try:
+        tests = [tables._significance(ref_by[s], sys_by[s], first) for s in common]
+    except (OSError, ValueError) as err:  # e.g. the reference is not the one the runs were scored against
+        return {"ours": ours, "verdict": f"cannot test: {err}", "seeds": len(common), "trend": trend}
     if any(t is None for t in tests):
         return {"ours": ours, "verdict": "hypotheses missing: cannot test", "seeds": len(common), "trend": trend}
     from .significance import seed_summary, verdict
@@ -951,7 +960,10 @@ def claim_verdict(plan: Dict, claim: Dict) -> Dict:
     equal = claim["expect"] == "equal"
     sd_test = 0.0
     if equal:  # the equivalence test's interval adds the test set's sampling noise of the seed-mean Δ
-        joint = _test_set_sd([ref_by[s] for s in common], [sys_by[s] for s in common], first)
+        try:
+            joint = _test_set_sd([ref_by[s] for s in common], [sys_by[s] for s in common], first)
+        except (OSError, ValueError) as err:
+            return {"ours": ours, "verdict": f"cannot test: {err}", "seeds": len(common), "trend": trend}
         if joint is None:
             return {"ours": ours, "verdict": "hypotheses missing: cannot test", "seeds": len(common), "trend": trend}
         sd_test = joint["sd"]
@@ -1187,9 +1199,10 @@ def _candidates(plan: Dict, retry_failed: bool) -> List[Run]:
     todo = []
     retrain = {r.dir for r in _retrain_for_after(plan)}
     for run in plan["_runs"]:
-        st = run_state(run)["state"]
+        state = run_state(run)
+        st = state["state"]
         if st == "failed" and retry_failed:
-            tables.retire_failed(run.dir)
+            tables.retire_failed(run.dir, state.get("result"))
             st = "pending"
         if st in ("pending", "partial") or run.dir in retrain:
             todo.append(run)

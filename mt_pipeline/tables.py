@@ -225,19 +225,36 @@ def failure_reason(res: Dict, vocab_size: Optional[int]) -> Optional[str]:
     return None
 
 
-def retire_failed(rdir: str) -> Optional[str]:
+def retire_failed(rdir: str, committed: Optional[Dict] = None) -> Optional[str]:
     """Move a failed run's ``result.json`` aside (``result.failed-<time>.json``, kept as the record
     of that attempt) so the run is tried again; its checkpoints stay and training resumes.
-    Returns the new name, or None when the run has no failed result."""
+
+    ``committed``: the run's failed record from committed evidence, used when the run directory
+    holds no ``result.json`` (a fresh checkout): it is copied in as ``result.failed-<time>.json``, so
+    the directory records that the failure was retried (:func:`retired_failures`) and a killed retry
+    shows as partial, not as the old failure.  Committed evidence is never touched.
+
+    Returns the new file's path, or None when there is no failed result to retire."""
     path = os.path.join(rdir, "result.json")
+    new = os.path.join(rdir, time.strftime("result.failed-%Y%m%d-%H%M%S.json"))
     if not os.path.exists(path):
-        return None
+        if not committed or committed.get("status") != "failed":
+            return None
+        os.makedirs(rdir, exist_ok=True)
+        write_json_atomic(new, {k: v for k, v in committed.items() if not k.startswith("_")})
+        return new
     with open(path) as f:
         if json.load(f).get("status") != "failed":
             return None
-    new = os.path.join(rdir, time.strftime("result.failed-%Y%m%d-%H%M%S.json"))
     os.replace(path, new)
     return new
+
+
+def retired_failures(rdir: str) -> List[str]:
+    """The ``result.failed-<time>.json`` files :func:`retire_failed` left in ``rdir``, oldest first."""
+    if not os.path.isdir(rdir):
+        return []
+    return sorted(n for n in os.listdir(rdir) if n.startswith("result.failed-") and n.endswith(".json"))
 
 
 def row_failed(res: Dict, vocab_size: Optional[int]) -> bool:
@@ -436,6 +453,25 @@ def _read(path: str) -> List[str]:
     return read_lines(path)
 
 
+def read_reference(score: Dict) -> List[str]:
+    """The reference lines a subset's score record (``result.json`` ``scores[subset]``) was scored
+    against, for a bootstrap that pairs them with its hypotheses.
+
+    Raises:
+        ValueError: the file at ``score["ref"]`` is not the one scored (its sha256 differs from the
+            recorded ``ref_sha256``: data prepared again differently, or another machine's data).
+        FileNotFoundError: the reference is missing.
+    """
+    from .evidence import resolve
+    from .provenance import file_sha256
+
+    path = resolve(score["ref"])
+    if score.get("ref_sha256") and file_sha256(path) != score["ref_sha256"]:
+        raise ValueError(f"reference {score['ref']} differs from the one scored (sha256 "
+                         f"{score['ref_sha256'][:12]} recorded): prepare the data as the run did")
+    return _read(path)
+
+
 def lowercased(score: Dict) -> bool:
     """Whether a subset's score record was computed on lowercased text: its sacreBLEU signature
     says ``case:lc`` (:func:`mt_pipeline.scoring.score_files` with ``lowercase``)."""
@@ -451,7 +487,8 @@ def _significance(ref_res: Dict, res: Dict, subset: str) -> Optional[Dict]:
 
     Raises:
         ValueError: the two runs record different references for ``subset`` (``ref_sha256``):
-            their hypotheses are not paired sentence by sentence.
+            their hypotheses are not paired sentence by sentence; or the reference file is not the
+            one scored (:func:`read_reference`).
     """
     from .evidence import resolve
     from .significance import paired_bootstrap
@@ -466,7 +503,7 @@ def _significance(ref_res: Dict, res: Dict, subset: str) -> Optional[Dict]:
     key = (f"{subset}:{a.get('checkpoint_sha256', a['hyp'])}:{b.get('checkpoint_sha256', b['hyp'])}"
            + (f":{a['ref_sha256']}" if a.get("ref_sha256") else "") + (":lc" if lc else ""))
     return cached_significance(res["_dir"], key, lambda: paired_bootstrap(
-        _read(resolve(a["ref"])), _read(resolve(a["hyp"])), _read(resolve(b["hyp"])), lowercase=lc))
+        read_reference(a), _read(resolve(a["hyp"])), _read(resolve(b["hyp"])), lowercase=lc))
 
 
 def cached_significance(run_dir: str, key: str, compute):

@@ -434,6 +434,55 @@ def test_claim_verdicts_follow_the_rule_of_the_results_page(tmp_path, monkeypatc
     assert "| training logs missing |" in text and "Last column: the seed-mean difference of validation NLL" in text
 
 
+def test_a_bootstrap_refuses_a_reference_that_is_not_the_one_scored(tmp_path, monkeypatch):
+    """A review's probe: the paired bootstrap read whatever file the record's ``ref`` path held now
+    (data prepared again, another machine's data) and paired it with hypotheses scored against
+    another text; it must check the recorded ``ref_sha256`` and the verdict must say why it cannot test."""
+    import pathlib
+
+    from mt_pipeline.provenance import file_sha256
+
+    monkeypatch.setenv("MT_EVIDENCE_ROOT", str(tmp_path / "evidence"))
+    words = "a man in a blue shirt is riding a red bike".split()
+    refs = [" ".join(words[i % 5:i % 5 + 5]) for i in range(60)]
+    ref = tmp_path / "ref.txt"
+    ref.write_text("\n".join(refs) + "\n")
+    budget_path = tmp_path / "conv.yaml"
+    budget_path.write_text(yaml.safe_dump({"base": "configs/multi30k/converged.yaml", "data": {"subsets": ["test"]}}))
+    spec = {"title": "t", "out": str(tmp_path / "t.md"), "runs": str(tmp_path / "runs" / "t"), "budget": str(budget_path),
+            "src": "en", "tgt": "de", "subsets": {"test": "test2016"}, "paper_label": "paper",
+            "rows": [{"id": 1, "name": "base", "arch": "a"}, {"id": 2, "name": "other", "arch": "a"}]}
+    (tmp_path / "t.yaml").write_text(yaml.safe_dump(spec))
+    claim = {"id": "c", "claim": "row 2 is worse", "table": str(tmp_path / "t.yaml"), "row": 2, "vs": 1,
+             "expect": "worse"}
+    plan_path = tmp_path / "plan.yaml"
+    plan_path.write_text(yaml.safe_dump({"budget": str(budget_path), "claims": [claim],
+                                         "runs": [{"table": str(tmp_path / "t.yaml"), "rows": [1, 2], "seeds": [1]}]}))
+    plan = campaign.load_plan(str(plan_path))
+    runs = {r.key: r for r in plan["_runs"]}
+    for rid, hyp in ((1, refs), (2, [l.replace("man", "dog") for l in refs])):
+        d = pathlib.Path(runs[f"t row{rid} seed1"].dir)
+        os.makedirs(d, exist_ok=True)
+        _fake_run(d, hyp, ref, 1, tmp_path)
+        res = json.loads((d / "result.json").read_text())
+        res["scores"]["test"]["ref_sha256"] = file_sha256(str(ref))  # as evidence.export records it
+        (d / "result.json").write_text(json.dumps(res))
+    spec_l = plan["_specs"][str(tmp_path / "t.yaml")]
+    by_id = {r["id"]: run_table.row_results(spec_l, r)[0] for r in spec_l["rows"]}
+    assert run_table._significance(by_id[1], by_id[2], "test")["bleu_p"] < 0.05  # the scored reference: fine
+    assert campaign.claim_verdict(plan, claim)["verdict"].startswith("not tested yet (1/3 seeds, converged)")
+    for d in (runs["t row1 seed1"].dir, runs["t row2 seed1"].dir):  # the cache holds the first bootstrap
+        if os.path.exists(os.path.join(d, "significance.json")):
+            os.remove(os.path.join(d, "significance.json"))
+    ref.write_text("\n".join(reversed(refs)) + "\n")  # prepared again: another text at the same path
+    with pytest.raises(ValueError, match="differs from the one scored"):
+        run_table._significance(by_id[1], by_id[2], "test")
+    v = campaign.claim_verdict(plan, claim)
+    assert v["verdict"].startswith("cannot test: reference ") and "differs from the one scored" in v["verdict"], v
+    with pytest.raises(ValueError, match="differs from the one scored"):
+        campaign._test_set_sd([by_id[1]], [by_id[2]], "test")
+
+
 def _valid_log(path, nll, updates):
     """A fairseq JSON training log whose validations at ``updates`` report ``nll(u)`` as
     ``valid_nll_loss`` (``valid_loss`` 1 higher: label smoothing), gzipped by the path's suffix."""
@@ -1020,6 +1069,48 @@ def test_a_slurm_job_gone_from_the_queue_without_a_result_is_resumable(tmp_path,
     with open(os.path.join(run.dir, "campaign.json"), "w") as f:
         json.dump({"launcher": "slurm", "cluster": "local", "job_id": "77"}, f)  # submitit's local executor
     assert campaign.run_state(run)["state"] == "submitted"
+
+
+def test_a_killed_retry_of_a_failed_run_shows_partial_not_the_old_failure(tmp_path, monkeypatch):
+    """A review's probe: ``--retry-failed`` on a failure held only in committed evidence (a fresh
+    checkout) left no trace in the run directory, so a retry killed mid-training showed the old
+    failure again (and was not resumed without ``--retry-failed``)."""
+    from mt_pipeline.budget import load_budget
+
+    monkeypatch.setenv("MT_EVIDENCE_ROOT", str(tmp_path / "evidence"))
+    row = {"id": 2, "_budget": load_budget(os.path.join(th.ROOT, "configs", "multi30k", "small_cpu.yaml"))}
+    run = campaign.Run(key="t row2 seed1", table="t.yaml", spec={"tgt": "de"}, row=row, seed=1,
+                       dir=str(tmp_path / "runs" / "t" / "smoke" / "row2"), tables=["t.yaml"])
+    ev = evidence.evidence_dir(run.dir, run.regime)
+    os.makedirs(ev)
+    failed = {"status": "failed", "error_tail": ["RuntimeError: boom"], "updates": 40}
+    with open(os.path.join(ev, "result.json"), "w") as f:
+        json.dump(failed, f)
+    st = campaign.run_state(run)
+    assert st["state"] == "failed" and st["reason"].endswith("RuntimeError: boom")
+    # the campaign's --retry-failed step: the committed failure is recorded in the run directory
+    moved = run_table.retire_failed(run.dir, st["result"])
+    assert moved and json.load(open(moved)) == failed
+    assert json.load(open(os.path.join(ev, "result.json"))) == failed  # evidence untouched
+    assert campaign.run_state(run)["state"] == "pending"  # the retry, not yet started
+    os.makedirs(os.path.join(run.dir, "checkpoints"))
+    with open(os.path.join(run.dir, "checkpoints", "checkpoint_last.pt"), "w") as f:
+        f.write("x")  # the retry trained a while, then was killed
+    assert campaign.run_state(run)["state"] == "partial"
+    # the retry failing again is a failure; succeeding is done (its own result.json comes first)
+    for status, state in (("failed", "failed"), ("done", "done")):
+        with open(os.path.join(run.dir, "result.json"), "w") as f:
+            json.dump({**failed, "status": status, "valid_loss": [[40, 3.0]]}, f)
+        assert campaign.run_state(run)["state"] == state
+    # a successful committed run is not hidden by an old retired failure
+    os.remove(os.path.join(run.dir, "result.json"))
+    with open(os.path.join(ev, "result.json"), "w") as f:
+        json.dump({**failed, "status": "done", "valid_loss": [[40, 3.0]]}, f)
+    assert campaign.run_state(run)["state"] == "done"
+    # nothing to retire: a done record, or no record at all
+    assert run_table.retire_failed(str(tmp_path / "elsewhere"), None) is None
+    assert run_table.retire_failed(str(tmp_path / "elsewhere"), {"status": "done"}) is None
+    assert not (tmp_path / "elsewhere").exists()
 
 
 def test_other_budget_ignores_the_seed_and_a_paper_budgets_gpu_split():
