@@ -11,8 +11,13 @@ Standard library only.
 import contextlib
 import fcntl
 import os
+import time
 
 LOCK_NAME = ".lock"
+
+#: seconds a non-waiting :func:`dir_lock` keeps trying before it calls the lock held: a
+#: :func:`lock_held` probe holds it for microseconds, an owner for a run's life
+PROBE_GRACE_S = 0.5
 
 #: file descriptors of the locks this process holds with ``inherit=True``; pass them to a child
 #: (``subprocess`` ``pass_fds=inherited_fds()``) and the lock lives as long as this process *or*
@@ -37,7 +42,9 @@ def dir_lock(directory: str, *, wait: bool = False, busy_message: str = None, on
     Args:
         wait: when another process holds it, call ``on_wait()`` (if given) and block until it is
             free; else raise.
-        busy_message: the SystemExit message when ``wait`` is False and the lock is held.
+        busy_message: the SystemExit message when ``wait`` is False and the lock is held (still
+            held after :data:`PROBE_GRACE_S`, so another tool's :func:`lock_held` probe is not
+            taken for an owner).
         inherit: record the descriptor in :func:`inherited_fds` while the block runs.
 
     Raises:
@@ -46,11 +53,9 @@ def dir_lock(directory: str, *, wait: bool = False, busy_message: str = None, on
     path = lock_path(directory)
     f = open(path, "a")
     try:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        if not _try_lock(f, 0.0 if wait else PROBE_GRACE_S):
             if not wait:
-                raise SystemExit(busy_message or f"another process holds {path}") from None
+                raise SystemExit(busy_message or f"another process holds {path}")
             if on_wait is not None:
                 on_wait()
             fcntl.flock(f, fcntl.LOCK_EX)
@@ -61,6 +66,19 @@ def dir_lock(directory: str, *, wait: bool = False, busy_message: str = None, on
         if inherit:
             _INHERITED.discard(f.fileno())
         f.close()  # releases the lock (once no child holds it either)
+
+
+def _try_lock(f, grace_s: float) -> bool:
+    """Take the exclusive lock on ``f`` without blocking, trying again for up to ``grace_s``."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
 
 
 def lock_held(directory: str) -> bool:

@@ -229,6 +229,47 @@ def test_a_trainer_left_running_by_a_killed_runner_keeps_the_run_directory_locke
         pytest.fail("the lock was not released after the child ended")
 
 
+def test_a_lock_probe_is_not_taken_for_an_owner(tmp_path):
+    """A review's probe: ``lock_held`` (mt-campaign's status) takes and drops the run directory's
+    lock; a runner starting at that instant was refused as if a trainer held it.  A non-waiting
+    lock now tries again for ``PROBE_GRACE_S``; an owner that keeps it is still refused."""
+    import fcntl
+    import threading
+    import time
+
+    from mt_pipeline import locks
+
+    def hold(seconds, got, release=None):
+        with open(locks.lock_path(str(tmp_path)), "a") as f:  # another open file: flock conflicts
+            fcntl.flock(f, fcntl.LOCK_EX)
+            got.set()
+            if release is not None:
+                release.wait(30)
+            else:
+                time.sleep(seconds)
+
+    got = threading.Event()
+    probe = threading.Thread(target=hold, args=(0.05, got))  # a probe-length hold (generously long)
+    probe.start()
+    got.wait(10)
+    with locks.dir_lock(str(tmp_path), busy_message="busy"):
+        pass  # taken once the probe let go
+    probe.join()
+    got, release = threading.Event(), threading.Event()
+    owner = threading.Thread(target=hold, args=(None, got, release))
+    owner.start()
+    got.wait(10)
+    try:
+        with pytest.raises(SystemExit, match="^busy$"):
+            with locks.dir_lock(str(tmp_path), busy_message="busy"):
+                pass
+        assert locks.lock_held(str(tmp_path))
+    finally:
+        release.set()
+        owner.join()
+    assert not locks.lock_held(str(tmp_path))
+
+
 # ---------------------------------------------------------------------------------------------
 # item 6 (and 11's budget probes): a budget is checked before anything runs
 # ---------------------------------------------------------------------------------------------
