@@ -290,6 +290,8 @@ def test_global_window_per_sentence_is_the_mean_source_length():
     assert float(att.stats.sentence_source) / 10 == pytest.approx(sum(lengths) / len(lengths))
     assert att.average_window() != pytest.approx(att.sentence_average_window(), abs=1e-3)
     line = att.stats.report()
+    assert line.startswith("[rnnsearch] global attention (tau=n/a): ")  # no threshold in global attention
+    assert parse_window_report(line)["tau"] == "n/a"
     assert f"average window {sum(lengths) / len(lengths):.2f} positions per sentence over 10 sentences" in line
     assert f"pooled {att.average_window():.2f} positions per hypothesis-step" in line
 

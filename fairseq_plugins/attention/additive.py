@@ -267,7 +267,8 @@ class WindowStats:
 
     def report(self) -> str:
         """The line ``fairseq-generate`` ends with (:data:`WINDOW_REPORT_RE`, :func:`parse_window_report`)."""
-        tau = "inf" if math.isinf(self.threshold) else f"{self.threshold:g}"
+        # tau is flexible attention's threshold (Section 3.1); global and local-p have none
+        tau = ("inf" if math.isinf(self.threshold) else f"{self.threshold:g}") if self.kind == "flexible" else "n/a"
         per_sent = self.sentence_average_window()
         n = int(self.sentences)
         src = float(self.sentence_source) / n if n else math.nan
