@@ -1131,6 +1131,11 @@ class LocalLauncher:
         self.slot: Dict[subprocess.Popen, int] = {}
 
     def start(self, run: Run) -> None:
+        """Start ``run`` (``python -m mt_pipeline.experiment``) in a free slot, in the background.
+
+        The process gets the slot's cores (and GPU), ``nice`` and its own session; writes
+        ``<run.dir>/campaign.json`` (launcher, cores, GPU, start time) and appends the command and
+        the run's output to ``<run.dir>/campaign.log``.  The caller keeps at most ``jobs`` runs active."""
         slot = self.free_slices.pop(0)
         cores = self.slices[slot]
         os.makedirs(run.dir, exist_ok=True)
@@ -1165,6 +1170,7 @@ class LocalLauncher:
         log(f"started {run.key} (pid {proc.pid}, cores {cores}, nice {nice}) -> {repo_relative(run.dir)}")
 
     def wait_one(self) -> tuple:
+        """Block (polling every 2 s) until an active run exits; free its slot, return ``(run, returncode)``."""
         while True:
             for proc in list(self.active):
                 if proc.poll() is not None:
@@ -1174,6 +1180,7 @@ class LocalLauncher:
             time.sleep(2)
 
     def stop_all(self, sig=signal.SIGTERM) -> None:
+        """Send ``sig`` to the process group of every active run, then wait up to 60 s for each to exit."""
         for proc in self.active:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, sig)

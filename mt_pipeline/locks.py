@@ -26,6 +26,7 @@ _INHERITED = set()
 
 
 def lock_path(directory: str) -> str:
+    """The lock file of ``directory``: ``<directory>/.lock`` (:data:`LOCK_NAME`; the path only)."""
     return os.path.join(directory, LOCK_NAME)
 
 

@@ -411,6 +411,13 @@ def resolve_spec(spec_path, gpus, scale="paper", rows=None):
 
 
 def select_rows(spec, rows):
+    """The rows of a loaded table ``spec`` whose ids are in ``rows`` (``--rows``, e.g. ``"1,5"``), in
+    spec order; every row when ``rows`` is empty or None.
+
+    Raises:
+        SystemExit: an id in ``rows`` that is no row of the spec (the message lists the valid ids;
+            ``main`` has checked that ``rows`` is comma-separated integers).
+    """
     ids = [r["id"] for r in spec["rows"]]
     if not rows:
         return spec["rows"]

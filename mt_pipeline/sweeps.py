@@ -72,6 +72,7 @@ def log(msg):
 
 
 def tau_name(tau: float) -> str:
+    """``tau`` as written in directory names and overrides: ``"inf"`` if infinite, else ``f"{tau:g}"``."""
     return "inf" if math.isinf(tau) else f"{tau:g}"
 
 

@@ -128,6 +128,7 @@ def reference_ids(spec: Dict) -> List[int]:
 
 
 def row_budget(spec: Dict, row: Dict) -> str:
+    """The budget path of ``row`` as the spec gives it: the row's own ``budget``, else the table's."""
     return row.get("budget") or spec["budget"]
 
 

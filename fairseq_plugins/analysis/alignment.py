@@ -98,6 +98,8 @@ class AERCounts:
         self.a = self.s = self.a_s = self.a_p = 0
 
     def add(self, hyp: Set[Link], sure: Set[Link], possible: Set[Link]) -> None:
+        """Add one sentence's hypothesis links ``A`` against its gold ``S`` and ``P`` (``P`` is taken
+        as ``possible | sure``, so ``S`` is a subset of it); links are 0-based ``(j, i)``."""
         possible = possible | sure
         self.a += len(hyp)
         self.s += len(sure)

@@ -500,6 +500,7 @@ class AdditiveAttention(nn.Module):
 
     @property
     def window_queries(self) -> int:
+        """Number of (hypothesis, step) queries counted so far (``self.stats.queries``; 0 after a reset)."""
         return self.stats.queries
 
     def average_window(self) -> float:

@@ -247,6 +247,11 @@ class SynthDenseAttention(_Synthesizer):
         self.b2 = nn.Parameter(torch.zeros(num_heads, self.max_len))
 
     def score_at(self, q, k, q_pos, k_pos, q_bound=None):
+        """Dense Synthesizer scores ``(B, H, T, S)``: logits ``W2_h ReLU(q_i) + b2_h`` ``(B, H, T, L)``
+        gathered at the key positions ``k_pos`` ``(B|1, S)``; ``k``'s content and ``q_pos`` are unused.
+
+        Raises:
+            ValueError: a key position ``>= --synth-max-len`` (checked only when ``S > L``)."""
         self._check(k_pos, src_len=k.size(2))
         B, H, T, _ = q.shape
         S = k.size(2)
@@ -270,6 +275,12 @@ class SynthRandomAttention(_Synthesizer):
         self.r = nn.Parameter(torch.randn(num_heads, self.max_len, self.max_len), requires_grad=not fixed)
 
     def score_at(self, q, k, q_pos, k_pos, q_bound=None):
+        """Random Synthesizer scores ``R_h[q_pos_i, k_pos_j]`` ``(B, H, T, S)`` in ``q``'s dtype;
+        ``q_pos`` ``(B|1, T)``, ``k_pos`` ``(B|1, S)``; the content of ``q`` and ``k`` is unused.
+
+        Raises:
+            ValueError: a query or key position ``>= --synth-max-len`` (skipped when ``q_bound`` /
+                ``S`` is at most ``L``)."""
         # query positions: a host sync only without a static bound (cross-attention decoding)
         self._check(q_pos, src_len=q_bound)
         self._check(k_pos, src_len=k.size(2))

@@ -422,6 +422,11 @@ class SoftmaxAttention(AttentionFunction):
 
     @classmethod
     def normalize(cls, scores, mask):
+        """Masked softmax over the keys (ReLA eq. 1): scores ``(B, H, T, S)`` -> weights ``(B, H, T, S)``.
+
+        Computed in float32 at least and cast back to the scores' dtype; keys where the bool
+        ``mask`` is True get weight 0, and a fully masked row is all zeros (never NaN), with no
+        host sync.  Also the plain normaliser ``normalizer("softmax")`` for scores ``(..., S)``."""
         if mask is None:
             return F.softmax(_at_least_float32(scores), dim=-1).type_as(scores)
         # fully masked rows are left unmasked (no softmax over all -inf, NaN) and zeroed after:
@@ -432,6 +437,11 @@ class SoftmaxAttention(AttentionFunction):
         return weights.masked_fill(dead, 0.0)
 
     def fused(self, q, k, v, mask, dropout_p, causal=False):
+        """``softmax(q k^T / sqrt(d)) V`` ``(B, H, T, d)`` through ``F.scaled_dot_product_attention``.
+
+        ``is_causal=True`` when ``causal``, ``T == S > 1`` and no ``mask``; otherwise ``mask`` and the
+        causal pattern as one ``attn_mask`` (:func:`~fairseq_plugins.attention.masks.combined_mask`),
+        with attention dropout ``dropout_p``.  Never returns None."""
         T, S = q.size(2), k.size(2)
         if causal and T > 1 and mask is None and T == S:
             return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
@@ -584,6 +594,7 @@ class ReluRMSNormAttention(_RectifiedAttention):
     """ReLU + RMSNorm with gain initialised to 1 (ReLA Table 1 row 5, eqs. 3-4)."""
 
     def build_norm(self):
+        """:class:`~fairseq_plugins.modules.norms.RMSNorm`, gain 1 (ReLA eq. 4; Table 1 row 5)."""
         return RMSNorm(self.embed_dim, eps=self.eps, groups=self.norm_groups)
 
 
@@ -596,6 +607,7 @@ class ReluLayerNormAttention(_RectifiedAttention):
     length-dependent scale (compare ``reluformer``, eq. 6).  LayerNorm eps is at least 1e-5."""
 
     def build_norm(self):
+        """:class:`~fairseq_plugins.modules.norms.GroupedLayerNorm`, eps >= 1e-5 (ReLUFormer Section 4)."""
         return GroupedLayerNorm(self.embed_dim, eps=max(self.eps, 1e-5), groups=self.norm_groups)
 
 
@@ -604,6 +616,7 @@ class RelaIAttention(_RectifiedAttention):
     """ReLA-i: ReLU + RMSNorm, gain ``g ~ U(±sqrt(3/d_h))`` (ReLA Section 4, footnote 4; Table 1 row 6)."""
 
     def build_norm(self):
+        """:class:`~fairseq_plugins.modules.norms.RMSNorm`, xavier gain, fan ``d_h`` (ReLA-i; Table 1 row 6)."""
         return RMSNorm(self.embed_dim, eps=self.eps, gain_init="xavier", fan=self.head_dim,
                        groups=self.norm_groups)
 
@@ -613,6 +626,7 @@ class RelaGAttention(_RectifiedAttention):
     """ReLA-g: ReLU + ``sigmoid(w ⊙ z) ⊙ RMSNorm(z)`` (ReLA eq. 5; Table 1 row 7)."""
 
     def build_norm(self):
+        """:class:`~fairseq_plugins.modules.norms.GatedNorm` over RMSNorm (ReLA-g, eq. 5; Table 1 row 7)."""
         return GatedNorm(self.embed_dim, norm="rmsnorm", eps=self.eps, groups=self.norm_groups)
 
 
@@ -621,6 +635,7 @@ class RelaGLayerNormAttention(_RectifiedAttention):
     """ReLA-g with LayerNorm in place of RMSNorm (ReLA Table 1 row 8)."""
 
     def build_norm(self):
+        """:class:`~fairseq_plugins.modules.norms.GatedNorm` over LayerNorm (ReLA eq. 5; Table 1 row 8)."""
         return GatedNorm(self.embed_dim, norm="layernorm", eps=self.eps, groups=self.norm_groups)
 
 
@@ -632,6 +647,7 @@ class RelaGGeluAttention(RelaGAttention):
     signed_weights = True  # GeLU(x) < 0 for x < 0: null rows are tested weight by weight
 
     def activation(self, x):
+        """GeLU (exact, erf form) in place of eq. 3's ReLU (ReLA Table 1 row 9)."""
         return F.gelu(x)
 
 
@@ -643,6 +659,7 @@ class RelaGLeakyReluAttention(RelaGAttention):
     signed_weights = True  # 0.01 x for x < 0: a row of negative scores is not null
 
     def activation(self, x):
+        """Leaky ReLU, slope 0.01, in place of eq. 3's ReLU (ReLA Table 1 row 10)."""
         return F.leaky_relu(x, negative_slope=0.01)
 
 

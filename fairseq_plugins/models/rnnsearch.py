@@ -147,6 +147,9 @@ class RNNsearchEncoder(FairseqEncoder):
         self.output_dim = 2 * hidden_size
 
     def forward(self, src_tokens, src_lengths=None, **kwargs):
+        """Encode ``src_tokens`` ``(B, S)``: the dict of one-element lists described in the class
+        docstring, ``encoder_out`` ``(B, S, C)`` right-padded.  ``src_lengths`` is not read: the
+        lengths are recounted from the padding of ``src_tokens``."""
         if self.left_pad:
             src_tokens = utils.convert_padding_direction(src_tokens, self.padding_idx, left_to_right=True)
         pad = src_tokens.eq(self.padding_idx)  # (B, S)
@@ -159,6 +162,8 @@ class RNNsearchEncoder(FairseqEncoder):
                 "sentence_ids": [torch.arange(lengths.numel(), device=lengths.device)]}
 
     def reorder_encoder_out(self, encoder_out, new_order):
+        """A new dict with every tensor of ``encoder_out`` indexed by ``new_order`` ``(B',)`` along dim 0
+        (beam search), ``sentence_ids`` included."""
         return {k: [t.index_select(0, new_order) for t in v] for k, v in encoder_out.items()}
 
     def max_positions(self):
@@ -202,6 +207,12 @@ class RNNsearchDecoder(FairseqIncrementalDecoder):
                 "keys": self.attention.keys(enc)}
 
     def forward(self, prev_output_tokens, encoder_out=None, incremental_state=None, features_only=False, **kwargs):
+        """Decode ``prev_output_tokens`` ``(B, T)`` (only the last token with ``incremental_state``).
+
+        Returns ``(logits (B, T, V), extra)``, or ``(features (B, T, P), extra)`` with
+        ``features_only`` (the pre-output layer after ``tanh`` and dropout); ``extra`` as in the
+        class docstring.  Incremental calls count the window statistics (and register their
+        ``atexit`` report); full-sequence calls record eq. 9's gate term (:meth:`_record_gate`)."""
         enc = encoder_out["encoder_out"][0]  # (B, S, C)
         pad = encoder_out["encoder_padding_mask"][0]  # (B, S)
         lengths = encoder_out["src_lengths"][0]  # (B,)
@@ -275,6 +286,8 @@ class RNNsearchDecoder(FairseqIncrementalDecoder):
         aux.record("flexible_gate", (gate * live_f).sum().detach(), live_f.sum().detach(), False)
 
     def reorder_incremental_state(self, incremental_state, new_order):
+        """Index the stored ``h``, ``c``, ``p`` and ``keys`` by ``new_order`` ``(B',)`` along dim 0; no-op
+        before the first step."""
         state = self.get_incremental_state(incremental_state, "state")
         if state is None:
             return

@@ -332,6 +332,9 @@ class GroupedLayerNorm(nn.LayerNorm):
         self.groups = groups
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``(..., C)`` -> ``(..., C)``: ``nn.LayerNorm`` over all ``C`` values (``groups == 1``), else
+        ``F.layer_norm`` over each group of ``C / groups`` values followed by the ``C``-wide
+        ``weight`` and ``bias`` (ReLA Table 1 row 8 per head, ``--rela-norm-scope head``)."""
         if self.groups == 1:
             return super().forward(x)
         xg = _grouped(x, self.groups)
