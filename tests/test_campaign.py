@@ -273,6 +273,21 @@ def _fake_run(d, bleu_hyp, ref_path, seed, tmp_path):
     return score["bleu"]
 
 
+def _verdict_table(tmp_path, refs, names):
+    """Write ``refs`` (the test set's reference lines) to ``tmp_path/ref.txt`` and a table spec
+    ``tmp_path/t.yaml`` under a converged budget whose rows 1, 2, ... are ``names``; returns
+    ``(reference path, budget path)``."""
+    ref = tmp_path / "ref.txt"
+    ref.write_text("\n".join(refs) + "\n")
+    budget_path = tmp_path / "conv.yaml"
+    budget_path.write_text(yaml.safe_dump({"base": "configs/multi30k/converged.yaml", "data": {"subsets": ["test"]}}))
+    spec = {"title": "t", "out": str(tmp_path / "t.md"), "runs": str(tmp_path / "runs" / "t"), "budget": str(budget_path),
+            "src": "en", "tgt": "de", "subsets": {"test": "test2016"}, "paper_label": "paper",
+            "rows": [{"id": i, "name": n, "arch": "a"} for i, n in enumerate(names, 1)]}
+    (tmp_path / "t.yaml").write_text(yaml.safe_dump(spec))
+    return ref, budget_path
+
+
 def test_claim_verdicts_follow_the_rule_of_the_results_page(tmp_path, monkeypatch):
     """A claim is "reproduced"/"not reproduced" only with the converged budget and 3 seeds; with
     fewer it is "not tested yet" with the direction so far.  A "matches" claim's interval adds the
@@ -282,15 +297,7 @@ def test_claim_verdicts_follow_the_rule_of_the_results_page(tmp_path, monkeypatc
     rng = random.Random(0)
     words = "a man in a blue shirt is riding a red bike down the street while two dogs watch".split()
     refs = [" ".join(rng.sample(words, 8)) for _ in range(300)]
-    ref = tmp_path / "ref.txt"
-    ref.write_text("\n".join(refs) + "\n")
-    budget_path = tmp_path / "conv.yaml"
-    budget_path.write_text(yaml.safe_dump({"base": "configs/multi30k/converged.yaml", "data": {"subsets": ["test"]}}))
-    spec = {"title": "t", "out": str(tmp_path / "t.md"), "runs": str(tmp_path / "runs" / "t"), "budget": str(budget_path),
-            "src": "en", "tgt": "de", "subsets": {"test": "test2016"}, "paper_label": "paper",
-            "rows": [{"id": 1, "name": "base", "arch": "a"}, {"id": 2, "name": "same", "arch": "a"},
-                     {"id": 3, "name": "worse", "arch": "a"}]}
-    (tmp_path / "t.yaml").write_text(yaml.safe_dump(spec))
+    ref, budget_path = _verdict_table(tmp_path, refs, ["base", "same", "worse"])
 
     def degrade(lines, frac, r):
         return [" ".join(w if r.random() > frac else "x" for w in l.split()) for l in lines]
@@ -445,14 +452,7 @@ def test_a_bootstrap_refuses_a_reference_that_is_not_the_one_scored(tmp_path, mo
     monkeypatch.setenv("MT_EVIDENCE_ROOT", str(tmp_path / "evidence"))
     words = "a man in a blue shirt is riding a red bike".split()
     refs = [" ".join(words[i % 5:i % 5 + 5]) for i in range(60)]
-    ref = tmp_path / "ref.txt"
-    ref.write_text("\n".join(refs) + "\n")
-    budget_path = tmp_path / "conv.yaml"
-    budget_path.write_text(yaml.safe_dump({"base": "configs/multi30k/converged.yaml", "data": {"subsets": ["test"]}}))
-    spec = {"title": "t", "out": str(tmp_path / "t.md"), "runs": str(tmp_path / "runs" / "t"), "budget": str(budget_path),
-            "src": "en", "tgt": "de", "subsets": {"test": "test2016"}, "paper_label": "paper",
-            "rows": [{"id": 1, "name": "base", "arch": "a"}, {"id": 2, "name": "other", "arch": "a"}]}
-    (tmp_path / "t.yaml").write_text(yaml.safe_dump(spec))
+    ref, budget_path = _verdict_table(tmp_path, refs, ["base", "other"])
     claim = {"id": "c", "claim": "row 2 is worse", "table": str(tmp_path / "t.yaml"), "row": 2, "vs": 1,
              "expect": "worse"}
     plan_path = tmp_path / "plan.yaml"
