@@ -871,7 +871,7 @@ def _test_set_sd(ref_runs: List[Dict], sys_runs: List[Dict], subset: str) -> Opt
                          f"({', '.join(sorted(x[:12] for x in shas))})")
     ids = lambda runs: ",".join(x["scores"][subset].get("checkpoint_sha256", x["scores"][subset]["hyp"])  # noqa: E731
                                 for x in runs)
-    lc = any(tables.lowercased(x) for x in scores)  # scored on lowercased text (case:lc): so is the bootstrap
+    lc = any(evidence.lowercased(x) for x in scores)  # scored on lowercased text (case:lc): so is the bootstrap
     key = (f"testset_sd:{subset}:{ids(ref_runs)}:{ids(sys_runs)}" + (f":{next(iter(shas))}" if shas else "")
            + (":lc" if lc else ""))
     return tables.cached_significance(sys_runs[0]["_dir"], key, lambda: testset_sd(

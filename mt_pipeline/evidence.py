@@ -327,6 +327,21 @@ def committed_results(root: Optional[str] = None) -> List[str]:
     return sorted(out)
 
 
+def reference_changed(score: Dict, path: str) -> bool:
+    """Whether the reference file at ``path`` is not the one a subset's score record
+    (``result.json`` ``scores[subset]``) was scored against: its SHA-256 differs from the recorded
+    ``ref_sha256`` (data prepared again differently, or another machine's data).  False when the
+    record predates ``ref_sha256``.
+    """
+    return bool(score.get("ref_sha256")) and file_sha256(path) != score["ref_sha256"]
+
+
+def lowercased(score: Dict) -> bool:
+    """Whether a subset's score record was computed on lowercased text: its sacreBLEU signature
+    says ``case:lc`` (:func:`mt_pipeline.scoring.score_files` with ``lowercase``)."""
+    return "case:lc" in (score.get("signature") or "")
+
+
 def rescore(result_path: str, tolerance: float = 0.005) -> List[Dict]:
     """Re-score one committed run from its hypotheses and compare with its record.
 
@@ -348,10 +363,10 @@ def rescore(result_path: str, tolerance: float = 0.005) -> List[Dict]:
         if not os.path.exists(ref):
             raise RescoreError(f"{result_path}: reference {score['ref']} is missing; prepare the data first "
                                f"(mt-prep {res.get('data', {}).get('corpus', '<corpus>')})")
-        if score.get("ref_sha256") and file_sha256(ref) != score["ref_sha256"]:
+        if reference_changed(score, ref):
             problems.append(f"{subset}: reference {score['ref']} differs from the one scored (sha256)")
             continue
-        new = score_files(hyp, ref, lowercase="case:lc" in (score.get("signature") or ""))  # as it was scored
+        new = score_files(hyp, ref, lowercase=lowercased(score))  # as it was scored
         rows.append({"subset": subset, "bleu": new["bleu"], "recorded_bleu": score["bleu"],
                      "chrf": new.get("chrf"), "recorded_chrf": score.get("chrf")})
         if abs(new["bleu"] - score["bleu"]) > tolerance:

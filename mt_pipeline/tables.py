@@ -463,20 +463,13 @@ def read_reference(score: Dict) -> List[str]:
             recorded ``ref_sha256``: data prepared again differently, or another machine's data).
         FileNotFoundError: the reference is missing.
     """
-    from .evidence import resolve
-    from .provenance import file_sha256
+    from .evidence import reference_changed, resolve
 
     path = resolve(score["ref"])
-    if score.get("ref_sha256") and file_sha256(path) != score["ref_sha256"]:
+    if reference_changed(score, path):
         raise ValueError(f"reference {score['ref']} differs from the one scored (sha256 "
                          f"{score['ref_sha256'][:12]} recorded): prepare the data as the run did")
     return _read(path)
-
-
-def lowercased(score: Dict) -> bool:
-    """Whether a subset's score record was computed on lowercased text: its sacreBLEU signature
-    says ``case:lc`` (:func:`mt_pipeline.scoring.score_files` with ``lowercase``)."""
-    return "case:lc" in (score.get("signature") or "")
 
 
 def _significance(ref_res: Dict, res: Dict, subset: str) -> Optional[Dict]:
@@ -491,7 +484,7 @@ def _significance(ref_res: Dict, res: Dict, subset: str) -> Optional[Dict]:
             their hypotheses are not paired sentence by sentence; or the reference file is not the
             one scored (:func:`read_reference`).
     """
-    from .evidence import resolve
+    from .evidence import lowercased, resolve
     from .significance import paired_bootstrap
 
     a, b = ref_res["scores"].get(subset), res["scores"].get(subset)

@@ -69,7 +69,7 @@ def test_lowercase_runs_are_bootstrapped_on_lowercased_text():
     """Runs scored with ``case:lc`` (models trained on lowercased data) are compared as scored: a
     system that differs from the baseline only in case has no BLEU / chrF difference then, and does
     in the cased test; the campaign and the tables pass the flag from the runs' signatures."""
-    from mt_pipeline import tables
+    from mt_pipeline import evidence
 
     rng = random.Random(0)
     refs = [" ".join(rng.choice(["The", "cat", "Sat", "on", "a", "Mat", "today"]) for _ in range(8)) for _ in range(30)]
@@ -80,8 +80,8 @@ def test_lowercase_runs_are_bootstrapped_on_lowercased_text():
     assert lc["bleu_delta"] == 0.0 and lc["chrf_delta"] == 0.0 and "case:lc" in lc["signature"]
     assert significance.testset_sd(refs, [base], [refs], n_samples=20, lowercase=True)["sd"] == 0.0
     assert significance.testset_sd(refs, [base], [refs], n_samples=20)["sd"] > 0.0
-    assert tables.lowercased({"signature": "nrefs:1|case:lc|eff:no|tok:13a"})
-    assert not tables.lowercased({"signature": "nrefs:1|case:mixed|eff:no|tok:13a"}) and not tables.lowercased({})
+    assert evidence.lowercased({"signature": "nrefs:1|case:lc|eff:no|tok:13a"})
+    assert not evidence.lowercased({"signature": "nrefs:1|case:mixed|eff:no|tok:13a"}) and not evidence.lowercased({})
 
 
 def test_tables_bootstrap_follows_the_runs_case_setting(tmp_path):
