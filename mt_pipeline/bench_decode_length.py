@@ -97,15 +97,6 @@ PAPER_CLAIM = ("\"Curves in Figure 2 show consistent efficiency trend across dif
                "averaged over 3 runs.\")")
 
 
-def shown(path: str) -> str:
-    """``path`` as a page shows it: relative to the repository when inside it or in the shared
-    data folder (``../shared/data/...``, as the data preparation names it), else as given."""
-    full = os.path.abspath(path)
-    if os.path.commonpath([full, prep_spec.SHARED_DATA]) == prep_spec.SHARED_DATA:
-        return os.path.relpath(full, ROOT)
-    return provenance.repo_relative(full)
-
-
 # ---- sources ---------------------------------------------------------------------------------
 
 def read_source(path: str) -> List[str]:
@@ -290,8 +281,8 @@ def render(a, labels: Sequence[str], info: List[dict], meas, all_rounds, record,
         "",
         f"Paper: {PAPER_CLAIM}",
         "",
-        f"Ours: the sentences of `{shown(a.source)}`, tokenised as the Multi30k data ({TOKENIZER}), BPE-segmented "
-        f"with the Multi30k joint codes (`{shown(a.bpe_codes)}`) and encoded with the Multi30k source dictionary; "
+        f"Ours: the sentences of `{provenance.shown_path(a.source)}`, tokenised as the Multi30k data ({TOKENIZER}), BPE-segmented "
+        f"with the Multi30k joint codes (`{provenance.shown_path(a.bpe_codes)}`) and encoded with the Multi30k source dictionary; "
         f"sorted by source length in BPE tokens and cut into {a.groups} disjoint groups of equal size (our reading of "
         "\"10 disjoint groups uniformly according to source length\": equal counts, not equal length intervals; "
         "groups are cut by rank, so neighbouring groups can share their boundary length); "
@@ -509,11 +500,11 @@ def main(argv=None):
     decoded = sum(len(s) for s, _ in batches)
     record = provenance.collect(
         provenance.command_line(PROG, argv), regime="benchmark",
-        data={"source": shown(a.source), "source_sha256": provenance.file_sha256(a.source),
+        data={"source": provenance.shown_path(a.source), "source_sha256": provenance.file_sha256(a.source),
               "source_lines": len(raw), "kept": len(keep), "dropped_empty": empty, "dropped_too_long": long_,
               "max_positions": f"{max_src}/{max_tgt} (source/target)",
-              "bpe_codes": shown(a.bpe_codes), "bpe_codes_sha256": provenance.file_sha256(a.bpe_codes),
-              "dictionary": shown(os.path.join(a.data_bin, f"dict.{a.src}.txt")),
+              "bpe_codes": provenance.shown_path(a.bpe_codes), "bpe_codes_sha256": provenance.file_sha256(a.bpe_codes),
+              "dictionary": provenance.shown_path(os.path.join(a.data_bin, f"dict.{a.src}.txt")),
               "decoded_sentences": decoded, "unk_tokens_decoded": unks,
               "decoded_tokens": sum(sum(st) for _, st in batches)},
         models={k: f"{arch_of(k, a.size)} / {MODELS[k][1] or 'stock'}" for k in models},

@@ -11,9 +11,20 @@ from typing import Dict
 
 from fairseq_plugins.provenance import *  # noqa: F401,F403  (the one provenance record)
 from fairseq_plugins.provenance import __all__ as _plugin_all
-from fairseq_plugins.provenance import CODE_DIRS, ROOT, file_sha256, git_commit
+from fairseq_plugins.provenance import CODE_DIRS, ROOT, file_sha256, git_commit, repo_relative
 
-__all__ = list(_plugin_all) + ["code_state"]
+__all__ = list(_plugin_all) + ["code_state", "shown_path"]
+
+
+def shown_path(path: str) -> str:
+    """``path`` as a result page shows it: relative to the repository when inside it or in the
+    shared data folder (``../shared/data/...``, as the data preparation names it), else as given."""
+    from .prep.spec import SHARED_DATA
+
+    full = os.path.abspath(path)
+    if os.path.commonpath([full, SHARED_DATA]) == SHARED_DATA:
+        return os.path.relpath(full, ROOT)
+    return repo_relative(full)
 
 
 def code_state(root: str = ROOT) -> Dict[str, object]:
