@@ -48,6 +48,7 @@ import gzip
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -259,13 +260,19 @@ def measure_size(cmd: List[str], log_path: str, interval: float) -> Dict[str, ob
         sampler = TreeSampler(proc.pid, interval)
         sampler.start()
         ends: Dict[str, float] = {}
-        for line in proc.stdout:
-            log.write(line)
-            m = _STAGE_END.match(line)
-            if m:
-                ends[m.group(1)] = time.monotonic() - sampler.t0
-        rc = proc.wait()
-        sampler.stop()
+        try:
+            for line in proc.stdout:
+                log.write(line)
+                m = _STAGE_END.match(line)
+                if m:
+                    ends[m.group(1)] = time.monotonic() - sampler.t0
+            rc = proc.wait()
+        except BaseException:  # Ctrl-C / a kill reaches this process only: stop its own session too
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait()
+            raise
+        finally:
+            sampler.stop()
     wall = time.monotonic() - sampler.t0
     missing = [s for s in STAGES if s not in ends]
     if rc or missing:
@@ -433,7 +440,7 @@ def main(argv=None):
     t_start, load_start = time.time(), provenance.load_average()
     sides = read_pairs(a.corpus, a.base_lines)
     made = a.work_dir is None or not os.path.exists(a.work_dir)
-    work = a.work_dir or tempfile.mkdtemp(prefix="mt-bench-prep.")
+    work = os.path.abspath(a.work_dir or tempfile.mkdtemp(prefix="mt-bench-prep."))
     os.makedirs(work, exist_ok=True)
     runs = []
     try:

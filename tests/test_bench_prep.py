@@ -127,3 +127,40 @@ def test_end_to_end_on_real_data_measures_every_stage_and_cleans_up(tmp_path):
     assert rec["provenance"]["data"]["corpus"]["de"] == os.path.relpath(
         bench_prep.DEFAULT_CORPUS.format(lang="de"), prep_spec.REPO)
     assert out.with_suffix(".png").stat().st_size > 1000
+
+
+@needs_proc
+def test_an_interrupted_measurement_stops_the_measured_session(tmp_path, monkeypatch):
+    """Ctrl-C reaches the benchmark, not the mt-prep it started in its own session: that session
+    is stopped too (it would go on writing into the work directory being removed)."""
+    token = f"bench-prep-test-{os.getpid()}"
+
+    class Interrupt:
+        def match(self, line):
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(bench_prep, "_STAGE_END", Interrupt())
+    child = (f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)', "
+             f"'{token}']); print('go', flush=True); time.sleep(5)")  # its own child outlives it
+    with pytest.raises(KeyboardInterrupt):
+        bench_prep.measure_size([sys.executable, "-c", child, token], str(tmp_path / "log"), 0.05)
+
+    def alive():
+        found = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmd = f.read()
+                with open(f"/proc/{pid}/stat") as f:
+                    state = f.read().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                continue
+            if token.encode() in cmd and state != "Z":
+                found.append(pid)
+        return found
+
+    import time
+    deadline = time.time() + 10
+    while alive() and time.time() < deadline:
+        time.sleep(0.1)
+    assert alive() == []
