@@ -353,15 +353,9 @@ def plot(labels: Sequence[str], info: List[dict], meas, path: str, where: str = 
     """PNG of each model's median speed relative to the stock model (y) over the group's mean
     decoded source length in BPE tokens (x), the shape of ReLA Figure 2; written atomically
     (matplotlib, Agg backend).  Returns ``path``."""
-    import logging
+    from fairseq_plugins.analysis.plots import pyplot, save_png
 
-    for name in ("matplotlib", "PIL"):  # fairseq may leave the root logger at DEBUG: no import-time chatter
-        logging.getLogger(name).setLevel(logging.WARNING)
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     med = {k: [statistics.median(v) for v in meas[k]] for k in labels}
     xs = [gi["mean"] for gi in info]
     fig, ax = plt.subplots(figsize=(5.6, 3.8))
@@ -376,10 +370,7 @@ def plot(labels: Sequence[str], info: List[dict], meas, path: str, where: str = 
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="lower left")
     fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=120)
-    plt.close(fig)
-    return path
+    return save_png(fig, path, dpi=120, tight=False)
 
 
 # ---- command line ----------------------------------------------------------------------------

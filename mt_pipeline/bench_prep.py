@@ -57,7 +57,7 @@ import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from . import provenance
-from .atomic import atomic_path, write_json_atomic, writable_problem
+from .atomic import write_json_atomic, write_text_atomic, writable_problem
 from .prep import spec as prep_spec
 
 ROOT = provenance.ROOT
@@ -343,15 +343,9 @@ def render(runs: List[dict], record: dict) -> str:
 def plot(runs: List[dict], path: str) -> str:
     """PNG of the session's PSS over time for each size, stage ends marked; written atomically
     (matplotlib, Agg backend).  Returns ``path``."""
-    import logging
+    from fairseq_plugins.analysis.plots import pyplot, save_png
 
-    for name in ("matplotlib", "PIL"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 3.8))
     for n, r in enumerate(runs):
         xs, ys = zip(*r["timeline"]) if r["timeline"] else ((), ())
@@ -366,10 +360,7 @@ def plot(runs: List[dict], path: str) -> str:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="upper left")
     fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=120)
-    plt.close(fig)
-    return path
+    return save_png(fig, path, dpi=120, tight=False)
 
 
 # ---- command line ----------------------------------------------------------------------------
@@ -473,8 +464,7 @@ def main(argv=None):
     base = os.path.splitext(a.out)[0]
     plot(runs, base + ".png")
     write_json_atomic(base + ".json", {"provenance": record, "runs": runs})
-    with atomic_path(a.out) as tmp, open(tmp, "w", encoding="utf-8") as f:  # the page last: all or nothing
-        f.write(text)
+    write_text_atomic(a.out, text)  # the page last: it appears only once the plot and the JSON are complete
     print(text)
     print(f"[bench] wrote {a.out}, {base}.json and {base}.png")
     return 0

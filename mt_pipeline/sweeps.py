@@ -232,11 +232,9 @@ def plot(points: dict, path: str, title: str) -> None:
     those of tau = ∞ (a threshold beyond every window, e.g. 999) is drawn once, as ∞; labels of
     points closer than a few points on the canvas are staggered so that none overlap.
     """
-    import matplotlib
+    from fairseq_plugins.analysis.plots import pyplot, save_png
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     inf = points.get(math.inf)
 
     def same_as_inf(t):
@@ -264,10 +262,7 @@ def plot(points: dict, path: str, title: str) -> None:
     ax.legend(loc="lower right")
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=120, format="png")
-    plt.close(fig)
+    save_png(fig, path, dpi=120, tight=False)
 
 
 _ROW = re.compile(r"^\| (\S+) \| ([\d.]+) \| ([\d.]+) \(([\d.]+)\) \| ([\d.]+) \| ([\d.]+) \(([\d.]+)\) \|$")

@@ -11,23 +11,29 @@ from typing import Dict, List, Optional, Sequence
 
 from ..atomic import atomic_path
 
-__all__ = ["layer_curves", "hallucination_curves", "aer_curves", "top_p_curves", "heatmap_grid", "rho_curves",
+__all__ = ["pyplot", "save_png", "layer_curves", "hallucination_curves", "aer_curves", "top_p_curves", "heatmap_grid", "rho_curves",
            "training_curves"]
 
 KIND_TITLES = {"encoder": "encoder self-attention", "decoder": "decoder self-attention",
                "cross": "cross-attention"}
 
 
-def _plt():
+def pyplot():
+    """``matplotlib.pyplot`` on the Agg backend (no display needed), with matplotlib's and PIL's
+    loggers at WARNING (fairseq may leave the root logger at DEBUG: no import-time chatter)."""
     import logging
 
     import matplotlib
 
-    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # fairseq may leave the root at DEBUG
+    for name in ("matplotlib", "PIL"):
+        logging.getLogger(name).setLevel(logging.WARNING)
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     return plt
+
+
+_plt = pyplot
 
 
 def _layer_axis(ax):
@@ -38,12 +44,16 @@ def _layer_axis(ax):
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
-def _save(fig, path):
-    plt = _plt()
+def save_png(fig, path: str, dpi: int = 110, tight: bool = True) -> str:
+    """Write matplotlib figure ``fig`` to ``path`` as a PNG atomically (``dpi`` dots per inch;
+    ``tight``: cropped to its content, ``bbox_inches="tight"``), close it and return ``path``."""
     with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
-    plt.close(fig)
+        fig.savefig(tmp, format="png", dpi=dpi, **({"bbox_inches": "tight"} if tight else {}))
+    pyplot().close(fig)
     return path
+
+
+_save = save_png
 
 
 def layer_curves(results: Dict[str, dict], metric: str, ylabel: str, path: str,
