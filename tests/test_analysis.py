@@ -585,6 +585,129 @@ def test_aer_of_several_seeds_is_their_mean_as_rela_reports_it(deen, ende, tmp_p
         seed_mean_aer([one, dict(two, source_merge="mean")])
 
 
+# ---------------------------------------------------------------------------------------------
+# --checkpoint LABEL=RUN1,RUN2: the analyses of several seeds, their mean (ReLA §5.2)
+# ---------------------------------------------------------------------------------------------
+def _leaves(x, path=()):
+    """``(path, leaf)`` of every number / None of a nested dict / list."""
+    if isinstance(x, dict):
+        for k, v in x.items():
+            yield from _leaves(v, path + (k,))
+    elif isinstance(x, list):
+        for i, v in enumerate(x):
+            yield from _leaves(v, path + (i,))
+    else:
+        yield path, x
+
+
+def _at(x, path):
+    for p in path:
+        x = x[p]
+    return x
+
+
+def _check_seed_mean(mean, singles, field, where):
+    """``mean[field]`` is the mean of the singles' ``field`` leaf by leaf, ``mean[field + "_seed_sd"]``
+    their sample sd (two seeds: |a - b| / sqrt(2)) and ``mean[field + "_per_seed"]`` their values;
+    returns the number of leaves checked.  Written without report.py's helpers."""
+    n = 0
+    for path, _ in _leaves(singles[0][field]):
+        xs = [_at(s[field], path) for s in singles]
+        got, sd = _at(mean[field], path), _at(mean[field + "_seed_sd"], path)
+        assert [_at(v, path) for v in mean[field + "_per_seed"]] == xs, (where, field, path)
+        if None in xs:
+            assert got is None and sd is None, (where, field, path)
+            continue
+        assert got == pytest.approx(sum(xs) / len(xs), rel=1e-12, abs=1e-15), (where, field, path)
+        if len(xs) == 2:
+            assert sd == pytest.approx(abs(xs[0] - xs[1]) / math.sqrt(2), rel=1e-9, abs=1e-15), (where, field, path)
+        else:
+            assert sd == pytest.approx(math.sqrt(sum((x - got) ** 2 for x in xs) / (len(xs) - 1)), rel=1e-9)
+        n += 1
+    return n
+
+
+def _check_seed_mean_entry(mean, singles):
+    """Every number of a seed mean entry against its single-seed entries (per kind and metric, the
+    FFN anisotropy, the hallucination test, the on-hypotheses metrics); per-head values absent."""
+    n = 0
+    for section in ("metrics", "on_hypotheses"):
+        if section not in singles[0]:
+            assert section not in mean
+            continue
+        assert list(mean[section]) == list(singles[0][section])
+        for kind, d in singles[0][section].items():
+            m = mean[section][kind]
+            for key, v in d.items():
+                if key.endswith("_per_head"):  # heads do not align across seeds: never averaged
+                    assert not [k for k in m if k.startswith(key)], (section, kind, key)
+                elif isinstance(v, bool):
+                    assert m[key] is v
+                else:
+                    n += _check_seed_mean(m, [s[section][kind] for s in singles], key, f"{section}.{kind}")
+    n += _check_seed_mean(mean, singles, "ffn_anisotropy", "")
+    if "hallucination" in singles[0]:
+        h = mean["hallucination"]
+        for key in ("reference", "shuffled"):
+            n += _check_seed_mean(h, [s["hallucination"] for s in singles], key, "hallucination")
+        assert (h["seed"], h["fixed_points"]) == (singles[0]["hallucination"]["seed"],
+                                                  singles[0]["hallucination"]["fixed_points"])
+    assert mean["seeds"] == list(singles)
+    return n
+
+
+def _fake_seeds():
+    """Two single-seed entries of one model (the committed report's rela_g and a copy with other
+    numbers), one undefined (None) entropy in the second."""
+    import copy
+    import random
+
+    with open(os.path.join(ROOT, "results", "analysis", "analysis.json"), encoding="utf-8") as f:
+        a = json.load(f)["models"]["rela_g"]
+    a = dict(a, on_hypotheses=copy.deepcopy(a["metrics"]))
+    rng = random.Random(0)
+
+    def other(x, key=""):
+        if isinstance(x, dict):
+            return {k: v if k in ("seed", "fixed_points", "info", "training") else other(v, k) for k, v in x.items()}
+        if isinstance(x, list):
+            return [other(v, key) for v in x]
+        return x * rng.uniform(0.5, 1.5) if isinstance(x, float) else x
+
+    b = other(a)
+    b["checkpoint"] = "runs/rela_table1/row7-seed2/average_last3.pt"
+    b["metrics"]["cross"]["entropy"][1] = None
+    return a, b
+
+
+def test_seed_mean_analysis_is_the_mean_and_sd_of_every_number():
+    """ReLA §5.2 reports every analysis as the average of three seeds: each number of the mean entry
+    is the seeds' mean, ``_seed_sd`` their sample sd (two seeds: |a - b| / sqrt 2), ``_per_seed`` their
+    values; an undefined value stays undefined; per-head values are not averaged; the seeds' entries are
+    kept as given.  Mismatched seeds are refused before anything is averaged."""
+    from fairseq_plugins.analysis.report import seed_mean_analysis
+
+    a, b = _fake_seeds()
+    mean = seed_mean_analysis([a, b])
+    assert _check_seed_mean_entry(mean, [a, b]) > 200
+    assert mean["metrics"]["cross"]["entropy"][1] is None and mean["metrics"]["cross"]["entropy_seed_sd"][1] is None
+    assert "checkpoint" not in mean and mean["info"] == a["info"]
+    c = dict(b, checkpoint="c")
+    assert _check_seed_mean_entry(seed_mean_analysis([a, b, c]), [a, b, c]) > 200  # n - 1 with three seeds
+    with pytest.raises(ValueError, match="at least two"):
+        seed_mean_analysis([a])
+    fewer = json.loads(json.dumps(b))
+    fewer["metrics"]["cross"]["sparsity"].pop()
+    with pytest.raises(ValueError, match=r"length of metrics\.cross\.sparsity"):
+        seed_mean_analysis([a, fewer])
+    other = json.loads(json.dumps(b))
+    other["metrics"]["cross"]["attention_is_distribution"] = True
+    with pytest.raises(ValueError, match="attention_is_distribution"):
+        seed_mean_analysis([a, other])
+    with pytest.raises(ValueError, match="not analysed the same way"):
+        seed_mean_analysis([a, {k: v for k, v in b.items() if k != "hallucination"}])
+
+
 def test_aer_of_an_en_de_model_reads_the_gold_links_the_other_way(deen, ende, tmp_path):
     """ReLA §5.2 measures AER on its En->De models: an --aer-checkpoint trained En->De is scored in
     that direction (English gold words as its source, the German-first gold links turned round),
