@@ -151,6 +151,7 @@ def _trained_direction(path: str) -> Tuple[Optional[str], Optional[str]]:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``fairseq-attention-analysis`` (the options and their help)."""
     p = argparse.ArgumentParser(prog="fairseq-attention-analysis",
                                 description="Attention analysis (ReLA Section 5.2, ReLUFormer Sections 3.4/4.2)")
     p.add_argument("--checkpoint", nargs="+", default=[], metavar="[LABEL=]PATH[,PATH...]",
@@ -667,6 +668,16 @@ def _load_or_exit(load, path, *args, **kw):
 
 
 def main(argv=None):
+    """Run ``fairseq-attention-analysis`` on ``argv`` (default: ``sys.argv[1:]``) and return 0; see
+    the module doc.  Each ``--checkpoint LABEL=PATH`` is one model, one seed; ``LABEL=RUN1,RUN2,...``
+    analyses every seed and reports :func:`.report.seed_mean_analysis` (ReLA §5.2 averages three
+    seeds); ``--aer-checkpoint`` seeds are averaged by :func:`.report.seed_mean_aer`.
+
+    Raises:
+        SystemExit: bad arguments (argparse's usage error, code 2), or a refusal with a message
+            naming what is wrong and what is valid -- bad seed lists, seeds of different models, an
+            unknown ``--rank-with``, missing files, unusable checkpoints -- before any work where it
+            can be known then."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.replot and args.attention_level:
