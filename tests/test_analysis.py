@@ -400,6 +400,13 @@ def ende(deen, tmp_path_factory):
     return prep, _train_tiny(prep, tmp_path_factory.mktemp("ck_ende"), "en", "de", seed=2)
 
 
+@pytest.fixture(scope="module")
+def deen_seed3(deen, tmp_path_factory):
+    """The ``deen`` model trained again with seed 3: a second seed of one configuration."""
+    prep, _ = deen
+    return _train_tiny(prep, tmp_path_factory.mktemp("ck_s3"), "de", "en", seed=3)
+
+
 def test_cli_end_to_end(deen, tmp_path):
     prep, ck = deen
     raw_src, raw_tgt = tmp_path / "c.de", tmp_path / "c.en"
@@ -540,7 +547,7 @@ def test_aer_only_run_writes_its_page_where_md_says(deen, tmp_path):
             f"{a['shifted']['AoH']:.2f} |") in md
 
 
-def test_aer_of_several_seeds_is_their_mean_as_rela_reports_it(deen, ende, tmp_path_factory):
+def test_aer_of_several_seeds_is_their_mean_as_rela_reports_it(deen, ende, deen_seed3, tmp_path_factory):
     """ReLA §5.2 averages Table 5 / Figure 4 over three seeds: ``LABEL=CK1,CK2`` scores each seed
     (each seed's numbers equal the seed scored alone) and reports the mean of every number, AoL / AoH
     with the seeds' sample sd; the page says so and lists each seed's run.  Seeds given twice, of
@@ -548,7 +555,7 @@ def test_aer_of_several_seeds_is_their_mean_as_rela_reports_it(deen, ende, tmp_p
     from fairseq_plugins.analysis.report import seed_mean_aer
 
     prep, ck1 = deen
-    ck2 = _train_tiny(prep, tmp_path_factory.mktemp("ck_s3"), "de", "en", seed=3)
+    ck2 = deen_seed3
     out = tmp_path_factory.mktemp("seeds")
     sh([sys.executable, "-m", "fairseq_plugins.analysis.cli", "--aer-checkpoint", f"relag={ck1},{ck2}",
         f"one={ck1}", f"two={ck2}", "--data", str(prep / "bin"), "--aer-gold", GOLD, "--aer-limit", "12",
@@ -583,6 +590,287 @@ def test_aer_of_several_seeds_is_their_mean_as_rela_reports_it(deen, ende, tmp_p
         seed_mean_aer([one])
     with pytest.raises(ValueError, match="'source_merge'"):
         seed_mean_aer([one, dict(two, source_merge="mean")])
+
+
+# ---------------------------------------------------------------------------------------------
+# --checkpoint LABEL=RUN1,RUN2: the analyses of several seeds, their mean (ReLA §5.2)
+# ---------------------------------------------------------------------------------------------
+#: the keys of a single-seed --checkpoint entry, in the order the CLI writes them (with --hallucination
+#: and --on-hypotheses) -- before seed means existed and since
+SINGLE_SEED_KEYS = ["checkpoint", "sha256", "training", "info", "metrics", "ffn_anisotropy", "hallucination",
+                    "on_hypotheses"]
+
+
+def _leaves(x, path=()):
+    """``(path, leaf)`` of every number / None of a nested dict / list."""
+    if isinstance(x, dict):
+        for k, v in x.items():
+            yield from _leaves(v, path + (k,))
+    elif isinstance(x, list):
+        for i, v in enumerate(x):
+            yield from _leaves(v, path + (i,))
+    else:
+        yield path, x
+
+
+def _at(x, path):
+    for p in path:
+        x = x[p]
+    return x
+
+
+def _check_seed_mean(mean, singles, field, where):
+    """``mean[field]`` is the mean of the singles' ``field`` leaf by leaf, ``mean[field + "_seed_sd"]``
+    their sample sd (two seeds: |a - b| / sqrt(2)) and ``mean[field + "_per_seed"]`` their values;
+    returns the number of leaves checked.  Written without report.py's helpers."""
+    n = 0
+    for path, _ in _leaves(singles[0][field]):
+        xs = [_at(s[field], path) for s in singles]
+        got, sd = _at(mean[field], path), _at(mean[field + "_seed_sd"], path)
+        assert [_at(v, path) for v in mean[field + "_per_seed"]] == xs, (where, field, path)
+        if None in xs:
+            assert got is None and sd is None, (where, field, path)
+            continue
+        assert got == pytest.approx(sum(xs) / len(xs), rel=1e-12, abs=1e-15), (where, field, path)
+        if len(xs) == 2:
+            assert sd == pytest.approx(abs(xs[0] - xs[1]) / math.sqrt(2), rel=1e-9, abs=1e-15), (where, field, path)
+        else:
+            assert sd == pytest.approx(math.sqrt(sum((x - got) ** 2 for x in xs) / (len(xs) - 1)), rel=1e-9)
+        n += 1
+    return n
+
+
+def _check_seed_mean_entry(mean, singles):
+    """Every number of a seed mean entry against its single-seed entries (per kind and metric, the
+    FFN anisotropy, the hallucination test, the on-hypotheses metrics); per-head values absent."""
+    n = 0
+    for section in ("metrics", "on_hypotheses"):
+        if section not in singles[0]:
+            assert section not in mean
+            continue
+        assert list(mean[section]) == list(singles[0][section])
+        for kind, d in singles[0][section].items():
+            m = mean[section][kind]
+            for key, v in d.items():
+                if key.endswith("_per_head"):  # heads do not align across seeds: never averaged
+                    assert not [k for k in m if k.startswith(key)], (section, kind, key)
+                elif isinstance(v, bool):
+                    assert m[key] is v
+                else:
+                    n += _check_seed_mean(m, [s[section][kind] for s in singles], key, f"{section}.{kind}")
+    n += _check_seed_mean(mean, singles, "ffn_anisotropy", "")
+    if "hallucination" in singles[0]:
+        h = mean["hallucination"]
+        for key in ("reference", "shuffled"):
+            n += _check_seed_mean(h, [s["hallucination"] for s in singles], key, "hallucination")
+        assert (h["seed"], h["fixed_points"]) == (singles[0]["hallucination"]["seed"],
+                                                  singles[0]["hallucination"]["fixed_points"])
+    assert mean["seeds"] == list(singles)
+    return n
+
+
+def _fake_seeds():
+    """Two single-seed entries of one model (the committed report's rela_g and a copy with other
+    numbers), one undefined (None) entropy in the second."""
+    import copy
+    import random
+
+    with open(os.path.join(ROOT, "results", "analysis", "analysis.json"), encoding="utf-8") as f:
+        a = json.load(f)["models"]["rela_g"]
+    a = dict(a, on_hypotheses=copy.deepcopy(a["metrics"]))
+    rng = random.Random(0)
+
+    def other(x, key=""):
+        if isinstance(x, dict):
+            return {k: v if k in ("seed", "fixed_points", "info", "training") else other(v, k) for k, v in x.items()}
+        if isinstance(x, list):
+            return [other(v, key) for v in x]
+        return x * rng.uniform(0.5, 1.5) if isinstance(x, float) else x
+
+    b = other(a)
+    b["checkpoint"] = "runs/rela_table1/row7-seed2/average_last3.pt"
+    b["metrics"]["cross"]["entropy"][1] = None
+    return a, b
+
+
+def test_seed_mean_analysis_is_the_mean_and_sd_of_every_number():
+    """ReLA §5.2 reports every analysis as the average of three seeds: each number of the mean entry
+    is the seeds' mean, ``_seed_sd`` their sample sd (two seeds: |a - b| / sqrt 2), ``_per_seed`` their
+    values; an undefined value stays undefined; per-head values are not averaged; the seeds' entries are
+    kept as given.  Mismatched seeds are refused before anything is averaged."""
+    from fairseq_plugins.analysis.report import seed_mean_analysis
+
+    a, b = _fake_seeds()
+    mean = seed_mean_analysis([a, b])
+    assert _check_seed_mean_entry(mean, [a, b]) > 200
+    assert mean["metrics"]["cross"]["entropy"][1] is None and mean["metrics"]["cross"]["entropy_seed_sd"][1] is None
+    assert "checkpoint" not in mean and mean["info"] == a["info"]
+    c = dict(b, checkpoint="c")
+    assert _check_seed_mean_entry(seed_mean_analysis([a, b, c]), [a, b, c]) > 200  # n - 1 with three seeds
+    with pytest.raises(ValueError, match="at least two"):
+        seed_mean_analysis([a])
+    fewer = json.loads(json.dumps(b))
+    fewer["metrics"]["cross"]["sparsity"].pop()
+    with pytest.raises(ValueError, match=r"length of metrics\.cross\.sparsity"):
+        seed_mean_analysis([a, fewer])
+    other = json.loads(json.dumps(b))
+    other["metrics"]["cross"]["attention_is_distribution"] = True
+    with pytest.raises(ValueError, match="attention_is_distribution"):
+        seed_mean_analysis([a, other])
+    with pytest.raises(ValueError, match="not analysed the same way"):
+        seed_mean_analysis([a, {k: v for k, v in b.items() if k != "hallucination"}])
+
+
+def test_a_seed_mean_page_shows_mean_and_sd_and_keeps_single_seed_rows():
+    """The page of a report with a seed mean: its rows "LABEL (mean of N seeds)" show mean ± sd (the
+    layer-mean column: each seed's mean over layers, averaged ± sd), the Models line lists the seeds,
+    the seeds paragraph says what per-head values and heatmaps show; a single-seed row beside it keeps
+    its plain numbers, and every model's training run is listed (the seeds one by one)."""
+    from fairseq_plugins.analysis.cli import render_markdown
+    from fairseq_plugins.analysis.report import seed_mean_analysis
+
+    with open(os.path.join(ROOT, "results", "analysis", "analysis.json"), encoding="utf-8") as f:
+        rep = json.load(f)
+    a, b = _fake_seeds()
+    rep["models"] = {"softmax": rep["models"]["softmax"], "rela_g": seed_mean_analysis([a, b])}
+    md = render_markdown(rep)
+    m = rep["models"]["rela_g"]["metrics"]["encoder"]
+    per_seed_means = [sum(v) / len(v) for v in m["sparsity_per_seed"]]
+    sd = abs(per_seed_means[0] - per_seed_means[1]) / math.sqrt(2)
+    assert ("| rela_g (mean of 2 seeds) | " + " | ".join(f"{100 * x:.1f} ± {100 * e:.1f}" for x, e in zip(
+        m["sparsity"], m["sparsity_seed_sd"])) + f" | {50 * sum(per_seed_means):.1f} ± {100 * sd:.1f} |") in md
+    assert "| softmax | 0.0 | 0.0 | 0.0 | 0.0 |" in md  # the single-seed row as before
+    assert "**rela_g** = 2 seeds: `runs/rela_table1/row7/average_last3.pt`, `runs/rela_table1/row7-seed2/" in md
+    assert "Per-head values are **not** averaged" in md and "`heatmap_<label>_firstseed_*`" in md
+    assert "(analyses of rela_g: the mean over each one's seeds, ± their sd;" in md
+    assert "### Model rela_g seed 1: `" in md and "### Model rela_g seed 2: `" in md and "### Model softmax: `" in md
+    assert "| rela_g (mean of 2 seeds) | real | " in md and "| rela_g (mean of 2 seeds) | cross | " in md
+
+
+#: SHA-256 of render_markdown() of the committed reports, as the code before seed means (0d65e0a) renders them
+#: (a report without a seed mean must render byte for byte as before)
+_COMMITTED_RENDERINGS = {
+    "results/analysis/analysis.json": "d0917fcf3211de6b3842a7ff9b8c91fe2cc4f0986a438d1db4482051c5162764",
+    "results/analysis/aer_domain_check/analysis.json": "86c1abe8af2624abb0b6401c50f7356bb69ab1dd483e105f5d969dc605f611ab",
+    "results/analysis/aer_domain_check_mean/analysis.json": "7f915553483a8d47813c15b721ff71a286776c59d2b3ae3ab30a3a4f9107f5d7",
+}
+
+
+@pytest.mark.parametrize("path", sorted(_COMMITTED_RENDERINGS))
+def test_committed_single_seed_reports_render_as_before_seed_means(path):
+    import hashlib
+
+    from fairseq_plugins.analysis.cli import render_markdown
+
+    with open(os.path.join(ROOT, path), encoding="utf-8") as f:
+        md = render_markdown(json.load(f))
+    assert hashlib.sha256(md.encode("utf-8")).hexdigest() == _COMMITTED_RENDERINGS[path]
+
+
+def test_analysis_of_several_seeds_is_their_mean_as_rela_reports_it(deen, deen_seed3, tmp_path):
+    """ReLA §5.2: "We train each model three times with different random seeds ... and report the
+    average results".  ``--checkpoint relag=CK1,CK2`` analyses each seed on the same data exactly as
+    ``one=CK1`` / ``two=CK2`` alone, and every number of the entry -- per layer and kind sparsity, null
+    rate, JS (every tau), entropy, top-p, FFN anisotropy, the hallucination test, the on-hypotheses
+    metrics -- is the mean of the two, with sd = |a - b| / sqrt 2; the single-seed entries keep the
+    keys they always had; the page shows mean ± sd; the corpus ranking by the seed label is by the seed
+    mean of each pair's null rate; the heatmaps are the first seed's."""
+    from fairseq_plugins.analysis.capture import load_model_for_analysis, pairs_dataset
+    from fairseq_plugins.analysis.cli import _raw_pairs
+    from fairseq_plugins.analysis.report import cross_null_by_sentence
+
+    prep, ck1 = deen
+    ck2 = deen_seed3
+    raw_src, raw_tgt = tmp_path / "c.de", tmp_path / "c.en"
+    raw_src.write_text("Ein Mann fährt Fahrrad .\nZwei Hunde spielen im Schnee .\nEine Frau liest .\n")
+    raw_tgt.write_text("A man rides a bike .\nTwo dogs play in the snow .\nThe stock market fell sharply today .\n")
+    out, codes = tmp_path / "o", str(prep / "bpe" / "codes")
+    sh([sys.executable, "-m", "fairseq_plugins.analysis.cli", "--checkpoint", f"relag={ck1},{ck2}", f"one={ck1}",
+        "--compare", f"two={ck2}", "--data", str(prep / "bin"), "--source-lang", "de", "--target-lang", "en",
+        "--split", "test", "--limit", "12", "--out", str(out), "--hallucination", "--on-hypotheses",
+        "--heatmap-ids", "0", "--taus", "1", "0.5", "--rank-raw", str(raw_src), str(raw_tgt), "--bpe-codes", codes,
+        "--rank-with", "relag"])
+    rep = json.load(open(out / "analysis.json"))
+    a, one, two = rep["models"]["relag"], rep["models"]["one"], rep["models"]["two"]
+    # each seed is analysed exactly as alone, and the single-seed entries are what they always were
+    assert a["seeds"] == [one, two]
+    for single in (one, two):
+        assert list(single) == SINGLE_SEED_KEYS
+        assert not [p for p, _ in _leaves(single) if any("seed_sd" in str(k) or "per_seed" in str(k) for k in p)]
+    assert one["metrics"] != two["metrics"]  # two different models were averaged
+    assert _check_seed_mean_entry(a, [one, two]) > 100
+    assert list(a) == ["info", "metrics", "ffn_anisotropy", "ffn_anisotropy_seed_sd", "ffn_anisotropy_per_seed",
+                       "hallucination", "on_hypotheses", "seeds"]
+    md = (out / "analysis.md").read_text()
+    c = a["metrics"]["cross"]
+    assert ("| relag (mean of 2 seeds) | " + " | ".join(f"{100 * x:.1f} ± {100 * e:.1f}" for x, e in zip(
+        c["null_rate"], c["null_rate_seed_sd"]))) in md
+    assert ("| one | " + " | ".join(f"{100 * x:.1f}" for x in one["metrics"]["cross"]["null_rate"]) + " | ") in md
+    assert "**relag** = 2 seeds: `" in md and "### Model relag seed 1: `" in md and "### Model two: `" in md
+    # the ranking: the seed mean of each pair's null rate, each seed's rates recomputed here
+    scores = []
+    for ck in (ck1, ck2):
+        model, task, _ = load_model_for_analysis(str(ck), str(prep / "bin"), "de", "en")
+        src, tgt, _, _ = _raw_pairs(task, [str(raw_src), str(raw_tgt)], "de", "en", codes, False)
+        scores.append(cross_null_by_sentence(model, task, pairs_dataset(task, src, tgt)))
+    ranked = (out / "ranked_raw.tsv").read_text().splitlines()[1:]
+    assert len(ranked) == 3
+    for line in ranked:
+        i, score = int(line.split("\t")[1]), float(line.split("\t")[2])
+        assert score == pytest.approx(float(scores[0][i] + scores[1][i]) / 2, abs=1e-6), line
+    assert [float(line.split("\t")[2]) for line in ranked] == sorted(float(l.split("\t")[2]) for l in ranked)
+    rk = rep["ranking"]
+    assert rk["model"] == "relag" and rk["seeds"] == 2
+    assert rk["mean_per_seed"] == pytest.approx([float(s.mean()) for s in scores])
+    assert rk["mean_seed_sd"] == pytest.approx(abs(float(scores[0].mean() - scores[1].mean())) / math.sqrt(2))
+    assert "ranked by `relag`, the mean of its 2 seeds' null rates of each pair (subword level)" in md
+    # heatmaps: one model's weights -- the first seed's, named so; none of the second seed
+    figs = sorted(os.listdir(out / "figures"))
+    assert [f for f in figs if f.startswith("heatmap_")] == ["heatmap_one_cross_0.png",
+                                                              "heatmap_relag_firstseed_cross_0.png",
+                                                              "heatmap_two_cross_0.png"]
+
+
+def test_bad_seed_lists_are_refused_before_any_work_naming_the_valid_form(tmp_path):
+    """An empty entry in a seed list, a LABEL= after a comma, a label twice (also across --checkpoint
+    and --compare), a checkpoint twice among one label's seeds and a --rank-with that names no label
+    stop the CLI before anything is loaded or written, saying what is valid."""
+    from fairseq_plugins.analysis.cli import main
+
+    a, b = tmp_path / "a.pt", tmp_path / "b.pt"
+    a.write_bytes(b"not loaded")
+    b.write_bytes(b"not loaded")
+    out = tmp_path / "o"
+    form = "valid: [LABEL=]PATH[,PATH...]"
+    for argv, msg in (
+            (["--checkpoint", f"x={a},,{b}"], f"--checkpoint: 'x={a},,{b}' has an empty entry in its seed list; {form}"),
+            (["--checkpoint", f"x={a},{b},"], "has an empty entry in its seed list; " + form),
+            (["--checkpoint", "x=,"], "--checkpoint: no checkpoint in 'x=,'; " + form),
+            (["--checkpoint", f"x={a}", "--compare", f"x={b}"], "--checkpoint: label 'x' given twice (labels so far: x)"),
+            (["--checkpoint", f"x={a},y={b}"], "no LABEL= after a comma"),
+            (["--checkpoint", f"x={a},{tmp_path}/../{tmp_path.name}/a.pt"], "--checkpoint x: a checkpoint is given twice"),
+            (["--checkpoint", f"x={a},{b}", f"y={a}", "--rank-split", "valid", "--rank-with", "z"],
+             "--rank-with 'z' is not a label of --checkpoint; valid choices: x, y"),
+            (["--aer-checkpoint", f"x={a},,{b}"], "--aer-checkpoint: 'x=" + f"{a},,{b}' has an empty entry")):
+        with pytest.raises(SystemExit) as err:
+            main(argv + ["--data", str(tmp_path), "--out", str(out)])
+        assert msg in str(err.value), (argv, str(err.value))
+        assert not out.exists()
+
+
+def test_seeds_of_different_models_are_refused_before_any_analysis(deen, ende, tmp_path):
+    """Seeds of one label must be one model (as --aer-checkpoint refuses "its seeds are different
+    models"): a De->En and an En->De checkpoint given as seeds are refused, naming what differs
+    (the direction and dictionaries they are read with), before any analysis is written."""
+    prep, ck1 = deen
+    _, ck_ende = ende
+    out = tmp_path / "bad"
+    r = subprocess.run([sys.executable, "-m", "fairseq_plugins.analysis.cli", "--checkpoint", f"x={ck1},{ck_ende}",
+                        "--data", str(prep / "bin"), "--split", "test", "--limit", "4", "--out", str(out)],
+                       capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode != 0 and "--checkpoint x: its seeds are different models (" in r.stderr, r.stderr
+    assert "'source_lang': 'de'" in r.stderr and "'source_lang': 'en'" in r.stderr and "'arch'" not in r.stderr
+    assert not out.exists()
 
 
 def test_aer_of_an_en_de_model_reads_the_gold_links_the_other_way(deen, ende, tmp_path):

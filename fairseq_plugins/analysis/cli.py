@@ -1,7 +1,9 @@
 """``fairseq-attention-analysis``: checkpoints + a data split -> Markdown/JSON tables and PNG figures.
 
 Usage (one model, or several with ``LABEL=PATH`` to compare them in one table/figure; a PATH may be an
-``mt-experiment`` run directory, read as the checkpoint that run was scored with)::
+``mt-experiment`` run directory, read as the checkpoint that run was scored with; ``LABEL=RUN1,RUN2,RUN3``
+is one model trained with three seeds, reported as their mean ± sd as ReLA §5.2 does,
+:func:`.report.seed_mean_analysis`)::
 
     fairseq-attention-analysis --checkpoint softmax=runs/a/avg.pt relag=runs/b/avg.pt \\
         --data data-bin/multi30k_en_de/bin --source-lang en --target-lang de --split test \\
@@ -21,7 +23,6 @@ All files are written atomically.
 """
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -39,14 +40,23 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def _labelled_seeds(items: List[str], flag: str) -> List[Tuple[str, List[str]]]:
     """``[LABEL=]PATH[,PATH...]`` arguments as ``(label, [checkpoint file, ...])``: several
     comma-separated PATHs are seeds of one configuration (each resolved as by :func:`_labelled`;
-    the default label is the first's).  Exits with a message naming the flag on a repeated label,
-    a repeated path or a missing checkpoint, before anything is loaded."""
+    the default label is the first's).  ``--checkpoint`` (with ``--compare``) and
+    ``--aer-checkpoint`` read their arguments through it (ReLA §5.2 averages three seeds).
+
+    Raises:
+        SystemExit: naming the flag and the valid form, before anything is loaded: an empty entry
+            in a seed list (``a,,b``, ``a,``), a ``LABEL=`` after a comma (a label inside one
+            label's seeds), a repeated label, the same checkpoint twice among one label's seeds, or
+            a missing checkpoint."""
+    form = "[LABEL=]PATH[,PATH...] (one checkpoint file or run directory per seed)"
     out, seen = [], set()
     for it in items:
         label, paths = it.split("=", 1) if "=" in it else (None, it)
-        parts = [x for x in paths.split(",") if x]
-        if not parts:
-            raise SystemExit(f"{flag}: no checkpoint in {it!r}")
+        parts = paths.split(",")
+        if not any(parts):
+            raise SystemExit(f"{flag}: no checkpoint in {it!r}; valid: {form}")
+        if not all(parts):
+            raise SystemExit(f"{flag}: {it!r} has an empty entry in its seed list; valid: {form}")
         if any("=" in x for x in parts):
             raise SystemExit(f"{flag}: {it!r}: the seeds of one label are PATH,PATH,... (no LABEL= after a comma); "
                              "give other models as separate arguments, LABEL1=PATH LABEL2=PATH")
@@ -54,13 +64,47 @@ def _labelled_seeds(items: List[str], flag: str) -> List[Tuple[str, List[str]]]:
         files = [p for _, p in resolved]
         label = label if label is not None else resolved[0][0]
         if label in seen:
-            raise SystemExit(f"{flag}: label {label!r} given twice")
+            raise SystemExit(f"{flag}: label {label!r} given twice (labels so far: {', '.join(sorted(seen))}); "
+                             f"give each model one label, its seeds as {form}")
         if len({os.path.realpath(f) for f in files}) != len(files):
             raise SystemExit(f"{flag} {label}: a checkpoint is given twice ({', '.join(parts)}): seeds are "
                              "different runs")
         seen.add(label)
         out.append((label, files))
     return out
+
+
+def _refuse_unlike_seeds(flag: str, label: str, seeds: List[Tuple[str, dict]]) -> None:
+    """Exit when the seeds of ``label`` are not one model: ``seeds`` is ``[(checkpoint,
+    signature)]`` and the signatures differ (``--aer-checkpoint``: the loader's ``info``, arch and
+    attention functions; ``--checkpoint``: :func:`_seed_signature`).  The message names each
+    seed's differing fields.
+
+    Raises:
+        SystemExit: "FLAG LABEL: its seeds are different models (...)"."""
+    sigs = [s for _, s in seeds]
+    if all(s == sigs[0] for s in sigs):
+        return
+    keys = [k for k in sigs[0] if any(s.get(k) != sigs[0][k] for s in sigs)] + \
+        [k for s in sigs for k in s if k not in sigs[0]]
+    raise SystemExit(f"{flag} {label}: its seeds are different models ("
+                     + "; ".join(f"{c}: " + str({k: s.get(k) for k in dict.fromkeys(keys)}) for c, s in seeds) + ")")
+
+
+def _seed_signature(model, task, info: dict) -> dict:
+    """What the seeds of one ``--checkpoint`` label must share to be averaged: the loader's
+    ``info`` (architecture, attention function per kind, stock model rebuilt), the direction and
+    the dictionaries they are read with (:func:`fairseq_plugins.trained_data.data_record`: the
+    fingerprints of the vocabularies; a model whose own training record names other
+    dictionaries is refused by the loader already) and the heads of every attention layer
+    (``{kind: [heads per layer]}``)."""
+    from ..trained_data import data_record
+    from .capture import attention_modules
+
+    heads: Dict[str, List[int]] = {}
+    for kind, _, m in attention_modules(model):
+        heads.setdefault(kind, []).append(int(getattr(m, "num_heads", 0)))
+    return {"info": info, "data": data_record(task), "heads": heads}
 
 
 def _labelled(items: List[str], flag: str, repeat_ok: bool = False) -> List[Tuple[str, str]]:
@@ -107,13 +151,20 @@ def _trained_direction(path: str) -> Tuple[Optional[str], Optional[str]]:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``fairseq-attention-analysis`` (the options and their help)."""
     p = argparse.ArgumentParser(prog="fairseq-attention-analysis",
                                 description="Attention analysis (ReLA Section 5.2, ReLUFormer Sections 3.4/4.2)")
-    p.add_argument("--checkpoint", nargs="+", default=[], metavar="[LABEL=]PATH",
+    p.add_argument("--checkpoint", nargs="+", default=[], metavar="[LABEL=]PATH[,PATH...]",
                    help="checkpoint(s) to analyse on --split -- a file, or an mt-experiment run directory for the "
-                        "checkpoint it was scored with; several = --compare in one table/figure")
-    p.add_argument("--compare", nargs="+", default=[], metavar="LABEL=PATH",
-                   help="more checkpoints to put next to --checkpoint (same as listing them there)")
+                        "checkpoint it was scored with; several = --compare in one table/figure. Comma-separated "
+                        "PATHs are seeds of one model (ReLA §5.2 averages three): each is analysed on the same data "
+                        "and every number of the page and JSON is their mean, ± the seeds' sample sd (JSON: "
+                        "<metric>, <metric>_seed_sd, <metric>_per_seed; each seed's full entry under seeds); per-head "
+                        "values are not averaged (heads do not align across seeds: kept per seed; heatmaps of the "
+                        "first seed); the seeds must be one model (architecture, attention functions, direction, "
+                        "vocabulary, heads), checked before any analysis. A single PATH is one model, one seed")
+    p.add_argument("--compare", nargs="+", default=[], metavar="LABEL=PATH[,PATH...]",
+                   help="more checkpoints to put next to --checkpoint (same as listing them there; seeds as there)")
     p.add_argument("--data", help="fairseq data dir (binarized splits + dictionaries); required unless --replot")
     p.add_argument("--source-lang"), p.add_argument("--target-lang")
     p.add_argument("--split", default="test", help="split of --data to analyse (default: test)")
@@ -170,7 +221,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--rank-raw files are already tokenised and BPE'd (skip both)")
     p.add_argument("--rank-with", metavar="LABEL",
                    help="model (label of --checkpoint) that ranks the corpus (default: the first whose "
-                        "cross-attention can be null, i.e. is not a distribution; else the first)")
+                        "cross-attention can be null, i.e. is not a distribution; else the first); a label of "
+                        "several seeds ranks by the seed mean of each pair's null rate")
     p.add_argument("--rank-out", help="ranked TSV (default: OUT/ranked_<split|raw>.tsv)")
     p.add_argument("--attention-level", choices=ATTENTION_LEVELS, default=None,
                    help="level of the --checkpoint analyses (sparsity, null rate, JS, entropy, top-p, hallucination "
@@ -243,31 +295,72 @@ def _mean(values):
     return None if not values or None in values else sum(values) / len(values)
 
 
+def _sd_cell(mean, sd, pct=False) -> str:
+    """A seed mean as ``mean ± sd`` (:func:`_fmt` units; "–" when the mean is undefined, the mean
+    alone when the sd is)."""
+    if mean is None or mean != mean:
+        return "–"
+    return _fmt(mean, pct) + ("" if sd is None or sd != sd else f" ± {_fmt(sd, pct)}")
+
+
+def _seeds_cell(values, pct=False) -> str:
+    """The seeds' values of one number as ``mean ± sample sd (n - 1)``; "–" when one is undefined."""
+    import statistics
+
+    if not values or any(v is None for v in values):
+        return "–"
+    return _sd_cell(sum(values) / len(values), statistics.stdev(values) if len(values) > 1 else None, pct)
+
+
+def _seed_row(label: str, n: int) -> str:
+    """The table row name of a label that is the mean of ``n`` seeds."""
+    return f"{label} (mean of {n} seeds)"
+
+
 def _md_layer_table(results, kind, metric, pct) -> List[str]:
-    rows = [(label, r["metrics"][kind][metric]) for label, r in results.items()
+    """A per-layer table of ``metric`` (one row per model, a column per layer and their mean).  A
+    seed mean (``metric + "_per_seed"`` beside it, :func:`.report.seed_mean_analysis`) shows
+    ``mean ± sd`` per layer and, in the mean column, each seed's mean over layers averaged ± their sd."""
+    rows = [(label, r["metrics"][kind]) for label, r in results.items()
             if kind in r["metrics"] and metric in r["metrics"][kind]]
     if not rows:
         return []
-    L = max(len(v) for _, v in rows)
+    L = max(len(m[metric]) for _, m in rows)
     head = "| model | " + " | ".join(f"L{i + 1}" for i in range(L)) + " | mean |"
     out = [head, "|" + "---|" * (L + 2)]
-    for label, v in rows:
-        out.append(f"| {label} | " + " | ".join(_fmt(x, pct) for x in v) + f" | {_fmt(_mean(v), pct)} |")
+    for label, m in rows:
+        v, seeds = m[metric], m.get(metric + "_per_seed")
+        if seeds is None:
+            out.append(f"| {label} | " + " | ".join(_fmt(x, pct) for x in v) + f" | {_fmt(_mean(v), pct)} |")
+        else:
+            out.append(f"| {_seed_row(label, len(seeds))} | "
+                       + " | ".join(_sd_cell(x, e, pct) for x, e in zip(v, m[metric + "_seed_sd"]))
+                       + f" | {_seeds_cell([_mean(x) for x in seeds], pct)} |")
     return out
+
+
+def _seed_records(label: str, seeds: List[dict]) -> dict:
+    """``{"<label> seed <k>": training record}`` of the seeds of a seed mean, k the run's recorded
+    seed (else its position, when a seed is unrecorded or two are the same)."""
+    recorded = [x.get("training", {}).get("seed") for x in seeds]
+    known = None not in recorded and len(set(recorded)) == len(recorded)
+    return {f"{label} seed {recorded[i] if known else i + 1}": x["training"]
+            for i, x in enumerate(seeds) if "training" in x}
 
 
 def _trained(report: dict) -> dict:
     """``{label: training record}`` of every model of the report (AER models as ``aer:<label>``,
-    the seeds of a seed mean as ``aer:<label> seed <k>``, k the run's recorded seed, else its
-    position) that has one (:func:`fairseq_plugins.provenance.trained_model`; reports written
-    before it have none)."""
-    out = {l: r["training"] for l, r in report["models"].items() if "training" in r}
-    for l, r in (report.get("aer") or {}).items():
+    the seeds of a seed mean as ``<label> seed <k>`` / ``aer:<label> seed <k>``, :func:`_seed_records`)
+    that has one (:func:`fairseq_plugins.provenance.trained_model`; reports written before it have none)."""
+    out = {}
+    for l, r in report["models"].items():
         if "seeds" in r:  # a seed mean: one record per seed
-            recorded = [x.get("training", {}).get("seed") for x in r["seeds"]]
-            known = None not in recorded and len(set(recorded)) == len(recorded)
-            out.update({f"aer:{l} seed {recorded[i] if known else i + 1}": x["training"]
-                        for i, x in enumerate(r["seeds"]) if "training" in x})
+            out.update(_seed_records(l, r["seeds"]))
+        elif "training" in r:
+            out[l] = r["training"]
+    for l, r in (report.get("aer") or {}).items():
+        if "seeds" in r:
+            out.update(_seed_records(f"aer:{l}", r["seeds"]))
         elif "training" in r:
             out[f"aer:{l}"] = r["training"]
     return out
@@ -315,7 +408,7 @@ def _merge_heading(aer: Dict[str, dict]) -> str:
 
 
 def _checkpoints(a: dict) -> str:
-    """The checkpoint(s) of an AER model in Markdown: one, or "N seeds: `a`, `b`, ..."."""
+    """The checkpoint(s) of a model (analysis or AER) in Markdown: one, or "N seeds: `a`, `b`, ..."."""
     if "seeds" in a:
         return f"{len(a['seeds'])} seeds: " + ", ".join(f"`{x['checkpoint']}`" for x in a["seeds"])
     return f"`{a['checkpoint']}`"
@@ -373,8 +466,11 @@ def render_markdown(report: dict) -> str:
     res = report["models"]
     trained = _trained(report)
     seed_means = [l for l, a in (report.get("aer") or {}).items() if "seeds" in a]
-    note = (f"AER of {', '.join(seed_means)}: the mean over each one's seeds, ± their sd; differences between models "
-            "are not tested for significance" if seed_means else None)
+    model_means = [l for l, r in res.items() if "seeds" in r]
+    means = ([f"AER of {', '.join(seed_means)}"] if seed_means else []) + (
+        [f"analyses of {', '.join(model_means)}"] if model_means else [])
+    note = (f"{' and '.join(means)}: the mean over each one's seeds, ± their sd; differences between models "
+            "are not tested for significance" if means else None)
     head, section = provenance.models_markdown(trained, note) if trained else ("", "")
     if not res:  # --aer-checkpoint alone (ReLA Table 5): no split was analysed
         aer = report.get("aer") or {}
@@ -389,9 +485,11 @@ def render_markdown(report: dict) -> str:
     md = [f"# Attention analysis: {report['data']['split']} split", ""] + ([head] if head else []) + [
           f"Data: `{report['data']['dir']}` ({report['data']['direction']}, {report['data']['n_pairs']} pairs); "
           f"commit `{report['provenance']['git_commit']}`; command: `{report['provenance']['command']}`.", "",
-          "Models: " + ", ".join(f"**{l}** = `{r['checkpoint']}` ({r['info']['arch']}, "
+          "Models: " + ", ".join(f"**{l}** = {_checkpoints(r)} ({r['info']['arch']}, "
                                   f"{'/'.join(r['info']['attention_fns'].values())})" for l, r in res.items()), "",
           _LEVEL_LINES[report["settings"].get("attention_level", "subword")], ""]
+    if model_means:
+        md += [_SEEDS_LINE.format(labels=", ".join(f"**{l}**" for l in model_means)), ""]
     sections = [
         ("sparsity", "Sparsity rate (%), mean over heads (ReLA Fig. 3)", True),
         ("null_rate", "Null rate (%), mean over heads (ReLA Fig. 6)", True),
@@ -415,22 +513,37 @@ def render_markdown(report: dict) -> str:
                 for kind in ("encoder", "decoder", "cross"):
                     m = r["metrics"].get(kind, {})
                     v = m.get("js_by_tau", {}).get(t, m.get("js"))
-                    cells.append(_fmt(_mean(v)))
-                md.append(f"| {l} | {t} | " + " | ".join(cells) + " |")
+                    if "js_per_seed" in m:  # a seed mean: each seed's mean over layers, averaged ± sd
+                        seeds = ([x[t] for x in m["js_by_tau_per_seed"]] if t in m.get("js_by_tau", {})
+                                 else m["js_per_seed"])
+                        cells.append(_seeds_cell([_mean(x) for x in seeds]))
+                    else:
+                        cells.append(_fmt(_mean(v)))
+                md.append(f"| {_seed_row(l, len(r['seeds'])) if 'seeds' in r else l} | {t} | " + " | ".join(cells) + " |")
         md.append("")
     md += ["## Top-p % score sum, mean over layers (ReLUFormer Figs. 2, 4)", "",
            "| model | attention | " + " | ".join(f"top {p}%" for p in report["settings"]["top_p"]) + " |",
            "|---|---|" + "---|" * len(report["settings"]["top_p"])]
     for l, r in res.items():
         for kind, m in r["metrics"].items():
-            md.append(f"| {l} | {kind} | " + " | ".join(_fmt(_mean(v)) for v in m["top_p"].values()) + " |")
+            if "top_p_per_seed" in m:
+                md.append(f"| {_seed_row(l, len(m['top_p_per_seed']))} | {kind} | " + " | ".join(
+                    _seeds_cell([_mean(x[p]) for x in m["top_p_per_seed"]]) for p in m["top_p"]) + " |")
+            else:
+                md.append(f"| {l} | {kind} | " + " | ".join(_fmt(_mean(v)) for v in m["top_p"].values()) + " |")
     md.append("")
     if any("ffn_anisotropy" in r for r in res.values()):
         md += ["## Anisotropy of FFN value slots (ReLUFormer eq. 4, Fig. 3)", "", "| model | encoder layers | decoder layers |",
                "|---|---|---|"]
         for l, r in res.items():
             a = r["ffn_anisotropy"]
-            md.append(f"| {l} | {', '.join(_fmt(x) for x in a['encoder'])} | {', '.join(_fmt(x) for x in a['decoder'])} |")
+            if "ffn_anisotropy_seed_sd" in r:
+                sd = r["ffn_anisotropy_seed_sd"]
+                md.append(f"| {_seed_row(l, len(r['ffn_anisotropy_per_seed']))} | "
+                          + " | ".join(", ".join(_sd_cell(x, e) for x, e in zip(a[k], sd[k])) for k in ("encoder", "decoder"))
+                          + " |")
+            else:
+                md.append(f"| {l} | {', '.join(_fmt(x) for x in a['encoder'])} | {', '.join(_fmt(x) for x in a['decoder'])} |")
         md.append("")
     if any("hallucination" in r for r in res.values()):
         md += ["## Hallucination test: cross-attention null rate (%), references vs shuffled (ReLA Fig. 6)", "",
@@ -439,7 +552,12 @@ def render_markdown(report: dict) -> str:
                "|---|---|" + "---|" * len(next(r for r in res.values() if "hallucination" in r)["hallucination"]["reference"])]
         for l, r in res.items():
             h = r.get("hallucination")
-            if h:
+            if h and "reference_seed_sd" in h:
+                name = _seed_row(l, len(h["reference_per_seed"]))
+                for row, key in (("real", "reference"), ("shuffled", "shuffled")):
+                    md.append(f"| {name} | {row} | "
+                              + " | ".join(_sd_cell(x, e, True) for x, e in zip(h[key], h[key + "_seed_sd"])) + " |")
+            elif h:
                 md.append(f"| {l} | real | " + " | ".join(_fmt(x, True) for x in h["reference"]) + " |")
                 md.append(f"| {l} | shuffled | " + " | ".join(_fmt(x, True) for x in h["shuffled"]) + " |")
         md.append("")
@@ -454,10 +572,17 @@ def render_markdown(report: dict) -> str:
     md += _aer_markdown(report)
     if report.get("ranking"):
         rk = report["ranking"]
-        md += ["## Corpus ranking by cross-attention null rate (ReLA Sec. 5.2)", "",
-               f"{rk['n_pairs']} pairs of {rk['corpus']} ranked by `{rk['model']}` "
-               f"({rk.get('attention_level', 'subword')} level) -> `{rk['file']}`; "
-               f"mean null rate {_fmt(rk['mean'], True)}%, best {_fmt(rk['min'], True)}%, worst {_fmt(rk['max'], True)}%.", ""]
+        if "seeds" in rk:  # a label of several seeds: the seed mean of every pair's null rate
+            md += ["## Corpus ranking by cross-attention null rate (ReLA Sec. 5.2)", "",
+                   f"{rk['n_pairs']} pairs of {rk['corpus']} ranked by `{rk['model']}`, the mean of its {rk['seeds']} "
+                   f"seeds' null rates of each pair ({rk.get('attention_level', 'subword')} level) -> `{rk['file']}`; "
+                   f"mean null rate {_sd_cell(rk['mean'], rk['mean_seed_sd'], True)}% (± the sd of the seeds' corpus "
+                   f"means), best {_fmt(rk['min'], True)}%, worst {_fmt(rk['max'], True)}% (of the seed-mean rates).", ""]
+        else:
+            md += ["## Corpus ranking by cross-attention null rate (ReLA Sec. 5.2)", "",
+                   f"{rk['n_pairs']} pairs of {rk['corpus']} ranked by `{rk['model']}` "
+                   f"({rk.get('attention_level', 'subword')} level) -> `{rk['file']}`; "
+                   f"mean null rate {_fmt(rk['mean'], True)}%, best {_fmt(rk['min'], True)}%, worst {_fmt(rk['max'], True)}%.", ""]
     if section:
         md.append(section)
     return "\n".join(md) + "\n"
@@ -509,6 +634,18 @@ _LEVEL_LINES = {
 }
 
 
+#: how the page states what a label of several seeds shows (``--checkpoint LABEL=RUN1,RUN2,...``)
+_SEEDS_LINE = (
+    "Seeds: {labels} -- the mean over the seeds given (ReLA §5.2: \"We train each model three times with different "
+    "random seeds ... and report the average results\"). Every number of such a row is the mean over its seeds ± "
+    "the seeds' sample standard deviation (n - 1); a mean over layers (the `mean` columns, Table 6, top-p) is each "
+    "seed's mean over layers, averaged, ± their sd. Per-head values are **not** averaged: heads are not aligned "
+    "between independently trained models (head h of one seed is not head h of another), so the JSON keeps each "
+    "seed's per-head values (`models.<label>.seeds[k]`) and the heatmaps (`heatmap_<label>_firstseed_*`) show the "
+    "first seed's model only. The per-layer numbers are head-order-free (means over heads, pooled rows, the JS "
+    "divergence across heads).")
+
+
 def _dictionary_symbols(data: str) -> Dict[str, List[str]]:
     """``{file: symbols}`` of the fairseq dictionaries ``dict.*.txt`` of a data dir (first field of each line)."""
     out = {}
@@ -531,6 +668,16 @@ def _load_or_exit(load, path, *args, **kw):
 
 
 def main(argv=None):
+    """Run ``fairseq-attention-analysis`` on ``argv`` (default: ``sys.argv[1:]``) and return 0; see
+    the module doc.  Each ``--checkpoint LABEL=PATH`` is one model, one seed; ``LABEL=RUN1,RUN2,...``
+    analyses every seed and reports :func:`.report.seed_mean_analysis` (ReLA §5.2 averages three
+    seeds); ``--aer-checkpoint`` seeds are averaged by :func:`.report.seed_mean_aer`.
+
+    Raises:
+        SystemExit: bad arguments (argparse's usage error, code 2), or a refusal with a message
+            naming what is wrong and what is valid -- bad seed lists, seeds of different models, an
+            unknown ``--rank-with``, missing files, unusable checkpoints -- before any work where it
+            can be known then."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.replot and args.attention_level:
@@ -547,7 +694,7 @@ def main(argv=None):
     md_path = args.md or os.path.join(args.out, "analysis.md")
     if not md_path.endswith(".md"):
         parser.error(f"--md {args.md}: the Markdown page's name must end in .md")
-    models = _labelled(args.checkpoint + args.compare, "--checkpoint")
+    models = _labelled_seeds(args.checkpoint + args.compare, "--checkpoint")
     aer_models = _labelled_seeds(args.aer_checkpoint, "--aer-checkpoint")
     if not models and not aer_models:
         raise SystemExit("nothing to do: give --checkpoint and/or --aer-checkpoint")
@@ -561,6 +708,9 @@ def main(argv=None):
         raise SystemExit("--rank-split/--rank-raw need a --checkpoint")
     if args.rank_split and args.rank_raw:
         raise SystemExit("--rank-split and --rank-raw exclude each other")
+    if (args.rank_split or args.rank_raw) and args.rank_with and args.rank_with not in [l for l, _ in models]:
+        raise SystemExit(f"--rank-with {args.rank_with!r} is not a label of --checkpoint; "
+                         f"valid choices: {', '.join(l for l, _ in models)}")
     if not os.path.isdir(args.data):
         raise SystemExit(f"--data: not a directory: {args.data}")
     if level == "word":
@@ -597,7 +747,18 @@ def main(argv=None):
     from ..atomic import atomic_path, write_json_atomic, write_text_atomic
     from .metrics import ffn_anisotropy
     from .report import (alignment_aer, analyze_dataset, cross_null_by_sentence, hallucination_test, rank_pairs,
-                         seed_mean_aer)
+                         seed_mean_aer, seed_mean_analysis)
+
+    for label, paths in models:  # the seeds of one label are one model: checked before any analysis runs
+        if len(paths) > 1:
+            signatures = []
+            for path in paths:
+                model, task, info = _load_or_exit(load_model_for_analysis, path, args.data, args.source_lang,
+                                                  args.target_lang)
+                signatures.append((provenance.repo_relative(os.path.abspath(path)),
+                                   _seed_signature(model, task, info)))
+                del model, task
+            _refuse_unlike_seeds("--checkpoint", label, signatures)
 
     t0 = time.time()
     os.makedirs(os.path.join(args.out, "figures"), exist_ok=True)
@@ -610,44 +771,58 @@ def main(argv=None):
         "models": {}, "aer": {},
     }
     figures = []
-    first = None
-    for label, path in models:
-        model, task, info = _load_or_exit(load_model_for_analysis, path, args.data, args.source_lang,
-                                          args.target_lang, subsets=[args.split])
-        dataset = _subset(task, task.dataset(args.split), args.limit)
-        report["data"].update(direction=f"{task.cfg.source_lang}-{task.cfg.target_lang}", n_pairs=len(dataset))
-        summary, heat = analyze_dataset(model, task, dataset, args.max_tokens, args.heatmap_ids, args.taus, args.top_p,
-                                        level=level)
-        training = provenance.trained_model(path)
-        entry = {"checkpoint": provenance.repo_relative(os.path.abspath(path)), "sha256": training["sha256"], "training": training, "info": info,
-                 "metrics": summary, "ffn_anisotropy": ffn_anisotropy(model)}
-        if args.hallucination:
-            entry["hallucination"] = hallucination_test(model, task, dataset, args.seed, args.max_tokens, level=level)
-        if args.on_hypotheses:
-            src, hyp = hypothesis_batches(task, model, dataset, beam=args.beam, max_tokens=args.max_tokens)
-            entry["on_hypotheses"], _ = analyze_dataset(model, task, pairs_dataset(task, src, hyp), args.max_tokens,
-                                                        (), args.taus, args.top_p, level=level)
-        report["models"][label] = entry
-        if not args.no_figures:
-            for h in heat:
-                for kind in args.heatmap_kinds:
-                    rows = h["src"] if kind == "encoder" else h["prev"]
-                    cols = h["prev"] if kind == "decoder" else h["src"]
-                    figures.append(plots.heatmap_grid(
-                        h["weights"][kind], rows, cols,
-                        os.path.join(args.out, "figures", f"heatmap_{label}_{kind}_{h['id']}.png"),
-                        title=f"{label}: {kind} attention, sentence {h['id']} (rows: queries; ∅ = null row)"
-                              + ("; subword weights" if level == "word" else "")))
-        ranker_wanted = args.rank_with == label if args.rank_with else (
-            first is None or (first[3] and not entry["metrics"]["cross"]["attention_is_distribution"]))
-        if (args.rank_split or args.rank_raw) and ranker_wanted:
-            first = (label, model, task, entry["metrics"]["cross"]["attention_is_distribution"])
-        del model
-    if args.rank_split or args.rank_raw:
-        if first is None:
-            raise SystemExit(f"--rank-with {args.rank_with!r} is not a label of --checkpoint; "
-                             f"valid choices: {', '.join(l for l, _ in models)}")
-        label, model, task, _ = first
+    ranking = bool(args.rank_split or args.rank_raw)
+    first = None  # the ranking model: (label, [(model, task) per seed], attention_is_distribution)
+    for label, paths in models:
+        per_seed, kept = [], []
+        for k, path in enumerate(paths):
+            model, task, info = _load_or_exit(load_model_for_analysis, path, args.data, args.source_lang,
+                                              args.target_lang, subsets=[args.split])
+            dataset = _subset(task, task.dataset(args.split), args.limit)
+            report["data"].update(direction=f"{task.cfg.source_lang}-{task.cfg.target_lang}", n_pairs=len(dataset))
+            summary, heat = analyze_dataset(model, task, dataset, args.max_tokens, args.heatmap_ids if k == 0 else (),
+                                            args.taus, args.top_p, level=level)
+            training = provenance.trained_model(path)
+            entry = {"checkpoint": provenance.repo_relative(os.path.abspath(path)), "sha256": training["sha256"], "training": training, "info": info,
+                     "metrics": summary, "ffn_anisotropy": ffn_anisotropy(model)}
+            if args.hallucination:
+                entry["hallucination"] = hallucination_test(model, task, dataset, args.seed, args.max_tokens,
+                                                            level=level)
+            if args.on_hypotheses:
+                src, hyp = hypothesis_batches(task, model, dataset, beam=args.beam, max_tokens=args.max_tokens)
+                entry["on_hypotheses"], _ = analyze_dataset(model, task, pairs_dataset(task, src, hyp),
+                                                            args.max_tokens, (), args.taus, args.top_p, level=level)
+            per_seed.append(entry)
+            if not args.no_figures:  # heatmaps: one model's weights (of a label's first seed; heads do not align)
+                name, who = (label, label) if len(paths) == 1 else (
+                    f"{label}_firstseed", f"{label}, the first of its {len(paths)} seeds (`{entry['checkpoint']}`)")
+                for h in heat:
+                    for kind in args.heatmap_kinds:
+                        rows = h["src"] if kind == "encoder" else h["prev"]
+                        cols = h["prev"] if kind == "decoder" else h["src"]
+                        figures.append(plots.heatmap_grid(
+                            h["weights"][kind], rows, cols,
+                            os.path.join(args.out, "figures", f"heatmap_{name}_{kind}_{h['id']}.png"),
+                            title=f"{who}: {kind} attention, sentence {h['id']} (rows: queries; ∅ = null row)"
+                                  + ("; subword weights" if level == "word" else "")))
+            is_distribution = entry["metrics"]["cross"]["attention_is_distribution"]
+            ranker_wanted = args.rank_with == label if args.rank_with else (
+                first is None or (first[2] and not is_distribution))
+            if ranking and ranker_wanted:
+                kept.append((model, task))
+            del model
+        if len(per_seed) == 1:
+            report["models"][label] = per_seed[0]
+        else:
+            try:
+                report["models"][label] = seed_mean_analysis(per_seed)
+            except ValueError as err:
+                raise SystemExit(f"--checkpoint {label}: {err}") from None
+        if kept:
+            first = (label, kept, is_distribution)
+    if ranking:
+        label, kept, _ = first  # a --rank-with that names no label was refused before any work
+        task = kept[0][1]
         if args.rank_split:
             task.load_dataset(args.rank_split)
             ds = task.dataset(args.rank_split)
@@ -666,7 +841,10 @@ def main(argv=None):
                        + (f"; BPE {provenance.repo_relative(os.path.abspath(args.bpe_codes))})" if args.bpe_codes
                           else "; no BPE)"))
             name = "raw"
-        scores = cross_null_by_sentence(model, task, ds, args.max_tokens, level=level)
+        # a label of several seeds ranks by the seed mean of each pair's null rate (NaN if one seed's is)
+        per_seed_scores = [cross_null_by_sentence(model, task, ds, args.max_tokens, level=level) for model, _ in kept]
+        scores = per_seed_scores[0] if len(kept) == 1 else torch.stack(per_seed_scores).mean(dim=0)
+        del kept, first
         order = rank_pairs(scores)
         out_file = args.rank_out or os.path.join(args.out, f"ranked_{name}.tsv")
         with atomic_path(out_file) as tmp, open(tmp, "w", encoding="utf-8", newline="\n") as f:
@@ -679,6 +857,13 @@ def main(argv=None):
                              "n_pairs": len(order), "mean": float(finite.mean()) if len(finite) else None,
                              "min": float(finite.min()) if len(finite) else None,
                              "max": float(finite.max()) if len(finite) else None}
+        if len(per_seed_scores) > 1:  # each seed's mean null rate over the corpus, and their sample sd
+            import statistics
+
+            means = [float(x[~torch.isnan(x)].mean()) if bool((~torch.isnan(x)).any()) else None
+                     for x in per_seed_scores]
+            report["ranking"].update(seeds=len(per_seed_scores), mean_per_seed=means,
+                                     mean_seed_sd=None if None in means else statistics.stdev(means))
     for label, paths in aer_models:
         src_lang, tgt_lang = aer_directions[label]
         per_seed = []
@@ -697,10 +882,7 @@ def main(argv=None):
         if len(per_seed) == 1:
             report["aer"][label] = per_seed[0]
             continue
-        kinds = {json.dumps(r["info"], sort_keys=True) for r in per_seed}
-        if len(kinds) > 1:
-            raise SystemExit(f"--aer-checkpoint {label}: its seeds are different models ("
-                             + "; ".join(f"{r['checkpoint']}: {r['info']}" for r in per_seed) + ")")
+        _refuse_unlike_seeds("--aer-checkpoint", label, [(r["checkpoint"], r["info"]) for r in per_seed])
         try:
             report["aer"][label] = dict(seed_mean_aer(per_seed), info=per_seed[0]["info"])
         except ValueError as err:

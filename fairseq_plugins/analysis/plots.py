@@ -56,17 +56,36 @@ def save_png(fig, path: str, dpi: int = 110, tight: bool = True) -> str:
 _save = save_png
 
 
+def _nan(ys):
+    """``None`` (undefined) as NaN, for matplotlib."""
+    return [math.nan if y is None else y for y in ys]
+
+
+def _seed_errorbar(ax, xs, ys, sds, n: int, label: str, part: str = "", **kw):
+    """A seed mean's curve: the means with ± the seeds' sample sd as error bars, labelled
+    "LABEL (PART, mean ± sd of N seeds)"."""
+    ax.errorbar(list(xs), _nan(ys), yerr=_nan(sds), capsize=3,
+                label=f"{label} ({part + ', ' if part else ''}mean ± sd of {n} seeds)", **kw)
+
+
 def layer_curves(results: Dict[str, dict], metric: str, ylabel: str, path: str,
                  title: Optional[str] = None) -> str:
     """Per-layer curves of ``metric`` for each attention type (one panel each), one line per
-    model label.  ``results[label]["metrics"][kind][metric]`` is a list over layers."""
+    model label.  ``results[label]["metrics"][kind][metric]`` is a list over layers; a seed mean
+    (``metric + "_seed_sd"`` beside it, :func:`~fairseq_plugins.analysis.report.seed_mean_analysis`)
+    is drawn with ± the seeds' sd as error bars."""
     plt = _plt()
     kinds = [k for k in KIND_TITLES if any(k in r["metrics"] for r in results.values())]
     fig, axes = plt.subplots(1, len(kinds), figsize=(4.2 * len(kinds), 3.2), squeeze=False)
     for ax, kind in zip(axes[0], kinds):
         for label, r in results.items():
-            ys = r["metrics"].get(kind, {}).get(metric)
+            m = r["metrics"].get(kind, {})
+            ys = m.get(metric)
             if ys is None:
+                continue
+            if metric + "_seed_sd" in m:
+                _seed_errorbar(ax, range(1, len(ys) + 1), ys, m[metric + "_seed_sd"], len(m[metric + "_per_seed"]),
+                               label, marker="o")
                 continue
             ax.plot(range(1, len(ys) + 1), [math.nan if y is None else y for y in ys], marker="o", label=label)
         ax.set_title(KIND_TITLES[kind])
@@ -81,7 +100,7 @@ def layer_curves(results: Dict[str, dict], metric: str, ylabel: str, path: str,
 
 def hallucination_curves(results: Dict[str, dict], path: str) -> str:
     """Cross-attention null rate per layer: references (solid) vs shuffled references (dashed)
-    (ReLA Figure 6)."""
+    (ReLA Figure 6); a seed mean with ± the seeds' sd as error bars."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(4.8, 3.4))
     for n, (label, r) in enumerate(results.items()):
@@ -90,6 +109,12 @@ def hallucination_curves(results: Dict[str, dict], path: str) -> str:
             continue
         c = f"C{n}"
         xs = range(1, len(h["reference"]) + 1)
+        if "reference_seed_sd" in h:
+            k = len(h["reference_per_seed"])
+            _seed_errorbar(ax, xs, h["reference"], h["reference_seed_sd"], k, label, "reference", color=c, marker="o")
+            _seed_errorbar(ax, xs, h["shuffled"], h["shuffled_seed_sd"], k, label, "shuffled", color=c, marker="x",
+                           linestyle="--")
+            continue
         ax.plot(xs, h["reference"], color=c, marker="o", label=f"{label} (reference)")
         ax.plot(xs, h["shuffled"], color=c, marker="x", linestyle="--", label=f"{label} (shuffled)")
     _layer_axis(ax)
@@ -120,7 +145,8 @@ def aer_curves(aer_results: Dict[str, dict], path: str) -> str:
 
 def top_p_curves(results: Dict[str, dict], path: str) -> str:
     """Top-p % score sum against p (mean over layers), one panel per attention type
-    (ReLUFormer Figures 2 and 4)."""
+    (ReLUFormer Figures 2 and 4); a seed mean (``top_p_per_seed``) with ± the sd of the seeds'
+    means over layers as error bars."""
     plt = _plt()
     kinds = [k for k in KIND_TITLES if any(k in r["metrics"] for r in results.values())]
     fig, axes = plt.subplots(1, len(kinds), figsize=(4.2 * len(kinds), 3.2), squeeze=False)
@@ -131,6 +157,14 @@ def top_p_curves(results: Dict[str, dict], path: str) -> str:
                 continue
             ps = sorted(tp, key=float)
             means = [math.nan if None in tp[p] else sum(tp[p]) / len(tp[p]) for p in ps]  # None: undefined
+            seeds = r["metrics"][kind].get("top_p_per_seed")
+            if seeds:
+                import statistics
+
+                per = [[None if None in s[p] else sum(s[p]) / len(s[p]) for s in seeds] for p in ps]
+                sds = [None if None in v else statistics.stdev(v) for v in per]
+                _seed_errorbar(ax, [float(p) for p in ps], means, sds, len(seeds), label, marker="o")
+                continue
             ax.plot([float(p) for p in ps], means, marker="o", label=label)
         ax.set_title(KIND_TITLES[kind])
         ax.set_xlabel("top p (%)")

@@ -25,7 +25,7 @@ from .capture import ATTENTION_KINDS, AttentionCapture, check_attention_level, c
     iter_batches, pairs_dataset, word_level_records
 
 __all__ = ["AttentionStats", "analyze_dataset", "cross_null_by_sentence", "hallucination_test",
-           "rank_pairs", "alignment_aer", "seed_mean_aer", "DEFAULT_TOP_P", "DEFAULT_TAUS"]
+           "rank_pairs", "alignment_aer", "seed_mean_aer", "seed_mean_analysis", "DEFAULT_TOP_P", "DEFAULT_TAUS"]
 
 #: top-p percentages reported (ReLUFormer Figs 2 and 4 use small p; sentences here are short)
 DEFAULT_TOP_P = (1.0, 5.0, 10.0, 20.0, 50.0)
@@ -434,4 +434,124 @@ def seed_mean_aer(results: Sequence[dict]) -> dict:
         }
     out["unk_rate"] = mean([r["unk_rate"] for r in results])
     out["seeds"] = list(results)
+    return out
+
+
+def _seed_tree(trees: Sequence, leaf, where: str):
+    """``leaf`` applied to the seeds' values at every leaf of equally shaped nested dicts / lists
+    ``trees`` (one per seed); a leaf is a number or ``None``.
+
+    Raises:
+        ValueError: the seeds' trees differ in their keys or list lengths (``where`` names the field)."""
+    first = trees[0]
+    if isinstance(first, dict):
+        if any(not isinstance(t, dict) or list(t) != list(first) for t in trees):
+            raise ValueError(f"the seeds differ in the keys of {where} ({[sorted(t) for t in trees]})")
+        return {k: _seed_tree([t[k] for t in trees], leaf, f"{where}.{k}") for k in first}
+    if isinstance(first, list):
+        if any(not isinstance(t, list) or len(t) != len(first) for t in trees):
+            raise ValueError(f"the seeds differ in the length of {where} (layers / heads): "
+                             f"{[len(t) if isinstance(t, list) else t for t in trees]}")
+        return [_seed_tree([t[i] for t in trees], leaf, f"{where}[{i}]") for i in range(len(first))]
+    return leaf(list(trees))
+
+
+def _seed_mean(xs: List[Optional[float]]) -> Optional[float]:
+    """The mean of the seeds' values; ``None`` (undefined) when one seed's value is."""
+    return None if any(x is None for x in xs) else sum(xs) / len(xs)
+
+
+def _seed_sd(xs: List[Optional[float]]) -> Optional[float]:
+    """The sample standard deviation (n - 1) of the seeds' values; ``None`` when one is undefined."""
+    import statistics
+
+    return None if any(x is None for x in xs) else statistics.stdev(xs)
+
+
+#: keys of an analysis section that every seed must share exactly (copied, not averaged): the
+#: hallucination test's shuffle seed and its number of pairs left in place
+_ANALYSIS_SHARED = ("seed", "fixed_points")
+#: the suffix of per-head values (head h of one seed is not head h of another: not averaged)
+PER_HEAD = "_per_head"
+
+
+def _seed_mean_section(sections: Sequence[dict], where: str) -> dict:
+    """One dict of per-seed numbers (``metrics[kind]``, ``hallucination``) as their seed mean:
+    for each averaged key ``k``: ``k`` (mean), ``k_seed_sd`` (sample sd) and ``k_per_seed``
+    (the seeds' values, in seed order); booleans and :data:`_ANALYSIS_SHARED` keys are copied
+    (and must agree); ``*_per_head`` keys are left out.
+
+    Raises:
+        ValueError: the seeds differ in a copied key, in their keys or in the length of a list."""
+    first = sections[0]
+    if any(list(s) != list(first) for s in sections):
+        raise ValueError(f"the seeds differ in the keys of {where} ({[sorted(s) for s in sections]})")
+    out = {}
+    for k, v in first.items():
+        vals = [s[k] for s in sections]
+        if k.endswith(PER_HEAD):
+            continue
+        if isinstance(v, (bool, str)) or k in _ANALYSIS_SHARED:
+            if any(x != v for x in vals):
+                raise ValueError(f"the seeds differ in {where}.{k} ({vals}): they are not seeds of one model "
+                                 "analysed the same way")
+            out[k] = v
+            continue
+        out[k] = _seed_tree(vals, _seed_mean, f"{where}.{k}")
+        out[k + "_seed_sd"] = _seed_tree(vals, _seed_sd, f"{where}.{k}")
+        out[k + "_per_seed"] = vals
+    return out
+
+
+def seed_mean_analysis(entries: Sequence[dict]) -> dict:
+    """The ``--checkpoint`` analysis of one configuration trained with several seeds, as ReLA §5.2
+    reports all its analyses ("We train each model three times with different random seeds on
+    WMT14 En-De and report the average results"): every number averaged over the seeds.
+
+    Args:
+        entries: per seed, the report entry of a single-seed analysis (``fairseq-attention-analysis``'s
+            ``models[label]``): ``info``, ``metrics`` (:meth:`AttentionStats.summary`: ``{kind:
+            {metric: [per layer]}}``, ``top_p`` / ``js_by_tau`` ``{p or tau: [per layer]}``) and,
+            when run, ``ffn_anisotropy`` (``{"encoder"|"decoder": [per layer]}``), ``hallucination``
+            (:func:`hallucination_test`) and ``on_hypotheses`` (a ``metrics`` dict).
+
+    Returns:
+        ``{"info", "metrics", ["ffn_anisotropy", "ffn_anisotropy_seed_sd", "ffn_anisotropy_per_seed"],
+        ["hallucination"], ["on_hypotheses"], "seeds"}``.  Every number keeps its key and shape and
+        is the mean over the seeds (same units: rates in [0, 1], JS and entropy in nats); beside each
+        averaged key ``k`` are ``k_seed_sd`` (the seeds' sample standard deviation, n - 1, same shape)
+        and ``k_per_seed`` (the seeds' values, in the order given).  A value undefined (``None``)
+        for one seed is ``None`` in the mean and sd.  ``attention_is_distribution``, the
+        hallucination test's shuffle ``seed`` and ``fixed_points`` are shared and copied.  The
+        per-head values (``*_per_head``) are left out: head h of one seed's model has nothing to do
+        with head h of another's (heads are not aligned between independently trained models, and
+        a mean over a permuted index would blur them); they stay in each seed's entry, and
+        ``seeds`` holds the entries as given.  The per-layer values are head-order-free (means
+        over heads, pooled rows, the JS divergence across heads), so they average across seeds.
+
+    Raises:
+        ValueError: fewer than two entries, or entries that differ in their attention kinds,
+            layers, top-p percentages, temperatures, analyses run, ``attention_is_distribution`` or
+            the hallucination test's shuffle (named), before anything is averaged.
+    """
+    if len(entries) < 2:
+        raise ValueError(f"a seed mean needs at least two analyses, got {len(entries)}")
+    sections = ("metrics", "ffn_anisotropy", "hallucination", "on_hypotheses")
+    ran = [[k for k in sections if k in e] for e in entries]
+    if any(r != ran[0] for r in ran):
+        raise ValueError(f"the seeds were not analysed the same way ({ran})")
+    out = {"info": entries[0].get("info")}
+    for name in ran[0]:
+        vals = [e[name] for e in entries]
+        if name in ("metrics", "on_hypotheses"):  # {kind: {metric: ...}}
+            if any(list(v) != list(vals[0]) for v in vals):
+                raise ValueError(f"the seeds differ in their attention kinds ({[list(v) for v in vals]})")
+            out[name] = {kind: _seed_mean_section([v[kind] for v in vals], f"{name}.{kind}") for kind in vals[0]}
+        elif name == "hallucination":
+            out[name] = _seed_mean_section(vals, name)
+        else:  # ffn_anisotropy: {"encoder": [per layer], "decoder": [per layer]}
+            out[name] = _seed_tree(vals, _seed_mean, name)
+            out[name + "_seed_sd"] = _seed_tree(vals, _seed_sd, name)
+            out[name + "_per_seed"] = vals
+    out["seeds"] = list(entries)
     return out
