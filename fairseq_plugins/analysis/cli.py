@@ -304,12 +304,11 @@ def _sd_cell(mean, sd, pct=False) -> str:
 
 
 def _seeds_cell(values, pct=False) -> str:
-    """The seeds' values of one number as ``mean ± sample sd (n - 1)``; "–" when one is undefined."""
-    import statistics
+    """The seeds' values (two or more) of one number as ``mean ± sample sd (n - 1)``
+    (:func:`.report.seed_mean` / :func:`.report.seed_sd`); "–" when one is undefined."""
+    from .report import seed_mean, seed_sd
 
-    if not values or any(v is None for v in values):
-        return "–"
-    return _sd_cell(sum(values) / len(values), statistics.stdev(values) if len(values) > 1 else None, pct)
+    return _sd_cell(seed_mean(values), seed_sd(values), pct)
 
 
 def _seed_row(label: str, n: int) -> str:
@@ -858,12 +857,11 @@ def main(argv=None):
                              "min": float(finite.min()) if len(finite) else None,
                              "max": float(finite.max()) if len(finite) else None}
         if len(per_seed_scores) > 1:  # each seed's mean null rate over the corpus, and their sample sd
-            import statistics
+            from .report import seed_sd
 
             means = [float(x[~torch.isnan(x)].mean()) if bool((~torch.isnan(x)).any()) else None
                      for x in per_seed_scores]
-            report["ranking"].update(seeds=len(per_seed_scores), mean_per_seed=means,
-                                     mean_seed_sd=None if None in means else statistics.stdev(means))
+            report["ranking"].update(seeds=len(per_seed_scores), mean_per_seed=means, mean_seed_sd=seed_sd(means))
     for label, paths in aer_models:
         src_lang, tgt_lang = aer_directions[label]
         per_seed = []

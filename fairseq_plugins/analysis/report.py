@@ -25,7 +25,8 @@ from .capture import ATTENTION_KINDS, AttentionCapture, check_attention_level, c
     iter_batches, pairs_dataset, word_level_records
 
 __all__ = ["AttentionStats", "analyze_dataset", "cross_null_by_sentence", "hallucination_test",
-           "rank_pairs", "alignment_aer", "seed_mean_aer", "seed_mean_analysis", "DEFAULT_TOP_P", "DEFAULT_TAUS"]
+           "rank_pairs", "alignment_aer", "seed_mean_aer", "seed_mean_analysis", "seed_mean", "seed_sd",
+           "DEFAULT_TOP_P", "DEFAULT_TAUS"]
 
 #: top-p percentages reported (ReLUFormer Figs 2 and 4 use small p; sentences here are short)
 DEFAULT_TOP_P = (1.0, 5.0, 10.0, 20.0, 50.0)
@@ -456,12 +457,12 @@ def _seed_tree(trees: Sequence, leaf, where: str):
     return leaf(list(trees))
 
 
-def _seed_mean(xs: List[Optional[float]]) -> Optional[float]:
+def seed_mean(xs: List[Optional[float]]) -> Optional[float]:
     """The mean of the seeds' values; ``None`` (undefined) when one seed's value is."""
     return None if any(x is None for x in xs) else sum(xs) / len(xs)
 
 
-def _seed_sd(xs: List[Optional[float]]) -> Optional[float]:
+def seed_sd(xs: List[Optional[float]]) -> Optional[float]:
     """The sample standard deviation (n - 1) of the seeds' values; ``None`` when one is undefined."""
     import statistics
 
@@ -497,8 +498,8 @@ def _seed_mean_section(sections: Sequence[dict], where: str) -> dict:
                                  "analysed the same way")
             out[k] = v
             continue
-        out[k] = _seed_tree(vals, _seed_mean, f"{where}.{k}")
-        out[k + "_seed_sd"] = _seed_tree(vals, _seed_sd, f"{where}.{k}")
+        out[k] = _seed_tree(vals, seed_mean, f"{where}.{k}")
+        out[k + "_seed_sd"] = _seed_tree(vals, seed_sd, f"{where}.{k}")
         out[k + "_per_seed"] = vals
     return out
 
@@ -550,8 +551,8 @@ def seed_mean_analysis(entries: Sequence[dict]) -> dict:
         elif name == "hallucination":
             out[name] = _seed_mean_section(vals, name)
         else:  # ffn_anisotropy: {"encoder": [per layer], "decoder": [per layer]}
-            out[name] = _seed_tree(vals, _seed_mean, name)
-            out[name + "_seed_sd"] = _seed_tree(vals, _seed_sd, name)
+            out[name] = _seed_tree(vals, seed_mean, name)
+            out[name + "_seed_sd"] = _seed_tree(vals, seed_sd, name)
             out[name + "_per_seed"] = vals
     out["seeds"] = list(entries)
     return out
