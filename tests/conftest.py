@@ -23,3 +23,56 @@ import pytest  # noqa: E402
 def interp(monkeypatch):
     """Run Triton kernels on CPU tensors under the interpreter (``TRITON_INTERPRET=1``)."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+# --- order of the test files, for the two pytest-xdist workers of scripts/test.sh -----------------
+# `--dist loadfile` hands each worker whole files in collection order (`--no-loadscope-reorder`;
+# xdist's default puts the files with the most tests first, whatever they cost).  The costliest files
+# go first, so that the last minutes are not one worker finishing a heavy file while the other idles
+# (the longest-first rule).  FILE_COSTS: seconds per file on 2 free cores of the project's AMD EPYC
+# (`python scripts/test_file_costs.py JUNIT_XML` prints this table from a run's --junitxml); the
+# order is a matter of wall time only, and files not listed run after these in their usual order.
+FILE_COSTS = {  # measured 2026-11-30 at db3e6d2 (45 files, 3676 s in all; longest first on 2 workers: 1838 s wall)
+    "tests/test_campaign.py": 545,
+    "tests/test_triton_attention.py": 540,
+    "tests/test_pipeline_faults.py": 349,
+    "tests/test_dataprep_truecase_bpe.py": 233,
+    "tests/test_dataprep_recipes.py": 229,
+    "tests/test_bad_checkpoints.py": 181,
+    "tests/test_analysis.py": 175,
+    "tests/test_end_to_end.py": 134,
+    "tests/test_flexible.py": 130,
+    "tests/test_pipeline.py": 126,
+    "tests/test_bad_input.py": 117,
+    "tests/test_kernel_report.py": 109,
+    "tests/test_bench_speed.py": 74,
+    "tests/test_faults.py": 70,
+    "tests/test_long_documents.py": 68,
+    "tests/test_row_terms_fused.py": 67,
+    "tests/test_hydra.py": 66,
+    "tests/test_safety.py": 64,
+    "tests/test_bench_prep.py": 54,
+    "tests/test_eatt.py": 51,
+    "tests/test_prep_pipeline.py": 40,
+    "tests/test_distributed.py": 30,
+    "tests/test_bench_decode_length.py": 27,
+    "tests/test_relu_kernel.py": 25,
+    "tests/test_checkpoint.py": 24,
+    "tests/test_analysis_word_level.py": 22,
+    "tests/test_prep_streaming.py": 20,
+    "tests/test_attention_seam.py": 16,
+}
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Sort the collected tests by :data:`FILE_COSTS`, costliest file first (a stable sort: the
+    tests of a file keep their order, and unlisted files theirs)."""
+    rel = {}
+
+    def cost(item):
+        path = str(item.path)
+        if path not in rel:
+            rel[path] = os.path.relpath(path, ROOT).replace(os.sep, "/")
+        return -FILE_COSTS.get(rel[path], 0.0)
+
+    items.sort(key=cost)

@@ -62,6 +62,10 @@ def _env(tmp_path):
 
 
 def _campaign(args, tmp_path, check=True, timeout=900):
+    if args[:1] == ["run"] and "--nice" not in args:
+        # not the default nice 10: the run's session would get ~a tenth of a core against the
+        # other pytest worker (test 1 below checks that --nice reaches the run)
+        args = [*args, "--nice", "0"]
     res = subprocess.run([sys.executable, "-m", "mt_pipeline.campaign", *args], cwd=th.ROOT, env=_env(tmp_path),
                          capture_output=True, text=True, timeout=timeout)
     out = res.stdout + res.stderr
@@ -76,6 +80,28 @@ def _status(plan, tmp_path):
                          cwd=th.ROOT, env=_env(tmp_path), capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     return {r["key"]: r for r in json.loads(res.stdout)}
+
+
+def _niceness(token):
+    """Niceness of each live ``mt_pipeline.experiment`` process whose command line holds ``token``
+    (and, where the kernel groups sessions, its session's autogroup niceness, which must agree)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().split(b"\0")
+            with open(f"/proc/{pid}/stat") as f:
+                nice = int(f.read().rsplit(")", 1)[1].split()[16])
+        except (OSError, ValueError, IndexError):
+            continue
+        if b"mt_pipeline.experiment" in cmd and token.encode() in cmd:
+            try:
+                with open(f"/proc/{pid}/autogroup") as f:
+                    assert int(f.read().split()[-1]) == nice
+            except OSError:
+                pass
+            found.append(nice)
+    return found
 
 
 # The kill below must land while fairseq-train is still training: with the tiny budget's 8 updates
@@ -100,8 +126,9 @@ def test_local_launcher_runs_a_plan_killed_resumed_failing_row_and_minutes(budge
     st = _status(plan, tmp_path)
     assert [r["state"] for r in st.values()] == ["pending", "pending"]
 
-    # 1. start in the background, kill (TERM) once row 1 has a checkpoint: the run stops with it
-    proc = subprocess.Popen([sys.executable, "-m", "mt_pipeline.campaign", "run", "--plan", plan, "--nice", "5"],
+    # 1. start in the background (niced: 1, to keep its share of the cores beside the other pytest
+    # worker), kill (TERM) once row 1 has a checkpoint: the run stops with it
+    proc = subprocess.Popen([sys.executable, "-m", "mt_pipeline.campaign", "run", "--plan", plan, "--nice", "1"],
                             cwd=th.ROOT, env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
     ckpt = row1 / "checkpoints" / "checkpoint_last.pt"
@@ -109,6 +136,7 @@ def test_local_launcher_runs_a_plan_killed_resumed_failing_row_and_minutes(budge
     while proc.poll() is None and not ckpt.exists() and time.time() < deadline:
         time.sleep(0.2)
     assert proc.poll() is None, "the campaign finished before it could be killed:\n" + proc.communicate()[0][-3000:]
+    assert _niceness(str(row1)) == [1]  # the run (python -m mt_pipeline.experiment --out <row1>) is niced
     os.kill(proc.pid, signal.SIGTERM)
     out = proc.communicate(timeout=120)[0]
     assert "signal 15: stopping 1 run(s)" in out, out[-3000:]

@@ -572,14 +572,16 @@ def test_eatt_dropout_mask_is_regenerated_in_backward(interp, l1_bwd):
 
 
 @needs_triton
-@pytest.mark.parametrize("d", [20, 32, 64, 128])
-@pytest.mark.parametrize("case", ["causal", "causal_t_gt_s", "decode", "dropout"])
+@pytest.mark.parametrize("d,case", [(d, case) for d in (20, 32, 64)
+                                     for case in ("causal", "causal_t_gt_s", "decode", "dropout")]
+                         + [(128, "causal_t_gt_s"), (128, "dropout")])
 def test_eatt_head_dims_chunked_distance(interp, l1_bwd, d, case):
     """The L1 distance runs over ``BLOCK_D // CHUNK`` chunks of the head dimension on 5-d tiles
     (issue 28): output, row log-sum-exp and gradients vs cdist at d 20 (padded to BLOCK_D 32: the
     dimensions >= d must add nothing), 32, 64, 128; causal with T < S and T > S (fully blocked
     rows) under key padding, decoding (T = 1), attention dropout (the mask is read off the output
-    with ``v = I``, S <= d)."""
+    with ``v = I``, S <= d).  d 128 (more chunks of the same loop, ~20 s a case under the
+    interpreter) runs the two cases with the most paths: blocked rows, and dropout."""
     B, H, p, keep = 2, 2, 0.0, None
     T, S, mask_kind, causal = {"causal": (9, 21, "left", True), "causal_t_gt_s": (21, 9, "right", True),
                                "decode": (1, 21, "right", False), "dropout": (18, 16, "none", False)}[case]
