@@ -30,7 +30,7 @@ def interp(monkeypatch):
 # xdist's default puts the files with the most tests first, whatever they cost).  The costliest files
 # go first, so that the last minutes are not one worker finishing a heavy file while the other idles
 # (the longest-first rule).  FILE_COSTS: seconds per file on 2 free cores of the project's AMD EPYC
-# (`python scripts/test_file_costs.py JUNIT_XML` prints this table from a run's --junitxml); the
+# (`python tests/file_costs.py JUNIT_XML` prints this table from a run's --junitxml); the
 # order is a matter of wall time only, and files not listed run after these in their usual order.
 FILE_COSTS = {  # measured 2026-11-30 at db3e6d2 (45 files, 3676 s in all; longest first on 2 workers: 1838 s wall)
     "tests/test_campaign.py": 545,

@@ -1,5 +1,5 @@
 """The order scripts/test.sh's workers take the test files in (tests/conftest.py: FILE_COSTS), and
-scripts/test_file_costs.py, which measures it from a --junitxml report."""
+tests/file_costs.py, which measures it from a --junitxml report."""
 
 import os
 import subprocess
@@ -29,7 +29,7 @@ def test_every_costed_file_exists_and_collection_puts_the_costliest_first():
 def test_file_costs_sums_a_junit_report_per_file(tmp_path):
     from importlib.util import module_from_spec, spec_from_file_location
 
-    spec = spec_from_file_location("test_file_costs", os.path.join(ROOT, "scripts", "test_file_costs.py"))
+    spec = spec_from_file_location("file_costs", os.path.join(ROOT, "tests", "file_costs.py"))
     tfc = module_from_spec(spec)
     spec.loader.exec_module(tfc)
     xml = tmp_path / "j.xml"
@@ -42,10 +42,10 @@ def test_file_costs_sums_a_junit_report_per_file(tmp_path):
     assert tfc.file_costs(str(xml)) == {"tests/test_a.py": 5.0, "tests/test_b.py": 2.0, "tests/test_c.py": 2.5}
     assert tfc.makespan({"a": 5.0, "b": 2.0, "c": 2.5}) == 5.0  # a | c + b
     assert tfc.makespan({"a": 3, "b": 3, "c": 2, "d": 2, "e": 2}) == 7  # longest first: a + c + e | b + d
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "test_file_costs.py"), str(xml),
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "file_costs.py"), str(xml),
                         "--min-seconds", "2.2"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and r.stdout.splitlines()[:2] == ['    "tests/test_a.py": 5,', '    "tests/test_c.py": 2,']
     (tmp_path / "bad.xml").write_text("<testsuites/>")
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "test_file_costs.py"), str(tmp_path / "bad.xml")],
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "file_costs.py"), str(tmp_path / "bad.xml")],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "not a pytest --junitxml report" in r.stderr

@@ -5,7 +5,7 @@
 Usage::
 
     bash scripts/test.sh --junitxml /tmp/junit.xml     # on free cores
-    python scripts/test_file_costs.py /tmp/junit.xml [--min-seconds 20]
+    python tests/file_costs.py /tmp/junit.xml [--min-seconds 20]
 
 Prints the files of at least ``--min-seconds`` (setup + call + teardown of every test of the file,
 as the report's ``time`` counts them), costliest first, as Python dict entries to paste into
@@ -54,7 +54,7 @@ def main(argv=None):
     try:
         costs = file_costs(a.junit_xml)
     except (OSError, ET.ParseError, ValueError) as e:
-        print(f"test_file_costs: {e}", file=sys.stderr)
+        print(f"file_costs: {e}", file=sys.stderr)
         return 2
     for name, c in sorted(costs.items(), key=lambda kv: -kv[1]):
         if c >= a.min_seconds:
