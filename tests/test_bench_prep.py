@@ -10,6 +10,7 @@ import textwrap
 
 import pytest
 
+import train_helpers as th
 from mt_pipeline import bench_prep
 from mt_pipeline.prep import spec as prep_spec
 
@@ -145,22 +146,8 @@ def test_an_interrupted_measurement_stops_the_measured_session(tmp_path, monkeyp
     with pytest.raises(KeyboardInterrupt):
         bench_prep.measure_size([sys.executable, "-c", child, token], str(tmp_path / "log"), 0.05)
 
-    def alive():
-        found = []
-        for pid in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    cmd = f.read()
-                with open(f"/proc/{pid}/stat") as f:
-                    state = f.read().rsplit(")", 1)[1].split()[0]
-            except OSError:
-                continue
-            if token.encode() in cmd and state != "Z":
-                found.append(pid)
-        return found
-
     import time
     deadline = time.time() + 10
-    while alive() and time.time() < deadline:
+    while th.live_processes(token) and time.time() < deadline:
         time.sleep(0.1)
-    assert alive() == []
+    assert th.live_processes(token) == []

@@ -86,21 +86,18 @@ def _niceness(token):
     """``(niceness, autogroup niceness or None)`` of each live ``mt_pipeline.experiment`` process
     whose command line holds ``token`` (the second where the kernel groups sessions)."""
     found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
+    for pid in th.live_processes(b"\0mt_pipeline.experiment\0", token):
         try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read().split(b"\0")
             with open(f"/proc/{pid}/stat") as f:
                 nice = int(f.read().rsplit(")", 1)[1].split()[16])
         except (OSError, ValueError, IndexError):
             continue
-        if b"mt_pipeline.experiment" in cmd and token.encode() in cmd:
-            try:
-                with open(f"/proc/{pid}/autogroup") as f:  # "/autogroup-N nice K"
-                    group = int(f.read().split()[-1])
-            except (OSError, ValueError, IndexError):
-                group = None
-            found.append((nice, group))
+        try:
+            with open(f"/proc/{pid}/autogroup") as f:  # "/autogroup-N nice K"
+                group = int(f.read().split()[-1])
+        except (OSError, ValueError, IndexError):
+            group = None
+        found.append((nice, group))
     return found
 
 

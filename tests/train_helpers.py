@@ -66,3 +66,21 @@ def params(path):
     from fairseq_plugins.checkpoint import load_checkpoint
 
     return load_checkpoint(path)["model"]
+
+
+def live_processes(*tokens):
+    """Pids of the live (not zombie) processes whose command line has every one of ``tokens``
+    (bytes or str) in one of its arguments; from Linux ``/proc``."""
+    want = [t.encode() if isinstance(t, str) else t for t in tokens]
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read()
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z" and all(t in cmd for t in want):
+            found.append(int(pid))
+    return found
