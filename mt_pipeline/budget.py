@@ -229,10 +229,19 @@ def prep_dir(budget: Dict) -> str:
     return os.path.join(out, data["variant"]) if data.get("variant") else out
 
 
-def prep_cmd(budget: Dict) -> List[str]:
-    """The data-prep command (idempotent) for ``budget``."""
+def prep_cmd(budget: Dict, references_only: bool = False) -> List[str]:
+    """The data-prep command (idempotent) for ``budget``; with ``references_only``, stopped after
+    the stage that writes the references its runs are scored against (``--until``: what
+    re-scoring committed hypotheses needs, e.g. Multi30k's ``raw/``, without BPE or binarising).
+
+    Raises:
+        SystemExit: (``references_only``) the budget's corpus is not one of data-prep/."""
     data = budget["data"]
     cmd = ["bash", os.path.join(ROOT, "data-prep", data["corpus"], "prepare.sh"), "--out", _data_out(budget)]
+    if references_only:
+        from .prep.cli import reference_stage
+
+        cmd += ["--until", reference_stage(data["corpus"])]
     if data.get("bpe-merges"):
         cmd += ["--bpe-merges", str(data["bpe-merges"])]
     if data.get("train-lines"):

@@ -37,6 +37,7 @@ analysis CLIs trace their models to evidence too) and are re-exported here.
 import gzip
 import json
 import os
+import shlex
 import shutil
 from typing import Dict, List, Optional
 
@@ -342,6 +343,21 @@ def lowercased(score: Dict) -> bool:
     return "case:lc" in (score.get("signature") or "")
 
 
+def _reference_prep(res: Dict) -> str:
+    """The command that prepares a run's references (its budget's data-prep up to the stage that
+    writes them), as the message of a missing reference shows it."""
+    from .budget import prep_cmd
+
+    budget = (res.get("config") or {}).get("budget")
+    if not budget:
+        return f"mt-prep {res.get('data', {}).get('corpus', '<corpus>')} (the record names no budget)"
+    try:
+        cmd = prep_cmd(budget, references_only=True)
+    except SystemExit as e:  # a corpus this checkout has no data-prep for
+        return f"mt-prep {budget['data']['corpus']} ({e})"
+    return " ".join(shlex.quote(repo_relative(c) if os.path.isabs(c) else c) for c in cmd)
+
+
 def rescore(result_path: str, tolerance: float = 0.005) -> List[Dict]:
     """Re-score one committed run from its hypotheses and compare with its record.
 
@@ -349,9 +365,9 @@ def rescore(result_path: str, tolerance: float = 0.005) -> List[Dict]:
         one ``{"subset", "bleu", "recorded_bleu", "chrf", "recorded_chrf"}`` per scored subset.
 
     Raises:
-        RescoreError: a reference is missing (run ``mt-prep`` for the run's corpus first), its
-            content differs from the one scored (``ref_sha256``), or a score differs from the
-            record by more than ``tolerance``.
+        RescoreError: a reference is missing (the message gives the data-prep command that writes
+            it: ``prepare.sh ... --until STAGE``), its content differs from the one scored
+            (``ref_sha256``), or a score differs from the record by more than ``tolerance``.
     """
     from .scoring import score_files
 
@@ -361,8 +377,8 @@ def rescore(result_path: str, tolerance: float = 0.005) -> List[Dict]:
     for subset, score in (res.get("scores") or {}).items():
         hyp, ref = resolve(score["hyp"]), resolve(score["ref"])
         if not os.path.exists(ref):
-            raise RescoreError(f"{result_path}: reference {score['ref']} is missing; prepare the data first "
-                               f"(mt-prep {res.get('data', {}).get('corpus', '<corpus>')})")
+            raise RescoreError(f"{result_path}: reference {score['ref']} is missing; prepare it first: "
+                               + _reference_prep(res))
         if reference_changed(score, ref):
             problems.append(f"{subset}: reference {score['ref']} differs from the one scored (sha256)")
             continue

@@ -596,7 +596,8 @@ def test_gap_trend_says_whether_the_rows_drift_apart_or_together(tmp_path):
     reason="no committed run evidence in results/runs yet"))])
 def test_every_committed_run_rescores_from_its_hypotheses(path, tmp_path):
     """Every ``results/runs/**/result.json`` re-scores from its committed hypotheses to its
-    recorded BLEU and chrF (the references come from mt-prep of the run's corpus)."""
+    recorded BLEU and chrF (the references come from mt-prep of the run's corpus, run up to the
+    stage that writes them: ``--until``, as the message of a missing reference says)."""
     res = json.loads(open(path).read())
     refs = [evidence.resolve(s["ref"]) for s in res["scores"].values()]
     if not all(os.path.exists(r) for r in refs):
@@ -604,7 +605,8 @@ def test_every_committed_run_rescores_from_its_hypotheses(path, tmp_path):
             pytest.skip(f"real data not found at {RAW}")
         from mt_pipeline.budget import prep_cmd
 
-        subprocess.run(prep_cmd(res["config"]["budget"]), cwd=th.ROOT, env=th.env(), check=True, capture_output=True)
+        subprocess.run(prep_cmd(res["config"]["budget"], references_only=True), cwd=th.ROOT, env=th.env(),
+                       check=True, capture_output=True)
     rows = evidence.rescore(path)
     assert rows and all(r["bleu"] == pytest.approx(r["recorded_bleu"], abs=0.005) for r in rows)
 

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from mt_pipeline.prep import cli, fetch
-from mt_pipeline.prep.run import INCOMPLETE, PrepRun, remove_run_leftovers
+from mt_pipeline.prep.run import INCOMPLETE, PrepRun, StopAfter, remove_run_leftovers
 from mt_pipeline.provenance import file_sha256
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -209,3 +209,88 @@ def test_command_line_lists_corpora_and_names_valid_choices(tmp_path, capsys):
         cli.main(["long_documents", "--dry-run", "--download", "--lengths", "128,256", "--variant", "L512"])
     assert "unknown variant 'L512' of long_documents; valid: L128, L256" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# --until: a partial run that a later run continues
+# ---------------------------------------------------------------------------------------------
+def test_until_raises_after_its_stage_whether_it_ran_or_was_up_to_date(tmp_path, capsys):
+    run, calls = PrepRun("t", str(tmp_path), until="tok"), []
+    assert run.stage("raw", str(tmp_path / "raw"), "s", [], _writer(calls)) is True  # another stage: no stop
+    for _ in range(2):  # runs, then is up to date: both stop
+        with pytest.raises(StopAfter) as stop:
+            run.stage("tok", str(tmp_path / "tok"), "s", [], _writer(calls))
+        assert (stop.value.stage, stop.value.directory) == ("tok", str(tmp_path / "tok"))
+    assert len(calls) == 2 and (tmp_path / "tok" / ".done").read_text() == "s\n"  # the stamp is written first
+    dry = PrepRun("t", str(tmp_path / "new"), dry=True, until="bpe")
+    with pytest.raises(StopAfter):
+        dry.stage("bpe", str(tmp_path / "new" / "bpe"), "s", [], lambda x: dry.step("learn"))
+    assert "would learn" in capsys.readouterr().out and not (tmp_path / "new").exists()
+
+
+def test_until_stops_a_real_prep_and_the_next_run_goes_on_from_there(tmp_path):
+    raw, out = str(tmp_path / "raw_in"), tmp_path / "out"
+    _raw_dir(raw)
+    args = ("--raw-dir", raw, "--out", str(out), "--no-checksum", "--workers", "1", "--bpe-merges", "30")
+    r = prepare("multi30k", *args, "--until", "raw")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[-1] == str(out / "raw") and "stopped after stage raw (--until raw)" in r.stdout
+    assert sorted(p for p in os.listdir(out) if not p.startswith(".")) == ["raw"]
+    r = prepare("multi30k", *args, "--until", "bpe")
+    assert r.returncode == 0, r.stderr
+    assert "raw: up to date" in r.stdout and "tok: done" in r.stdout and "bpe: done" in r.stdout
+    assert r.stdout.splitlines()[-1] == str(out / "bpe") and not (out / "bin").exists()
+    r = prepare("multi30k", *args)  # the rest: what --until left is up to date
+    assert r.returncode == 0, r.stderr
+    assert all(f"{s}: up to date" in r.stdout for s in ("raw", "tok", "bpe")) and "bin: done" in r.stdout
+    assert r.stdout.splitlines()[-1] == str(out / "bin")
+    before = (out / "bin" / ".done").stat().st_mtime_ns
+    r = prepare("multi30k", *args, "--until", "tok")  # a stop before a finished stage leaves it as it is
+    assert r.returncode == 0 and "bpe" not in r.stdout.split("stopped after")[0].replace("bpe_merges", "")
+    assert (out / "bin" / ".done").stat().st_mtime_ns == before
+
+
+def test_until_names_the_valid_stages_before_any_work(tmp_path, capsys):
+    out = tmp_path / "o"
+    with pytest.raises(SystemExit):
+        cli.main(["multi30k", "--until", "nope", "--out", str(out)])
+    assert "--until must be one of: raw, tok, bpe, char, bin (got 'nope')" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(["multi30k", "--until", "char", "--out", str(out)])  # BPE run: no char stage
+    assert "--until char: this run segments with BPE; valid stages: raw, tok, bpe, bin" in capsys.readouterr().err
+    # a recipe without truecasing has no tc stage (checked against the recipe, before the lock or a download)
+    with pytest.raises(SystemExit):
+        cli.main(["iwslt14_de_en", "--download", "--until", "tc", "--out", str(out)])
+    assert ("--until tc: this run does not truecase (--truecase); this run's stages: raw, tok, bpe, bin"
+            in capsys.readouterr().err)
+    assert not out.exists()
+    # the long-document prep: pack stops after every length's pack stage, before any bin stage
+    full = cli.main(["long_documents", "--dry-run", "--download", "--lengths", "128,256", "--out", str(out)])
+    whole = capsys.readouterr().out
+    assert full == 0 and cli.main(["long_documents", "--dry-run", "--download", "--lengths", "128,256",
+                                   "--out", str(out), "--until", "pack"]) == 0
+    part = capsys.readouterr().out
+    assert "would pack L=256" in part and part.splitlines()[-1] == str(out)
+    assert whole.count("would binarize") == 3 and part.count("would binarize") == 1  # the dict stage's only
+    assert not out.exists()
+
+
+def test_references_only_prep_command_stops_where_each_corpus_writes_its_references(tmp_path):
+    """``prep_cmd(budget, references_only=True)``: what re-scoring a run needs (Multi30k: raw/; the
+    long-document sets: each length's pack, L<n>/raw/), as the message of a missing reference gives it."""
+    import json
+
+    from mt_pipeline import evidence
+    from mt_pipeline.budget import load_budget, prep_cmd
+
+    for budget, stage in (("configs/multi30k/converged.yaml", "raw"), ("configs/long_documents/small_cpu_L128.yaml", "pack")):
+        b = load_budget(os.path.join(ROOT, budget))
+        full, refs = prep_cmd(b), prep_cmd(b, references_only=True)
+        at = refs.index("--until")
+        assert refs[at + 1] == stage and refs[:at] + refs[at + 2:] == full
+    rec = tmp_path / "result.json"
+    rec.write_text(json.dumps({"config": {"budget": load_budget(os.path.join(ROOT, "configs/multi30k/converged.yaml"))},
+                               "scores": {"test": {"hyp": str(tmp_path / "h"), "ref": str(tmp_path / "missing.de")}}}))
+    with pytest.raises(evidence.RescoreError, match=r"is missing; prepare it first: bash "
+                       r"data-prep/multi30k/prepare\.sh --out data-bin/multi30k_en_de .*--until raw"):
+        evidence.rescore(str(rec))

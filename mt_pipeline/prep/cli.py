@@ -13,6 +13,8 @@ corpus::
     --workers N         worker processes for tokenisation, truecasing, BPE and fairseq-preprocess (default: 2)
     --no-checksum       accept inputs whose checksum differs from the recorded one
     --dry-run           print the URLs, checksums and every step; write nothing
+    --until STAGE       stop after that stage (raw, tok, ..., bin: the pipeline's own), done or up
+                        to date, and print its directory last; a later run goes on from there
 
 and each pipeline adds its own (``mt-prep CORPUS --help``).  Bad options stop with a message
 naming the valid ones.  The last line printed on stdout is the prepared directory.
@@ -26,6 +28,7 @@ import sys
 from mt_pipeline.atomic import writable_problem
 from mt_pipeline.prep import multi30k, sentence, spec as specs
 from mt_pipeline.prep.longdoc import pipeline as longdoc
+from mt_pipeline.prep.run import StopAfter
 from mt_pipeline.prep.tools import missing_base_modules
 
 PIPELINES = {"sentence": sentence, "multi30k": multi30k, "long_documents": longdoc}
@@ -58,6 +61,15 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(1)
 
 
+def reference_stage(corpus):
+    """The stage of ``mt-prep CORPUS`` that writes the references its runs are scored against:
+    ``mt-prep CORPUS --until`` it prepares what re-scoring needs and nothing more.
+
+    Raises:
+        SystemExit: ``corpus`` is not a corpus of data-prep/ (the message lists them)."""
+    return PIPELINES[specs.load_spec(corpus)["pipeline"]].REFERENCE_STAGE
+
+
 def build_parser(spec):
     """The option parser of ``mt-prep CORPUS`` for ``spec``."""
     kind = spec["pipeline"]
@@ -81,6 +93,8 @@ def build_parser(spec):
                    "fairseq-preprocess (default: 2)")
     p.add_argument("--no-checksum", action="store_true", help="accept inputs whose checksum differs from the recorded one")
     p.add_argument("--dry-run", action="store_true", help="print URLs, checksums and every step; write nothing")
+    p.add_argument("--until", metavar="STAGE", help=f"stop after stage STAGE ({', '.join(module.STAGES)}), done or up to "
+                   "date, and print its directory last; a later run goes on from there")
     module.add_arguments(p, spec)
     return p
 
@@ -112,6 +126,9 @@ def parse_args(spec, argv):
                 f"--src {langs[1]} --tgt {langs[0]})")
     if getattr(args, "bpe", None) not in (None, "joint", "separate"):
         p.error(f"--bpe must be one of: joint, separate (got '{args.bpe}')")
+    stages = PIPELINES[spec["pipeline"]].STAGES
+    if args.until is not None and args.until not in stages:
+        p.error(f"--until must be one of: {', '.join(stages)} (got '{args.until}')")
     PIPELINES[spec["pipeline"]].check_args(p, spec, args)
     out = args.out or os.path.join(specs.REPO, spec.get("default_out", os.path.join("data-bin", spec["name"])))
     args.out = os.path.abspath(out).rstrip(os.sep) or os.sep
@@ -210,7 +227,12 @@ def main(argv=None):
     if not args.dry_run and writable_problem(args.out):
         p.error(f"--out {args.out}: {writable_problem(args.out)}")
     check_python(p, args.dry_run)
-    PIPELINES[spec["pipeline"]].main(spec, args, mode, local_dir)
+    try:
+        PIPELINES[spec["pipeline"]].main(spec, args, mode, local_dir)
+    except StopAfter as stop:
+        print(f"[{p.tag}] stopped after stage {stop.stage} (--until {stop.stage}); the later stages did not run"
+              + ("" if args.dry_run else "; without --until a run goes on from here") + ". Stage directory:")
+        print(stop.directory)
     return 0
 
 

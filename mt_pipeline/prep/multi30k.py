@@ -36,8 +36,17 @@ BPE_HOW = "subword-nmt learn_bpe (min_frequency=2) on tok/train.en+tok/train.de,
 CHAR_HOW = "characters, @@ on all but a token's last (m30k_tools.py split-chars)"  # (stamp text, kept verbatim)
 
 
+#: the stages, in order (``mt-prep multi30k --until``): bpe or char, as --char says
+STAGES = ("raw", "tok", "bpe", "char", "bin")
+#: the stage that writes the references a run is scored against (``raw/``, detokenized)
+REFERENCE_STAGE = "raw"
+
+
 def check_args(p, spec, args):
-    """Nothing beyond the common checks of the CLI."""
+    """``--until`` names a stage of this run: char with --char, bpe without (``p.error`` otherwise)."""
+    if args.until in ("bpe", "char") and (args.until == "char") != args.char:
+        p.error(f"--until {args.until}: this run segments with {'characters (--char)' if args.char else 'BPE'}; "
+                f"valid stages: raw, tok, {'char' if args.char else 'bpe'}, bin")
 
 
 def add_arguments(p, spec):
@@ -236,6 +245,6 @@ class Multi30k:
 
 def main(spec, args, mode, local_dir):
     """Run the Multi30k pipeline for parsed ``args`` (``mode``: local / download)."""
-    run = PrepRun(spec["name"], args.out, args.dry_run, args.workers)
+    run = PrepRun(spec["name"], args.out, args.dry_run, args.workers, until=args.until)
     in_dir = local_dir if mode == "local" else os.path.join(args.out, "download")
     Multi30k(spec, args, run, mode, in_dir).main()

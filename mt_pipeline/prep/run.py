@@ -16,7 +16,9 @@ Every stage of every pipeline goes through :meth:`PrepRun.stage`:
 * **serialised**: a run holds ``<out>/.lock`` (``flock``), and on taking it removes what a killed
   run left (``*.tmp.<pid>`` directories and files, ``mt_pipeline.atomic`` temp files);
 * **dry runs** (``dry=True``) write nothing and print every step as "would ...", stages that are
-  up to date included (they are marked as such).
+  up to date included (they are marked as such);
+* **partial runs** (``until=STAGE``, ``mt-prep --until``) stop after that stage, done or up to date
+  (:class:`StopAfter`); a later run without it goes on from there (the earlier stages are up to date).
 """
 
 import contextlib
@@ -82,6 +84,18 @@ def sha256_text(text):
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+class StopAfter(Exception):
+    """Raised by :meth:`PrepRun.stage` after the stage a run was told to stop at (``until``) has
+    run or was up to date; ``mt-prep`` catches it and prints ``directory`` (the stage's) last.
+
+    Attributes:
+        stage: the stage's name; directory: its directory (absolute)."""
+
+    def __init__(self, stage, directory):
+        super().__init__(f"stopped after stage {stage}")
+        self.stage, self.directory = stage, directory
+
+
 class PrepRun:
     """The context of one run of one pipeline.
 
@@ -90,10 +104,11 @@ class PrepRun:
         out: the output directory (absolute).
         dry: print the plan, write nothing.
         workers: worker processes for tokenisation, truecasing, BPE and fairseq-preprocess.
+        until: the name of the stage to stop after (:class:`StopAfter`), or None for every stage.
     """
 
-    def __init__(self, tag, out, dry=False, workers=1):
-        self.tag, self.out, self.dry, self.workers = tag, out, dry, workers
+    def __init__(self, tag, out, dry=False, workers=1, until=None):
+        self.tag, self.out, self.dry, self.workers, self.until = tag, out, dry, workers, until
 
     # ------------------------------------------------------------------ messages
     def log(self, msg):
@@ -148,7 +163,16 @@ class PrepRun:
 
         Returns:
             False when the stage was up to date and skipped, True when it ran (or would run).
+
+        Raises:
+            StopAfter: ``name`` is the run's ``until`` (after the stage ran or was up to date).
         """
+        ran = self._stage(name, directory, stamp, files, body, swap, note, legacy)
+        if name == self.until:
+            raise StopAfter(name, directory)
+        return ran
+
+    def _stage(self, name, directory, stamp, files, body, swap, note, legacy):
         if self.current(directory, stamp, files, legacy):
             if not self.dry:
                 self.log(f"{name}: up to date{note}, skipping")

@@ -53,8 +53,16 @@ def stamps(stage, **kw):
     return stamp_text(stage, **kw), json.dumps(dict(kw, stage=stage), sort_keys=True, indent=1)
 
 
+#: the stages, in order (``mt-prep CORPUS --until``); a run has tc only when it truecases, and bpe,
+#: char or neither (a word-level recipe) as its recipe segments (:meth:`SentencePrep.check_until`)
+STAGES = ("raw", "tok", "tc", "bpe", "char", "bin")
+#: the stage that writes the references a run is scored against (``raw/``, detokenized)
+REFERENCE_STAGE = "raw"
+
+
 def check_args(p, spec, args):
-    """Nothing beyond the common checks of the CLI."""
+    """Nothing beyond the common checks of the CLI (``--until`` is checked against the recipe by
+    :meth:`SentencePrep.check_until`)."""
 
 
 def add_arguments(p, spec):
@@ -158,6 +166,7 @@ class SentencePrep:
         """Run every stage (under the output lock), then :meth:`finish`."""
         run, spec = self.run, self.spec
         self.codes_given()  # a --bpe-codes that does not fit: fail now
+        self.check_until()
         if not any(self.sources.of(s) is not None for s in spec["split_names"]):  # nothing to prepare: say how
             how = spec.get("licensed") or spec.get("obtain") or "see the corpus's recipe"
             run.die(f"{spec['name']}: no split ({', '.join(spec['split_names'])}) is available in {self.mode} mode"
@@ -191,6 +200,16 @@ class SentencePrep:
             if stage_tc(self) and (stage_char(self) if self.chars else stage_bpe(self)):
                 stage_bin(self)
         self.finish()
+
+    def check_until(self):
+        """Stop before any work when ``--until`` names a stage this run does not have: tc without
+        truecasing, bpe / char when the recipe segments otherwise (the message lists this run's)."""
+        until = self.a.until
+        ours = [s for s in STAGES if s in self.stage_dirs() and (s != "tc" or self.tc_langs)]
+        if until is not None and until not in ours:
+            why = ("this run does not truecase (--truecase)" if until == "tc" else
+                   f"this run's recipe segments {'into words' if self.words else 'into characters' if self.chars else 'with BPE'}")
+            self.run.die(f"--until {until}: {why}; this run's stages: {', '.join(ours)}")
 
     def stage_dirs(self):
         """``{stage: (directory, swap)}``: every stage directory this run writes, replaces or (tc/
@@ -465,5 +484,5 @@ def stage_bin(p):
 
 def main(spec, args, mode, local_dir):
     """Run the pipeline of a spec corpus for parsed ``args`` (``mode``: local / download)."""
-    run = PrepRun(spec["name"], args.out, args.dry_run, args.workers)
+    run = PrepRun(spec["name"], args.out, args.dry_run, args.workers, until=args.until)
     SentencePrep(spec, args, run, mode, local_dir).main()

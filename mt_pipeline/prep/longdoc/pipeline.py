@@ -31,7 +31,7 @@ import os
 
 from mt_pipeline.prep import binarize, bpe, fetch, tok
 from mt_pipeline.prep.longdoc import dedup, pack, sources
-from mt_pipeline.prep.run import PrepRun, sha256_text, stamp_text
+from mt_pipeline.prep.run import PrepRun, StopAfter, sha256_text, stamp_text
 from mt_pipeline.prep.textio import MAX_WORDS, check_pair, count_lines, report_problems
 from mt_pipeline.prep.tools import tool_versions_line
 
@@ -232,7 +232,9 @@ class LongDocuments:
             run.stage("dict", ddir, st["dict"], [os.path.join(ddir, f"dict.{l}.txt") for l in LANGS], self.dict_body,
                       swap=True)
             for n in a.lengths:
-                self.length(n, st)
+                self.length(n, st, with_bin=a.until != "pack")
+            if a.until == "pack":
+                raise StopAfter("pack", out)
             if run.dry:
                 run.step("write stats.json")
             else:
@@ -244,15 +246,24 @@ class LongDocuments:
                     f"{out}/stats.json). Output dir:")
         print(out)
 
-    def length(self, n, st):
-        """The pack and bin stages of length ``n``."""
+    def length(self, n, st, with_bin=True):
+        """The pack and (``with_bin``) bin stages of length ``n``."""
         d = os.path.join(self.out, f"L{n}")
         files = (self.files(os.path.join(d, "bpe")) + self.files(os.path.join(d, "raw"), ["valid", "test"])
                  + self.files(os.path.join(d, "tok"), ["valid", "test"]) + [os.path.join(d, f"{s}.map") for s in SPLITS])
         self.run.stage(f"L={n} pack", d, st[f"pack{n}"], files, lambda x: self.pack_body(n, x))
+        if not with_bin:
+            return
         b = os.path.join(d, "bin")
         self.run.stage(f"L={n} bin", b, st[f"bin{n}"], [os.path.join(b, f"dict.{l}.txt") for l in LANGS]
                        + binarize.dataset_files(b, "en-de", SPLITS, LANGS), lambda x: self.bin_body(n, x), swap=True)
+
+
+#: the stages ``mt-prep long_documents --until`` stops after; ``pack`` is every length's pack stage
+#: (``L<n>/``: the documents of length n, their raw / tok references and BPE), without the bin ones
+STAGES = ("sent", "tok", "bpe", "dict", "pack")
+#: the stage that writes the references a run is scored against (``L<n>/raw/``)
+REFERENCE_STAGE = "pack"
 
 
 def check_args(p, spec, args):
@@ -282,6 +293,6 @@ def check_args(p, spec, args):
 def main(spec, args, mode, local_dir):
     """Run the long-document pipeline for parsed ``args``: ``local_dir`` is the shared data folder
     (None: none), ``mode == 'download'`` fetches the Maruf files into ``<out>/download``."""
-    run = PrepRun("long_docs", args.out, args.dry_run, args.workers)
+    run = PrepRun("long_docs", args.out, args.dry_run, args.workers, until=args.until)
     maruf_dir = os.path.join(args.out, "download") if args.download else None
     LongDocuments(spec, args, run, local_dir, maruf_dir).main()
