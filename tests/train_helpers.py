@@ -69,8 +69,9 @@ def params(path):
 
 
 def live_processes(*tokens):
-    """Pids of the live (not zombie) processes whose command line has every one of ``tokens``
-    (bytes or str) in one of its arguments; from Linux ``/proc``."""
+    """Pids of the live (not zombie) processes whose command line -- ``/proc/PID/cmdline``, the
+    arguments joined by NUL bytes -- contains every one of ``tokens`` (bytes or str) as a substring;
+    a token wrapped in ``b"\\0"`` matches one whole argument.  Linux ``/proc`` only."""
     want = [t.encode() if isinstance(t, str) else t for t in tokens]
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
