@@ -873,6 +873,34 @@ def test_seeds_of_different_models_are_refused_before_any_analysis(deen, ende, t
     assert not out.exists()
 
 
+def test_aer_seeds_of_different_models_are_refused_before_any_scoring(deen, tmp_path, monkeypatch):
+    """``--aer-checkpoint`` seeds are checked as ``--checkpoint`` seeds are, before any AER is scored:
+    the ``deen`` checkpoint read as a 1-head encoder (the same weights and direction, another model)
+    beside the original is refused naming the heads, and no alignment is computed or written."""
+    import torch
+
+    from fairseq_plugins.analysis import cli, report
+
+    prep, ck1 = deen
+    state = torch.load(ck1, map_location="cpu", weights_only=False)
+    state["cfg"]["model"].encoder_attention_heads = 1
+    other = tmp_path / "one_head.pt"
+    torch.save(state, other)
+
+    def scored(*a, **k):
+        raise AssertionError("an AER was scored before the seeds were checked")
+
+    monkeypatch.setattr(report, "alignment_aer", scored)
+    out = tmp_path / "o"
+    with pytest.raises(SystemExit) as err:
+        cli.main(["--aer-checkpoint", f"x={ck1},{other}", "--data", str(prep / "bin"), "--aer-gold", GOLD,
+                  "--bpe-codes", str(prep / "bpe" / "codes"), "--out", str(out)])
+    msg = str(err.value)
+    assert msg.startswith("--aer-checkpoint x: its seeds are different models (") and "'heads'" in msg, msg
+    assert "'encoder': [2, 2]" in msg and "'encoder': [1, 1]" in msg and "'info'" not in msg, msg
+    assert not out.exists()
+
+
 def test_aer_of_an_en_de_model_reads_the_gold_links_the_other_way(deen, ende, tmp_path):
     """ReLA §5.2 measures AER on its En->De models: an --aer-checkpoint trained En->De is scored in
     that direction (English gold words as its source, the German-first gold links turned round),

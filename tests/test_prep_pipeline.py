@@ -257,12 +257,24 @@ def test_until_names_the_valid_stages_before_any_work(tmp_path, capsys):
     assert "--until must be one of: raw, tok, bpe, char, bin (got 'nope')" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         cli.main(["multi30k", "--until", "char", "--out", str(out)])  # BPE run: no char stage
-    assert "--until char: this run segments with BPE; valid stages: raw, tok, bpe, bin" in capsys.readouterr().err
+    assert "--until char: this run segments with BPE; this run's stages: raw, tok, bpe, bin" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(["multi30k", "--char", "--until", "bpe", "--out", str(out)])
+    assert ("--until bpe: this run segments with characters (--char); this run's stages: raw, tok, char, bin"
+            in capsys.readouterr().err)
     # a recipe without truecasing has no tc stage (checked against the recipe, before the lock or a download)
     with pytest.raises(SystemExit):
         cli.main(["iwslt14_de_en", "--download", "--until", "tc", "--out", str(out)])
     assert ("--until tc: this run does not truecase (--truecase); this run's stages: raw, tok, bpe, bin"
             in capsys.readouterr().err)
+    with pytest.raises(SystemExit):  # a word-level recipe has neither bpe nor char; truecasing adds tc
+        cli.main(["iwslt14_de_en", "--download", "--truecase", "--word-vocab", "8000", "--until", "bpe", "--out", str(out)])
+    assert ("--until bpe: this run's recipe segments into words; this run's stages: raw, tok, tc, bin"
+            in capsys.readouterr().err)
+    with pytest.raises(SystemExit):  # a recipe that cannot be resolved is refused by the same check
+        cli.main(["iwslt14_de_en", "--download", "--word-vocab", "8000", "--bpe-merges", "100", "--until", "tok",
+                  "--out", str(out)])
+    assert "has no BPE: drop --bpe / --bpe-merges / --bpe-codes" in capsys.readouterr().err
     assert not out.exists()
     # the long-document prep: pack stops after every length's pack stage, before any bin stage
     full = cli.main(["long_documents", "--dry-run", "--download", "--lengths", "128,256", "--out", str(out)])

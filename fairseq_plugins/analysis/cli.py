@@ -76,9 +76,8 @@ def _labelled_seeds(items: List[str], flag: str) -> List[Tuple[str, List[str]]]:
 
 def _refuse_unlike_seeds(flag: str, label: str, seeds: List[Tuple[str, dict]]) -> None:
     """Exit when the seeds of ``label`` are not one model: ``seeds`` is ``[(checkpoint,
-    signature)]`` and the signatures differ (``--aer-checkpoint``: the loader's ``info``, arch and
-    attention functions; ``--checkpoint``: :func:`_seed_signature`).  The message names each
-    seed's differing fields.
+    signature)]`` and the signatures (:func:`_seed_signature`, for ``--checkpoint`` and
+    ``--aer-checkpoint`` alike) differ.  The message names each seed's differing fields.
 
     Raises:
         SystemExit: "FLAG LABEL: its seeds are different models (...)"."""
@@ -748,16 +747,20 @@ def main(argv=None):
     from .report import (alignment_aer, analyze_dataset, cross_null_by_sentence, hallucination_test, rank_pairs,
                          seed_mean_aer, seed_mean_analysis)
 
-    for label, paths in models:  # the seeds of one label are one model: checked before any analysis runs
+    # the seeds of one label are one model: checked before any analysis or AER scoring runs
+    seed_lists = [("--checkpoint", label, paths, args.data, (args.source_lang, args.target_lang))
+                  for label, paths in models]
+    seed_lists += [("--aer-checkpoint", label, paths, args.aer_data or args.data, aer_directions[label])
+                   for label, paths in aer_models]
+    for flag, label, paths, data, (src_lang, tgt_lang) in seed_lists:
         if len(paths) > 1:
             signatures = []
             for path in paths:
-                model, task, info = _load_or_exit(load_model_for_analysis, path, args.data, args.source_lang,
-                                                  args.target_lang)
+                model, task, info = _load_or_exit(load_model_for_analysis, path, data, src_lang, tgt_lang)
                 signatures.append((provenance.repo_relative(os.path.abspath(path)),
                                    _seed_signature(model, task, info)))
                 del model, task
-            _refuse_unlike_seeds("--checkpoint", label, signatures)
+            _refuse_unlike_seeds(flag, label, signatures)
 
     t0 = time.time()
     os.makedirs(os.path.join(args.out, "figures"), exist_ok=True)
@@ -880,7 +883,6 @@ def main(argv=None):
         if len(per_seed) == 1:
             report["aer"][label] = per_seed[0]
             continue
-        _refuse_unlike_seeds("--aer-checkpoint", label, [(r["checkpoint"], r["info"]) for r in per_seed])
         try:
             report["aer"][label] = dict(seed_mean_aer(per_seed), info=per_seed[0]["info"])
         except ValueError as err:

@@ -31,6 +31,10 @@ from mt_pipeline.prep.longdoc import pipeline as longdoc
 from mt_pipeline.prep.run import StopAfter
 from mt_pipeline.prep.tools import missing_base_modules
 
+#: ``corpus.yaml``'s ``pipeline`` -> its module, which provides ``STAGES`` (every stage, in order),
+#: ``REFERENCE_STAGE`` (the one that writes the scored references), ``add_arguments(p, spec)``,
+#: ``check_args(p, spec, args)``, ``run_stages(spec, args)`` (this run's stages and why it lacks the
+#: others: what ``--until`` may name) and ``main(spec, args, mode, local_dir)``
 PIPELINES = {"sentence": sentence, "multi30k": multi30k, "long_documents": longdoc}
 LOCAL_ALIAS = {"multi30k": "--raw-dir", "long_documents": "--data-dir"}  # the option's name in those scripts
 POSINT = ("bpe_merges", "workers", "train_lines", "max_words")
@@ -126,10 +130,17 @@ def parse_args(spec, argv):
                 f"--src {langs[1]} --tgt {langs[0]})")
     if getattr(args, "bpe", None) not in (None, "joint", "separate"):
         p.error(f"--bpe must be one of: joint, separate (got '{args.bpe}')")
-    stages = PIPELINES[spec["pipeline"]].STAGES
-    if args.until is not None and args.until not in stages:
-        p.error(f"--until must be one of: {', '.join(stages)} (got '{args.until}')")
-    PIPELINES[spec["pipeline"]].check_args(p, spec, args)
+    module = PIPELINES[spec["pipeline"]]
+    if args.until is not None and args.until not in module.STAGES:
+        p.error(f"--until must be one of: {', '.join(module.STAGES)} (got '{args.until}')")
+    module.check_args(p, spec, args)
+    if args.until is not None:  # a stage this run has (its recipe decides: tc, bpe / char)
+        try:
+            ours, why = module.run_stages(spec, args)
+        except SystemExit as err:
+            p.error(str(err))
+        if args.until not in ours:
+            p.error(f"--until {args.until}: {why[args.until]}; this run's stages: {', '.join(ours)}")
     out = args.out or os.path.join(specs.REPO, spec.get("default_out", os.path.join("data-bin", spec["name"])))
     args.out = os.path.abspath(out).rstrip(os.sep) or os.sep
     return p, args

@@ -43,10 +43,15 @@ REFERENCE_STAGE = "raw"
 
 
 def check_args(p, spec, args):
-    """``--until`` names a stage of this run: char with --char, bpe without (``p.error`` otherwise)."""
-    if args.until in ("bpe", "char") and (args.until == "char") != args.char:
-        p.error(f"--until {args.until}: this run segments with {'characters (--char)' if args.char else 'BPE'}; "
-                f"valid stages: raw, tok, {'char' if args.char else 'bpe'}, bin")
+    """Nothing beyond the common checks of the CLI (which checks ``--until`` against
+    :func:`run_stages`)."""
+
+
+def run_stages(spec, args):
+    """``(stages, why)``: the stages of :data:`STAGES` this run has, in order -- char with
+    ``--char``, bpe without -- and for the one it lacks why (``{stage: reason}``)."""
+    other = "bpe" if args.char else "char"
+    return [s for s in STAGES if s != other], {other: f"this run segments with {'characters (--char)' if args.char else 'BPE'}"}
 
 
 def add_arguments(p, spec):

@@ -34,6 +34,8 @@ import hashlib
 import json
 import os
 import shutil
+from dataclasses import dataclass
+from typing import Dict, List, Optional
 
 from mt_pipeline.prep import binarize, bpe, fetch, raw, tc, tok
 from mt_pipeline.provenance import file_sha256
@@ -54,15 +56,77 @@ def stamps(stage, **kw):
 
 
 #: the stages, in order (``mt-prep CORPUS --until``); a run has tc only when it truecases, and bpe,
-#: char or neither (a word-level recipe) as its recipe segments (:meth:`SentencePrep.check_until`)
+#: char or neither (a word-level recipe) as its recipe segments (:func:`run_stages`)
 STAGES = ("raw", "tok", "tc", "bpe", "char", "bin")
 #: the stage that writes the references a run is scored against (``raw/``, detokenized)
 REFERENCE_STAGE = "raw"
 
 
 def check_args(p, spec, args):
-    """Nothing beyond the common checks of the CLI (``--until`` is checked against the recipe by
-    :meth:`SentencePrep.check_until`)."""
+    """Nothing beyond the common checks of the CLI (which checks ``--until`` against
+    :func:`run_stages`)."""
+
+
+@dataclass(frozen=True)
+class RunRecipe:
+    """The recipe one run follows: the spec's, its ``--variant`` and the options applied
+    (:func:`resolve_recipe`)."""
+
+    #: the effective recipe dict (:func:`~mt_pipeline.prep.spec.effective_recipe`)
+    recipe: dict
+    #: the languages that are truecased (empty: no tc stage)
+    tc_langs: List[str]
+    #: one BPE model for both languages (``bpe/codes``) rather than one per language
+    joint: bool
+    #: ``{LANG: N}`` with a word vocabulary (no BPE), else None
+    words: Optional[Dict[str, int]]
+    #: ``{LANG: N}`` with a character vocabulary (no BPE), else None
+    chars: Optional[Dict[str, int]]
+    #: one dictionary for both languages in bin/
+    joined: bool
+
+    @property
+    def segmentation(self) -> Optional[str]:
+        """The stage that segments the tokens: ``"bpe"``, ``"char"``, or None (a word vocabulary)."""
+        return None if self.words else "char" if self.chars else "bpe"
+
+
+def resolve_recipe(spec, args) -> RunRecipe:
+    """The recipe a run of ``mt-prep CORPUS`` follows for parsed ``args`` (``--variant``,
+    ``--truecase``, ``--bpe``, ``--bpe-merges``, ``--dictionary``, ``--word-vocab``, ``--char-vocab``).
+
+    Raises:
+        SystemExit: an unknown variant or option value (the message names the valid ones), BPE
+        merges missing for a BPE recipe, or a BPE option given with a word / character vocabulary."""
+    langs = list(spec["langs"])
+    recipe = effective_recipe(spec, args.variant, truecase=args.truecase, bpe=args.bpe, merges=args.bpe_merges,
+                              dictionary=args.dictionary,
+                              word_vocab=_vocab_arg(args.word_vocab, langs, "--word-vocab"),
+                              char_vocab=_vocab_arg(args.char_vocab, langs, "--char-vocab"))
+    r = RunRecipe(recipe, truecase_langs(recipe, langs), recipe.get("bpe_joint", True), word_vocab_for(recipe, langs),
+                  char_vocab_for(recipe, langs), joined_dictionary(recipe))
+    vocab = ("word_vocab", r.words) if r.words else ("char_vocab", r.chars) if r.chars else None
+    if vocab is None:
+        bpe_merges_for(recipe, langs, r.joint)
+    elif args.bpe or args.bpe_merges or args.bpe_codes:
+        raise SystemExit(f"a {vocab[0].split('_')[0]} vocabulary ({vocab[0]}: "
+                         + ", ".join(f"{l} {n}" for l, n in vocab[1].items())
+                         + ") has no BPE: drop --bpe / --bpe-merges / --bpe-codes, or pass a recipe "
+                         f"without {vocab[0]}")
+    return r
+
+
+def run_stages(spec, args):
+    """``(stages, why)``: the stages of :data:`STAGES` this run has, in order, and for each one it
+    lacks why (``{stage: reason}``): tc only when the recipe truecases, bpe / char / neither as it
+    segments (the CLI checks ``--until`` against them before any work).
+
+    Raises:
+        SystemExit: the recipe cannot be resolved (:func:`resolve_recipe`)."""
+    r = resolve_recipe(spec, args)
+    ours = [s for s in STAGES if s in ("raw", "tok", "bin") or (s == "tc" and r.tc_langs) or s == r.segmentation]
+    seg = f"this run's recipe segments {'into words' if r.words else 'into characters' if r.chars else 'with BPE'}"
+    return ours, {s: "this run does not truecase (--truecase)" if s == "tc" else seg for s in STAGES if s not in ours}
 
 
 def add_arguments(p, spec):
@@ -100,27 +164,17 @@ class SentencePrep:
         self.variant = args.variant
         self.vout = os.path.join(self.out, self.variant) if self.variant else self.out  # tc/, bpe/, bin/
         try:
-            self.recipe = effective_recipe(spec, self.variant, truecase=args.truecase, bpe=args.bpe,
-                                           merges=args.bpe_merges, dictionary=args.dictionary,
-                                           word_vocab=_vocab_arg(args.word_vocab, self.langs, "--word-vocab"),
-                                           char_vocab=_vocab_arg(args.char_vocab, self.langs, "--char-vocab"))
-            self.tc_langs = truecase_langs(self.recipe, self.langs)
-            self.joint = self.recipe.get("bpe_joint", True)
-            #: ``{LANG: N}`` with a word vocabulary (no BPE), else None
-            self.words = word_vocab_for(self.recipe, self.langs)
-            #: ``{LANG: N}`` with a character vocabulary (no BPE), else None
-            self.chars = char_vocab_for(self.recipe, self.langs)
-            self.joined = joined_dictionary(self.recipe)
-            vocab = ("word_vocab", self.words) if self.words else ("char_vocab", self.chars) if self.chars else None
-            if vocab is None:
-                bpe_merges_for(self.recipe, self.langs, self.joint)
-            elif args.bpe or args.bpe_merges or args.bpe_codes:
-                raise SystemExit(f"a {vocab[0].split('_')[0]} vocabulary ({vocab[0]}: "
-                                 + ", ".join(f"{l} {n}" for l, n in vocab[1].items())
-                                 + ") has no BPE: drop --bpe / --bpe-merges / --bpe-codes, or pass a recipe "
-                                 f"without {vocab[0]}")
+            r = resolve_recipe(spec, args)
         except SystemExit as e:
             run.die(str(e))
+        self.recipe, self.tc_langs, self.joint = r.recipe, r.tc_langs, r.joint
+        #: ``{LANG: N}`` with a word vocabulary (no BPE), else None
+        self.words = r.words
+        #: ``{LANG: N}`` with a character vocabulary (no BPE), else None
+        self.chars = r.chars
+        self.joined = r.joined
+        #: the stage that segments the tokens: "bpe", "char" or None (a word vocabulary)
+        self.segmentation = r.segmentation
         self.sources = raw.Sources(spec, mode, local_dir, os.path.join(self.out, "download"), not args.no_checksum)
         self.splits, self.missing = [], []
 
@@ -166,7 +220,6 @@ class SentencePrep:
         """Run every stage (under the output lock), then :meth:`finish`."""
         run, spec = self.run, self.spec
         self.codes_given()  # a --bpe-codes that does not fit: fail now
-        self.check_until()
         if not any(self.sources.of(s) is not None for s in spec["split_names"]):  # nothing to prepare: say how
             how = spec.get("licensed") or spec.get("obtain") or "see the corpus's recipe"
             run.die(f"{spec['name']}: no split ({', '.join(spec['split_names'])}) is available in {self.mode} mode"
@@ -201,20 +254,10 @@ class SentencePrep:
                 stage_bin(self)
         self.finish()
 
-    def check_until(self):
-        """Stop before any work when ``--until`` names a stage this run does not have: tc without
-        truecasing, bpe / char when the recipe segments otherwise (the message lists this run's)."""
-        until = self.a.until
-        ours = [s for s in STAGES if s in self.stage_dirs() and (s != "tc" or self.tc_langs)]
-        if until is not None and until not in ours:
-            why = ("this run does not truecase (--truecase)" if until == "tc" else
-                   f"this run's recipe segments {'into words' if self.words else 'into characters' if self.chars else 'with BPE'}")
-            self.run.die(f"--until {until}: {why}; this run's stages: {', '.join(ours)}")
-
     def stage_dirs(self):
         """``{stage: (directory, swap)}``: every stage directory this run writes, replaces or (tc/
         with truecasing off) removes."""
-        seg = None if self.words else "char" if self.chars else "bpe"
+        seg = self.segmentation
         dirs = {"raw": (os.path.join(self.out, "raw"), True), "tok": (os.path.join(self.out, "tok"), False),
                 "tc": (os.path.join(self.vout, "tc"), False), "bin": (os.path.join(self.vout, "bin"), True)}
         if seg:
