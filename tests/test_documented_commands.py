@@ -1,5 +1,5 @@
 """The commands the documentation gives are commands that run: every option of every documented call
-of one of our console scripts (README.md, docs/*.md and the results pages, whose commands regenerate
+of one of our console scripts or ``python -m`` modules (README.md, docs/*.md and the results pages, whose commands regenerate
 their numbers) is an option of that script (of its subcommand, of its corpus for ``mt-prep``), every
 ``reproduce PAPER TABLE [--scale S]`` names a table that exists at that scale, and every
 ``fairseq-train`` / ``fairseq-generate`` / ``fairseq-interactive`` call in a code block parses with
@@ -45,6 +45,8 @@ def _console_scripts():
 
 
 SCRIPTS = _console_scripts()
+# ``python -m MODULE`` calls of our modules that have a main() but no console script
+SCRIPTS.update({f"python -m {m}": f"{m}:main" for m in ("mt_pipeline.significance",)})
 NAME = "(?:" + "|".join(re.escape(n) for n in sorted(set(SCRIPTS) | set(FAIRSEQ), key=len, reverse=True)) + ")"
 
 
@@ -111,28 +113,38 @@ def _help(name, sub):
     return _HELP[(name, sub)]
 
 
+def _script(toks):
+    """``(script name, its arguments)`` of a command's words (``python -m MODULE`` is one name)."""
+    n = 3 if toks[:2] == ["python", "-m"] else 1
+    return " ".join(toks[:n]), toks[n:]
+
+
+def _is_ours(command):
+    return _script(command.split())[0] in SCRIPTS
+
+
 def _options(toks):
     return [t.split("=", 1)[0] for t in toks if t.startswith("--") and len(t) > 2]
 
 
 def test_the_documentation_calls_scripts_at_all():
     """The extraction finds the commands (a broken pattern would make the tests below vacuous)."""
-    names = {c.split()[0] for _, _, c in COMMANDS}
-    assert len(COMMANDS) > 200 and {"reproduce", "mt-campaign", "mt-prep", "fairseq-train"} <= names, names
+    names = {_script(c.split())[0] for _, _, c in COMMANDS}
+    assert len(COMMANDS) > 200 and {"reproduce", "mt-campaign", "mt-prep", "fairseq-train",
+                                    "python -m mt_pipeline.significance"} <= names, names
     assert sum(kind == "block" and c.startswith("fairseq-train ") for _, kind, c in COMMANDS) >= 2
 
 
-@pytest.mark.parametrize("where,command", [(f, c) for f, _, c in COMMANDS if c.split()[0] in SCRIPTS],
+@pytest.mark.parametrize("where,command", [(f, c) for f, _, c in COMMANDS if _is_ours(c)],
                          ids=lambda x: x[:60] if isinstance(x, str) else None)
 def test_documented_options_are_options_of_their_script(where, command):
-    toks = _tokens(command)
-    name = toks[0]
+    name, args = _script(_tokens(command))
     subs = [None]
-    if name in SUBCOMMANDS and len(toks) > 1 and not toks[1].startswith("-"):
-        subs = toks[1].split("|")  # "run|status|render": each of them
+    if name in SUBCOMMANDS and args and not args[0].startswith("-"):
+        subs = args[0].split("|")  # "run|status|render": each of them
     for sub in subs:
         text = _help(name, sub)
-        missing = [o for o in _options(toks) if not re.search(rf"(?<![\w-]){re.escape(o)}(?![\w-])", text)]
+        missing = [o for o in _options(args) if not re.search(rf"(?<![\w-]){re.escape(o)}(?![\w-])", text)]
         assert not missing, f"{where}: `{command}`: {name}{' ' + sub if sub else ''} has no {', '.join(missing)}"
 
 
