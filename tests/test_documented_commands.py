@@ -3,7 +3,8 @@ of one of our console scripts or ``python -m`` modules (README.md, docs/*.md and
 their numbers) is an option of that script (of its subcommand, of its corpus for ``mt-prep``), every
 ``reproduce PAPER TABLE [--scale S]`` names a table that exists at that scale, and every
 ``fairseq-train`` / ``fairseq-generate`` / ``fairseq-interactive`` call in a code block parses with
-fairseq's own parser and the plugin loaded (``--user-dir``), arch-specific options included.
+fairseq's own parser and the plugin loaded (``--user-dir``), arch-specific options included; and
+every relative Markdown link of the documentation names a file of the checkout.
 
 What is not checked: option *values* (paths, placeholders such as ``CK`` or ``<paper>``), and the
 fairseq calls written inline in prose (``fairseq-train --fp16``: mentions of one flag, without the
@@ -183,3 +184,22 @@ def test_documented_fairseq_calls_parse_with_the_plugin(where, command, monkeypa
             options.parse_args_and_arch(parser, toks[1:])
     except SystemExit:
         pytest.fail(f"{where}: `{command}` does not parse: {err.getvalue().strip()[-500:]}")
+
+
+def test_relative_links_of_the_documentation_resolve():
+    """Every relative Markdown link ``[text](path[#anchor])`` of README.md, docs/, results/,
+    data-prep/ and configs/ names a file or folder of the checkout (a results page that points at
+    a moved figure or run would otherwise go unnoticed)."""
+    pages = _files() + sorted(glob.glob("data-prep/**/*.md", root_dir=ROOT, recursive=True)) + sorted(
+        glob.glob("configs/**/*.md", root_dir=ROOT, recursive=True))
+    links, broken = 0, []
+    for page in pages:
+        text = open(os.path.join(ROOT, page), encoding="utf-8").read()
+        for link in re.findall(r"\]\(([^)\s]+)\)", text):
+            target = link.split("#")[0]
+            if not target or re.match(r"[a-z]+:", target):  # an anchor on the page, a URL
+                continue
+            links += 1
+            if not os.path.exists(os.path.join(ROOT, os.path.dirname(page), target)):
+                broken.append(f"{page}: ({link})")
+    assert links > 100 and not broken, broken
