@@ -364,3 +364,40 @@ def test_export_is_all_or_nothing_keeps_a_success_over_a_later_failure_and_knows
     other.mkdir()
     (other / "result.json").write_text(json.dumps({"status": "failed", "time": "t1", "scores": {}}))
     assert json.load(open(os.path.join(evidence.export(str(other), "smoke"), "result.json")))["status"] == "failed"
+
+
+def _analysis_pages():
+    """``[(analysis.json, page)]`` of every committed attention analysis: the page its own recorded
+    command wrote (``--md PATH``, else ``analysis.md`` beside the JSON in ``--out``)."""
+    import glob
+    import shlex
+
+    out = []
+    for j in sorted(glob.glob(os.path.join(RESULTS, "**", "analysis.json"), recursive=True)):
+        argv = shlex.split(json.load(open(j))["provenance"]["command"])
+        md = argv[argv.index("--md") + 1] if "--md" in argv else os.path.join(argv[argv.index("--out") + 1],
+                                                                               "analysis.md")
+        out.append((j, os.path.join(ROOT, md)))
+    return out
+
+
+@pytest.mark.parametrize("record,page", _analysis_pages(), ids=lambda p: os.path.relpath(p, RESULTS))
+def test_every_committed_analysis_page_is_what_its_json_renders_to(record, page):
+    """A committed analysis page is today's rendering of its committed JSON
+    (``fairseq_plugins.analysis.cli.render_markdown``), so a page never states less or other than its
+    record -- e.g. the AER's subword-merge convention, stated since 2026-11-30 -- and a change of the
+    renderer re-renders the pages with it."""
+    from fairseq_plugins.analysis.cli import render_markdown
+
+    assert os.path.exists(page), f"{record}: the page its command wrote ({page}) is not committed"
+    rendered = render_markdown(json.load(open(record)))
+    assert open(page).read() == rendered, (
+        f"{os.path.relpath(page, ROOT)} differs from the rendering of {os.path.relpath(record, ROOT)}: re-render it "
+        "(write_text_atomic(page, render_markdown(json.load(open(record)))))")
+
+
+def test_the_analysis_pages_are_found():
+    """Not vacuous: the smoke analysis, the converged one and both AER domain checks."""
+    pages = {os.path.relpath(p, RESULTS) for _, p in _analysis_pages()}
+    assert {"analysis/analysis.md", "analysis/converged_rela_table1/analysis.md", "analysis/aer_domain_check.md",
+            "analysis/aer_domain_check_mean.md"} <= pages, pages
