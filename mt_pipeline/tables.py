@@ -290,11 +290,14 @@ def hardware_label(res: Dict) -> str:
     return f"{where}, torch {hw.get('torch', '?')}, {prec}"
 
 
-def invocations_line(res: Dict) -> Optional[str]:
+def invocations_line(res: Dict, evidence_dir: Optional[str] = None) -> Optional[str]:
     """The run's starts and resumes of ``fairseq-train`` (``result.json``'s ``train_invocations``,
     recorded since 2026-11-30) as one provenance line: per invocation its code (``git_commit``,
     ``+dirty`` with the committed diff), machine, updates at start -> end and outcome; ``None`` for
-    a run recorded before then."""
+    a run recorded before then.  A diff the run's committed evidence holds (``evidence_dir``:
+    ``dirty-<n>.diff.gz``, :func:`mt_pipeline.evidence.export`) is named there, also when ``res``
+    was read from the run directory, whose record names its own uncommitted copy -- so the page
+    reads the same on every machine."""
     invs = res.get("train_invocations") or []
     if not invs:
         return None
@@ -311,7 +314,13 @@ def invocations_line(res: Dict) -> Optional[str]:
                    f"{nxt})" if nxt is not None else "stopped (no end recorded: killed or interrupted)")
         span = f"updates {inv.get('updates_at_start', '?')} -> {'?' if end is None else end}"
         wall = f", {inv['wall_s']:.0f} s" if isinstance(inv.get("wall_s"), (int, float)) else ""
-        diff = f", diff `{inv['diff']}`" if inv.get("diff") else ""
+        diff = inv.get("diff")
+        if diff and evidence_dir:
+            name = os.path.basename(diff)
+            committed = os.path.join(evidence_dir, name if name.endswith(".gz") else name + ".gz")
+            if os.path.exists(committed):
+                diff = os.path.relpath(committed, ROOT)
+        diff = f", diff `{diff}`" if diff else ""
         parts.append(f"#{inv.get('n', '?')} `{str(inv.get('git_commit', '?'))[:12]}`{diff} on {where}, "
                      f"started {inv.get('started', '?')}, {span}, {how}{wall}")
     return "- training invocations: " + "; ".join(parts)
@@ -677,7 +686,7 @@ def render(spec: Dict, seeds: Optional[List[int]] = None) -> None:
                       f"finished {res['time']}",
                       f"- attention functions: {res.get('attention_fns')}",
                       f"- hardware: {hardware_label(res)}",
-                      *filter(None, [invocations_line(res)]),
+                      *filter(None, [invocations_line(res, ev_dir)]),
                       f"- command: `{res['commands']['train']}`",
                       f"- updates: {res['updates']}; training time {train_seconds(res, rdir):.0f} s (fairseq "
                       f"cumulative); resumed {resumes(rdir)} time(s); runner-timed stages of the last invocation (s): "

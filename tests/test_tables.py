@@ -242,3 +242,19 @@ def test_provenance_line_names_every_training_invocation():
     assert "resumed from its checkpoint at update 1850" in first
     assert "NVIDIA H200" in second and "updates 1850 -> 3000, done, 412 s" in second
     assert run_table.invocations_line({"git_commit": "c" * 40}) is None  # recorded before train_invocations
+
+
+def test_provenance_line_names_the_committed_diff_wherever_the_record_was_read(tmp_path):
+    """A run read from its run directory records its own ``dirty-1.diff`` (git-ignored); once the
+    evidence holds ``dirty-1.diff.gz``, the page names that one, as it does when read from the
+    evidence -- the page does not depend on whether the run directory is still on this machine."""
+    ev = tmp_path / "results" / "runs" / "converged" / "t" / "row3"
+    ev.mkdir(parents=True)
+    res = {"train_invocations": [{"n": 1, "git_commit": "a" * 40 + "+dirty", "updates_at_start": 0,
+                                  "updates_at_end": 10, "outcome": "done", "diff": "runs/converged/t/row3/dirty-1.diff"}]}
+    assert "diff `runs/converged/t/row3/dirty-1.diff`" in run_table.invocations_line(res, str(ev))  # not exported
+    (ev / "dirty-1.diff.gz").write_bytes(b"")
+    line = run_table.invocations_line(res, str(ev))
+    assert f"diff `{os.path.relpath(ev / 'dirty-1.diff.gz', run_table.ROOT)}`" in line, line
+    res["train_invocations"][0]["diff"] = os.path.relpath(ev / "dirty-1.diff.gz", run_table.ROOT)  # read from it
+    assert run_table.invocations_line(res, str(ev)) == line
