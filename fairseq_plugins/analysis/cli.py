@@ -229,6 +229,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "merged, rows and columns averaged as Zenkel et al. 2019 -- the level ReLA §5.2 reports). "
                         "Not for --replot or an --aer-checkpoint-only run (the AER is word-level by its own merge)")
     p.add_argument("--no-figures", action="store_true")
+    p.add_argument("--user-dir", metavar="DIR",
+                   help="a fairseq --user-dir imported before any model is built: the one a checkpoint was trained "
+                        "with when it uses an attention function (or architecture) registered outside this plugin "
+                        "(docs/extending.md)")
     return p
 
 
@@ -735,10 +739,16 @@ def main(argv=None):
     for path in filter(None, [args.bpe_codes] + list(args.rank_raw or [])):
         if not os.path.isfile(path):
             raise SystemExit(f"not found: {path}")
+    if args.user_dir and not os.path.isdir(args.user_dir):
+        raise SystemExit(f"--user-dir {args.user_dir}: no such directory")
 
     import torch
 
     import fairseq_plugins  # noqa: F401
+    if args.user_dir:  # the user's attention functions / architectures (registered on import)
+        from fairseq.utils import import_user_module
+
+        import_user_module(argparse.Namespace(user_dir=os.path.abspath(args.user_dir)))
     from . import plots
     from .capture import hypothesis_batches, load_model_for_analysis, pairs_dataset
     from .. import provenance
