@@ -62,16 +62,30 @@ def user_dir(tmp_path_factory):
     return d
 
 
-def test_the_page_code_computes_sigmoid_attention_with_the_log_n_bias(user_dir):
+@pytest.fixture
+def registered(user_dir):
+    """The page's module imported here as fairseq imports a --user-dir; unregistered afterwards, so
+    the other tests of this process see the plugin's functions only."""
+    import argparse
+
+    from fairseq.utils import import_user_module
+
+    from fairseq_plugins.attention import ATTENTION_FUNCTIONS
+
+    before = set(ATTENTION_FUNCTIONS)
+    import_user_module(argparse.Namespace(user_dir=str(user_dir)))
+    yield
+    for name in set(ATTENTION_FUNCTIONS) - before:
+        del ATTENTION_FUNCTIONS[name]
+    sys.modules.pop(user_dir.name, None)
+
+
+def test_the_page_code_computes_sigmoid_attention_with_the_log_n_bias(registered):
     """Weights = sigmoid(score - log n_i), n_i the keys query i may see (padding and, under a causal
     mask, the future left out), exactly 0 where masked; the function is registered under its name,
     not a distribution, with the plugin's functions still there."""
-    from fairseq.utils import import_user_module
-    import argparse
-
     from fairseq_plugins.attention import ATTENTION_FUNCTIONS, attention_fn_names, build_attention_fn
 
-    import_user_module(argparse.Namespace(user_dir=str(user_dir)))
     assert "sigmoid" in attention_fn_names() and {"softmax", "rela_g", "reluformer"} <= set(attention_fn_names())
     assert ATTENTION_FUNCTIONS["sigmoid"].is_distribution is False
     fn = build_attention_fn("sigmoid", 8, 2)
@@ -89,6 +103,13 @@ def test_the_page_code_computes_sigmoid_attention_with_the_log_n_bias(user_dir):
                 want = 1 / (1 + math.exp(-(scores[b, 0, i, j].item() - math.log(len(seen))))) if j in seen else 0.0
                 assert w[b, 0, i, j].item() == pytest.approx(want, abs=1e-12), (b, i, j)
     assert torch.equal(fn.normalize(scores, None), torch.sigmoid(scores - math.log(S)))
+
+
+def test_the_registration_is_undone_after_the_test():
+    """(The fixture above leaves this process's registry as it found it.)"""
+    from fairseq_plugins.attention import attention_fn_names
+
+    assert "sigmoid" not in attention_fn_names()
 
 
 def test_the_page_commands_train_translate_and_analyse_a_model_with_it(user_dir, tmp_path_factory):
