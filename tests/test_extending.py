@@ -49,11 +49,6 @@ def _page_commands():
     return [shlex.split(line) for line in re.sub(r"\\\n\s*", " ", blocks[0]).splitlines() if line.strip()]
 
 
-def _sh(cmd):
-    """``cmd`` run in the checkout (one thread, the venv first on PATH), its result unchecked."""
-    return run(cmd, check=False)
-
-
 @pytest.fixture(scope="module")
 def user_dir(tmp_path_factory):
     d = tmp_path_factory.mktemp("user") / "my_attention"
@@ -117,8 +112,8 @@ def test_the_page_commands_train_translate_and_analyse_a_model_with_it(user_dir,
         pytest.skip(f"Multi30k not found under {RAW}")
     tmp = tmp_path_factory.mktemp("ext")
     prep = tmp / "m30k"
-    r = _sh(["bash", "data-prep/multi30k/prepare.sh", "--raw-dir", RAW, "--out", str(prep), "--train-lines", "2000",
-             "--bpe-merges", "800"])
+    r = run(["bash", "data-prep/multi30k/prepare.sh", "--raw-dir", RAW, "--out", str(prep), "--train-lines", "2000",
+             "--bpe-merges", "800"], check=False)
     assert r.returncode == 0, r.stderr[-3000:]
     where = {"data-bin/multi30k_en_de": str(prep), "my_attention": str(user_dir), "ckpt/": str(tmp / "ckpt") + "/"}
     commands = _page_commands()
@@ -131,7 +126,7 @@ def test_the_page_commands_train_translate_and_analyse_a_model_with_it(user_dir,
             for page_path, here in where.items():
                 w = re.sub(rf"(^|=){re.escape(page_path)}", lambda m: m.group(1) + here, w)
             words.append(w)
-        r = _sh([os.path.join(BIN, words[0])] + words[1:] + OVERRIDES[words[0]])
+        r = run([os.path.join(BIN, words[0])] + words[1:] + OVERRIDES[words[0]], check=False)
         assert r.returncode == 0, f"{words}\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
         outputs[words[0]] = r.stdout + r.stderr
     ckpt = tmp / "ckpt" / "sigmoid" / "checkpoint_last.pt"
@@ -155,6 +150,6 @@ def test_the_page_commands_train_translate_and_analyse_a_model_with_it(user_dir,
 def test_without_the_user_dir_the_function_is_unknown_and_the_valid_ones_are_named(tmp_path):
     """fairseq-train with the plugin alone refuses ``sigmoid``, listing the registered functions."""
     data = make_databin(str(tmp_path / "d"), n_train=16, n_valid=8)
-    r = _sh([os.path.join(BIN, "fairseq-train"), *train_args(data, str(tmp_path / "ck"), arch="rela_transformer_small"),
-             "--encoder-attention-fn", "sigmoid", "--max-update", "1"])
+    r = run([os.path.join(BIN, "fairseq-train"), *train_args(data, str(tmp_path / "ck"), arch="rela_transformer_small"),
+             "--encoder-attention-fn", "sigmoid", "--max-update", "1"], check=False)
     assert r.returncode != 0 and "sigmoid" in r.stderr and "rela_g" in r.stderr, r.stderr[-2000:]
