@@ -3,7 +3,7 @@ registers sigmoid attention beside the plugin's functions and computes what the 
 (``sigmoid(score - log n_i)``, zero where masked); the page's commands, run with a small slice of
 Multi30k (2,000 training pairs), a tiny model and a few updates appended as overrides, train a model
 with it in all three attention kinds, translate with it (``fairseq-generate``, ``mt-evaluate``) and
-analyse it (``fairseq-attention-analysis --user-dir``); without the user directory the function is
+analyse it (``fairseq-attention-analysis --user-dir``, ``fairseq-attention-zero-rate --user-dir``); without the user directory the function is
 unknown and the error lists the valid ones.
 """
 
@@ -32,6 +32,7 @@ OVERRIDES = {
     "fairseq-generate": ["--cpu", "--max-len-a", "0", "--max-len-b", "6", "--batch-size", "128"],
     "mt-evaluate": ["--subsets", "test", "--extra", "--max-len-a 0 --max-len-b 6 --cpu"],
     "fairseq-attention-analysis": ["--limit", "8", "--no-figures"],
+    "fairseq-attention-zero-rate": [],
 }
 
 
@@ -118,7 +119,7 @@ def test_the_page_commands_train_translate_and_analyse_a_model_with_it(user_dir,
     where = {"data-bin/multi30k_en_de": str(prep), "my_attention": str(user_dir), "ckpt/": str(tmp / "ckpt") + "/"}
     commands = _page_commands()
     assert [c[0] for c in commands] == ["fairseq-train", "fairseq-generate", "mt-evaluate",
-                                        "fairseq-attention-analysis"]
+                                        "fairseq-attention-analysis", "fairseq-attention-zero-rate"]
     outputs = {}
     for cmd in commands:
         words = []
@@ -145,6 +146,18 @@ def test_the_page_commands_train_translate_and_analyse_a_model_with_it(user_dir,
         assert k["attention_is_distribution"] is False
         assert all(x == 0 for x in k["null_rate"]), k["null_rate"]  # sigmoid weights are never all 0
     assert "--user-dir" in rep["provenance"]["command"]
+    zero = json.load(open(tmp / "ckpt" / "sigmoid" / "zero_rate.json"))
+    assert zero["mean"] == [0.0] and [len(zero[k]) for k in ("encoder", "decoder", "cross")] == [1, 1, 1]
+    assert "--user-dir" in zero["provenance"]["command"]
+    # the same analysis without the user directory, or with one that does not exist: refused by name
+    # before anything is written
+    zero_cmd = [os.path.join(BIN, "fairseq-attention-zero-rate"), "--checkpoint", str(ckpt), "--data-bin",
+                str(prep / "bin"), "--src", "en", "--tgt", "de", "--subset", "test"]
+    for extra, said in (([], ("sigmoid", "rela_g")), (["--user-dir", str(tmp / "nowhere")], ("no such directory",))):
+        out = tmp / "refused.json"
+        r = run(zero_cmd + extra + ["--json", str(out)], check=False)
+        assert r.returncode != 0 and all(w in r.stderr for w in said) and "Traceback" not in r.stderr, r.stderr[-2000:]
+        assert not out.exists()
 
 
 def test_without_the_user_dir_the_function_is_unknown_and_the_valid_ones_are_named(tmp_path):

@@ -31,6 +31,7 @@ from typing import Dict, List, Optional, Tuple
 from ..options import positive_int
 from .alignment import SOURCE_MERGES
 from .capture import ATTENTION_LEVELS
+from .loading import USER_DIR_HELP, import_user_dir
 
 __all__ = ["main", "build_parser"]
 
@@ -229,10 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "merged, rows and columns averaged as Zenkel et al. 2019 -- the level ReLA §5.2 reports). "
                         "Not for --replot or an --aer-checkpoint-only run (the AER is word-level by its own merge)")
     p.add_argument("--no-figures", action="store_true")
-    p.add_argument("--user-dir", metavar="DIR",
-                   help="a fairseq --user-dir imported before any model is built: the one a checkpoint was trained "
-                        "with when it uses an attention function (or architecture) registered outside this plugin "
-                        "(docs/extending.md)")
+    p.add_argument("--user-dir", metavar="DIR", help=USER_DIR_HELP)
     return p
 
 
@@ -745,10 +743,7 @@ def main(argv=None):
     import torch
 
     import fairseq_plugins  # noqa: F401
-    if args.user_dir:  # the user's attention functions / architectures (registered on import)
-        from fairseq.utils import import_user_module
-
-        import_user_module(argparse.Namespace(user_dir=os.path.abspath(args.user_dir)))
+    import_user_dir(args.user_dir)  # the user's attention functions / architectures (registered on import)
     from . import plots
     from .capture import hypothesis_batches, load_model_for_analysis, pairs_dataset
     from .. import provenance

@@ -1,6 +1,34 @@
 """Loading a trained checkpoint and a binarized split for the per-checkpoint analyses."""
 
-__all__ = ["checkpoint_batches", "analysis_parser", "emit_result", "run_checkpoint_analysis"]
+__all__ = ["USER_DIR_HELP", "import_user_dir", "checkpoint_batches", "analysis_parser", "emit_result",
+           "run_checkpoint_analysis"]
+
+#: the ``--user-dir`` option of every analysis command that loads a checkpoint
+USER_DIR_HELP = ("a fairseq --user-dir imported before any model is built: the one a checkpoint was trained with "
+                 "when it uses an attention function (or architecture) registered outside this plugin "
+                 "(docs/extending.md)")
+
+
+def import_user_dir(user_dir) -> None:
+    """Import a fairseq ``--user-dir`` as ``fairseq-train`` does (``fairseq.utils.import_user_module``:
+    its attention functions, architectures and criterions register on import), after the plugin.
+    ``None`` or ``""``: nothing to import.
+
+    Raises:
+        FileNotFoundError: ``user_dir`` is not a directory (checked before anything is imported).
+    """
+    import argparse
+    import os
+
+    if not user_dir:
+        return
+    if not os.path.isdir(user_dir):
+        raise FileNotFoundError(f"--user-dir {user_dir}: no such directory")
+    import fairseq_plugins  # noqa: F401  (a user directory may import it; fairseq imports it first too)
+    from fairseq.utils import import_user_module
+
+    import_user_module(argparse.Namespace(user_dir=os.path.abspath(user_dir)))
+
 
 
 def checkpoint_batches(checkpoint: str, data_bin: str, src: str, tgt: str, subset: str = "valid",
@@ -34,7 +62,8 @@ def checkpoint_batches(checkpoint: str, data_bin: str, src: str, tgt: str, subse
 def analysis_parser(description: str, prog: str = None):
     """The argparse parser shared by the per-checkpoint analysis commands (``--checkpoint``,
     ``--data-bin``, ``--src``, ``--tgt``, ``--subset`` (default valid), ``--max-tokens``,
-    ``--json``: the contract ``mt-table`` analyses are called with)."""
+    ``--json``: the contract ``mt-table`` analyses are called with; ``--user-dir``, imported by
+    :func:`import_user_dir` before the checkpoint is loaded)."""
     import argparse
 
     p = argparse.ArgumentParser(prog=prog, description=description)
@@ -45,6 +74,7 @@ def analysis_parser(description: str, prog: str = None):
     p.add_argument("--subset", default="valid")
     p.add_argument("--max-tokens", type=int, default=4096)
     p.add_argument("--json", help="write the result here (atomically)")
+    p.add_argument("--user-dir", metavar="DIR", help=USER_DIR_HELP)
     return p
 
 
@@ -75,7 +105,7 @@ def run_checkpoint_analysis(argv, prog: str, description: str, measure, extra_ar
     (plus ``extra_args(parser)``), load the model and the split (:func:`checkpoint_batches`), run
     ``measure(args, model, task, batches) -> dict`` and :func:`emit_result` it.
 
-    A missing file, a bad checkpoint (:class:`fairseq_plugins.checkpoint.CheckpointError`) or a
+    A missing file (the ``--user-dir`` included), a bad checkpoint (:class:`fairseq_plugins.checkpoint.CheckpointError`) or a
     ``ValueError`` of ``measure`` (a model the analysis does not apply to) stops with the parser's
     error, naming the problem, and writes nothing."""
     from ..checkpoint import CheckpointError
@@ -85,6 +115,7 @@ def run_checkpoint_analysis(argv, prog: str, description: str, measure, extra_ar
         extra_args(p)
     a = p.parse_args(argv)
     try:
+        import_user_dir(a.user_dir)
         model, task, itr = checkpoint_batches(a.checkpoint, a.data_bin, a.src, a.tgt, a.subset, a.max_tokens, tool=prog)
         res = measure(a, model, task, itr)
     except (FileNotFoundError, CheckpointError, ValueError) as e:

@@ -104,17 +104,18 @@ def source_reliance(model, batches, pad: int, seed: int = 0) -> dict:
 
 def main(argv=None):
     """``fairseq-attention-source-reliance --checkpoint CK --data-bin BIN --src en --tgt de
-    [--subset valid] [--seed 0] [--json OUT]``: prints ``{"nll_true": [x], "nll_shuffled": [y],
+    [--subset valid] [--seed 0] [--json OUT] [--user-dir DIR]``: prints ``{"nll_true": [x], "nll_shuffled": [y],
     "delta_nll": [y - x], ...}`` of :func:`source_reliance` (nats/token; ``delta_nll`` near 0
     means the model ignores its source) and writes it to ``--json`` atomically."""
     from ..checkpoint import CheckpointError
-    from .loading import analysis_parser, checkpoint_batches, emit_result
+    from .loading import analysis_parser, checkpoint_batches, emit_result, import_user_dir
 
     p = analysis_parser("Source reliance of a trained checkpoint: NLL with true vs shuffled sources "
                         "(nats/token).", prog="fairseq-attention-source-reliance")
     p.add_argument("--seed", type=int, default=0, help="seed of the source shuffles")
     a = p.parse_args(argv)
     try:
+        import_user_dir(a.user_dir)
         model, task, itr = checkpoint_batches(a.checkpoint, a.data_bin, a.src, a.tgt, a.subset, a.max_tokens,
                                               transformer_only=False)
     except (FileNotFoundError, CheckpointError) as e:  # names the file: empty, cut short, unsafe, wrong model
