@@ -9,7 +9,8 @@ every relative Markdown link of the documentation names a file of the checkout.
 What is not checked: option *values* (paths, placeholders such as ``CK`` or ``<paper>``), the
 fairseq calls written inline in prose (``fairseq-train --fp16``: mentions of one flag, without the
 data directory and architecture a parse needs), and fairseq calls with a user directory of the
-reader's own (docs/extending.md: tests/test_extending.py runs them).
+reader's own (docs/extending.md: tests/test_extending.py runs them), ``fairseq-hydra-train``
+(tests/test_hydra.py composes each, found by the same :func:`doc_commands.documented_commands`).
 """
 
 import configparser
@@ -24,6 +25,7 @@ import shlex
 import sys
 
 import pytest
+from doc_commands import documented_commands
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAIRSEQ = {"fairseq-train": "get_training_parser", "fairseq-generate": "get_generation_parser",
@@ -49,28 +51,8 @@ def _console_scripts():
 SCRIPTS = _console_scripts()
 # ``python -m MODULE`` calls of our modules that have a main() but no console script
 SCRIPTS.update({f"python -m {m}": f"{m}:main" for m in ("mt_pipeline.significance",)})
-NAME = "(?:" + "|".join(re.escape(n) for n in sorted(set(SCRIPTS) | set(FAIRSEQ), key=len, reverse=True)) + ")"
-
-
-def documented_commands(path):
-    """``[(kind, command line)]`` of one Markdown file: each line of a fenced code block (``\\``
-    continuations joined, comments dropped) that calls a script (kind ``block``), and each inline
-    code span that starts with a script's name and holds an option (kind ``inline``)."""
-    text = open(path, encoding="utf-8").read()
-    out = []
-    for block in re.findall(r"```[a-z]*\n(.*?)```", text, re.S):
-        for line in re.sub(r"\\\n\s*", " ", block).splitlines():
-            line = line.strip()
-            if line.startswith("#"):
-                continue
-            m = re.search(rf"(?:^|[;&|(]\s*|\$ )({NAME}(?=\s|$).*)", line)
-            if m:
-                out.append(("block", re.sub(r"\s#\s.*$", "", m.group(1)).strip()))
-    prose = re.sub(r"```.*?```", "", text, flags=re.S)
-    for span in re.findall(r"`([^`\n]+)`", prose):
-        if re.match(rf"{NAME}\s", span) and " --" in span:
-            out.append(("inline", span.strip()))
-    return out
+#: the names of the scripts checked, longest first (one name may begin another)
+NAME = "|".join(re.escape(n) for n in sorted(set(SCRIPTS) | set(FAIRSEQ), key=len, reverse=True))
 
 
 def _files():
@@ -78,7 +60,7 @@ def _files():
             + sorted(glob.glob("results/**/*.md", root_dir=ROOT, recursive=True)))
 
 
-COMMANDS = [(f, kind, c) for f in _files() for kind, c in documented_commands(os.path.join(ROOT, f))]
+COMMANDS = [(f, kind, c) for f in _files() for kind, c in documented_commands(os.path.join(ROOT, f), NAME)]
 
 
 def _tokens(command):

@@ -205,20 +205,17 @@ DOCUMENTED = ["README.md", "docs/*.md", "configs/hydra/*/*.yaml"]
 
 
 def _documented_commands():
-    """``[(file, argv)]``: every ``fairseq-hydra-train`` command in :data:`DOCUMENTED` -- inline code
-    spans (which may wrap lines) and lines of code blocks or YAML comments, ``\\``-continued lines
-    joined -- split as the shell would, ``$PWD`` replaced by the repository root."""
+    """``[(file, argv)]``: every ``fairseq-hydra-train`` command in :data:`DOCUMENTED`
+    (:func:`doc_commands.documented_commands`: code-block lines, inline spans, the examples' header
+    comments) split as the shell would, ``$PWD`` replaced by the repository root."""
     import glob
     import shlex
 
-    found = []
-    for pattern in DOCUMENTED:
-        for path in sorted(glob.glob(os.path.join(ROOT, pattern))):
-            text = re.sub(r"\\\n[#\s]*", " ", open(path, encoding="utf-8").read())
-            cmds = re.findall(r"`(fairseq-hydra-train\s[^`]*)`", text)
-            cmds += re.findall(r"(?m)^[#\s]*(fairseq-hydra-train\s.*)$", text)
-            found += [(os.path.relpath(path, ROOT), shlex.split(c.replace("$PWD", ROOT))) for c in cmds]
-    return found
+    from doc_commands import documented_commands
+
+    return [(os.path.relpath(path, ROOT), shlex.split(cmd.replace("$PWD", ROOT)))
+            for pattern in DOCUMENTED for path in sorted(glob.glob(os.path.join(ROOT, pattern)))
+            for _, cmd in documented_commands(path, "fairseq-hydra-train")]
 
 
 def _compose(argv):
