@@ -255,14 +255,17 @@ def prep_cmd(budget: Dict, references_only: bool = False) -> List[str]:
 
 
 def build_train_cmd(data_bin: str, ckpt_dir: str, arch: str, src: str, tgt: str, train_cfg: Dict,
-                    fns: Optional[List[str]] = None, extra: str = "", cpu: bool = False) -> List[str]:
+                    fns: Optional[List[str]] = None, extra: str = "", cpu: bool = False,
+                    user_dir: Optional[str] = None) -> List[str]:
     """The fairseq-train command of one run: the budget's ``train`` flags, the attention
     functions ``fns`` (encoder self, decoder self, cross) when given, ``extra`` flags (a
-    shell-quoted string) and ``--cpu`` when ``cpu``.  On a GPU, a budget that does not set
+    shell-quoted string) and ``--cpu`` when ``cpu``; ``--user-dir`` the plugin's, or ``user_dir``
+    (a researcher's own that imports the plugin, docs/extending.md).  On a GPU, a budget that does not set
     ``distributed-world-size`` (every budget but the paper-scale ones ``reproduce`` resolves for
     N GPUs) trains on one device: ``--distributed-world-size 1`` -- fairseq's default is every
     visible GPU, which would multiply the budget's tokens per update by their number."""
-    cmd = [os.path.join(BIN, "fairseq-train"), data_bin, "--user-dir", os.path.join(ROOT, "fairseq_plugins"),
+    cmd = [os.path.join(BIN, "fairseq-train"), data_bin,
+           "--user-dir", os.path.abspath(user_dir) if user_dir else os.path.join(ROOT, "fairseq_plugins"),
            "--arch", arch, "--source-lang", src, "--target-lang", tgt, "--save-dir", ckpt_dir, *flags(train_cfg)]
     if fns:
         cmd += ["--encoder-attention-fn", fns[0], "--decoder-attention-fn", fns[1], "--cross-attention-fn", fns[2]]
@@ -363,11 +366,12 @@ def decode_checkpoint(budget: Dict, run_dir: str) -> Tuple[str, Optional[List[st
 
 
 def eval_cmd(gen: Dict, checkpoint: str, data_bin: str, prep: str, src: str, tgt: str, subsets: List[str],
-             eval_dir: str, ribes: bool = False) -> List[str]:
+             eval_dir: str, ribes: bool = False, user_dir: Optional[str] = None) -> List[str]:
     """The evaluation command (:mod:`mt_pipeline.evaluate`: generate + sacreBLEU + chrF +
-    tokenized BLEU, + RIBES when ``ribes``) for the budget's ``generate`` section ``gen``."""
+    tokenized BLEU, + RIBES when ``ribes``) for the budget's ``generate`` section ``gen``;
+    ``user_dir``: the ``--user-dir`` the model was trained with (default: the plugin's)."""
     return ([sys.executable, "-m", "mt_pipeline.evaluate", "--checkpoint", checkpoint, "--data-bin", data_bin,
              "--prep-dir", prep, "--src", src, "--tgt", tgt, "--subsets", ",".join(subsets),
              "--beam", str(gen["beam"]), "--lenpen", str(gen["lenpen"]), "--batch-size", str(gen["batch-size"]),
              "--out", eval_dir] + (["--extra", " ".join(flags(gen["extra"]))] if gen.get("extra") else [])
-            + (["--ribes"] if ribes else []))
+            + (["--ribes"] if ribes else []) + (["--user-dir", os.path.abspath(user_dir)] if user_dir else []))

@@ -21,7 +21,13 @@ uncommitted change of a ``+dirty`` one in ``dirty-<n>.diff``.
 Usage (from the repo root; also ``python scripts/experiment.py``)::
 
     mt-experiment --out runs/demo/rela_g --arch rela_transformer_small --fns rela_g rela_g rela_g \
-        [--budget configs/multi30k/small_cpu.yaml] [--src en --tgt de] [--max-update N] [--seed S]
+        [--budget configs/multi30k/small_cpu.yaml] [--src en --tgt de] [--max-update N] [--seed S] \
+        [--user-dir DIR]
+
+``--user-dir``: a fairseq user directory of the researcher's own (an attention function
+registered outside the plugin, docs/extending.md) that training and evaluation load instead of
+the plugin's; every training invocation and ``result.json`` record the SHA-256 of its files
+(:func:`fairseq_plugins.user_dir.fingerprint`), which the git commit does not cover.
 
 Raises SystemExit with a message on bad input (unknown arch/function are checked by
 fairseq at start-up and listed with their valid choices).
@@ -37,6 +43,8 @@ import shutil
 import subprocess
 import sys
 import time
+
+from fairseq_plugins.user_dir import fingerprint, import_user_dir
 
 from .atomic import atomic_path, remove_leftovers, writable_problem, write_json_atomic
 from .budget import (averaging_problem, build_train_cmd, decode_checkpoint, eval_cmd, flags, load_budget, prep_cmd,  # noqa: F401
@@ -144,7 +152,7 @@ DIRTY_DIFF = "dirty-{n}.diff"
 BATCH_SPLIT = ("max-tokens", "batch-size", "update-freq", "distributed-world-size")
 
 
-def record_train_invocation(out, state, updates_at_start, train_cfg=None):
+def record_train_invocation(out, state, updates_at_start, train_cfg=None, user_dir=None):
     """Append one training invocation (a start or resume of fairseq-train in run directory ``out``)
     to ``state["train_invocations"]`` and return it: the code (``git_commit``, ``+dirty`` when
     uncommitted changes were in it), ``hardware``, ``started`` and ``updates_at_start`` (0 on a fresh
@@ -155,7 +163,9 @@ def record_train_invocation(out, state, updates_at_start, train_cfg=None):
     invocation ends, adds ``ended``, ``outcome`` (``done``, ``failed (exit N)``, ``killed (signal
     N)``; absent when the runner itself was killed), ``wall_s`` and, when done, ``updates_at_end``.
     ``batch``: the flags of ``train_cfg`` that split the batch (:data:`BATCH_SPLIT`), when it sets
-    any -- a paper-scale run may resume on another number of GPUs (:func:`run_config`)."""
+    any -- a paper-scale run may resume on another number of GPUs (:func:`run_config`).  ``user_dir``:
+    the ``--user-dir`` of a researcher's own it trains with; its ``user_dir`` record is
+    :func:`fairseq_plugins.user_dir.fingerprint` (the SHA-256 of each file, at this start)."""
     code = code_state()
     invs = state.setdefault("train_invocations", [])
     inv = {"n": len(invs) + 1, "git_commit": code["git_commit"], "hardware": hardware(),
@@ -163,6 +173,8 @@ def record_train_invocation(out, state, updates_at_start, train_cfg=None):
     split = {k: (train_cfg or {})[k] for k in BATCH_SPLIT if k in (train_cfg or {})}
     if split:
         inv["batch"] = split
+    if user_dir:
+        inv["user_dir"] = fingerprint(user_dir)
     if "diff" in code:
         path = os.path.join(out, DIRTY_DIFF.format(n=inv["n"]))
         head = [f"# training invocation {inv['n']} of {repo_relative(out)}, {inv['started']}: the uncommitted change "
@@ -192,12 +204,18 @@ def run_config(a, budget, train_cfg):
     effective ``train`` flags).  Paths and the code version are not part of it, nor -- for a
     budget with a ``batch`` section (paper scale) -- how its tokens per update are split over the
     GPUs (:data:`BATCH_SPLIT`, which ``reproduce --gpus`` derives from ``batch``): a run pre-empted
-    on 8 GPUs resumes on 4 with the same batch per update (each invocation records its split)."""
+    on 8 GPUs resumes on 4 with the same batch per update (each invocation records its split).
+    A ``--user-dir`` of the researcher's own adds its name (``user_dir``; its files' hashes are
+    recorded per invocation, as the git commit is): a run without one has the key not at all, so
+    its fingerprint is that of the runs before the option existed."""
     if budget.get("batch"):
         budget = dict(budget, train={k: v for k, v in budget["train"].items() if k not in BATCH_SPLIT})
         train_cfg = {k: v for k, v in train_cfg.items() if k not in BATCH_SPLIT}
-    return {"arch": a.arch, "fns": list(a.fns) if a.fns else None, "src": a.src, "tgt": a.tgt,
-            "extra": shlex.split(a.extra or ""), "ribes": bool(a.ribes), "budget": budget, "train": train_cfg}
+    cfg = {"arch": a.arch, "fns": list(a.fns) if a.fns else None, "src": a.src, "tgt": a.tgt,
+           "extra": shlex.split(a.extra or ""), "ribes": bool(a.ribes), "budget": budget, "train": train_cfg}
+    if getattr(a, "user_dir", None):
+        cfg["user_dir"] = os.path.basename(os.path.abspath(a.user_dir))
+    return cfg
 
 
 def config_hash(cfg):
@@ -293,9 +311,18 @@ def run_experiment(argv=None):
                    help="also score RIBES (mt-score --ribes; the En-Ja tables report it)")
     p.add_argument("--force-new", action="store_true",
                    help="delete the outputs of an earlier run in --out (another configuration) and start over")
+    p.add_argument("--user-dir", metavar="DIR",
+                   help="a fairseq --user-dir of your own that imports fairseq_plugins (an attention function "
+                        "registered outside the plugin, docs/extending.md): training and evaluation load it instead "
+                        "of the plugin's; the SHA-256 of its files is recorded with each training invocation and in "
+                        "result.json")
     a = p.parse_args(argv)
     if a.src == a.tgt:
         p.error("--src and --tgt must differ (e.g. --src en --tgt de)")
+    if a.user_dir:
+        if not os.path.isdir(a.user_dir):
+            p.error(f"--user-dir {a.user_dir}: no such directory")
+        import_user_dir(a.user_dir)  # its functions join the registry the --fns check reads
     if a.fns:
         from fairseq_plugins.attention import attention_fn_names
 
@@ -336,7 +363,7 @@ def _failed_result(a, out, train_cmd, state):
             "git_commit": git_commit(), "hardware": hardware(),
             "train_invocations": state.get("train_invocations", []), "loss_curve": curve, "valid_loss": valid,
             "updates": curve[-1][0] if curve else 0, "wall_s": state["wall_s"], "scores": {},
-            "time": time.strftime("%Y-%m-%d %H:%M:%S")}
+            "time": time.strftime("%Y-%m-%d %H:%M:%S"), **({"user_dir": fingerprint(a.user_dir)} if a.user_dir else {})}
 
 
 def run_stages(a, argv, budget, train_cfg, out):
@@ -358,7 +385,7 @@ def run_stages(a, argv, budget, train_cfg, out):
     import torch
 
     train_cmd = build_train_cmd(data_bin, ckpt_dir, a.arch, a.src, a.tgt, train_cfg, a.fns, a.extra,
-                                cpu=not torch.cuda.is_available())
+                                cpu=not torch.cuda.is_available(), user_dir=a.user_dir)
     if a.tensorboard and "--tensorboard-logdir" not in train_cmd:  # one directory per run, outside its fingerprint
         train_cmd += ["--tensorboard-logdir", os.path.join(out, "tensorboard")]
 
@@ -370,7 +397,7 @@ def run_stages(a, argv, budget, train_cfg, out):
     finished = training_finished(ckpt_dir, target_updates(train_cmd), start_updates)
     inv = None
     if finished is None:  # this invocation's code, machine and starting point, before fairseq-train runs
-        inv = record_train_invocation(out, state, start_updates, train_cfg)
+        inv = record_train_invocation(out, state, start_updates, train_cfg, user_dir=a.user_dir)
         write_json_atomic(state_path, state)
     t0 = time.time()
 
@@ -420,7 +447,7 @@ def run_stages(a, argv, budget, train_cfg, out):
     missing = [s for s in subsets if s not in done]
     if missing:
         t0 = time.time()
-        run(eval_cmd(gen, avg, data_bin, prep, a.src, a.tgt, missing, eval_dir, ribes=a.ribes))
+        run(eval_cmd(gen, avg, data_bin, prep, a.src, a.tgt, missing, eval_dir, ribes=a.ribes, user_dir=a.user_dir))
         state["wall_s"]["evaluate"] = time.time() - t0
     scores = {}
     for s in subsets:
@@ -460,6 +487,8 @@ def run_stages(a, argv, budget, train_cfg, out):
         "status": "done",
         "time": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
+    if a.user_dir:  # the user code that evaluated (each training invocation has its own record)
+        result["user_dir"] = fingerprint(a.user_dir)
     write_json_atomic(os.path.join(out, "result.json"), result)
     for s in subsets:
         log(f"{result['name']} {s}: SacreBLEU {scores[s]['bleu']:.2f}, chrF {scores[s]['chrf']:.2f} "

@@ -40,13 +40,13 @@ FILE_COSTS = {  # measured 2026-11-30 at db3e6d2 (45 files, 3676 s in all; longe
     "tests/test_dataprep_recipes.py": 229,
     "tests/test_bad_checkpoints.py": 181,
     "tests/test_analysis.py": 175,
+    "tests/test_extending.py": 140,  # 2026-12-01 with mt-experiment --user-dir (one worker, beside a niced training run)
     "tests/test_end_to_end.py": 134,
     "tests/test_flexible.py": 130,
     "tests/test_pipeline.py": 126,
     "tests/test_bad_input.py": 117,
     "tests/test_kernel_report.py": 109,
     "tests/test_bench_speed.py": 74,
-    "tests/test_extending.py": 73,  # added 2026-12-01 (one worker, beside a niced training run)
     "tests/test_faults.py": 70,
     "tests/test_long_documents.py": 68,
     "tests/test_row_terms_fused.py": 67,

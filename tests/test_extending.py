@@ -2,11 +2,13 @@
 registers sigmoid attention beside the plugin's functions and computes what the page says
 (``sigmoid(score - log n_i)``, zero where masked); the page's commands, run with a small slice of
 Multi30k (2,000 training pairs), a tiny model and a few updates appended as overrides, train a model
-with it in all three attention kinds, translate with it (``fairseq-generate``, ``mt-evaluate``) and
-analyse it (``fairseq-attention-analysis --user-dir``, ``fairseq-attention-zero-rate --user-dir``); without the user directory the function is
-unknown and the error lists the valid ones.
+with it in all three attention kinds, translate with it (``fairseq-generate``, ``mt-evaluate``),
+analyse it (``fairseq-attention-analysis`` and ``fairseq-attention-zero-rate`` with ``--user-dir``)
+and run the whole pipeline with it (``mt-experiment --user-dir``: the user code's SHA-256 recorded);
+without the user directory the function is unknown and the errors list the valid ones.
 """
 
+import hashlib
 import json
 import math
 import os
@@ -33,7 +35,26 @@ OVERRIDES = {
     "mt-evaluate": ["--subsets", "test", "--extra", "--max-len-a 0 --max-len-b 6 --cpu"],
     "fairseq-attention-analysis": ["--limit", "8", "--no-figures"],
     "fairseq-attention-zero-rate": [],
+    # and "mt-experiment": a budget of the same size (tiny_budget)
 }
+#: the tiny model of the fairseq-train overrides, as mt-experiment's --extra
+MODEL = " ".join(OVERRIDES["fairseq-train"][:16])
+
+
+def tiny_budget(path, prep):
+    """A budget (the CPU budget shrunk to the fairseq-train overrides: 20 updates, 2 checkpoints
+    averaged, greedy 6-token translations of the test set) over the prepared slice ``prep``."""
+    import yaml
+
+    path.write_text(yaml.safe_dump({
+        "base": "configs/multi30k/small_cpu.yaml",
+        "train": {"max-update": 20, "save-interval-updates": 10, "keep-interval-updates": 2, "warmup-updates": 5,
+                  "max-tokens": 2000, "disable-validation": True},
+        "average": {"num-update-checkpoints": 2},
+        "generate": {"beam": 1, "batch-size": 500, "extra": {"max-len-a": 0, "max-len-b": 6}},
+        "data": {"out": str(prep), "train-lines": 2000, "bpe-merges": 800, "subsets": ["test"],
+                 "prep-flags": {"raw-dir": RAW}}}))
+    return str(path)
 
 
 def _page_code():
@@ -119,7 +140,8 @@ def test_the_page_commands_train_translate_and_analyse_a_model_with_it(user_dir,
     where = {"data-bin/multi30k_en_de": str(prep), "my_attention": str(user_dir), "ckpt/": str(tmp / "ckpt") + "/"}
     commands = _page_commands()
     assert [c[0] for c in commands] == ["fairseq-train", "fairseq-generate", "mt-evaluate",
-                                        "fairseq-attention-analysis", "fairseq-attention-zero-rate"]
+                                        "fairseq-attention-analysis", "fairseq-attention-zero-rate", "mt-experiment"]
+    overrides = dict(OVERRIDES, **{"mt-experiment": ["--budget", tiny_budget(tmp / "tiny.yaml", prep), "--extra", MODEL]})
     outputs = {}
     for cmd in commands:
         words = []
@@ -127,7 +149,7 @@ def test_the_page_commands_train_translate_and_analyse_a_model_with_it(user_dir,
             for page_path, here in where.items():
                 w = re.sub(rf"(^|=){re.escape(page_path)}", lambda m: m.group(1) + here, w)
             words.append(w)
-        r = run([os.path.join(BIN, words[0])] + words[1:] + OVERRIDES[words[0]], check=False)
+        r = run([os.path.join(BIN, words[0])] + words[1:] + overrides[words[0]], check=False)
         assert r.returncode == 0, f"{words}\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
         outputs[words[0]] = r.stdout + r.stderr
     ckpt = tmp / "ckpt" / "sigmoid" / "checkpoint_last.pt"
@@ -158,6 +180,18 @@ def test_the_page_commands_train_translate_and_analyse_a_model_with_it(user_dir,
         r = run(zero_cmd + extra + ["--json", str(out)], check=False)
         assert r.returncode != 0 and all(w in r.stderr for w in said) and "Traceback" not in r.stderr, r.stderr[-2000:]
         assert not out.exists()
+    # mt-experiment --user-dir: the whole pipeline with the function, the user code's hashes recorded
+    res = json.load(open(tmp / "ckpt" / "sigmoid_run" / "result.json"))
+    assert res["status"] == "done" and res["updates"] == 20 and res["attention_fns"] == {
+        "encoder": "sigmoid", "decoder": "sigmoid", "cross": "sigmoid"}
+    assert isinstance(res["scores"]["test"]["bleu"], float)
+    code = {"__init__.py": hashlib.sha256((user_dir / "__init__.py").read_bytes()).hexdigest()}
+    assert res["user_dir"]["files"] == code and res["user_dir"]["name"] == "my_attention"
+    assert [inv["user_dir"]["files"] for inv in res["train_invocations"]] == [code]
+    assert f"--user-dir {user_dir}" in res["commands"]["train"]
+    decoded = torch.load(tmp / "ckpt" / "sigmoid_run" / res["decoded_checkpoint"], map_location="cpu",
+                         weights_only=False)["cfg"]["model"]
+    assert decoded.encoder_attention_fn == decoded.cross_attention_fn == "sigmoid"
 
 
 def test_without_the_user_dir_the_function_is_unknown_and_the_valid_ones_are_named(tmp_path):
@@ -166,3 +200,10 @@ def test_without_the_user_dir_the_function_is_unknown_and_the_valid_ones_are_nam
     r = run([os.path.join(BIN, "fairseq-train"), *train_args(data, str(tmp_path / "ck"), arch="rela_transformer_small"),
              "--encoder-attention-fn", "sigmoid", "--max-update", "1"], check=False)
     assert r.returncode != 0 and "sigmoid" in r.stderr and "rela_g" in r.stderr, r.stderr[-2000:]
+    # mt-experiment refuses it too, and a --user-dir that does not exist, before any work (no run directory)
+    exp = [os.path.join(BIN, "mt-experiment"), "--out", str(tmp_path / "run"), "--arch", "rela_transformer_small",
+           "--fns", "sigmoid", "sigmoid", "sigmoid"]
+    for extra, said in (([], "valid: "), (["--user-dir", str(tmp_path / "nowhere")], "no such directory")):
+        r = run(exp + extra, check=False)
+        assert r.returncode == 2 and said in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
+        assert not (tmp_path / "run").exists()

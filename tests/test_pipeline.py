@@ -106,6 +106,63 @@ def test_run_config_fingerprint_refuses_a_changed_run(tmp_path):
     assert json.loads((tmp_path / "config.json").read_text())["sha256"] == experiment.config_hash(changed)
 
 
+def _record_args(res):
+    """The :func:`experiment.run_config` arguments of a committed ``result.json``: arch, functions
+    and direction from its fields, ``--extra`` / ``--ribes`` / ``--user-dir`` from its command."""
+    import shlex
+
+    cmd = shlex.split(res["commands"]["reproduce"])
+    given = {k: cmd[cmd.index(k) + 1] for k in ("--extra", "--user-dir") if k in cmd}
+    fns = res["attention_fns"]
+    src, tgt = res["direction"].split("-")
+    return argparse.Namespace(arch=res["arch"], fns=list(fns.values()) if isinstance(fns, dict) else None, src=src,
+                              tgt=tgt, extra=given.get("--extra", ""), ribes="--ribes" in cmd,
+                              user_dir=given.get("--user-dir"))
+
+
+def test_every_committed_run_keeps_its_configuration_fingerprint():
+    """The fingerprint today's :func:`experiment.run_config` makes of each committed run's record is
+    the one its ``config.json`` held: a change to the fingerprint (a new option's key, say) would make
+    every run still training -- the campaign resumes them across sessions -- refuse to resume."""
+    import glob
+
+    paths = sorted(glob.glob(os.path.join(ROOT, "results", "runs", "**", "result.json"), recursive=True))
+    records = [(p, r) for p, r in ((p, json.load(open(p))) for p in paths) if r.get("status") == "done" and "config" in r]
+    assert len(records) >= 100, len(records)  # the committed evidence (108 runs when written)
+    for path, res in records:
+        cfg = experiment.run_config(_record_args(res), res["config"]["budget"], res["config"]["train"])
+        assert experiment.config_hash(cfg) == res["config"]["sha256"], path
+    # a user directory adds its name, and only then
+    res = records[0][1]
+    plain = experiment.run_config(_record_args(res), res["config"]["budget"], res["config"]["train"])
+    mine = experiment.run_config(argparse.Namespace(**dict(vars(_record_args(res)), user_dir="/x/my_attention")),
+                                 res["config"]["budget"], res["config"]["train"])
+    assert "user_dir" not in plain and mine == dict(plain, user_dir="my_attention")
+
+
+def test_user_dir_fingerprint_hashes_its_source_files(tmp_path):
+    """``fairseq_plugins.user_dir.fingerprint``: the SHA-256 of every file under the directory by
+    relative path (nested packages included; bytecode and ``__pycache__`` left out), so a changed
+    file changes the record; a missing directory is refused by name."""
+    import hashlib
+
+    from fairseq_plugins.user_dir import fingerprint
+
+    d = tmp_path / "my_attention"
+    (d / "sub" / "__pycache__").mkdir(parents=True)
+    (d / "__init__.py").write_text("from . import sub\n")
+    (d / "sub" / "__init__.py").write_text("X = 1\n")
+    (d / "sub" / "__pycache__" / "__init__.cpython-311.pyc").write_bytes(b"\0")
+    (d / "stale.pyc").write_bytes(b"\0")
+    fp = fingerprint(str(d))
+    sha = {name: hashlib.sha256((d / name).read_bytes()).hexdigest() for name in ("__init__.py", "sub/__init__.py")}
+    assert fp == {"path": str(d), "name": "my_attention", "files": sha}
+    (d / "sub" / "__init__.py").write_text("X = 2\n")
+    assert fingerprint(str(d))["files"]["sub/__init__.py"] != sha["sub/__init__.py"]
+    with pytest.raises(FileNotFoundError, match="nowhere: no such directory"):
+        fingerprint(str(tmp_path / "nowhere"))
+
+
 def test_a_paper_run_resumes_on_another_number_of_gpus(tmp_path):
     """The fingerprint of a budget with a ``batch`` section leaves out how ``reproduce --gpus``
     split it (max-tokens, update-freq, world size): a run pre-empted on 8 GPUs resumes on 4 with the

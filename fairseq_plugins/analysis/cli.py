@@ -29,9 +29,10 @@ import time
 from typing import Dict, List, Optional, Tuple
 
 from ..options import positive_int
+from ..user_dir import import_user_dir
 from .alignment import SOURCE_MERGES
 from .capture import ATTENTION_LEVELS
-from .loading import USER_DIR_HELP, import_user_dir
+from .loading import USER_DIR_HELP
 
 __all__ = ["main", "build_parser"]
 

@@ -1,34 +1,13 @@
 """Loading a trained checkpoint and a binarized split for the per-checkpoint analyses."""
 
-__all__ = ["USER_DIR_HELP", "import_user_dir", "checkpoint_batches", "analysis_parser", "emit_result",
-           "run_checkpoint_analysis"]
+from ..user_dir import import_user_dir
+
+__all__ = ["USER_DIR_HELP", "checkpoint_batches", "analysis_parser", "emit_result", "run_checkpoint_analysis"]
 
 #: the ``--user-dir`` option of every analysis command that loads a checkpoint
 USER_DIR_HELP = ("a fairseq --user-dir imported before any model is built: the one a checkpoint was trained with "
                  "when it uses an attention function (or architecture) registered outside this plugin "
                  "(docs/extending.md)")
-
-
-def import_user_dir(user_dir) -> None:
-    """Import a fairseq ``--user-dir`` as ``fairseq-train`` does (``fairseq.utils.import_user_module``:
-    its attention functions, architectures and criterions register on import), after the plugin.
-    ``None`` or ``""``: nothing to import.
-
-    Raises:
-        FileNotFoundError: ``user_dir`` is not a directory (checked before anything is imported).
-    """
-    import argparse
-    import os
-
-    if not user_dir:
-        return
-    if not os.path.isdir(user_dir):
-        raise FileNotFoundError(f"--user-dir {user_dir}: no such directory")
-    import fairseq_plugins  # noqa: F401  (a user directory may import it; fairseq imports it first too)
-    from fairseq.utils import import_user_module
-
-    import_user_module(argparse.Namespace(user_dir=os.path.abspath(user_dir)))
-
 
 
 def checkpoint_batches(checkpoint: str, data_bin: str, src: str, tgt: str, subset: str = "valid",

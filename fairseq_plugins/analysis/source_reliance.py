@@ -108,7 +108,8 @@ def main(argv=None):
     "delta_nll": [y - x], ...}`` of :func:`source_reliance` (nats/token; ``delta_nll`` near 0
     means the model ignores its source) and writes it to ``--json`` atomically."""
     from ..checkpoint import CheckpointError
-    from .loading import analysis_parser, checkpoint_batches, emit_result, import_user_dir
+    from ..user_dir import import_user_dir
+    from .loading import analysis_parser, checkpoint_batches, emit_result
 
     p = analysis_parser("Source reliance of a trained checkpoint: NLL with true vs shuffled sources "
                         "(nats/token).", prog="fairseq-attention-source-reliance")
