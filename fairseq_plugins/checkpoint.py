@@ -37,7 +37,8 @@ import torch
 
 __all__ = ["SAFE_GLOBALS", "CheckpointError", "UnsafeCheckpointError", "UnsupportedCheckpointError",
            "checkpoint_is_complete", "explain_load_error", "install_cli_refusal_message", "load_checkpoint",
-           "load_model_ensemble_and_task", "refusal_message", "register_safe_globals", "repair_last_checkpoint"]
+           "load_model_ensemble_and_task", "refusal_message", "register_safe_globals", "repair_last_checkpoint",
+           "unknown_attention_functions"]
 
 
 class CheckpointError(RuntimeError):
@@ -163,6 +164,9 @@ def load_model_ensemble_and_task(filenames, arg_overrides: Optional[dict] = None
 
     Raises:
         CheckpointError / UnsafeCheckpointError: see :func:`load_checkpoint`.
+        UnsupportedCheckpointError: the checkpoint's model uses an attention function this process
+            has not registered (:func:`unknown_attention_functions`; one of a user directory not
+            imported), before any model is built.
         fairseq_plugins.trained_data.DataMismatchError: ``source_lang``/``target_lang`` overrides
             other than the direction a checkpoint was trained in; a plugin model whose recorded
             dictionaries differ from the data dir's (checked when the model is built).
@@ -178,12 +182,41 @@ def load_model_ensemble_and_task(filenames, arg_overrides: Optional[dict] = None
         if not os.path.exists(path):
             raise FileNotFoundError(f"checkpoint not found: {path}")
         state = load_checkpoint(path)
+        unknown = unknown_attention_functions(state)
+        if unknown:
+            from .attention import attention_fn_names
+            from .user_dir import USER_DIR_HINT
+
+            raise UnsupportedCheckpointError(
+                f"{path} was trained with attention function(s) not registered here: "
+                + ", ".join(f"{flag} {name!r}" for flag, name in unknown)
+                + f"; registered: {', '.join(attention_fn_names())}. " + USER_DIR_HINT)
         check_languages(state, over.get("source_lang"), over.get("target_lang"), path)
         state = prepare_state(state, over)
         ms, cfg, task = checkpoint_utils.load_model_ensemble_and_task(
             [path], arg_overrides=arg_overrides, task=task, state=state, **kw)
         models += ms
     return models, cfg, task
+
+
+def unknown_attention_functions(state: dict):
+    """``[(flag, name)]``: the attention functions a checkpoint's model config names (``cfg.model``,
+    or the legacy ``args``; ``--encoder-attention-fn`` / ``--decoder-attention-fn`` /
+    ``--cross-attention-fn``) that are not registered in this process -- a function of a user
+    directory that was not imported.  Empty for a model without those options (``rnnsearch``,
+    stock ``transformer``)."""
+    from .attention import attention_fn_names
+    from .models.transformer import ATTENTION_TYPES
+
+    cfg = state.get("cfg")
+    model = (cfg.get("model") if hasattr(cfg, "get") else getattr(cfg, "model", None)) if cfg is not None else None
+    model = model if model is not None else state.get("args")
+    if model is None:
+        return []
+    valid = set(attention_fn_names())
+    names = [(flag, model.get(attr) if isinstance(model, dict) else getattr(model, attr, None))
+             for flag, attr in ATTENTION_TYPES.values()]
+    return [(flag, name) for flag, name in names if name is not None and name not in valid]
 
 
 def prepare_state(state: dict, overrides: dict) -> dict:

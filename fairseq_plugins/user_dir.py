@@ -11,7 +11,11 @@ cover a directory outside it.
 import os
 from typing import Dict
 
-__all__ = ["import_user_dir", "fingerprint"]
+__all__ = ["USER_DIR_HINT", "import_user_dir", "fingerprint"]
+
+#: the end of every "not a registered attention function" message: how a function of one's own is found
+USER_DIR_HINT = ("A function registered outside the plugin needs the --user-dir that registers it "
+                 "(for a trained model: the one it was trained with; docs/extending.md).")
 
 #: files a fingerprint leaves out: compiled bytecode and editor / VCS droppings, never source
 SKIPPED_DIRS = ("__pycache__", ".git", ".ipynb_checkpoints")

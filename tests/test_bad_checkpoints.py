@@ -60,8 +60,13 @@ def files(tmp_path_factory):
     (root / "out").mkdir()
     evil = root / "evil.pt"
     torch.save({"model": {}, "args": _Evil(root / "pwned"), "cfg": None}, evil)
+    # the Transformer as if trained with a user directory's function (docs/extending.md), given without it
+    state = load_checkpoint(str(tr / "checkpoint_last.pt"))
+    state["cfg"]["model"].cross_attention_fn = "sigmoid"
+    foreign = root / "foreign_fn.pt"
+    torch.save(state, foreign)
     return {"data": data_bin, "transformer": str(tr / "checkpoint_last.pt"), "rnnsearch": str(rnn / "checkpoint_last.pt"),
-            "empty": str(empty), "cut": str(cut), "text": str(text), "evil": str(evil),
+            "empty": str(empty), "cut": str(cut), "text": str(text), "evil": str(evil), "foreign_fn": str(foreign),
             "marker": root / "pwned", "out": root / "out"}  # (out/ is created by the fixture)
 
 
@@ -148,6 +153,25 @@ def test_every_tool_names_an_empty_checkpoint_and_refuses_a_crafted_one_in_the_p
         assert not any(a in err for a in TORCH_ADVICE), err[-2000:]  # torch's message is replaced
         assert not any(os.path.exists(o) for o in outputs)
     assert not files["marker"].exists()
+
+
+@pytest.mark.parametrize("tool", [t for t in TOOLS if t != "average_checkpoints.py"])  # averaging builds no model
+def test_every_tool_names_an_attention_function_it_has_not_registered_and_the_way_to_it(files, tool):
+    """A checkpoint trained with an attention function of a user directory, given without that
+    ``--user-dir``: the plugin's tools refuse it before building the model, naming the file, the
+    function and its flag, the registered ones and ``--user-dir`` (no traceback, no output);
+    fairseq's own tools end their traceback with the same advice (the model's option check)."""
+    cmd, outputs = _tool(tool, files["foreign_fn"], files)
+    res = th.run(cmd, check=False, input="w1 w2\n", timeout=300)
+    assert res.returncode != 0, res.stdout[-2000:]
+    last = res.stderr.strip().splitlines()[-1]
+    assert "--cross-attention-fn 'sigmoid'" in last and "rela_g" in last and "needs the --user-dir" in last, last
+    if tool.startswith("fairseq-") and tool != "fairseq-attention-analysis":  # fairseq-generate / -interactive
+        assert last.startswith("ValueError: "), last
+    else:
+        assert f"{files['foreign_fn']} was trained with attention function(s) not registered here" in last, last
+        assert "Traceback" not in res.stderr, res.stderr[-2000:]
+    assert not any(os.path.exists(o) for o in outputs)
 
 
 def test_fairseq_train_names_an_empty_checkpoint_last(files, tmp_path):

@@ -40,6 +40,7 @@ from fairseq.dataclass import ChoiceEnum
 from ..modules.auxiliary import AuxiliaryBuffer
 from ..modules.norms import NORM_SCOPES, GatedNorm, GroupedLayerNorm, RMSNorm
 from ..options import OptionGroup, option
+from ..user_dir import USER_DIR_HINT
 from .backend import check_backend, resolve_backend
 from .masks import combined_mask
 from .stats import entropy_from_terms, keys_per_query, reluformer_row_terms, row_mass_terms, valid_keys
@@ -150,7 +151,7 @@ def build_attention_fn(name: str, embed_dim: int, num_heads: int, args=None) -> 
     """
     if name not in ATTENTION_FUNCTIONS:
         raise ValueError(
-            f"unknown attention function {name!r}; valid choices: {', '.join(attention_fn_names())}"
+            f"unknown attention function {name!r}; valid choices: {', '.join(attention_fn_names())}. {USER_DIR_HINT}"
         )
     return ATTENTION_FUNCTIONS[name](embed_dim, num_heads, args)
 

@@ -74,6 +74,7 @@ from ..attention import FunctionalMultiheadAttention, attention_fn_names, build_
 from ..attention.backend import BACKENDS
 from ..attention.eatt import EattOptions, SynthOptions
 from ..attention.functions import RelaNormOptions, ReluFormerOptions, attention_fn_options
+from ..user_dir import USER_DIR_HINT
 from ..modules.auxiliary import clear_auxiliary
 from ..modules.ffn import FfnOptions, configure_ffn
 from ..options import OptionGroup, check_fields, option
@@ -246,7 +247,7 @@ class AttentionTransformerConfig(TransformerConfig):
             name = getattr(self, attr)
             if name not in valid:
                 raise ValueError(f"{flag} {name!r} is not a registered attention function; "
-                                 f"valid choices: {', '.join(valid)}")
+                                 f"valid choices: {', '.join(valid)}. {USER_DIR_HINT}")
         check_fields(self)
 
 
