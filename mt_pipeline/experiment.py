@@ -363,7 +363,8 @@ def _failed_result(a, out, train_cmd, state):
             "git_commit": git_commit(), "hardware": hardware(),
             "train_invocations": state.get("train_invocations", []), "loss_curve": curve, "valid_loss": valid,
             "updates": curve[-1][0] if curve else 0, "wall_s": state["wall_s"], "scores": {},
-            "time": time.strftime("%Y-%m-%d %H:%M:%S"), **({"user_dir": fingerprint(a.user_dir)} if a.user_dir else {})}
+            "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+            **({"user_dir": fingerprint(a.user_dir)} if a.user_dir else {})}
 
 
 def run_stages(a, argv, budget, train_cfg, out):

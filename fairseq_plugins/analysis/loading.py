@@ -84,9 +84,10 @@ def run_checkpoint_analysis(argv, prog: str, description: str, measure, extra_ar
     (plus ``extra_args(parser)``), load the model and the split (:func:`checkpoint_batches`), run
     ``measure(args, model, task, batches) -> dict`` and :func:`emit_result` it.
 
-    A missing file (the ``--user-dir`` included), a bad checkpoint (:class:`fairseq_plugins.checkpoint.CheckpointError`) or a
-    ``ValueError`` of ``measure`` (a model the analysis does not apply to) stops with the parser's
-    error, naming the problem, and writes nothing."""
+    A missing file (the ``--user-dir`` included), a bad checkpoint
+    (:class:`fairseq_plugins.checkpoint.CheckpointError`, one with an attention function not
+    registered included) or a ``ValueError`` of ``measure`` (a model the analysis does not apply
+    to) stops with the parser's error, naming the problem, and writes nothing."""
     from ..checkpoint import CheckpointError
 
     p = analysis_parser(description, prog=prog)

@@ -74,11 +74,11 @@ from ..attention import FunctionalMultiheadAttention, attention_fn_names, build_
 from ..attention.backend import BACKENDS
 from ..attention.eatt import EattOptions, SynthOptions
 from ..attention.functions import RelaNormOptions, ReluFormerOptions, attention_fn_options
-from ..user_dir import USER_DIR_HINT
 from ..modules.auxiliary import clear_auxiliary
 from ..modules.ffn import FfnOptions, configure_ffn
 from ..options import OptionGroup, check_fields, option
 from ..trained_data import record_or_check
+from ..user_dir import USER_DIR_HINT
 from ._config import check_model_keys, config_context, fill_defaults
 from .precision import check_precision_flags, training_config
 from .ranges import check_training_ranges
