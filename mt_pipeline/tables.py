@@ -31,7 +31,10 @@ trained, ``python SCRIPT --checkpoint <evaluated ckpt> --data-bin <bin> --src S 
 ``id``, ``name``, ``arch``, optional ``fns`` (encoder, decoder, cross), ``extra``
 (fairseq-train flags), ``vs`` (the row id this row is tested against in one ``vs its reference``
 column, e.g. the ReLU row of the same FFN size in a sweep), ``run`` (reuse a directory), ``budget`` (a row-specific budget, e.g. one
-per document length; same subsets), ``paper`` (shown verbatim).
+per document length; same subsets), ``paper`` (shown verbatim).  Optional ``user_dir``: a fairseq
+``--user-dir`` of the researcher's own (repo-relative or absolute; an attention function registered
+outside the plugin, docs/extending.md) with which every row is trained, evaluated and analysed
+(``mt-experiment --user-dir``, which records its files' SHA-256).
 
 A row whose training diverges or does not learn (final validation loss NaN or above 90% of the
 loss of a uniform prediction) is reported as "–" with its loss curve, as the papers do.
@@ -114,6 +117,11 @@ def load_table(path: str, budget: Optional[str] = None) -> Dict:
                                  f"({row_budget(spec, row)} vs {row_budget(spec, by_id[other])}: data "
                                  f"{row['_budget']['data']} vs {by_id[other]['_budget']['data']}); give row {row['id']} "
                                  "a `vs:` row scored on its own data, or the spec `reference: []`")
+    if spec.get("user_dir"):  # every row's run and analyses load it (experiment_argv, run_analyses)
+        user_dir = spec["user_dir"] if os.path.isabs(spec["user_dir"]) else os.path.join(ROOT, spec["user_dir"])
+        if not os.path.isdir(user_dir):
+            raise SystemExit(f"{path}: user_dir {spec['user_dir']!r} is not a directory ({user_dir})")
+        spec["_user_dir"] = user_dir
     spec["_path"] = path
     return spec
 
@@ -207,6 +215,8 @@ def experiment_argv(spec: Dict, row: Dict, seed: Optional[int] = None) -> List[s
         argv += ["--extra", row["extra"]]
     if spec.get("ribes"):
         argv.append("--ribes")
+    if spec.get("_user_dir"):
+        argv += ["--user-dir", spec["_user_dir"]]
     return argv
 
 
@@ -400,7 +410,8 @@ def run_analyses(spec: Dict, row: Dict, seed: Optional[int] = None) -> List[str]
             continue
         experiment.run([sys.executable, os.path.join(ROOT, an["script"]), "--checkpoint", ckpt,
                         "--data-bin", os.path.join(ROOT, res["data"]["prep_dir"], "bin"),
-                        "--src", spec["src"], "--tgt", spec["tgt"], "--json", out])
+                        "--src", spec["src"], "--tgt", spec["tgt"], "--json", out]
+                       + (["--user-dir", spec["_user_dir"]] if spec.get("_user_dir") else []))
         written.append(out)
     return written
 

@@ -180,6 +180,15 @@ def test_the_page_commands_train_translate_and_analyse_a_model_with_it(user_dir,
         r = run(zero_cmd + extra + ["--json", str(out)], check=False)
         assert r.returncode != 0 and all(w in r.stderr for w in said) and "Traceback" not in r.stderr, r.stderr[-2000:]
         assert not out.exists()
+    # the energy accounting loads it too, and counts it as dot-product attention: 100 % of vanilla's
+    energy = tmp / "energy.json"
+    r = run([os.path.join(BIN, "fairseq-attention-energy"), "--user-dir", str(user_dir), "--checkpoint", str(ckpt),
+             "--data-bin", str(prep / "bin"), "--src", "en", "--tgt", "de", "--subset", "test", "--max-sentences", "8",
+             "--json", str(energy)], check=False)
+    assert r.returncode == 0, r.stderr[-2000:]
+    en = json.load(open(energy))
+    assert en["attention_fns"] == {"encoder": "sigmoid", "decoder": "sigmoid", "cross": "sigmoid"}
+    assert en["energy_scores_asic_pct"] == [pytest.approx(100.0)], en["energy_scores_asic_pct"]
     # mt-experiment --user-dir: the whole pipeline with the function, the user code's hashes recorded
     res = json.load(open(tmp / "ckpt" / "sigmoid_run" / "result.json"))
     assert res["status"] == "done" and res["updates"] == 20 and res["attention_fns"] == {

@@ -88,6 +88,50 @@ def _rela_table1_spec(tmp_path, n_rows, **update):
     return run_table.load_table(str(path))
 
 
+def test_a_table_with_a_user_dir_trains_and_analyses_every_row_with_it(tmp_path, monkeypatch):
+    """A spec's ``user_dir`` (docs/extending.md: a function of one's own in a table) goes to every
+    row's ``mt-experiment --user-dir`` (the one place a row becomes a run, for mt-table and
+    mt-campaign) and to every analysis command, as an absolute path (repo-relative in the spec
+    resolved against the repository); a directory that does not exist is refused at load, by name;
+    every analysis script a shipped table uses takes ``--user-dir``."""
+    import glob
+    import subprocess
+
+    user = tmp_path / "my_attention"
+    user.mkdir()
+    analyses = [{"name": "zero", "script": "scripts/attention_zero_rate.py", "key": "mean"},
+                {"name": "energy", "script": "scripts/eatt_energy.py", "key": "energy_scores_asic_pct"}]
+    spec = _rela_table1_spec(tmp_path, 2, user_dir=str(user), analyses=analyses)
+    for row in spec["rows"]:
+        argv = run_table.experiment_argv(spec, row, seed=2)
+        assert argv[argv.index("--user-dir") + 1] == str(user), argv
+    for sub in ("plain", "rel", "bad"):
+        (tmp_path / sub).mkdir()
+    assert "--user-dir" not in run_table.experiment_argv(_rela_table1_spec(tmp_path / "plain", 1), spec["rows"][0])
+    assert _rela_table1_spec(tmp_path / "rel", 1, user_dir="configs")["_user_dir"] == CONFIGS
+    with pytest.raises(SystemExit, match="user_dir 'nowhere' is not a directory"):
+        _rela_table1_spec(tmp_path / "bad", 1, user_dir="nowhere")
+    # a finished row's analyses: each command carries the directory
+    row = spec["rows"][0]
+    rdir = run_table.run_dir(spec, row)
+    os.makedirs(rdir)
+    with open(os.path.join(rdir, "result.json"), "w") as f:
+        json.dump({"status": "done", "data": {"prep_dir": "data-bin/multi30k_en_de"}}, f)
+    calls = []
+    monkeypatch.setattr(experiment, "run", lambda cmd, *a, **k: calls.append(cmd))
+    run_table.run_analyses(spec, row)
+    assert [c[1] for c in calls] == [os.path.join(ROOT, an["script"]) for an in analyses]
+    assert all(c[-2:] == ["--user-dir", str(user)] for c in calls), calls
+    scripts = sorted({an["script"] for path in glob.glob(os.path.join(CONFIGS, "**", "*.yaml"), recursive=True)
+                      for an in (yaml.safe_load(open(path)) or {}).get("analyses") or []
+                      if isinstance(an, dict)})
+    assert len(scripts) >= 5, scripts
+    for script in scripts:
+        helped = subprocess.run([sys.executable, os.path.join(ROOT, script), "--help"], capture_output=True, text=True,
+                                cwd=ROOT, timeout=300)
+        assert helped.returncode == 0 and "--user-dir" in helped.stdout, (script, helped.stderr[-1000:])
+
+
 def test_render_shows_finished_rows_and_marks_divergence(tmp_path):
     spec = _rela_table1_spec(tmp_path, 3, metrics=["attn_entropy"])
 

@@ -10,7 +10,7 @@ Usage (``fairseq-attention-energy``; also ``python scripts/eatt_energy.py``):
     # same sizes and the mean lengths, and its mean energy per sentence:
     fairseq-attention-energy --checkpoint runs/.../average_last3.pt \\
         --data-bin data-bin/multi30k_en_de/bin --src en --tgt de [--subset valid] \\
-        [--max-sentences 500] [--json OUT.json] [--md OUT.md] [--plot OUT.png]
+        [--max-sentences 500] [--json OUT.json] [--md OUT.md] [--plot OUT.png] [--user-dir DIR]
 
 Counting conventions and assumptions: :mod:`fairseq_plugins.analysis.energy`.  The JSON holds
 ``energy_scores_asic_pct``, ``energy_scores_fpga_pct``, ``energy_block_asic_pct``,
@@ -36,6 +36,8 @@ import sys
 
 from ..atomic import atomic_path
 from ..options import positive_int
+from ..user_dir import import_user_dir
+from .loading import USER_DIR_HELP
 
 PAPER_T2 = {"Vanilla": "100.00", "Dense": "51.10", "RandInit": "0.00", "E-ATT": "0.44"}
 FORMULAS = {"Vanilla": ("2ld² + l²d", "2ld² + l²d"), "Dense": ("ld² + l²d", "ld² + l²d"),
@@ -249,6 +251,9 @@ def main(argv=None):
     p.add_argument("--json", help="write the measurement here (with --checkpoint)")
     p.add_argument("--md", help="write Markdown here")
     p.add_argument("--plot", help="write the Figure 2 plot (PNG) here (with --checkpoint)")
+    p.add_argument("--user-dir", metavar="DIR",
+                   help=USER_DIR_HELP + "; its functions are counted as dot-product ('vanilla') attention, as every "
+                        "function outside E-ATT's kinds is (energy.kind_of)")
     a = p.parse_args(argv)
     from fairseq_plugins.analysis import energy as E
 
@@ -265,6 +270,9 @@ def main(argv=None):
         for path in (a.checkpoint, a.data_bin):
             if not os.path.exists(path):
                 p.error(f"not found: {path}")
+        if a.user_dir and not os.path.isdir(a.user_dir):
+            p.error(f"--user-dir {a.user_dir}: no such directory")
+        import_user_dir(a.user_dir)
         from fairseq_plugins import provenance
         from fairseq_plugins.checkpoint import CheckpointError
 
@@ -280,8 +288,8 @@ def main(argv=None):
                 json.dump(res, f, indent=1)
         if a.plot and res["rho"]:
             plot(res, a.plot)
-    elif a.json or a.plot:
-        p.error("--json and --plot need --checkpoint")
+    elif a.json or a.plot or a.user_dir:
+        p.error("--json, --plot and --user-dir need --checkpoint")
     if a.md:
         md += provenance_markdown(argv)
     print(md)
