@@ -319,10 +319,10 @@ def run_experiment(argv=None):
     a = p.parse_args(argv)
     if a.src == a.tgt:
         p.error("--src and --tgt must differ (e.g. --src en --tgt de)")
-    if a.user_dir:
-        if not os.path.isdir(a.user_dir):
-            p.error(f"--user-dir {a.user_dir}: no such directory")
+    try:
         import_user_dir(a.user_dir)  # its functions join the registry the --fns check reads
+    except FileNotFoundError as e:  # not a directory
+        p.error(str(e))
     if a.fns:
         from fairseq_plugins.attention import attention_fn_names
 

@@ -738,13 +738,13 @@ def main(argv=None):
     for path in filter(None, [args.bpe_codes] + list(args.rank_raw or [])):
         if not os.path.isfile(path):
             raise SystemExit(f"not found: {path}")
-    if args.user_dir and not os.path.isdir(args.user_dir):
-        raise SystemExit(f"--user-dir {args.user_dir}: no such directory")
-
     import torch
 
     import fairseq_plugins  # noqa: F401
-    import_user_dir(args.user_dir)  # the user's attention functions / architectures (registered on import)
+    try:  # the user's attention functions / architectures (registered on import)
+        import_user_dir(args.user_dir)
+    except FileNotFoundError as e:  # not a directory: before any model is loaded
+        raise SystemExit(str(e))
     from . import plots
     from .capture import hypothesis_batches, load_model_for_analysis, pairs_dataset
     from .. import provenance

@@ -270,9 +270,10 @@ def main(argv=None):
         for path in (a.checkpoint, a.data_bin):
             if not os.path.exists(path):
                 p.error(f"not found: {path}")
-        if a.user_dir and not os.path.isdir(a.user_dir):
-            p.error(f"--user-dir {a.user_dir}: no such directory")
-        import_user_dir(a.user_dir)
+        try:
+            import_user_dir(a.user_dir)
+        except FileNotFoundError as e:  # not a directory
+            p.error(str(e))
         from fairseq_plugins import provenance
         from fairseq_plugins.checkpoint import CheckpointError
 
